@@ -1,0 +1,44 @@
+# The one place the project's commands live. CI runs `make test` (via .ci/run).
+SHELL := /bin/bash
+CARGO ?= cargo
+JOBS ?= 2
+export CARGO_BUILD_JOBS := $(JOBS)
+export CARGO_TERM_COLOR := never
+
+.PHONY: run test bench lint fmt-check clippy ci build cuda-check setup sim
+
+## Installs what the project needs (idempotent): the pinned toolchain's components.
+setup:
+	@rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
+	@command -v cargo-nextest >/dev/null || $(CARGO) install cargo-nextest --locked
+
+build: setup
+	$(CARGO) build --workspace
+
+## The main job: the simulated two-task example in virtual time (the embedded CPU model
+## replaces it once the built-in backends land).
+run: setup
+	$(CARGO) run --release -p engine --bin rollarc -- run examples/sim-small.toml
+
+sim: setup
+	$(CARGO) run --release -p engine --bin rollarc -- sim examples/sim-sigma.toml --compare rollarc,sync_plus
+
+fmt-check:
+	$(CARGO) fmt --all -- --check
+
+clippy:
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+## The cuda feature must compile here (dynamic loading, no toolkit).
+cuda-check:
+	$(CARGO) check -p engine --features cuda
+
+lint: setup fmt-check clippy
+
+test: setup fmt-check clippy cuda-check
+	$(CARGO) nextest run --workspace --no-fail-fast
+
+bench: setup
+	$(CARGO) run --release -p engine --bin rollarc -- bench
+
+ci: test

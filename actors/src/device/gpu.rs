@@ -1,0 +1,37 @@
+//! GPU discovery through the CUDA driver API, loaded at run time. The only place the
+//! workspace touches CUDA.
+
+use super::{DiscoveryError, GpuInfo, profile_from_attributes};
+use cudarc::driver::sys::CUdevice_attribute as Attr;
+
+pub(super) fn discover() -> Result<Vec<GpuInfo>, DiscoveryError> {
+    // `CudaContext::new` panics when libcuda cannot be loaded: ask first.
+    if !cudarc::driver::sys::is_culib_present() {
+        return Err(DiscoveryError::NoDriver);
+    }
+    let n = cudarc::driver::CudaContext::device_count().map_err(|e| DiscoveryError::Driver(e.to_string()))?;
+    let mut out = Vec::new();
+    for ordinal in 0..n.max(0) as usize {
+        let ctx = cudarc::driver::CudaContext::new(ordinal).map_err(|e| DiscoveryError::Driver(e.to_string()))?;
+        let attr = |a: Attr| ctx.attribute(a).map_err(|e| DiscoveryError::Driver(e.to_string()));
+        let sms = attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+        let clock_khz = attr(Attr::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)? as u32;
+        let mem_khz = attr(Attr::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)? as u32;
+        let bus = attr(Attr::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH)? as u32;
+        let name = ctx.name().map_err(|e| DiscoveryError::Driver(e.to_string()))?;
+        let memory_bytes = ctx.total_mem().map_err(|e| DiscoveryError::Driver(e.to_string()))? as u64;
+        let profile = profile_from_attributes(&short_name(&name), sms, clock_khz / 1000, mem_khz / 1000, bus, memory_bytes);
+        out.push(GpuInfo { ordinal, name, sms, memory_bytes, clock_mhz: clock_khz / 1000, memory_clock_mhz: mem_khz / 1000, bus_width_bits: bus, profile });
+    }
+    Ok(out)
+}
+
+/// "NVIDIA H100 80GB HBM3" → "H100", so the catalogue's relative cost applies.
+fn short_name(full: &str) -> String {
+    for known in ["H800", "H20", "H100", "H200", "A100"] {
+        if full.to_ascii_uppercase().contains(known) {
+            return known.to_string();
+        }
+    }
+    full.to_string()
+}

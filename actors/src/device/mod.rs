@@ -1,0 +1,211 @@
+//! Device and model profiles and the roofline shared by the cost-model mapper and the
+//! generation simulator. GPU discovery through the CUDA driver lives in [`gpu`] behind the
+//! `cuda` feature.
+
+/// What a device class can do. Figures are dense BF16 peak and HBM bandwidth.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeviceProfile {
+    pub name: String,
+    /// Peak dense FLOP/s.
+    pub flops: f64,
+    /// Memory bandwidth in bytes/s.
+    pub bandwidth: f64,
+    /// Device memory in bytes.
+    pub memory: f64,
+    /// Relative cost per hour (H20 = 1).
+    pub cost: f64,
+}
+
+impl DeviceProfile {
+    /// The built-in catalogue: H800, H20, H100, A100 and a CPU class.
+    pub fn builtin(name: &str) -> Option<Self> {
+        let (flops, bw, mem, cost) = match name.to_ascii_uppercase().as_str() {
+            "H800" => (989.5e12, 3.35e12, 80e9, 2.85),
+            "H20" => (148e12, 4.0e12, 96e9, 1.0),
+            "H100" => (989.5e12, 3.35e12, 80e9, 3.0),
+            "A100" => (312e12, 2.0e12, 80e9, 1.6),
+            // A 2-core laptop-class CPU: ~100 GFLOP/s with AVX2 FMA, ~20 GB/s DRAM.
+            "CPU" => (1.0e11, 2.0e10, 16e9, 0.05),
+            _ => return None,
+        };
+        Some(Self { name: name.to_ascii_uppercase(), flops, bandwidth: bw, memory: mem, cost })
+    }
+
+    pub const BUILTIN_NAMES: [&'static str; 5] = ["H800", "H20", "H100", "A100", "CPU"];
+
+    /// Arithmetic intensity (FLOP/byte) above which a kernel is compute-bound.
+    pub fn ridge_point(&self) -> f64 {
+        self.flops / self.bandwidth
+    }
+}
+
+/// A model's size as the roofline sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelProfile {
+    pub name: String,
+    /// Total parameters.
+    pub params: f64,
+    /// Parameters active per token (equal to `params` for dense models).
+    pub active_params: f64,
+    pub layers: u32,
+    /// KV-cache bytes per token (all layers, K and V).
+    pub kv_bytes_per_token: f64,
+    /// Bytes per parameter (2 for BF16).
+    pub bytes_per_param: f64,
+}
+
+impl ModelProfile {
+    /// Qwen3-style profiles used by the simulator.
+    pub fn builtin(name: &str) -> Option<Self> {
+        // kv bytes/token = 2 (K,V) * layers * kv_heads * head_dim * 2 bytes
+        let (p, a, layers, kv_heads, head_dim) = match name.to_ascii_lowercase().as_str() {
+            "qwen3-8b" => (8.2e9, 8.2e9, 36, 8, 128),
+            "qwen3-14b" => (14.8e9, 14.8e9, 40, 8, 128),
+            "qwen3-32b" => (32.8e9, 32.8e9, 64, 8, 128),
+            "qwen3-30b-a3b" => (30.5e9, 3.3e9, 48, 4, 128),
+            "tiny" => (2.0e6, 2.0e6, 4, 4, 32),
+            _ => return None,
+        };
+        Some(Self {
+            name: name.to_ascii_lowercase(),
+            params: p,
+            active_params: a,
+            layers,
+            kv_bytes_per_token: 2.0 * layers as f64 * kv_heads as f64 * head_dim as f64 * 2.0,
+            bytes_per_param: 2.0,
+        })
+    }
+
+    pub const BUILTIN_NAMES: [&'static str; 5] = ["qwen3-8b", "qwen3-14b", "qwen3-32b", "qwen3-30b-a3b", "tiny"];
+
+    pub fn weight_bytes(&self) -> f64 {
+        self.params * self.bytes_per_param
+    }
+}
+
+/// Efficiency factors that turn peak figures into achievable ones.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Efficiency {
+    /// Model FLOP utilisation for prefill / training.
+    pub mfu: f64,
+    /// Memory-bandwidth utilisation for decode.
+    pub mbu: f64,
+}
+
+impl Default for Efficiency {
+    fn default() -> Self {
+        Self { mfu: 0.5, mbu: 0.7 }
+    }
+}
+
+/// Seconds to prefill `tokens` tokens.
+pub fn prefill_seconds(dev: &DeviceProfile, model: &ModelProfile, eff: Efficiency, tokens: f64) -> f64 {
+    2.0 * model.active_params * tokens / (dev.flops * eff.mfu)
+}
+
+/// Seconds for one decode step of `batch` sequences holding `kv_tokens` tokens of KV in all.
+/// The step reads the weights touched by the batch plus every sequence's KV, or is limited by
+/// compute when the batch is large enough to pass the ridge point.
+pub fn decode_step_seconds(dev: &DeviceProfile, model: &ModelProfile, eff: Efficiency, batch: f64, kv_tokens: f64) -> f64 {
+    if batch <= 0.0 {
+        return 0.0;
+    }
+    // MoE: a small batch touches only the active experts; a large one touches all of them.
+    let touched = (model.active_params * batch).min(model.params).max(model.active_params);
+    let bytes = touched * model.bytes_per_param + kv_tokens * model.kv_bytes_per_token;
+    let memory_s = bytes / (dev.bandwidth * eff.mbu);
+    let compute_s = 2.0 * model.active_params * batch / (dev.flops * eff.mfu);
+    memory_s.max(compute_s)
+}
+
+/// The cost model's estimate of one trajectory's generation time on a device, from the
+/// prefill and decode token counts observed for its task, assuming decode runs in batches of
+/// `batch` sequences with `avg_context` tokens each.
+pub fn trajectory_seconds(
+    dev: &DeviceProfile,
+    model: &ModelProfile,
+    eff: Efficiency,
+    prefill_tokens: f64,
+    decode_tokens: f64,
+    batch: f64,
+    avg_context: f64,
+) -> f64 {
+    let b = batch.max(1.0);
+    let per_token_decode = decode_step_seconds(dev, model, eff, b, b * avg_context) / b;
+    prefill_seconds(dev, model, eff, prefill_tokens) + decode_tokens * per_token_decode
+}
+
+#[cfg(feature = "cuda")]
+pub mod gpu;
+
+/// A GPU found on this machine, with the profile the mapper would use for it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuInfo {
+    pub ordinal: usize,
+    pub name: String,
+    pub sms: u32,
+    pub memory_bytes: u64,
+    pub clock_mhz: u32,
+    pub memory_clock_mhz: u32,
+    pub bus_width_bits: u32,
+    pub profile: DeviceProfile,
+}
+
+/// Why no GPU could be listed.
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoveryError {
+    #[error("rollarc was built without the `cuda` feature; rebuild with `--features cuda` to list GPUs")]
+    NotBuilt,
+    #[error("no CUDA driver found (libcuda could not be loaded); generation runs on CPU or simulated devices")]
+    NoDriver,
+    #[error("the CUDA driver failed: {0}")]
+    Driver(String),
+}
+
+/// Lists the GPUs visible through the CUDA driver.
+pub fn discover_gpus() -> Result<Vec<GpuInfo>, DiscoveryError> {
+    #[cfg(feature = "cuda")]
+    {
+        gpu::discover()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Err(DiscoveryError::NotBuilt)
+    }
+}
+
+/// Peak figures estimated from what the driver reports: FP16/BF16 tensor FLOP/s from SM count
+/// and clock (Hopper-class: 1024 dense FMA per SM per clock on tensor cores = 2048 FLOP), and
+/// bandwidth from memory clock and bus width (DDR: ×2).
+pub fn profile_from_attributes(name: &str, sms: u32, clock_mhz: u32, mem_clock_mhz: u32, bus_bits: u32, memory_bytes: u64) -> DeviceProfile {
+    let flops = sms as f64 * clock_mhz as f64 * 1e6 * 2048.0;
+    let bandwidth = mem_clock_mhz as f64 * 1e6 * 2.0 * bus_bits as f64 / 8.0;
+    let cost = DeviceProfile::builtin(name).map_or(1.0, |d| d.cost);
+    DeviceProfile { name: name.to_string(), flops, bandwidth, memory: memory_bytes as f64, cost }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefill_prefers_compute_rich_and_decode_prefers_bandwidth_rich() {
+        let h800 = DeviceProfile::builtin("h800").unwrap();
+        let h20 = DeviceProfile::builtin("H20").unwrap();
+        let m = ModelProfile::builtin("qwen3-8b").unwrap();
+        let e = Efficiency::default();
+        assert!(prefill_seconds(&h800, &m, e, 4096.0) * 5.0 < prefill_seconds(&h20, &m, e, 4096.0));
+        assert!(decode_step_seconds(&h20, &m, e, 8.0, 8.0 * 2048.0) < decode_step_seconds(&h800, &m, e, 8.0, 8.0 * 2048.0));
+        // Ridge points quoted in the design notes: ~37 (H20), ~295 (H800).
+        assert!((h20.ridge_point() - 37.0).abs() < 1.0);
+        assert!((h800.ridge_point() - 295.0).abs() < 1.0);
+    }
+
+    #[test]
+    fn moe_decode_reads_fewer_bytes_at_small_batch() {
+        let dev = DeviceProfile::builtin("H20").unwrap();
+        let moe = ModelProfile::builtin("qwen3-30b-a3b").unwrap();
+        let e = Efficiency::default();
+        assert!(decode_step_seconds(&dev, &moe, e, 1.0, 0.0) * 5.0 < decode_step_seconds(&dev, &moe, e, 64.0, 0.0));
+    }
+}

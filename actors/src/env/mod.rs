@@ -1,0 +1,297 @@
+//! Environments: the trait every environment implements (built-in games, external programs
+//! over the protocol, simulated latency models), the environment actor that owns one, and the
+//! pool episodes lease them from.
+
+pub mod sim;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+
+/// What an environment shows the policy.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Observation {
+    pub text: String,
+    /// Token ids, when the environment produces them itself (simulators); otherwise the
+    /// episode encodes `text` with the policy's tokenizer.
+    pub tokens: Option<Vec<u32>>,
+    /// For simulators only: the length of the simulated policy's next answer.
+    pub sim_response_len: Option<u32>,
+}
+
+/// The result of one step.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StepOutcome {
+    pub observation: Observation,
+    pub reward: f64,
+    pub terminated: bool,
+    pub truncated: bool,
+    pub success: bool,
+    pub invalid_action: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EnvError {
+    #[error("environment failed: {0}")]
+    Failed(String),
+    #[error("environment call timed out")]
+    Timeout,
+    #[error("environment is closed")]
+    Closed,
+}
+
+/// One environment instance. Async so that external processes and simulated latencies fit;
+/// CPU-heavy built-ins simply do their work inline.
+pub trait Environment: Send + 'static {
+    fn reset(&mut self, seed: u64) -> impl Future<Output = Result<Observation, EnvError>> + Send;
+    fn step(&mut self, action: &str, action_tokens: &[u32]) -> impl Future<Output = Result<StepOutcome, EnvError>> + Send;
+    fn close(&mut self) -> impl Future<Output = ()> + Send;
+}
+
+/// Object-safe form of [`Environment`], so an actor can own any of them.
+pub trait DynEnvironment: Send + 'static {
+    fn reset_boxed(&mut self, seed: u64) -> futures::future::BoxFuture<'_, Result<Observation, EnvError>>;
+    fn step_boxed<'a>(&'a mut self, action: &'a str, tokens: &'a [u32]) -> futures::future::BoxFuture<'a, Result<StepOutcome, EnvError>>;
+    fn close_boxed(&mut self) -> futures::future::BoxFuture<'_, ()>;
+}
+
+impl<E: Environment> DynEnvironment for E {
+    fn reset_boxed(&mut self, seed: u64) -> futures::future::BoxFuture<'_, Result<Observation, EnvError>> {
+        Box::pin(self.reset(seed))
+    }
+    fn step_boxed<'a>(&'a mut self, action: &'a str, tokens: &'a [u32]) -> futures::future::BoxFuture<'a, Result<StepOutcome, EnvError>> {
+        Box::pin(self.step(action, tokens))
+    }
+    fn close_boxed(&mut self) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(self.close())
+    }
+}
+
+/// Builds environments for a task (at start and after a restart).
+pub type EnvFactory = Arc<dyn Fn(u64) -> Box<dyn DynEnvironment> + Send + Sync>;
+
+pub enum EnvMsg {
+    Reset(u64, RpcReplyPort<Result<Observation, EnvError>>),
+    Step(String, Vec<u32>, RpcReplyPort<Result<StepOutcome, EnvError>>),
+    Close,
+}
+
+/// Owns one environment instance; calls are served one at a time.
+pub struct EnvActor;
+
+pub struct EnvArgs {
+    pub task: String,
+    pub index: u64,
+    pub factory: EnvFactory,
+    pub counters: Arc<EnvCounters>,
+}
+
+pub struct EnvState {
+    args: EnvArgs,
+    env: Box<dyn DynEnvironment>,
+}
+
+/// Restarts, kills and calls of a task's environments (exported as metrics).
+#[derive(Debug, Default)]
+pub struct EnvCounters {
+    pub restarts: AtomicU64,
+    pub steps: AtomicU64,
+    pub resets: AtomicU64,
+    pub failures: AtomicU64,
+    pub timeouts: AtomicU64,
+    /// Seconds × 1e6 spent inside environment calls.
+    pub busy_us: AtomicU64,
+}
+
+impl Actor for EnvActor {
+    type Msg = EnvMsg;
+    type State = EnvState;
+    type Arguments = EnvArgs;
+
+    async fn pre_start(&self, _me: ActorRef<Self::Msg>, args: EnvArgs) -> Result<Self::State, ActorProcessingErr> {
+        let env = (args.factory)(args.index);
+        Ok(EnvState { args, env })
+    }
+
+    async fn post_stop(&self, _me: ActorRef<Self::Msg>, st: &mut Self::State) -> Result<(), ActorProcessingErr> {
+        st.env.close_boxed().await;
+        Ok(())
+    }
+
+    async fn handle(&self, me: ActorRef<Self::Msg>, msg: Self::Msg, st: &mut Self::State) -> Result<(), ActorProcessingErr> {
+        let started = tokio::time::Instant::now();
+        match msg {
+            EnvMsg::Reset(seed, reply) => {
+                st.args.counters.resets.fetch_add(1, Ordering::Relaxed);
+                let r = st.env.reset_boxed(seed).await;
+                if r.is_err() {
+                    st.args.counters.failures.fetch_add(1, Ordering::Relaxed);
+                }
+                let _ = reply.send(r);
+            }
+            EnvMsg::Step(action, tokens, reply) => {
+                st.args.counters.steps.fetch_add(1, Ordering::Relaxed);
+                let r = st.env.step_boxed(&action, &tokens).await;
+                if r.is_err() {
+                    st.args.counters.failures.fetch_add(1, Ordering::Relaxed);
+                }
+                let _ = reply.send(r);
+            }
+            EnvMsg::Close => me.stop(None),
+        }
+        st.args.counters.busy_us.fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// A bounded pool of environment actors for one task. Episodes lease one for the whole
+/// trajectory; the lease returns it on drop. Its capacity caps the task's concurrent episodes
+/// (and so its environment step concurrency): a lease request waits while all are taken.
+#[derive(Clone)]
+pub struct EnvPool {
+    pub task: String,
+    free_tx: flume::Sender<ActorRef<EnvMsg>>,
+    free_rx: flume::Receiver<ActorRef<EnvMsg>>,
+    pub size: usize,
+    pub counters: Arc<EnvCounters>,
+    /// Per-call wall-clock timeout; a call past it fails the trajectory and restarts the env.
+    pub call_timeout: Duration,
+    /// Backoff before an environment that failed is offered again.
+    pub restart_backoff: Duration,
+    factory: EnvFactory,
+    supervisor: ractor::ActorCell,
+    next_index: Arc<AtomicU64>,
+}
+
+/// One leased environment actor.
+pub struct EnvLease {
+    pool: EnvPool,
+    env: Option<ActorRef<EnvMsg>>,
+    failed: bool,
+}
+
+impl EnvPool {
+    /// Spawns `size` environment actors linked to `supervisor`.
+    pub async fn spawn(
+        task: &str,
+        size: usize,
+        factory: EnvFactory,
+        call_timeout: Duration,
+        restart_backoff: Duration,
+        supervisor: ractor::ActorCell,
+    ) -> Result<Self, ractor::SpawnErr> {
+        // Capacity = number of environments: every actor is always either free or leased.
+        let (free_tx, free_rx) = flume::bounded(size.max(1));
+        let counters = Arc::new(EnvCounters::default());
+        for i in 0..size {
+            let args = EnvArgs { task: task.to_string(), index: i as u64, factory: factory.clone(), counters: counters.clone() };
+            let (a, _) = Actor::spawn_linked(None, EnvActor, args, supervisor.clone()).await?;
+            let _ = free_tx.send(a);
+        }
+        Ok(Self {
+            task: task.to_string(),
+            free_tx,
+            free_rx,
+            size,
+            counters,
+            call_timeout,
+            restart_backoff,
+            factory,
+            supervisor,
+            next_index: Arc::new(AtomicU64::new(size as u64)),
+        })
+    }
+
+    pub async fn lease(&self) -> Option<EnvLease> {
+        let env = self.free_rx.recv_async().await.ok()?;
+        Some(EnvLease { pool: self.clone(), env: Some(env), failed: false })
+    }
+
+    pub fn available(&self) -> usize {
+        self.free_rx.len()
+    }
+
+    /// Stops the environment actors that are free now (leased ones stop with their episode's
+    /// job supervisor).
+    pub fn close_free(&self) {
+        while let Ok(a) = self.free_rx.try_recv() {
+            let _ = a.cast(EnvMsg::Close);
+        }
+    }
+}
+
+impl EnvLease {
+    fn actor(&self) -> Result<&ActorRef<EnvMsg>, EnvError> {
+        self.env.as_ref().ok_or(EnvError::Closed)
+    }
+
+    pub async fn reset(&mut self, seed: u64) -> Result<Observation, EnvError> {
+        let t = self.pool.call_timeout;
+        let a = self.actor()?.clone();
+        let r = call_env(&a, t, |p| EnvMsg::Reset(seed, p)).await.and_then(|r| r);
+        self.note(&r);
+        r
+    }
+
+    pub async fn step(&mut self, action: String, tokens: Vec<u32>) -> Result<StepOutcome, EnvError> {
+        let t = self.pool.call_timeout;
+        let a = self.actor()?.clone();
+        let r = call_env(&a, t, |p| EnvMsg::Step(action, tokens, p)).await.and_then(|r| r);
+        self.note(&r);
+        r
+    }
+
+    fn note<T>(&mut self, r: &Result<T, EnvError>) {
+        if let Err(e) = r {
+            self.failed = true;
+            if *e == EnvError::Timeout {
+                self.pool.counters.timeouts.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+async fn call_env<T: Send + 'static>(a: &ActorRef<EnvMsg>, timeout: Duration, msg: impl FnOnce(RpcReplyPort<T>) -> EnvMsg) -> Result<T, EnvError> {
+    let (tx, rx) = ractor::concurrency::oneshot();
+    a.cast(msg(tx.into())).map_err(|_| EnvError::Closed)?;
+    match tokio::time::timeout(timeout, rx).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(_)) => Err(EnvError::Closed),
+        Err(_) => Err(EnvError::Timeout),
+    }
+}
+
+impl Drop for EnvLease {
+    fn drop(&mut self) {
+        let Some(env) = self.env.take() else { return };
+        if !self.failed {
+            let _ = self.pool.free_tx.try_send(env);
+            return;
+        }
+        // A failed or hung environment: kill its actor (a hung call never returns, so the
+        // actor cannot be reused) and start a replacement after the backoff.
+        let pool = self.pool.clone();
+        tokio::spawn(async move {
+            pool.counters.restarts.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(pool.restart_backoff).await;
+            if let Some(a) = respawn(&env, &pool).await {
+                let _ = pool.free_tx.try_send(a);
+            }
+        });
+    }
+}
+
+async fn respawn(old: &ActorRef<EnvMsg>, pool: &EnvPool) -> Option<ActorRef<EnvMsg>> {
+    old.kill();
+    let index = pool.next_index.fetch_add(1, Ordering::Relaxed);
+    let args = EnvArgs { task: pool.task.clone(), index, factory: pool.factory.clone(), counters: pool.counters.clone() };
+    match Actor::spawn_linked(None, EnvActor, args, pool.supervisor.clone()).await {
+        Ok((a, _)) => Some(a),
+        Err(e) => {
+            tracing::error!(task = %pool.task, error = %e, "could not respawn an environment actor");
+            None
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! A simulated environment: reset and step latencies, turn counts, observation and response
+//! lengths drawn from seeded distributions, with injected failures and hangs. Runs on the
+//! virtual clock.
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use super::{EnvError, Environment, Observation, StepOutcome};
+use crate::dist::Dist;
+
+#[derive(Clone, Debug)]
+pub struct SimEnvConfig {
+    /// Seconds per reset.
+    pub reset_latency: Dist,
+    /// Seconds per step.
+    pub step_latency: Dist,
+    /// Turns until the episode terminates.
+    pub turns: Dist,
+    /// Observation tokens per turn (the first observation is the prompt).
+    pub observation_tokens: Dist,
+    /// Tokens the simulated policy answers with per turn.
+    pub response_tokens: Dist,
+    pub success_rate: f64,
+    pub failure_probability: f64,
+    pub hang_probability: f64,
+}
+
+impl Default for SimEnvConfig {
+    fn default() -> Self {
+        Self {
+            reset_latency: Dist::Constant(0.0),
+            step_latency: Dist::Constant(0.0),
+            turns: Dist::Constant(1.0),
+            observation_tokens: Dist::Constant(64.0),
+            response_tokens: Dist::Constant(64.0),
+            success_rate: 0.5,
+            failure_probability: 0.0,
+            hang_probability: 0.0,
+        }
+    }
+}
+
+pub struct SimEnv {
+    cfg: SimEnvConfig,
+    rng: SmallRng,
+    turns_left: u32,
+    success: bool,
+}
+
+impl SimEnv {
+    pub fn new(cfg: SimEnvConfig, seed: u64) -> Self {
+        Self { cfg, rng: SmallRng::seed_from_u64(seed), turns_left: 0, success: false }
+    }
+
+    fn observation(&mut self) -> Observation {
+        let n = self.cfg.observation_tokens.sample(&mut self.rng).round().max(1.0) as usize;
+        let tokens = (0..n).map(|_| self.rng.random_range(1..32_000u32)).collect();
+        let len = self.cfg.response_tokens.sample(&mut self.rng).round().max(1.0) as u32;
+        Observation { text: String::new(), tokens: Some(tokens), sim_response_len: Some(len) }
+    }
+
+    async fn latency(&mut self, d: &Dist) -> Result<(), EnvError> {
+        if self.cfg.hang_probability > 0.0 && self.rng.random_bool(self.cfg.hang_probability.min(1.0)) {
+            std::future::pending::<()>().await;
+        }
+        let s = d.sample(&mut self.rng);
+        if s > 0.0 {
+            tokio::time::sleep(std::time::Duration::from_secs_f64(s)).await;
+        }
+        if self.cfg.failure_probability > 0.0 && self.rng.random_bool(self.cfg.failure_probability.min(1.0)) {
+            return Err(EnvError::Failed("injected failure".into()));
+        }
+        Ok(())
+    }
+}
+
+impl Environment for SimEnv {
+    async fn reset(&mut self, seed: u64) -> Result<Observation, EnvError> {
+        // The episode's own randomness follows its seed, so groups replay identically.
+        self.rng = SmallRng::seed_from_u64(seed ^ self.rng.random::<u64>());
+        let d = self.cfg.reset_latency.clone();
+        self.latency(&d).await?;
+        self.turns_left = self.cfg.turns.sample(&mut self.rng).round().max(1.0) as u32;
+        self.success = self.rng.random_bool(self.cfg.success_rate.clamp(0.0, 1.0));
+        Ok(self.observation())
+    }
+
+    async fn step(&mut self, _action: &str, _tokens: &[u32]) -> Result<StepOutcome, EnvError> {
+        let d = self.cfg.step_latency.clone();
+        self.latency(&d).await?;
+        self.turns_left = self.turns_left.saturating_sub(1);
+        let terminated = self.turns_left == 0;
+        let success = terminated && self.success;
+        Ok(StepOutcome {
+            observation: if terminated { Observation::default() } else { self.observation() },
+            reward: if success { 1.0 } else { 0.0 },
+            terminated,
+            truncated: false,
+            success,
+            invalid_action: false,
+        })
+    }
+
+    async fn close(&mut self) {}
+}

@@ -1,0 +1,314 @@
+//! Generation: the engine trait every backend implements (built-in CPU model, roofline
+//! simulator, remote inference server), the shard engine loop behind a flume seam, and the
+//! shard actor that controls it.
+//!
+//! The engine loop applies ADD / ABORT / RELEASE between engine steps, so adding or aborting
+//! one trajectory never stalls the batch. SUSPEND stops stepping; INSTALL swaps weights under
+//! the job's in-flight policy; RESUME continues.
+
+pub mod shard;
+pub mod sim;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::types::{PolicyVersion, VersionSpan};
+use crate::weights::Weights;
+
+/// What happens to sequences in flight when new weights are installed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InFlightPolicy {
+    /// Drop the partial turn and regenerate it from its prompt under the new weights.
+    Abort,
+    /// Keep the generated tokens and rebuild their KV cache under the new weights.
+    Recompute,
+}
+
+/// Sampling parameters of one request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    pub temperature: f32,
+    pub top_p: f32,
+    pub max_tokens: u32,
+    pub stop_tokens: Vec<u32>,
+    /// Seed of this request's RNG, so a run can be replayed.
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self { temperature: 1.0, top_p: 1.0, max_tokens: 64, stop_tokens: Vec::new(), seed: 0 }
+    }
+}
+
+/// One generation request: the whole context as token ids (token-in / token-out).
+#[derive(Clone, Debug)]
+pub struct GenRequest {
+    pub id: u64,
+    /// Trajectory the request belongs to; the engine keeps its prefix cache between turns.
+    pub session: u64,
+    pub context: Arc<Vec<u32>>,
+    pub params: SamplingParams,
+    /// For simulators only: how many tokens the simulated policy answers with.
+    pub sim_response_len: Option<u32>,
+}
+
+/// Why a sequence stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    Stop,
+    Length,
+}
+
+/// A finished generation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GenOutput {
+    pub tokens: Vec<u32>,
+    pub logprobs: Vec<f32>,
+    pub versions: Vec<VersionSpan>,
+    pub finish: FinishReason,
+    /// Context tokens that were prefilled (not served from the prefix cache).
+    pub prefill_tokens: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum GenError {
+    #[error("request aborted")]
+    Aborted,
+    #[error("shard stopped")]
+    ShardStopped,
+    #[error("context of {len} tokens exceeds the shard's limit of {limit}")]
+    ContextTooLong { len: usize, limit: usize },
+    #[error("backend failed: {0}")]
+    Backend(String),
+}
+
+/// The result of one engine step.
+#[derive(Debug, Default)]
+pub struct StepReport {
+    pub finished: Vec<(u64, Result<GenOutput, GenError>)>,
+    /// Modelled duration of the step (simulators); zero for real backends, whose compute
+    /// already took its time.
+    pub modelled: Duration,
+    pub prefill_tokens: u64,
+    pub decode_tokens: u64,
+}
+
+/// Load of one shard, as reported to the scheduler and the cluster view.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LoadReport {
+    pub running: usize,
+    pub waiting: usize,
+    pub kv_tokens: u64,
+    pub kv_capacity_tokens: u64,
+    pub version: PolicyVersion,
+    pub suspended: bool,
+    /// Engine steps taken since start (progress counter for frozen detection).
+    pub steps: u64,
+    /// Seconds the engine spent stepping (busy), since start.
+    pub busy_s: f64,
+    pub prefill_tokens: u64,
+    pub decode_tokens: u64,
+}
+
+/// A generation backend as seen by the engine loop. Implementations do not block on I/O in
+/// `step` unless they run on their own thread (see [`Placement`]).
+pub trait GenerationEngine: Send + 'static {
+    fn add(&mut self, req: GenRequest);
+    /// Drops a request; returns whether it was known.
+    fn abort(&mut self, id: u64) -> bool;
+    /// Forgets a session's prefix cache.
+    fn release(&mut self, session: u64);
+    /// Installs weights of `version`; in-flight sequences follow `policy`. Returns the
+    /// modelled duration of the swap (zero for real backends).
+    fn install(&mut self, version: PolicyVersion, weights: &Weights, policy: InFlightPolicy) -> Result<Duration, GenError>;
+    fn has_work(&self) -> bool;
+    fn step(&mut self) -> StepReport;
+    fn load(&self) -> LoadReport;
+}
+
+/// Where the engine loop runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// As a task on the caller's runtime: for simulators on the virtual clock.
+    Task,
+    /// On its own OS thread: for compute-heavy real backends.
+    Thread,
+}
+
+/// Commands over the flume seam into the engine loop.
+pub enum EngineCommand {
+    Add(GenRequest, flume::Sender<Result<GenOutput, GenError>>),
+    Abort(u64),
+    Release(u64),
+    Suspend(tokio::sync::oneshot::Sender<()>),
+    Install(PolicyVersion, Arc<Weights>, InFlightPolicy, tokio::sync::oneshot::Sender<Result<(), GenError>>),
+    Resume,
+    Load(tokio::sync::oneshot::Sender<LoadReport>),
+    Stop,
+}
+
+/// Handle to a running engine loop: the data path episodes use directly.
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: flume::Sender<EngineCommand>,
+}
+
+impl EngineHandle {
+    /// Submits a request and waits for its result.
+    pub async fn generate(&self, req: GenRequest) -> Result<GenOutput, GenError> {
+        let (rtx, rrx) = flume::bounded(1);
+        self.tx.send_async(EngineCommand::Add(req, rtx)).await.map_err(|_| GenError::ShardStopped)?;
+        rrx.recv_async().await.unwrap_or(Err(GenError::ShardStopped))
+    }
+
+    pub fn abort(&self, id: u64) {
+        let _ = self.tx.send(EngineCommand::Abort(id));
+    }
+
+    pub fn release(&self, session: u64) {
+        let _ = self.tx.send(EngineCommand::Release(session));
+    }
+
+    pub(crate) fn send(&self, cmd: EngineCommand) -> bool {
+        self.tx.send(cmd).is_ok()
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_disconnected()
+    }
+}
+
+/// Capacity of the command seam. ADD is sent with `send_async`, so a full seam makes the
+/// episode wait (back-pressure); control commands are small and rare.
+pub const ENGINE_QUEUE_CAPACITY: usize = 16_384;
+
+/// Starts an engine loop for `engine`.
+pub fn spawn_engine(engine: Box<dyn GenerationEngine>, placement: Placement) -> (EngineHandle, EngineLoopJoin) {
+    let (tx, rx) = flume::bounded(ENGINE_QUEUE_CAPACITY);
+    let join = match placement {
+        Placement::Task => EngineLoopJoin::Task(tokio::spawn(engine_loop(engine, rx))),
+        Placement::Thread => EngineLoopJoin::Thread(
+            std::thread::Builder::new()
+                .name("rollarc-engine".into())
+                .spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build();
+                    match rt {
+                        Ok(rt) => rt.block_on(engine_loop(engine, rx)),
+                        Err(e) => tracing::error!(error = %e, "engine thread could not build its runtime"),
+                    }
+                })
+                .ok(),
+        ),
+    };
+    (EngineHandle { tx }, join)
+}
+
+/// Owner of the engine loop's task or thread.
+pub enum EngineLoopJoin {
+    Task(tokio::task::JoinHandle<()>),
+    Thread(Option<std::thread::JoinHandle<()>>),
+}
+
+impl EngineLoopJoin {
+    /// Kills a task-placed loop at once (threads stop on `Stop` or when the seam closes).
+    pub fn kill(&self) {
+        if let Self::Task(h) = self {
+            h.abort();
+        }
+    }
+}
+
+struct LoopState {
+    engine: Box<dyn GenerationEngine>,
+    replies: HashMap<u64, flume::Sender<Result<GenOutput, GenError>>>,
+    suspended: bool,
+    busy: Duration,
+    steps: u64,
+    pending_install: Vec<(Duration, tokio::sync::oneshot::Sender<Result<(), GenError>>)>,
+}
+
+impl LoopState {
+    /// Applies one command; returns false on Stop.
+    fn apply(&mut self, cmd: EngineCommand) -> bool {
+        match cmd {
+            EngineCommand::Add(req, reply) => {
+                self.replies.insert(req.id, reply);
+                self.engine.add(req);
+            }
+            EngineCommand::Abort(id) => {
+                self.engine.abort(id);
+                if let Some(r) = self.replies.remove(&id) {
+                    let _ = r.send(Err(GenError::Aborted));
+                }
+            }
+            EngineCommand::Release(s) => self.engine.release(s),
+            EngineCommand::Suspend(ack) => {
+                self.suspended = true;
+                let _ = ack.send(());
+            }
+            EngineCommand::Install(v, w, policy, ack) => {
+                // The modelled swap time is slept by the loop before acknowledging.
+                match self.engine.install(v, &w, policy) {
+                    Ok(d) => self.pending_install.push((d, ack)),
+                    Err(e) => {
+                        let _ = ack.send(Err(e));
+                    }
+                }
+            }
+            EngineCommand::Resume => self.suspended = false,
+            EngineCommand::Load(reply) => {
+                let mut l = self.engine.load();
+                l.suspended = self.suspended;
+                l.steps = self.steps;
+                l.busy_s = self.busy.as_secs_f64();
+                let _ = reply.send(l);
+            }
+            EngineCommand::Stop => return false,
+        }
+        true
+    }
+}
+
+async fn engine_loop(engine: Box<dyn GenerationEngine>, rx: flume::Receiver<EngineCommand>) {
+    let mut st = LoopState { engine, replies: HashMap::new(), suspended: false, busy: Duration::ZERO, steps: 0, pending_install: Vec::new() };
+    loop {
+        // Drain every pending command between engine steps.
+        while let Ok(cmd) = rx.try_recv() {
+            if !st.apply(cmd) {
+                return;
+            }
+        }
+        for (d, ack) in std::mem::take(&mut st.pending_install) {
+            if !d.is_zero() {
+                tokio::time::sleep(d).await;
+                st.busy += d;
+            }
+            let _ = ack.send(Ok(()));
+        }
+        if st.suspended || !st.engine.has_work() {
+            match rx.recv_async().await {
+                Ok(cmd) => {
+                    if !st.apply(cmd) {
+                        return;
+                    }
+                    continue;
+                }
+                Err(_) => return,
+            }
+        }
+        let started = tokio::time::Instant::now();
+        let report = st.engine.step();
+        st.steps += 1;
+        if !report.modelled.is_zero() {
+            tokio::time::sleep(report.modelled).await;
+        }
+        st.busy += started.elapsed().max(report.modelled);
+        for (id, result) in report.finished {
+            if let Some(r) = st.replies.remove(&id) {
+                let _ = r.send(result);
+            }
+        }
+    }
+}

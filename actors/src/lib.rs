@@ -1,0 +1,34 @@
+//! The RL domain of rollarc: trajectories and policy versions, the backends behind traits
+//! (generation, environment, reward, trainer), their simulated implementations that run in
+//! virtual time, and the supervised ractor actors that own them.
+//!
+//! # Layout
+//! - [`types`]: trajectories, turns, policy versions, failure reasons.
+//! - [`dist`]: seeded latency / length distributions used by simulators.
+//! - [`device`]: device and model profiles, the roofline the mapper and the simulator share,
+//!   and GPU discovery behind the `cuda` feature.
+//! - [`generation`]: the generation-engine trait, the shard engine loop behind a flume seam,
+//!   the shard actor and the roofline simulator.
+//! - [`env`]: the environment trait, environment actors and pools, the latency simulator.
+//! - [`reward`], [`trainer`], [`weights`]: reward scoring, training and the weight store.
+//! - [`buffer`]: the sample buffer (group assembly, filters, staleness eviction, durable log).
+//! - [`supervisor`]: restart policies with intensity / window and counters.
+//!
+//! Architecture invariant: this crate knows nothing of HTTP, job specs or the storage schema.
+//! It sees storage only through [`buffer::TrajectorySink`]. Time is read only through
+//! `tokio::time`, randomness only from seeded RNGs, so a job on a paused clock is a
+//! deterministic discrete-event simulation.
+
+pub mod buffer;
+pub mod device;
+pub mod dist;
+pub mod env;
+pub mod generation;
+pub mod reward;
+pub mod supervisor;
+pub mod trainer;
+pub mod types;
+pub mod weights;
+
+/// How long a `call` to an actor of this crate may take before the caller gives up.
+pub const CALL_TIMEOUT_MS: u64 = 60_000;

@@ -1,0 +1,105 @@
+//! The trainer behind one trait (built-in CPU trainer, simulated time model, external trainer)
+//! and the trainer actor that runs steps one at a time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+
+use crate::types::{Batch, PolicyVersion};
+use crate::weights::{WeightStoreMsg, Weights};
+
+/// What one training step reports.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TrainStats {
+    pub step: u64,
+    pub version: PolicyVersion,
+    pub loss: f64,
+    pub tokens: u64,
+    pub trajectories: u64,
+    pub mean_reward: f64,
+    pub seconds: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TrainError {
+    #[error("training step failed: {0}")]
+    Failed(String),
+}
+
+/// A trainer: consumes one batch, produces the next policy version's weights.
+pub trait Trainer: Send + 'static {
+    fn train(&mut self, batch: &Batch, next_version: PolicyVersion) -> futures::future::BoxFuture<'_, Result<(TrainStats, Weights), TrainError>>;
+}
+
+/// Time model of a GPU trainer: seconds per trained token divided over GPUs, plus a fixed
+/// per-step overhead (optimizer, weight gather).
+pub struct SimTrainer {
+    pub seconds_per_token: f64,
+    pub gpus: u32,
+    pub step_overhead: Duration,
+    pub modelled_weight_bytes: f64,
+}
+
+impl Trainer for SimTrainer {
+    fn train(&mut self, batch: &Batch, next_version: PolicyVersion) -> futures::future::BoxFuture<'_, Result<(TrainStats, Weights), TrainError>> {
+        let tokens = batch.tokens() as u64;
+        let trajectories = batch.trajectories().count() as u64;
+        let mean_reward = if trajectories == 0 { 0.0 } else { batch.trajectories().map(|t| t.reward.unwrap_or(0.0)).sum::<f64>() / trajectories as f64 };
+        let step = batch.step;
+        Box::pin(async move {
+            let secs = self.seconds_per_token * tokens as f64 / self.gpus.max(1) as f64 + self.step_overhead.as_secs_f64();
+            tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+            let stats = TrainStats { step, version: next_version, loss: 0.0, tokens, trajectories, mean_reward, seconds: secs };
+            Ok((stats, Weights::simulated(next_version, self.modelled_weight_bytes)))
+        })
+    }
+}
+
+pub enum TrainerMsg {
+    Train(Batch, RpcReplyPort<Result<TrainStats, TrainError>>),
+}
+
+/// Runs training steps one at a time and publishes each new version to the weight store.
+pub struct TrainerActor;
+
+pub struct TrainerArgs {
+    pub trainer: Box<dyn Trainer>,
+    pub weights: ActorRef<WeightStoreMsg>,
+    pub start_version: PolicyVersion,
+}
+
+pub struct TrainerState {
+    trainer: Box<dyn Trainer>,
+    weights: ActorRef<WeightStoreMsg>,
+    version: PolicyVersion,
+}
+
+impl Actor for TrainerActor {
+    type Msg = TrainerMsg;
+    type State = TrainerState;
+    type Arguments = TrainerArgs;
+
+    async fn pre_start(&self, _me: ActorRef<Self::Msg>, a: TrainerArgs) -> Result<Self::State, ActorProcessingErr> {
+        Ok(TrainerState { trainer: a.trainer, weights: a.weights, version: a.start_version })
+    }
+
+    async fn handle(&self, _me: ActorRef<Self::Msg>, msg: Self::Msg, st: &mut Self::State) -> Result<(), ActorProcessingErr> {
+        match msg {
+            TrainerMsg::Train(batch, reply) => {
+                let next = st.version + 1;
+                let r = st.trainer.train(&batch, next).await;
+                let r = match r {
+                    Ok((stats, w)) => {
+                        st.version = next;
+                        st.weights.cast(WeightStoreMsg::Publish(Arc::new(w)))?;
+                        Ok(stats)
+                    }
+                    Err(e) => Err(e),
+                };
+                let _ = reply.send(r);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,148 @@
+//! Trajectories, turns and policy versions: the records that flow from episodes to the trainer
+//! and into the durable log.
+
+use serde::{Deserialize, Serialize};
+
+/// A policy version: 0 is the initial weights; training step `s` produces version `s + 1`.
+pub type PolicyVersion = u64;
+
+/// Why a trajectory did not finish normally. Infrastructure failures are masked out of group
+/// statistics, never scored as zero.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind", content = "detail")]
+pub enum FailureReason {
+    /// The environment process crashed or returned an error.
+    EnvFailed(String),
+    /// An environment call exceeded its wall-clock timeout.
+    EnvTimeout,
+    /// The generation shard failed or was restarted while serving the trajectory.
+    GenerationFailed(String),
+    /// The reward call exhausted its retries.
+    RewardFailed(String),
+}
+
+impl FailureReason {
+    /// A bounded label for metrics.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::EnvFailed(_) => "env_failed",
+            Self::EnvTimeout => "env_timeout",
+            Self::GenerationFailed(_) => "generation_failed",
+            Self::RewardFailed(_) => "reward_failed",
+        }
+    }
+}
+
+/// A run of consecutive response tokens sampled under one policy version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionSpan {
+    pub version: PolicyVersion,
+    pub tokens: u32,
+}
+
+/// One turn: the observation tokens appended to the context, then the generated response.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Turn {
+    /// Tokens appended to the context before generation (observation, prompt); loss mask 0.
+    pub observation_tokens: Vec<u32>,
+    /// Tokens the policy generated this turn; loss mask 1.
+    pub response_tokens: Vec<u32>,
+    /// Behaviour log-probability of each response token, as sampled.
+    pub logprobs: Vec<f32>,
+    /// Which policy version produced which response tokens (a partial rollout spans updates).
+    pub versions: Vec<VersionSpan>,
+    /// Reward the environment gave for this step.
+    pub env_reward: f64,
+    /// Context tokens that had to be prefilled (not served from the prefix cache).
+    pub prefill_tokens: u32,
+}
+
+/// Wall (or virtual) time spent in each stage of a trajectory, in seconds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Timings {
+    pub started_at_s: f64,
+    pub ended_at_s: f64,
+    pub reset_s: f64,
+    pub generate_s: f64,
+    pub env_step_s: f64,
+    pub reward_s: f64,
+    /// Time spent waiting at a turn or batch barrier, or suspended for a weight update.
+    pub wait_s: f64,
+}
+
+/// A finished (or failed) trajectory: the unit the trainer consumes and the store keeps.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Trajectory {
+    /// Unique within the job: `g{group}-e{episode}`.
+    pub id: String,
+    pub group_id: u64,
+    pub task: String,
+    pub seed: u64,
+    /// Policy version when the trajectory (its group) started.
+    pub start_version: PolicyVersion,
+    pub pool: String,
+    pub shard: usize,
+    pub turns: Vec<Turn>,
+    /// Final scalar reward from the reward function(s); `None` when it failed.
+    pub reward: Option<f64>,
+    pub success: bool,
+    pub invalid_actions: u32,
+    pub failure: Option<FailureReason>,
+    pub timings: Timings,
+}
+
+impl Trajectory {
+    pub fn response_tokens(&self) -> usize {
+        self.turns.iter().map(|t| t.response_tokens.len()).sum()
+    }
+
+    pub fn prefill_tokens(&self) -> usize {
+        self.turns.iter().map(|t| t.prefill_tokens as usize).sum()
+    }
+
+    /// Every policy version that produced a token of this trajectory.
+    pub fn versions(&self) -> impl Iterator<Item = PolicyVersion> + '_ {
+        self.turns.iter().flat_map(|t| t.versions.iter().map(|s| s.version))
+    }
+
+    /// Oldest version that produced any token, or the start version for an empty trajectory.
+    pub fn oldest_version(&self) -> PolicyVersion {
+        self.versions().min().unwrap_or(self.start_version).min(self.start_version)
+    }
+}
+
+/// A complete group of trajectories for one task seed (GRPO group).
+#[derive(Clone, Debug)]
+pub struct Group {
+    pub id: u64,
+    pub task: String,
+    pub seed: u64,
+    pub start_version: PolicyVersion,
+    /// Valid trajectories (failures are masked out and not included).
+    pub trajectories: Vec<Trajectory>,
+    /// How many trajectories were masked out for infrastructure failures.
+    pub masked: u32,
+}
+
+impl Group {
+    pub fn rewards(&self) -> Vec<f64> {
+        self.trajectories.iter().map(|t| t.reward.unwrap_or(0.0)).collect()
+    }
+}
+
+/// A training batch: complete groups, all within the staleness bound for `step`.
+#[derive(Clone, Debug, Default)]
+pub struct Batch {
+    pub step: u64,
+    pub groups: Vec<Group>,
+}
+
+impl Batch {
+    pub fn trajectories(&self) -> impl Iterator<Item = &Trajectory> {
+        self.groups.iter().flat_map(|g| g.trajectories.iter())
+    }
+
+    pub fn tokens(&self) -> usize {
+        self.trajectories().map(|t| t.response_tokens() + t.prefill_tokens()).sum()
+    }
+}

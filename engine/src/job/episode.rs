@@ -1,0 +1,240 @@
+//! The episode driver: one trajectory from reset to reward. Short-lived, owned (and aborted)
+//! by the scheduler. Token ids flow end to end: the context is the previous context plus the
+//! generated tokens plus the new observation's tokens; nothing is re-tokenised.
+
+use std::sync::Arc;
+
+use actors::buffer::BufferMsg;
+use actors::env::{EnvError, EnvPool, Observation};
+use actors::generation::shard::ShardHandle;
+use actors::generation::{GenError, GenRequest, SamplingParams};
+use actors::reward::SharedScorer;
+use actors::types::{FailureReason, PolicyVersion, Timings, Trajectory, Turn};
+use ractor::ActorRef;
+use tracing::Instrument;
+
+use super::barrier::WaveBarrier;
+use super::scheduler::SchedMsg;
+
+/// What every episode of a job shares.
+pub struct EpisodeShared {
+    pub buffer: ActorRef<BufferMsg>,
+    pub scheduler: ActorRef<SchedMsg>,
+    pub tasks: Vec<EpisodeTask>,
+    pub epoch: u64,
+    pub started: tokio::time::Instant,
+    pub batch_barrier: bool,
+}
+
+/// A task as episodes see it.
+pub struct EpisodeTask {
+    pub domain: String,
+    pub envs: EnvPool,
+    pub scorers: Vec<SharedScorer>,
+    pub max_turns: u32,
+    pub max_tokens_per_turn: u32,
+}
+
+/// One episode to drive.
+pub struct EpisodeParams {
+    pub id: u64,
+    pub group: u64,
+    pub task: usize,
+    pub seed: u64,
+    pub sample_seed: u64,
+    pub start_version: PolicyVersion,
+    pub shard: ShardHandle,
+    pub barrier: Option<Arc<WaveBarrier>>,
+}
+
+/// Leaves the wave barrier if the episode is dropped (cancelled) before finishing.
+struct BarrierGuard(Option<Arc<WaveBarrier>>, bool);
+
+impl BarrierGuard {
+    fn finish(&mut self) {
+        if let Some(b) = &self.0
+            && !self.1
+        {
+            b.finish();
+            self.1 = true;
+        }
+    }
+}
+
+impl Drop for BarrierGuard {
+    fn drop(&mut self) {
+        if let Some(b) = &self.0
+            && !self.1
+        {
+            b.leave();
+        }
+    }
+}
+
+fn secs(since: tokio::time::Instant) -> f64 {
+    since.elapsed().as_secs_f64()
+}
+
+fn encode(obs: &Observation) -> Vec<u32> {
+    // Byte-level fallback for environments that only produce text; the built-in model's
+    // tokenizer replaces it when that backend is used.
+    obs.tokens.clone().unwrap_or_else(|| obs.text.bytes().map(u32::from).collect())
+}
+
+/// Drives one trajectory and hands it to the sample buffer (and tells the scheduler).
+pub async fn run(shared: Arc<EpisodeShared>, p: EpisodeParams) {
+    let span = tracing::debug_span!("episode", episode = p.id, group = p.group, task = p.task);
+    async move {
+        let traj = drive(&shared, &p).await;
+        let prefill = traj.prefill_tokens() as u64;
+        let decode = traj.response_tokens() as u64;
+        let failed = traj.failure.is_some();
+        let _ = shared.buffer.cast(BufferMsg::Record(Box::new(traj), None));
+        let _ = shared.scheduler.cast(SchedMsg::EpisodeEnded { episode: p.id, task: p.task, prefill, decode, failed });
+    }
+    .instrument(span)
+    .await
+}
+
+async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
+    let task = &shared.tasks[p.task];
+    let mut guard = BarrierGuard(p.barrier.clone(), false);
+    let t_start = tokio::time::Instant::now();
+    let mut traj = Trajectory {
+        id: format!("r{}-g{}-e{}", shared.epoch, p.group, p.id),
+        group_id: p.group,
+        task: task.domain.clone(),
+        seed: p.seed,
+        start_version: p.start_version,
+        pool: p.shard.pool.clone(),
+        shard: p.shard.index,
+        turns: Vec::new(),
+        reward: None,
+        success: false,
+        invalid_actions: 0,
+        failure: None,
+        timings: Timings { started_at_s: t_start.duration_since(shared.started).as_secs_f64(), ..Timings::default() },
+    };
+    let wait0 = tokio::time::Instant::now();
+    let Some(mut env) = task.envs.lease().await else {
+        traj.failure = Some(FailureReason::EnvFailed("environment pool closed".into()));
+        guard.finish();
+        return traj;
+    };
+    traj.timings.wait_s += secs(wait0);
+    let t = tokio::time::Instant::now();
+    let first = env.reset(p.seed).instrument(tracing::trace_span!("env.reset")).await;
+    traj.timings.reset_s = secs(t);
+    let mut obs = match first {
+        Ok(o) => o,
+        Err(e) => {
+            traj.failure = Some(env_failure(e));
+            guard.finish();
+            return traj;
+        }
+    };
+    let mut context: Vec<u32> = Vec::new();
+    for turn_no in 0..task.max_turns {
+        if let Some(b) = &p.barrier
+            && turn_no > 0
+        {
+            let w = tokio::time::Instant::now();
+            b.turn().await;
+            traj.timings.wait_s += secs(w);
+        }
+        let observation_tokens = encode(&obs);
+        context.extend_from_slice(&observation_tokens);
+        let req = GenRequest {
+            id: p.id,
+            session: p.id,
+            context: Arc::new(context.clone()),
+            params: SamplingParams {
+                temperature: 1.0,
+                top_p: 1.0,
+                max_tokens: task.max_tokens_per_turn,
+                stop_tokens: Vec::new(),
+                seed: p.sample_seed ^ (u64::from(turn_no) << 48),
+            },
+            sim_response_len: obs.sim_response_len,
+        };
+        let t = tokio::time::Instant::now();
+        let out = p.shard.generate(req).instrument(tracing::trace_span!("generate", turn = turn_no)).await;
+        traj.timings.generate_s += secs(t);
+        let out = match out {
+            Ok(o) => o,
+            Err(e) => {
+                traj.failure = Some(FailureReason::GenerationFailed(match e {
+                    GenError::Aborted => "aborted".into(),
+                    other => other.to_string(),
+                }));
+                break;
+            }
+        };
+        context.extend_from_slice(&out.tokens);
+        let mut turn = Turn {
+            observation_tokens,
+            response_tokens: out.tokens,
+            logprobs: out.logprobs,
+            versions: out.versions,
+            env_reward: 0.0,
+            prefill_tokens: out.prefill_tokens,
+        };
+        let action = String::new();
+        let t = tokio::time::Instant::now();
+        let stepped = env.step(action, turn.response_tokens.clone()).instrument(tracing::trace_span!("env.step", turn = turn_no)).await;
+        traj.timings.env_step_s += secs(t);
+        match stepped {
+            Ok(s) => {
+                turn.env_reward = s.reward;
+                traj.success |= s.success;
+                traj.invalid_actions += u32::from(s.invalid_action);
+                traj.turns.push(turn);
+                if s.terminated || s.truncated {
+                    break;
+                }
+                obs = s.observation;
+            }
+            Err(e) => {
+                traj.turns.push(turn);
+                traj.failure = Some(env_failure(e));
+                break;
+            }
+        }
+    }
+    p.shard.release(p.id);
+    drop(env);
+    guard.finish();
+    if shared.batch_barrier
+        && let Some(b) = &p.barrier
+    {
+        let w = tokio::time::Instant::now();
+        b.all_finished().await;
+        traj.timings.wait_s += secs(w);
+    }
+    if traj.failure.is_none() {
+        let t = tokio::time::Instant::now();
+        let mut total = 0.0;
+        for s in &task.scorers {
+            match s.score(&traj).instrument(tracing::trace_span!("reward")).await {
+                Ok(r) => total += r,
+                Err(e) => {
+                    traj.failure = Some(FailureReason::RewardFailed(e.to_string()));
+                    break;
+                }
+            }
+        }
+        traj.timings.reward_s = secs(t);
+        if traj.failure.is_none() {
+            traj.reward = Some(total);
+        }
+    }
+    traj.timings.ended_at_s = tokio::time::Instant::now().duration_since(shared.started).as_secs_f64();
+    traj
+}
+
+fn env_failure(e: EnvError) -> FailureReason {
+    match e {
+        EnvError::Timeout => FailureReason::EnvTimeout,
+        other => FailureReason::EnvFailed(other.to_string()),
+    }
+}

@@ -1,0 +1,690 @@
+//! One job's runtime: builds the supervision tree from the spec (weight store, shard pools,
+//! environment pools, sample buffer, trainer, scheduler under a job supervisor) and drives the
+//! six-step weight-update protocol, one training step at a time.
+
+pub mod barrier;
+pub mod episode;
+pub mod scheduler;
+pub mod supervisor;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use actors::buffer::{BufferArgs, BufferMsg, BufferStats, SampleBuffer, TrajectorySink};
+use actors::device::{DeviceProfile, Efficiency, ModelProfile};
+use actors::env::sim::{SimEnv, SimEnvConfig};
+use actors::env::{EnvFactory, EnvPool};
+use actors::generation::shard::{EngineFactory, ShardActor, ShardArgs, ShardHandle, ShardMsg};
+use actors::generation::sim::{SimEngine, SimEngineConfig};
+use actors::generation::{InFlightPolicy, LoadReport, Placement as EnginePlacement};
+use actors::reward::{EnvRewardPassThrough, SharedScorer, SimReward};
+use actors::trainer::{SimTrainer, TrainStats, TrainerActor, TrainerArgs, TrainerMsg};
+use actors::types::{Batch, PolicyVersion};
+use actors::weights::{WeightStore, WeightStoreArgs, WeightStoreMsg, Weights};
+use ractor::{Actor, ActorRef};
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::spec::{BackendSpec, EnvSpec, FunctionSpec, JobSpec, Knobs, OnWeightUpdate, Placement, TrainerSpec};
+use episode::{EpisodeShared, EpisodeTask};
+use scheduler::{PoolView, SchedArgs, SchedMsg, SchedSnapshot, Scheduler, TaskView};
+use supervisor::SupervisorReport;
+
+/// How long control calls to the job's actors may take (virtual or wall time).
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(3600);
+
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    #[error("could not start actor {what}")]
+    Spawn {
+        what: String,
+        #[source]
+        source: ractor::SpawnErr,
+    },
+    #[error("actor call to {what} failed: {message}")]
+    Call { what: &'static str, message: String },
+    #[error("training failed")]
+    Train(#[source] actors::trainer::TrainError),
+    #[error("generation shard {pool}[{index}] failed to install weights: {source}")]
+    Install {
+        pool: String,
+        index: usize,
+        #[source]
+        source: actors::generation::GenError,
+    },
+    #[error("an actor of the job failed beyond its restart policy: {0}")]
+    Escalated(String),
+    #[error("the job was cancelled")]
+    Cancelled,
+    #[error("could not record step metrics: {0}")]
+    Observer(String),
+}
+
+/// Metrics of one training step (stored per step and streamed as events).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct StepMetrics {
+    pub step: u64,
+    /// Policy version produced by this step.
+    pub version: PolicyVersion,
+    /// Seconds since the job (run) started, on the job's clock.
+    pub elapsed_s: f64,
+    pub step_s: f64,
+    pub train_s: f64,
+    /// Time the step driver waited for the batch.
+    pub wait_batch_s: f64,
+    pub groups: usize,
+    pub trajectories: usize,
+    pub mean_reward: f64,
+    pub success_rate: f64,
+    pub tasks: BTreeMap<String, TaskMetrics>,
+    pub staleness_mean: f64,
+    pub staleness_max: u64,
+    pub prefill_tokens: u64,
+    pub decode_tokens: u64,
+    pub trajectories_per_s: f64,
+    /// Idle fraction of generation capacity since the start of the run.
+    pub bubble_ratio: f64,
+    pub pools: BTreeMap<String, PoolMetrics>,
+    pub buffer: BufferMetrics,
+    pub scheduler: SchedMetrics,
+    pub env_restarts: u64,
+    pub env_timeouts: u64,
+    pub shard_restarts: u64,
+    pub actor_failures: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct TaskMetrics {
+    pub trajectories: usize,
+    pub success_rate: f64,
+    pub mean_reward: f64,
+    pub mean_turns: f64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct PoolMetrics {
+    pub device: String,
+    pub shards: usize,
+    pub utilisation: f64,
+    pub prefill_tokens: u64,
+    pub decode_tokens: u64,
+    pub groups: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct BufferMetrics {
+    pub committed: u64,
+    pub redundant: u64,
+    pub masked: u64,
+    pub retried: u64,
+    pub filtered_all_equal: u64,
+    pub dropped_too_few: u64,
+    pub evicted_stale: u64,
+    pub aborted: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct SchedMetrics {
+    pub admitted_groups: u64,
+    pub dispatched_episodes: u64,
+    pub cancelled_extras: u64,
+    pub aborted_stale: u64,
+    pub failed_episodes: u64,
+    pub peak_active_episodes: usize,
+}
+
+impl From<BufferStats> for BufferMetrics {
+    fn from(s: BufferStats) -> Self {
+        Self {
+            committed: s.committed,
+            redundant: s.redundant,
+            masked: s.masked,
+            retried: s.retried,
+            filtered_all_equal: s.filtered_all_equal,
+            dropped_too_few: s.dropped_too_few,
+            evicted_stale: s.evicted_stale,
+            aborted: s.aborted,
+        }
+    }
+}
+
+impl From<SchedSnapshot> for SchedMetrics {
+    fn from(s: SchedSnapshot) -> Self {
+        Self {
+            admitted_groups: s.admitted_groups,
+            dispatched_episodes: s.dispatched_episodes,
+            cancelled_extras: s.cancelled_extras,
+            aborted_stale: s.aborted_stale,
+            failed_episodes: s.failed_episodes,
+            peak_active_episodes: s.peak_active,
+        }
+    }
+}
+
+/// Receives each completed step (the service stores it and streams it).
+pub trait StepObserver: Send + Sync {
+    fn on_step(&self, m: &StepMetrics, batch: &Batch) -> Result<(), String>;
+}
+
+/// Observer that keeps nothing.
+pub struct NoObserver;
+
+impl StepObserver for NoObserver {
+    fn on_step(&self, _m: &StepMetrics, _b: &Batch) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// What a finished run reports.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct JobSummary {
+    pub steps_done: u64,
+    pub elapsed_s: f64,
+    pub steps: Vec<StepMetrics>,
+    pub trajectories_committed: u64,
+    pub bubble_ratio: f64,
+    pub pools: BTreeMap<String, PoolMetrics>,
+}
+
+/// Inputs of one run of a job.
+pub struct JobRun {
+    pub id: String,
+    pub spec: JobSpec,
+    /// First step to run (steps already completed before a restart are skipped).
+    pub start_step: u64,
+    /// Distinguishes trajectory ids of runs resumed after a restart.
+    pub epoch: u64,
+    pub sink: Arc<dyn TrajectorySink>,
+    pub observer: Arc<dyn StepObserver>,
+    pub cancel: CancellationToken,
+}
+
+struct Pools {
+    views: Vec<PoolView>,
+    actors: Vec<Vec<ActorRef<ShardMsg>>>,
+    restarts: Arc<AtomicU64>,
+}
+
+/// Runs the job to its last step, or until cancelled or failed.
+pub async fn run(job: JobRun) -> Result<JobSummary, JobError> {
+    let knobs = job.spec.knobs();
+    let started = tokio::time::Instant::now();
+    let prefix = format!("{}/r{}", job.id, job.epoch);
+    let (sup, report) = supervisor::spawn(&prefix).await.map_err(|source| JobError::Spawn { what: "job supervisor".into(), source })?;
+    let result = run_inner(&job, &knobs, started, &sup, &report).await;
+    // Stop intake and abort episodes first, then the tree.
+    sup.stop_children(None);
+    sup.stop(None);
+    result
+}
+
+async fn run_inner(
+    job: &JobRun,
+    knobs: &Knobs,
+    started: tokio::time::Instant,
+    sup: &ActorRef<supervisor::SupMsg>,
+    report: &Arc<SupervisorReport>,
+) -> Result<JobSummary, JobError> {
+    let spec = &job.spec;
+    let cell = sup.get_cell();
+    let start_version = job.start_step;
+    let model_bytes = spec.pools.iter().find_map(|p| match &p.backend {
+        BackendSpec::Sim { model, .. } => ModelProfile::builtin(model).map(|m| m.weight_bytes()),
+    });
+    let weights_initial = Arc::new(Weights::simulated(start_version, model_bytes.unwrap_or(0.0)));
+    let (weights, _) =
+        Actor::spawn_linked(None, WeightStore, WeightStoreArgs { keep: knobs.alpha as usize + 2, initial: weights_initial.clone() }, cell.clone())
+            .await
+            .map_err(|source| JobError::Spawn { what: "weight store".into(), source })?;
+
+    let pools = spawn_pools(spec, knobs, job.epoch, &cell).await?;
+    // Shards start at the resumed version.
+    for (pi, p) in pools.actors.iter().enumerate() {
+        for (i, a) in p.iter().enumerate() {
+            install(a, weights_initial.clone(), InFlightPolicy::Abort, &pools.views[pi].name, i).await?;
+        }
+    }
+
+    let tasks = build_tasks(spec, knobs, &cell).await?;
+
+    let sched_slot: Arc<OnceLock<ActorRef<SchedMsg>>> = Arc::new(OnceLock::new());
+    let notify_slot = sched_slot.clone();
+    let notify = Arc::new(move |ev| {
+        if let Some(s) = notify_slot.get() {
+            let _ = s.cast(SchedMsg::Buffer(ev));
+        }
+    });
+    let (buffer, _) = Actor::spawn_linked(
+        None,
+        SampleBuffer,
+        BufferArgs {
+            batch_size: knobs.batch_size,
+            alpha: knobs.alpha,
+            filter_all_equal: knobs.filter_all_equal,
+            max_retries_per_group: knobs.max_retries_per_group,
+            sink: job.sink.clone(),
+            notify,
+        },
+        cell.clone(),
+    )
+    .await
+    .map_err(|source| JobError::Spawn { what: "sample buffer".into(), source })?;
+
+    let trainer_impl = match &spec.trainer {
+        TrainerSpec::Sim { seconds_per_token, gpus, step_overhead_s } => SimTrainer {
+            seconds_per_token: *seconds_per_token,
+            gpus: *gpus,
+            step_overhead: Duration::from_secs_f64(*step_overhead_s),
+            modelled_weight_bytes: model_bytes.unwrap_or(0.0),
+        },
+    };
+    let (trainer, _) =
+        Actor::spawn_linked(None, TrainerActor, TrainerArgs { trainer: Box::new(trainer_impl), weights: weights.clone(), start_version }, cell.clone())
+            .await
+            .map_err(|source| JobError::Spawn { what: "trainer".into(), source })?;
+
+    let task_views = spec
+        .tasks
+        .iter()
+        .map(|t| {
+            let (prefill, decode) = prior_tokens(t);
+            TaskView {
+                domain: t.domain.clone(),
+                weight: t.weight,
+                group_size: t.group_size,
+                redundancy: t.redundancy,
+                seeds: t.seeds.map(|s| (s.start, s.count)),
+                prefill_estimate: prefill,
+                decode_estimate: decode,
+                declared_pool: spec
+                    .mapping
+                    .declared
+                    .get(&t.domain)
+                    .or(spec.mapping.fallback.as_ref())
+                    .and_then(|name| spec.pools.iter().position(|p| &p.name == name)),
+            }
+        })
+        .collect();
+    let pool_meta: Vec<(String, String, usize)> = pools.views.iter().map(|p| (p.name.clone(), p.device.name.clone(), p.shards.len())).collect();
+    let (sched, _) = Actor::spawn_linked(
+        None,
+        Scheduler,
+        SchedArgs { knobs: knobs.clone(), pools: pools.views, tasks: task_views, buffer: buffer.clone(), seed: spec.seed, start_version },
+        cell.clone(),
+    )
+    .await
+    .map_err(|source| JobError::Spawn { what: "scheduler".into(), source })?;
+    let _ = sched_slot.set(sched.clone());
+    report.set_critical(&[sched.get_id(), buffer.get_id(), trainer.get_id(), weights.get_id()]);
+
+    let env_counters: Vec<_> = tasks.iter().map(|t| t.envs.counters.clone()).collect();
+    let shared = Arc::new(EpisodeShared {
+        buffer: buffer.clone(),
+        scheduler: sched.clone(),
+        tasks,
+        epoch: job.epoch,
+        started,
+        batch_barrier: knobs.barrier == crate::spec::Barrier::Batch,
+    });
+    sched.cast(SchedMsg::Start(shared.clone())).map_err(|e| JobError::Call { what: "scheduler", message: e.to_string() })?;
+
+    let policy = match knobs.on_weight_update {
+        OnWeightUpdate::Abort => InFlightPolicy::Abort,
+        OnWeightUpdate::Recompute => InFlightPolicy::Recompute,
+    };
+    let mut installed = start_version;
+    let mut summary = JobSummary::default();
+    let mut last_step_end = started;
+    let mut escalated = report.escalated.subscribe();
+    for step in job.start_step..knobs.steps {
+        let t_wait = tokio::time::Instant::now();
+        // 1. get_batch
+        let batch = tokio::select! {
+            biased;
+            _ = job.cancel.cancelled() => return Err(JobError::Cancelled),
+            r = escalated.wait_for(|e| e.is_some()) => {
+                let why = r.map(|e| e.clone().unwrap_or_default()).unwrap_or_default();
+                return Err(JobError::Escalated(why));
+            }
+            b = async { ractor::call_t!(buffer, |reply| BufferMsg::GetBatch { step, reply }, CONTROL_TIMEOUT.as_millis() as u64) } => {
+                b.map_err(|e| JobError::Call { what: "sample buffer", message: e.to_string() })?
+            }
+        };
+        let wait_batch_s = t_wait.elapsed().as_secs_f64();
+        let t_train;
+        let stats: TrainStats;
+        if knobs.overlap_training {
+            // 2-4. suspend, install the newest finished weights, resume; 5. rollout goes on
+            // while 6. the step trains.
+            installed = update_weights(&pools.actors, &pool_meta, &weights, installed, policy, &sched).await?;
+            t_train = tokio::time::Instant::now();
+            stats = train(&trainer, batch.clone(), &job.cancel).await?;
+        } else {
+            // No overlap: generation pauses while training, then installs the fresh version.
+            let _ = sched.cast(SchedMsg::Training(true));
+            suspend_all(&pools.actors).await?;
+            t_train = tokio::time::Instant::now();
+            stats = train(&trainer, batch.clone(), &job.cancel).await?;
+            installed = update_weights(&pools.actors, &pool_meta, &weights, installed, policy, &sched).await?;
+            let _ = sched.cast(SchedMsg::Training(false));
+        }
+        let train_s = t_train.elapsed().as_secs_f64();
+        let now = tokio::time::Instant::now();
+        let m = step_metrics(
+            step,
+            &stats,
+            &batch,
+            started,
+            now.duration_since(last_step_end).as_secs_f64(),
+            train_s,
+            wait_batch_s,
+            &pools.actors,
+            &pool_meta,
+            &buffer,
+            &sched,
+            &env_counters,
+            &pools.restarts,
+            report,
+        )
+        .await?;
+        last_step_end = now;
+        job.observer.on_step(&m, &batch).map_err(JobError::Observer)?;
+        summary.steps_done = step + 1;
+        summary.steps.push(m);
+    }
+    let _ = sched.cast(SchedMsg::Shutdown);
+    summary.elapsed_s = started.elapsed().as_secs_f64();
+    if let Some(last) = summary.steps.last() {
+        summary.bubble_ratio = last.bubble_ratio;
+        summary.pools = last.pools.clone();
+        summary.trajectories_committed = last.buffer.committed;
+    }
+    Ok(summary)
+}
+
+/// Prior per-trajectory token estimates for the cost model, from the task's environment.
+fn prior_tokens(t: &crate::spec::TaskSpec) -> (f64, f64) {
+    match &t.env {
+        EnvSpec::Sim { turns, observation_tokens, response_tokens, .. } => {
+            let turns = turns.as_ref().map_or(1.0, |d| d.mean()).min(t.max_turns as f64).max(1.0);
+            let obs = observation_tokens.as_ref().map_or(64.0, |d| d.mean());
+            let resp = response_tokens.as_ref().map_or(64.0, |d| d.mean()).min(t.max_tokens_per_turn as f64);
+            (turns * obs, turns * resp)
+        }
+    }
+}
+
+async fn spawn_pools(spec: &JobSpec, knobs: &Knobs, epoch: u64, cell: &ractor::ActorCell) -> Result<Pools, JobError> {
+    let restarts = Arc::new(AtomicU64::new(0));
+    let mut views = Vec::new();
+    let mut all = Vec::new();
+    for (pi, p) in spec.pools.iter().enumerate() {
+        let device = DeviceProfile::builtin(&p.device).unwrap_or_else(|| {
+            DeviceProfile::builtin("H20").unwrap_or(DeviceProfile { name: p.device.clone(), flops: 1e14, bandwidth: 1e12, memory: 8e10, cost: 1.0 })
+        });
+        let (model, max_batch, factory_cfg) = match &p.backend {
+            BackendSpec::Sim { model, max_batch, mfu, mbu, weight_sync_gbps, hang_probability } => {
+                let model = ModelProfile::builtin(model).unwrap_or_else(|| {
+                    ModelProfile::builtin("qwen3-8b").unwrap_or(ModelProfile {
+                        name: model.clone(),
+                        params: 8e9,
+                        active_params: 8e9,
+                        layers: 36,
+                        kv_bytes_per_token: 147_456.0,
+                        bytes_per_param: 2.0,
+                    })
+                });
+                let mut cfg = SimEngineConfig::new(device.clone(), model.clone());
+                let e = Efficiency::default();
+                cfg.efficiency = Efficiency { mfu: mfu.unwrap_or(e.mfu), mbu: mbu.unwrap_or(e.mbu) };
+                if let Some(b) = max_batch {
+                    cfg.max_batch = *b;
+                }
+                if let Some(g) = weight_sync_gbps {
+                    cfg.weight_sync_bandwidth = g * 1e9;
+                }
+                cfg.hang_probability = *hang_probability;
+                (model, cfg.max_batch, cfg)
+            }
+        };
+        let mut handles = Vec::new();
+        let mut actors = Vec::new();
+        for i in 0..p.count {
+            let mut cfg = factory_cfg.clone();
+            cfg.seed = spec.seed ^ ((pi as u64) << 40) ^ ((i as u64) << 20) ^ epoch;
+            let counter = restarts.clone();
+            let factory: EngineFactory = Arc::new(move || {
+                let mut c = cfg.clone();
+                // A restarted engine gets a fresh RNG stream (and so does not hang again at once).
+                c.seed = c.seed.wrapping_add(counter.load(Ordering::Relaxed).wrapping_mul(0x9e37_79b9));
+                Box::new(SimEngine::new(c))
+            });
+            let (tx, rx) = tokio::sync::oneshot::channel::<ShardHandle>();
+            let args = ShardArgs {
+                pool: p.name.clone(),
+                index: i,
+                device: device.clone(),
+                factory,
+                placement: EnginePlacement::Task,
+                frozen_after: Duration::from_secs_f64(knobs.frozen_after_s),
+                restarts: restarts.clone(),
+            };
+            let (a, _) = Actor::spawn_linked(None, ShardActor, (args, tx), cell.clone())
+                .await
+                .map_err(|source| JobError::Spawn { what: format!("shard {}[{i}]", p.name), source })?;
+            let h = rx.await.map_err(|e| JobError::Call { what: "shard", message: e.to_string() })?;
+            handles.push(h);
+            actors.push(a);
+        }
+        views.push(PoolView { name: p.name.clone(), device, model, max_batch, shards: handles });
+        all.push(actors);
+    }
+    Ok(Pools { views, actors: all, restarts })
+}
+
+async fn build_tasks(spec: &JobSpec, knobs: &Knobs, cell: &ractor::ActorCell) -> Result<Vec<EpisodeTask>, JobError> {
+    let mut functions: BTreeMap<String, SharedScorer> = BTreeMap::new();
+    for (name, f) in &spec.reward.functions {
+        let scorer: SharedScorer = match f {
+            FunctionSpec::Sim { latency_s, cold_start_s, concurrency, scale_to_zero_after_s } => {
+                let latency = latency_s.clone().unwrap_or_default();
+                let seed = spec.seed ^ name.bytes().fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64));
+                match knobs.placement {
+                    Placement::Serverless => Arc::new(SimReward::new(
+                        latency,
+                        Duration::from_secs_f64(*cold_start_s),
+                        *concurrency,
+                        Some(Duration::from_secs_f64(*scale_to_zero_after_s)),
+                        seed,
+                    )),
+                    Placement::Local => Arc::new(SimReward::new(latency, Duration::ZERO, *concurrency, None, seed)),
+                }
+            }
+        };
+        functions.insert(name.clone(), scorer);
+    }
+    let mut out = Vec::new();
+    for (ti, t) in spec.tasks.iter().enumerate() {
+        let factory: EnvFactory = match &t.env {
+            EnvSpec::Sim {
+                reset_latency_s,
+                step_latency_s,
+                turns,
+                observation_tokens,
+                response_tokens,
+                success_rate,
+                failure_probability,
+                hang_probability,
+            } => {
+                let d = SimEnvConfig::default();
+                let cfg = SimEnvConfig {
+                    reset_latency: reset_latency_s.clone().unwrap_or(d.reset_latency),
+                    step_latency: step_latency_s.clone().unwrap_or(d.step_latency),
+                    turns: turns.clone().unwrap_or(d.turns),
+                    observation_tokens: observation_tokens.clone().unwrap_or(d.observation_tokens),
+                    response_tokens: response_tokens.clone().unwrap_or(d.response_tokens),
+                    success_rate: *success_rate,
+                    failure_probability: *failure_probability,
+                    hang_probability: *hang_probability,
+                };
+                let base = spec.seed ^ ((ti as u64) << 32);
+                Arc::new(move |i| Box::new(SimEnv::new(cfg.clone(), base ^ i.wrapping_mul(0x9e37_79b9_7f4a_7c15))))
+            }
+        };
+        let size = t.envs.unwrap_or(knobs.max_concurrent_episodes).max(1);
+        let envs = EnvPool::spawn(&t.domain, size, factory, Duration::from_secs_f64(knobs.env_call_timeout_s), Duration::from_millis(100), cell.clone())
+            .await
+            .map_err(|source| JobError::Spawn { what: format!("environments of {}", t.domain), source })?;
+        let scorers = t
+            .reward
+            .iter()
+            .map(|r| {
+                if r == "env" {
+                    Arc::new(EnvRewardPassThrough) as SharedScorer
+                } else {
+                    functions.get(r).cloned().unwrap_or_else(|| Arc::new(EnvRewardPassThrough))
+                }
+            })
+            .collect();
+        out.push(EpisodeTask { domain: t.domain.clone(), envs, scorers, max_turns: t.max_turns, max_tokens_per_turn: t.max_tokens_per_turn });
+    }
+    Ok(out)
+}
+
+async fn install(a: &ActorRef<ShardMsg>, w: Arc<Weights>, policy: InFlightPolicy, pool: &str, index: usize) -> Result<(), JobError> {
+    let r = ractor::call_t!(a, |reply| ShardMsg::Install(w, policy, reply), CONTROL_TIMEOUT.as_millis() as u64)
+        .map_err(|e| JobError::Call { what: "shard", message: e.to_string() })?;
+    r.map_err(|source| JobError::Install { pool: pool.to_string(), index, source })
+}
+
+async fn suspend_all(pools: &[Vec<ActorRef<ShardMsg>>]) -> Result<(), JobError> {
+    let calls = pools.iter().flatten().map(|a| async move { ractor::call_t!(a, ShardMsg::Suspend, CONTROL_TIMEOUT.as_millis() as u64) });
+    for r in futures::future::join_all(calls).await {
+        r.map_err(|e| JobError::Call { what: "shard", message: e.to_string() })?;
+    }
+    Ok(())
+}
+
+/// Suspend → install the newest finished version → resume, on every shard at once.
+async fn update_weights(
+    pools: &[Vec<ActorRef<ShardMsg>>],
+    meta: &[(String, String, usize)],
+    store: &ActorRef<WeightStoreMsg>,
+    installed: PolicyVersion,
+    policy: InFlightPolicy,
+    sched: &ActorRef<SchedMsg>,
+) -> Result<PolicyVersion, JobError> {
+    let latest = ractor::call_t!(store, WeightStoreMsg::Latest, CONTROL_TIMEOUT.as_millis() as u64)
+        .map_err(|e| JobError::Call { what: "weight store", message: e.to_string() })?;
+    let Some(latest) = latest else { return Ok(installed) };
+    if latest.version == installed {
+        for a in pools.iter().flatten() {
+            let _ = a.cast(ShardMsg::Resume);
+        }
+        return Ok(installed);
+    }
+    suspend_all(pools).await?;
+    let calls = pools.iter().enumerate().flat_map(|(pi, p)| {
+        let latest = latest.clone();
+        p.iter().enumerate().map(move |(i, a)| {
+            let latest = latest.clone();
+            async move { install(a, latest, policy, &meta[pi].0, i).await }
+        })
+    });
+    for r in futures::future::join_all(calls).await {
+        r?;
+    }
+    for a in pools.iter().flatten() {
+        let _ = a.cast(ShardMsg::Resume);
+    }
+    let _ = sched.cast(SchedMsg::VersionInstalled(latest.version));
+    Ok(latest.version)
+}
+
+async fn train(trainer: &ActorRef<TrainerMsg>, batch: Batch, cancel: &CancellationToken) -> Result<TrainStats, JobError> {
+    tokio::select! {
+        biased;
+        _ = cancel.cancelled() => Err(JobError::Cancelled),
+        r = async { ractor::call_t!(trainer, |reply| TrainerMsg::Train(batch, reply), CONTROL_TIMEOUT.as_millis() as u64) } => {
+            r.map_err(|e| JobError::Call { what: "trainer", message: e.to_string() })?.map_err(JobError::Train)
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn step_metrics(
+    step: u64,
+    stats: &TrainStats,
+    batch: &Batch,
+    started: tokio::time::Instant,
+    step_s: f64,
+    train_s: f64,
+    wait_batch_s: f64,
+    pools: &[Vec<ActorRef<ShardMsg>>],
+    meta: &[(String, String, usize)],
+    buffer: &ActorRef<BufferMsg>,
+    sched: &ActorRef<SchedMsg>,
+    env_counters: &[Arc<actors::env::EnvCounters>],
+    restarts: &Arc<AtomicU64>,
+    report: &Arc<SupervisorReport>,
+) -> Result<StepMetrics, JobError> {
+    let elapsed = started.elapsed().as_secs_f64().max(1e-9);
+    let mut m = StepMetrics { step, version: stats.version, elapsed_s: elapsed, step_s, train_s, wait_batch_s, ..StepMetrics::default() };
+    m.groups = batch.groups.len();
+    let trajs: Vec<_> = batch.trajectories().collect();
+    m.trajectories = trajs.len();
+    let n = trajs.len().max(1) as f64;
+    m.mean_reward = trajs.iter().map(|t| t.reward.unwrap_or(0.0)).sum::<f64>() / n;
+    m.success_rate = trajs.iter().filter(|t| t.success).count() as f64 / n;
+    let stale: Vec<u64> = trajs.iter().map(|t| step.saturating_sub(t.oldest_version())).collect();
+    m.staleness_mean = stale.iter().sum::<u64>() as f64 / n;
+    m.staleness_max = stale.iter().copied().max().unwrap_or(0);
+    for t in &trajs {
+        let e = m.tasks.entry(t.task.clone()).or_default();
+        e.trajectories += 1;
+        e.success_rate += f64::from(u8::from(t.success));
+        e.mean_reward += t.reward.unwrap_or(0.0);
+        e.mean_turns += t.turns.len() as f64;
+    }
+    for e in m.tasks.values_mut() {
+        let k = e.trajectories.max(1) as f64;
+        e.success_rate /= k;
+        e.mean_reward /= k;
+        e.mean_turns /= k;
+    }
+    let mut busy_total = 0.0;
+    let mut shards_total = 0usize;
+    let snap = ractor::call_t!(sched, SchedMsg::Snapshot, CONTROL_TIMEOUT.as_millis() as u64)
+        .map_err(|e| JobError::Call { what: "scheduler", message: e.to_string() })?;
+    for (pi, p) in pools.iter().enumerate() {
+        let loads = futures::future::join_all(p.iter().map(|a| async move { ractor::call_t!(a, ShardMsg::Load, CONTROL_TIMEOUT.as_millis() as u64) })).await;
+        let loads: Vec<LoadReport> = loads.into_iter().filter_map(Result::ok).collect();
+        let busy: f64 = loads.iter().map(|l| l.busy_s.min(elapsed)).sum();
+        busy_total += busy;
+        shards_total += meta[pi].2;
+        let pm = PoolMetrics {
+            device: meta[pi].1.clone(),
+            shards: meta[pi].2,
+            utilisation: busy / (elapsed * meta[pi].2.max(1) as f64),
+            prefill_tokens: loads.iter().map(|l| l.prefill_tokens).sum(),
+            decode_tokens: loads.iter().map(|l| l.decode_tokens).sum(),
+            groups: snap.groups_per_pool.get(&meta[pi].0).copied().unwrap_or(0),
+        };
+        m.prefill_tokens += pm.prefill_tokens;
+        m.decode_tokens += pm.decode_tokens;
+        m.pools.insert(meta[pi].0.clone(), pm);
+    }
+    m.bubble_ratio = 1.0 - busy_total / (elapsed * shards_total.max(1) as f64);
+    let stats_buf = ractor::call_t!(buffer, BufferMsg::Stats, CONTROL_TIMEOUT.as_millis() as u64)
+        .map_err(|e| JobError::Call { what: "sample buffer", message: e.to_string() })?;
+    m.trajectories_per_s = stats_buf.committed as f64 / elapsed;
+    m.buffer = stats_buf.into();
+    m.scheduler = snap.into();
+    m.env_restarts = env_counters.iter().map(|c| c.restarts.load(Ordering::Relaxed)).sum();
+    m.env_timeouts = env_counters.iter().map(|c| c.timeouts.load(Ordering::Relaxed)).sum();
+    m.shard_restarts = restarts.load(Ordering::Relaxed);
+    m.actor_failures = report.failures.load(Ordering::Relaxed);
+    Ok(m)
+}

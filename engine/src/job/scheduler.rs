@@ -1,0 +1,443 @@
+//! The scheduler: admission of groups under the staleness bound, the multi-task mix,
+//! hardware-affinity mapping (declared, cost model, single pool) with sticky shards,
+//! redundancy and retries, waves for the barrier baselines, and aborts of stale or extra
+//! episodes. It owns the episode tasks; the step driver tells it about versions and batches.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use actors::buffer::{BufferEvent, BufferMsg};
+use actors::device::{DeviceProfile, Efficiency, ModelProfile, trajectory_seconds};
+use actors::generation::shard::ShardHandle;
+use actors::types::PolicyVersion;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use super::barrier::WaveBarrier;
+use super::episode::{self, EpisodeParams, EpisodeShared};
+use crate::spec::{Barrier, Knobs, MappingMode};
+
+pub enum SchedMsg {
+    Start(Arc<EpisodeShared>),
+    Buffer(BufferEvent),
+    EpisodeEnded {
+        episode: u64,
+        task: usize,
+        prefill: u64,
+        decode: u64,
+        failed: bool,
+    },
+    /// Shards now run `version`: abort groups past the staleness bound, admit more.
+    VersionInstalled(PolicyVersion),
+    /// Training without overlap has started / ended (no admission meanwhile).
+    Training(bool),
+    /// Stop admitting and abort every episode.
+    Shutdown,
+    Snapshot(ractor::RpcReplyPort<SchedSnapshot>),
+}
+
+/// Counters for metrics and tests.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SchedSnapshot {
+    pub version: PolicyVersion,
+    pub consumed: u64,
+    pub open_groups: usize,
+    pub active_episodes: usize,
+    pub admitted_groups: u64,
+    pub dispatched_episodes: u64,
+    pub cancelled_extras: u64,
+    pub aborted_stale: u64,
+    pub retries: u64,
+    pub failed_episodes: u64,
+    /// Admitted groups per pool name.
+    pub groups_per_pool: BTreeMap<String, u64>,
+    /// Peak concurrent episodes.
+    pub peak_active: usize,
+}
+
+/// A pool as the scheduler sees it.
+pub struct PoolView {
+    pub name: String,
+    pub device: DeviceProfile,
+    pub model: ModelProfile,
+    pub max_batch: usize,
+    pub shards: Vec<ShardHandle>,
+}
+
+/// A task as the scheduler sees it.
+pub struct TaskView {
+    pub domain: String,
+    pub weight: f64,
+    pub group_size: usize,
+    pub redundancy: usize,
+    pub seeds: Option<(u64, u64)>,
+    /// Prior estimates of tokens per trajectory, replaced by observations.
+    pub prefill_estimate: f64,
+    pub decode_estimate: f64,
+    pub declared_pool: Option<usize>,
+}
+
+pub struct SchedArgs {
+    pub knobs: Knobs,
+    pub pools: Vec<PoolView>,
+    pub tasks: Vec<TaskView>,
+    pub buffer: ActorRef<BufferMsg>,
+    pub seed: u64,
+    pub start_version: PolicyVersion,
+}
+
+struct GroupRun {
+    task: usize,
+    seed: u64,
+    start_version: PolicyVersion,
+    pool: usize,
+    episodes: Vec<u64>,
+    closed: bool,
+}
+
+struct EpisodeRun {
+    pool: usize,
+    shard: usize,
+    handle: tokio::task::AbortHandle,
+}
+
+pub struct Scheduler;
+
+pub struct SchedState {
+    a: SchedArgs,
+    shared: Option<Arc<EpisodeShared>>,
+    version: PolicyVersion,
+    consumed: u64,
+    training: bool,
+    stopped: bool,
+    groups: BTreeMap<u64, GroupRun>,
+    episodes: BTreeMap<u64, EpisodeRun>,
+    open_groups: usize,
+    next_group: u64,
+    next_episode: u64,
+    /// Smooth weighted round-robin credit per task.
+    credit: Vec<f64>,
+    task_groups: Vec<u64>,
+    /// Observed (prefill, decode) tokens per trajectory, EWMA per task.
+    observed: Vec<Option<(f64, f64)>>,
+    shard_active: Vec<Vec<usize>>,
+    rng: SmallRng,
+    snap: SchedSnapshot,
+}
+
+impl Actor for Scheduler {
+    type Msg = SchedMsg;
+    type State = SchedState;
+    type Arguments = SchedArgs;
+
+    async fn pre_start(&self, _me: ActorRef<Self::Msg>, a: SchedArgs) -> Result<Self::State, ActorProcessingErr> {
+        let n_tasks = a.tasks.len();
+        let shard_active = a.pools.iter().map(|p| vec![0; p.shards.len()]).collect();
+        let rng = SmallRng::seed_from_u64(a.seed ^ 0x5eed_5c4e_d01e);
+        let version = a.start_version;
+        Ok(SchedState {
+            a,
+            shared: None,
+            version,
+            consumed: version,
+            training: false,
+            stopped: false,
+            groups: BTreeMap::new(),
+            episodes: BTreeMap::new(),
+            open_groups: 0,
+            next_group: 0,
+            next_episode: 0,
+            credit: vec![0.0; n_tasks],
+            task_groups: vec![0; n_tasks],
+            observed: vec![None; n_tasks],
+            shard_active,
+            rng,
+            snap: SchedSnapshot { version, consumed: version, ..SchedSnapshot::default() },
+        })
+    }
+
+    async fn post_stop(&self, _me: ActorRef<Self::Msg>, st: &mut Self::State) -> Result<(), ActorProcessingErr> {
+        st.abort_all();
+        Ok(())
+    }
+
+    async fn handle(&self, _me: ActorRef<Self::Msg>, msg: Self::Msg, st: &mut Self::State) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SchedMsg::Start(shared) => {
+                st.shared = Some(shared);
+                st.try_admit();
+            }
+            SchedMsg::Buffer(ev) => st.on_buffer(ev),
+            SchedMsg::EpisodeEnded { episode, task, prefill, decode, failed } => {
+                if let Some(e) = st.episodes.remove(&episode) {
+                    st.shard_active[e.pool][e.shard] -= 1;
+                }
+                if failed {
+                    st.snap.failed_episodes += 1;
+                } else {
+                    let o = st.observed[task].get_or_insert((prefill as f64, decode as f64));
+                    o.0 = 0.9 * o.0 + 0.1 * prefill as f64;
+                    o.1 = 0.9 * o.1 + 0.1 * decode as f64;
+                }
+                st.try_admit();
+            }
+            SchedMsg::VersionInstalled(v) => {
+                st.version = v;
+                st.snap.version = v;
+                let alpha = st.a.knobs.alpha;
+                let stale: Vec<u64> = st.groups.iter().filter(|(_, g)| !g.closed && v.saturating_sub(g.start_version) > alpha).map(|(id, _)| *id).collect();
+                for gid in stale {
+                    st.snap.aborted_stale += 1;
+                    st.abort_group_episodes(gid);
+                    // The buffer answers with Dropped { Aborted }, which frees the slot.
+                    let _ = st.a.buffer.cast(BufferMsg::Abort { group: gid });
+                }
+                st.try_admit();
+            }
+            SchedMsg::Training(on) => {
+                st.training = on;
+                st.try_admit();
+            }
+            SchedMsg::Shutdown => {
+                st.stopped = true;
+                st.abort_all();
+            }
+            SchedMsg::Snapshot(reply) => {
+                let mut s = st.snap.clone();
+                s.open_groups = st.open_groups;
+                s.active_episodes = st.episodes.len();
+                let _ = reply.send(s);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl SchedState {
+    fn on_buffer(&mut self, ev: BufferEvent) {
+        match ev {
+            BufferEvent::Retry { group } => {
+                self.snap.retries += 1;
+                if let Some(g) = self.groups.get(&group)
+                    && !g.closed
+                {
+                    // A retry runs outside any wave barrier: the wave was sized without it.
+                    let (task, seed, sv, pool) = (g.task, g.seed, g.start_version, g.pool);
+                    self.spawn_episode(group, task, seed, sv, pool, None);
+                }
+            }
+            BufferEvent::CancelExtras { group } => {
+                let n = self.abort_group_episodes(group);
+                self.snap.cancelled_extras += n as u64;
+            }
+            BufferEvent::Ready { group } => {
+                if let Some(g) = self.groups.get_mut(&group) {
+                    g.closed = true;
+                }
+            }
+            BufferEvent::Dropped { group, .. } => {
+                self.abort_group_episodes(group);
+                if self.groups.remove(&group).is_some() {
+                    self.open_groups -= 1;
+                }
+            }
+            BufferEvent::Consumed { groups, .. } => {
+                self.consumed += 1;
+                self.snap.consumed = self.consumed;
+                for g in groups {
+                    if self.groups.remove(&g).is_some() {
+                        self.open_groups -= 1;
+                    }
+                }
+            }
+        }
+        self.try_admit();
+    }
+
+    fn abort_group_episodes(&mut self, gid: u64) -> usize {
+        let Some(g) = self.groups.get_mut(&gid) else { return 0 };
+        g.closed = true;
+        let mut n = 0;
+        for eid in std::mem::take(&mut g.episodes) {
+            if let Some(e) = self.episodes.remove(&eid) {
+                e.handle.abort();
+                let sh = &self.a.pools[e.pool].shards[e.shard];
+                sh.abort(eid);
+                sh.release(eid);
+                self.shard_active[e.pool][e.shard] -= 1;
+                n += 1;
+            }
+        }
+        n
+    }
+
+    fn abort_all(&mut self) {
+        let ids: Vec<u64> = self.groups.keys().copied().collect();
+        for g in ids {
+            self.abort_group_episodes(g);
+        }
+    }
+
+    /// Groups that may still be admitted: a group admitted now (at version n) is consumed at
+    /// step ≥ c + ⌊open / batch⌋, and must be consumed by step n + α.
+    fn quota(&self) -> usize {
+        let k = &self.a.knobs;
+        let horizon = (self.version + k.alpha + 1).saturating_sub(self.consumed) as usize;
+        (k.batch_size * horizon).saturating_sub(self.open_groups)
+    }
+
+    fn try_admit(&mut self) {
+        if self.stopped || self.shared.is_none() || (self.training && !self.a.knobs.overlap_training) {
+            return;
+        }
+        let mut quota = self.quota();
+        if quota == 0 {
+            return;
+        }
+        let max_active = self.a.knobs.max_concurrent_episodes;
+        if self.a.knobs.barrier == Barrier::None {
+            while quota > 0 {
+                let task = self.peek_task();
+                let eps = self.a.tasks[task].group_size + self.a.tasks[task].redundancy;
+                if self.episodes.len() + eps > max_active && !self.episodes.is_empty() {
+                    break;
+                }
+                self.admit_group(None);
+                quota -= 1;
+            }
+        } else {
+            // Waves: the next wave starts when the previous one has fully ended.
+            if !self.episodes.is_empty() {
+                return;
+            }
+            let n = quota.min(self.a.knobs.batch_size);
+            let mut plan = Vec::new();
+            let mut total = 0;
+            for _ in 0..n {
+                let t = self.next_task();
+                let eps = self.a.tasks[t].group_size + self.a.tasks[t].redundancy;
+                if total + eps > max_active && total > 0 {
+                    break;
+                }
+                total += eps;
+                plan.push(t);
+            }
+            let barrier = Arc::new(WaveBarrier::new(total));
+            for t in plan {
+                self.admit_task_group(t, Some(barrier.clone()));
+            }
+        }
+    }
+
+    /// The task the next group will come from, without consuming the turn.
+    fn peek_task(&self) -> usize {
+        let total: f64 = self.a.tasks.iter().map(|t| t.weight).sum();
+        let mut best = 0;
+        let mut best_c = f64::MIN;
+        for (i, t) in self.a.tasks.iter().enumerate() {
+            let c = self.credit[i] + t.weight / total;
+            if c > best_c {
+                best_c = c;
+                best = i;
+            }
+        }
+        best
+    }
+
+    /// Smooth weighted round-robin: deterministic, exact shares over time.
+    fn next_task(&mut self) -> usize {
+        let total: f64 = self.a.tasks.iter().map(|t| t.weight).sum();
+        for (i, t) in self.a.tasks.iter().enumerate() {
+            self.credit[i] += t.weight / total;
+        }
+        let best = (0..self.a.tasks.len()).fold(0, |b, i| if self.credit[i] > self.credit[b] { i } else { b });
+        self.credit[best] -= 1.0;
+        best
+    }
+
+    fn admit_group(&mut self, barrier: Option<Arc<WaveBarrier>>) {
+        let t = self.next_task();
+        self.admit_task_group(t, barrier);
+    }
+
+    fn admit_task_group(&mut self, task: usize, barrier: Option<Arc<WaveBarrier>>) {
+        let gid = self.next_group;
+        self.next_group += 1;
+        let k = self.task_groups[task];
+        self.task_groups[task] += 1;
+        let tv = &self.a.tasks[task];
+        let seed = match tv.seeds {
+            Some((start, count)) => start + k % count.max(1),
+            None => self.rng.random(),
+        };
+        let (gs, red) = (tv.group_size, tv.redundancy);
+        let pool = self.choose_pool(task);
+        let dispatched = gs + red;
+        let _ = self.a.buffer.cast(BufferMsg::Open { group: gid, task: tv.domain.clone(), seed, start_version: self.version, group_size: gs, dispatched });
+        self.groups.insert(gid, GroupRun { task, seed, start_version: self.version, pool, episodes: Vec::new(), closed: false });
+        self.open_groups += 1;
+        self.snap.admitted_groups += 1;
+        *self.snap.groups_per_pool.entry(self.a.pools[pool].name.clone()).or_default() += 1;
+        for _ in 0..dispatched {
+            self.spawn_episode(gid, task, seed, self.version, pool, barrier.clone());
+        }
+    }
+
+    fn spawn_episode(&mut self, gid: u64, task: usize, seed: u64, start_version: PolicyVersion, pool: usize, barrier: Option<Arc<WaveBarrier>>) {
+        let Some(shared) = self.shared.clone() else { return };
+        let eid = self.next_episode;
+        self.next_episode += 1;
+        // Least-loaded shard of the pool; the trajectory sticks to it for all its turns.
+        let shard = (0..self.shard_active[pool].len()).min_by_key(|&i| (self.shard_active[pool][i], i)).unwrap_or(0);
+        self.shard_active[pool][shard] += 1;
+        let params = EpisodeParams {
+            id: eid,
+            group: gid,
+            task,
+            seed,
+            sample_seed: self.rng.random(),
+            start_version,
+            shard: self.a.pools[pool].shards[shard].clone(),
+            barrier,
+        };
+        let handle = tokio::spawn(episode::run(shared, params)).abort_handle();
+        self.episodes.insert(eid, EpisodeRun { pool, shard, handle });
+        if let Some(g) = self.groups.get_mut(&gid) {
+            g.episodes.push(eid);
+        }
+        self.snap.dispatched_episodes += 1;
+        self.snap.peak_active = self.snap.peak_active.max(self.episodes.len());
+    }
+
+    fn choose_pool(&self, task: usize) -> usize {
+        match self.a.knobs.mapping {
+            MappingMode::SinglePool => 0,
+            MappingMode::Declared => self.a.tasks[task].declared_pool.unwrap_or(0),
+            MappingMode::CostModel => self.cost_model_pool(task),
+        }
+    }
+
+    /// Estimated generation seconds of one trajectory of `task` on each pool's device, from
+    /// the observed prefill/decode token mix, scaled by the pool's current load and its
+    /// relative cost: the fastest per unit cost wins.
+    fn cost_model_pool(&self, task: usize) -> usize {
+        let tv = &self.a.tasks[task];
+        let (prefill, decode) = self.observed[task].unwrap_or((tv.prefill_estimate, tv.decode_estimate));
+        let mut best = 0;
+        let mut best_score = f64::INFINITY;
+        for (i, p) in self.a.pools.iter().enumerate() {
+            let slots = (p.shards.len() * p.max_batch).max(1) as f64;
+            let active: usize = self.shard_active[i].iter().sum();
+            let load = active as f64 / slots;
+            let batch = (active as f64 / p.shards.len().max(1) as f64).clamp(1.0, p.max_batch as f64);
+            let secs = trajectory_seconds(&p.device, &p.model, Efficiency::default(), prefill, decode, batch, (prefill + decode) / 2.0);
+            let score = secs * (1.0 + load) * p.device.cost;
+            if score < best_score {
+                best_score = score;
+                best = i;
+            }
+        }
+        best
+    }
+}

@@ -1,0 +1,11 @@
+//! The rollarc service: job spec and validation, the HTTP API (v1), the job store (SQLite),
+//! the job runtime (supervision tree, scheduler, weight-update protocol), the CLI, and the
+//! virtual-time simulation runner.
+//!
+//! Architecture invariant: the HTTP and storage types live here and nowhere else; the actors
+//! crate sees storage only through `TrajectorySink`.
+
+pub mod job;
+pub mod simrun;
+pub mod spec;
+pub mod store;

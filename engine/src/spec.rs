@@ -1,0 +1,721 @@
+//! The job spec: typed, `deny_unknown_fields`, parsed from TOML or JSON, validated in one
+//! place that reports every problem with its dotted field path in one pass, and resolved
+//! against a preset into the concrete knobs the scheduler runs with.
+
+use std::collections::BTreeMap;
+
+use actors::device::{DeviceProfile, ModelProfile};
+use actors::dist::Dist;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// A job as submitted.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Seed of every RNG of the job.
+    #[serde(default)]
+    pub seed: u64,
+    /// Knob values to start from; explicit knobs override them.
+    #[serde(default)]
+    pub preset: Option<Preset>,
+    pub tasks: Vec<TaskSpec>,
+    pub pools: Vec<PoolSpec>,
+    #[serde(default)]
+    pub mapping: MappingSpec,
+    #[serde(default)]
+    pub rollout: RolloutSpec,
+    #[serde(default)]
+    pub reward: RewardSpec,
+    #[serde(default)]
+    pub trainer: TrainerSpec,
+    #[serde(default)]
+    pub sim: SimSpec,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Preset {
+    /// Synchronous: batch barrier, on-policy, no overlap, local reward, one pool.
+    Sync,
+    /// Sync with asynchronous env interaction within a turn and serverless reward.
+    SyncPlus,
+    /// Rollout one step ahead of training.
+    OneOff,
+    /// Trajectory-level asynchrony, α = 1, overlap, serverless reward, affinity mapping.
+    Rollarc,
+}
+
+impl Preset {
+    pub const ALL: [Preset; 4] = [Preset::Sync, Preset::SyncPlus, Preset::OneOff, Preset::Rollarc];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Sync => "sync",
+            Self::SyncPlus => "sync_plus",
+            Self::OneOff => "one_off",
+            Self::Rollarc => "rollarc",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.name() == s)
+    }
+
+    /// The knob values of this preset (architecture.md §6).
+    pub fn knobs(self) -> (Barrier, u64, bool, Placement, MappingMode) {
+        match self {
+            Self::Sync => (Barrier::Batch, 0, false, Placement::Local, MappingMode::SinglePool),
+            Self::SyncPlus => (Barrier::Turn, 0, false, Placement::Serverless, MappingMode::SinglePool),
+            Self::OneOff => (Barrier::Turn, 1, true, Placement::Serverless, MappingMode::SinglePool),
+            Self::Rollarc => (Barrier::None, 1, true, Placement::Serverless, MappingMode::Declared),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TaskSpec {
+    /// Task domain tag, e.g. `frozenlake`; unique within the job.
+    pub domain: String,
+    pub env: EnvSpec,
+    #[serde(default = "d_group_size")]
+    pub group_size: usize,
+    /// Extra episodes dispatched per group; the slowest are cancelled once the group is full.
+    #[serde(default)]
+    pub redundancy: usize,
+    #[serde(default = "d_max_turns")]
+    pub max_turns: u32,
+    #[serde(default = "d_max_tokens")]
+    pub max_tokens_per_turn: u32,
+    /// Reward function names; `env` is the environment's own reward.
+    #[serde(default = "d_reward")]
+    pub reward: Vec<String>,
+    /// Share of groups drawn from this task.
+    #[serde(default = "d_weight")]
+    pub weight: f64,
+    #[serde(default)]
+    pub seeds: Option<SeedRange>,
+    /// Environments (and so concurrent episodes) for this task; default from the rollout size.
+    #[serde(default)]
+    pub envs: Option<usize>,
+}
+
+fn d_group_size() -> usize {
+    8
+}
+fn d_max_turns() -> u32 {
+    10
+}
+fn d_max_tokens() -> u32 {
+    128
+}
+fn d_reward() -> Vec<String> {
+    vec!["env".into()]
+}
+fn d_weight() -> f64 {
+    1.0
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SeedRange {
+    pub start: u64,
+    pub count: u64,
+}
+
+/// How a task's environments are provided.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum EnvSpec {
+    /// Latency and length model in virtual time.
+    Sim {
+        #[serde(default)]
+        #[schema(value_type = Object)]
+        reset_latency_s: Option<Dist>,
+        #[serde(default)]
+        #[schema(value_type = Object)]
+        step_latency_s: Option<Dist>,
+        #[serde(default)]
+        #[schema(value_type = Object)]
+        turns: Option<Dist>,
+        #[serde(default)]
+        #[schema(value_type = Object)]
+        observation_tokens: Option<Dist>,
+        #[serde(default)]
+        #[schema(value_type = Object)]
+        response_tokens: Option<Dist>,
+        #[serde(default = "d_half")]
+        success_rate: f64,
+        #[serde(default)]
+        failure_probability: f64,
+        #[serde(default)]
+        hang_probability: f64,
+    },
+}
+
+fn d_half() -> f64 {
+    0.5
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PoolSpec {
+    pub name: String,
+    /// Device class: H800, H20, H100, A100 or CPU.
+    pub device: String,
+    #[serde(default = "d_one")]
+    pub count: usize,
+    pub backend: BackendSpec,
+}
+
+fn d_one() -> usize {
+    1
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum BackendSpec {
+    /// Roofline simulator of the device class.
+    Sim {
+        #[serde(default = "d_model")]
+        model: String,
+        #[serde(default)]
+        max_batch: Option<usize>,
+        #[serde(default)]
+        mfu: Option<f64>,
+        #[serde(default)]
+        mbu: Option<f64>,
+        /// Weight pull bandwidth in GB/s.
+        #[serde(default)]
+        weight_sync_gbps: Option<f64>,
+        #[serde(default)]
+        hang_probability: f64,
+    },
+}
+
+fn d_model() -> String {
+    "qwen3-8b".into()
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum MappingMode {
+    Declared,
+    CostModel,
+    SinglePool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MappingSpec {
+    #[serde(default)]
+    pub mode: Option<MappingMode>,
+    /// Task domain → pool name.
+    #[serde(default)]
+    pub declared: BTreeMap<String, String>,
+    /// Pool for undeclared domains (default: the first pool).
+    #[serde(default)]
+    pub fallback: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Barrier {
+    /// Trajectory-level: every trajectory advances on its own.
+    None,
+    /// Every environment waits for the slowest each turn.
+    Turn,
+    /// Turn barrier, and rewards only after the whole batch is generated.
+    Batch,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OnWeightUpdate {
+    Abort,
+    Recompute,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RolloutSpec {
+    #[serde(default)]
+    pub barrier: Option<Barrier>,
+    #[serde(default)]
+    pub alpha: Option<u64>,
+    #[serde(default)]
+    pub overlap_training: Option<bool>,
+    /// Groups per training batch.
+    #[serde(default)]
+    pub batch_size: Option<usize>,
+    #[serde(default)]
+    pub steps: Option<u64>,
+    #[serde(default)]
+    pub on_weight_update: Option<OnWeightUpdate>,
+    #[serde(default)]
+    pub max_concurrent_episodes: Option<usize>,
+    /// Drop groups whose rewards are all equal (dynamic sampling).
+    #[serde(default)]
+    pub filter_all_equal: Option<bool>,
+    #[serde(default)]
+    pub max_retries_per_group: Option<u32>,
+    #[serde(default)]
+    pub env_call_timeout_s: Option<f64>,
+    /// A shard with work and no progress for this long is restarted.
+    #[serde(default)]
+    pub frozen_after_s: Option<f64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Placement {
+    Serverless,
+    Local,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RewardSpec {
+    #[serde(default)]
+    pub placement: Option<Placement>,
+    /// Named reward functions the tasks refer to.
+    #[serde(default)]
+    pub functions: BTreeMap<String, FunctionSpec>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum FunctionSpec {
+    /// Latency, cold start and concurrency model in virtual time.
+    Sim {
+        #[serde(default)]
+        #[schema(value_type = Object)]
+        latency_s: Option<Dist>,
+        #[serde(default)]
+        cold_start_s: f64,
+        #[serde(default = "d_concurrency")]
+        concurrency: usize,
+        #[serde(default = "d_scale_to_zero")]
+        scale_to_zero_after_s: f64,
+    },
+}
+
+fn d_concurrency() -> usize {
+    64
+}
+fn d_scale_to_zero() -> f64 {
+    90.0
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum TrainerSpec {
+    /// Time model of a GPU trainer.
+    Sim {
+        #[serde(default = "d_spt")]
+        seconds_per_token: f64,
+        #[serde(default = "d_gpus")]
+        gpus: u32,
+        #[serde(default)]
+        step_overhead_s: f64,
+    },
+}
+
+fn d_spt() -> f64 {
+    2e-4
+}
+fn d_gpus() -> u32 {
+    8
+}
+
+impl Default for TrainerSpec {
+    fn default() -> Self {
+        Self::Sim { seconds_per_token: d_spt(), gpus: d_gpus(), step_overhead_s: 0.0 }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Clock {
+    /// Paused tokio clock: simulated durations take no wall time.
+    #[default]
+    Virtual,
+    /// Wall clock: simulated durations are really waited (demos, restart tests).
+    Real,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SimSpec {
+    #[serde(default)]
+    pub clock: Clock,
+}
+
+/// One problem with a spec.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct FieldError {
+    /// Dotted path of the field, e.g. `tasks[0].group_size`.
+    pub field: String,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid job spec: {}", .0.iter().map(|e| format!("{}: {}", e.field, e.message)).collect::<Vec<_>>().join("; "))]
+pub struct SpecErrors(pub Vec<FieldError>);
+
+/// Body formats accepted for a spec.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Json,
+    Toml,
+}
+
+/// Parses and validates a spec, reporting every problem found.
+pub fn parse(body: &str, format: Format) -> Result<JobSpec, SpecErrors> {
+    let value: serde_json::Value = match format {
+        Format::Json => serde_json::from_str(body).map_err(|e| one("", format!("body is not valid JSON: {e}")))?,
+        Format::Toml => {
+            let t: toml::Table = toml::from_str(body).map_err(|e| one("", format!("body is not valid TOML: {}", e.message())))?;
+            serde_json::to_value(t).map_err(|e| one("", e.to_string()))?
+        }
+    };
+    from_value(value)
+}
+
+fn one(field: &str, message: String) -> SpecErrors {
+    SpecErrors(vec![FieldError { field: field.into(), message }])
+}
+
+/// Deserialises section by section so that every structural problem is reported, then runs
+/// the semantic checks.
+pub fn from_value(value: serde_json::Value) -> Result<JobSpec, SpecErrors> {
+    let mut errs = Vec::new();
+    let serde_json::Value::Object(mut obj) = value else {
+        return Err(one("", "a job spec must be a table / object".into()));
+    };
+    const KNOWN: [&str; 10] = ["name", "seed", "preset", "tasks", "pools", "mapping", "rollout", "reward", "trainer", "sim"];
+    for k in obj.keys() {
+        if !KNOWN.contains(&k.as_str()) {
+            errs.push(FieldError { field: k.clone(), message: format!("unknown field, expected one of {}", KNOWN.join(", ")) });
+        }
+    }
+    let name = section::<Option<String>>(&mut obj, "name", &mut errs).flatten();
+    let seed = section::<u64>(&mut obj, "seed", &mut errs).unwrap_or(0);
+    let preset = section::<Option<Preset>>(&mut obj, "preset", &mut errs).flatten();
+    let tasks = list::<TaskSpec>(&mut obj, "tasks", &mut errs);
+    let pools = list::<PoolSpec>(&mut obj, "pools", &mut errs);
+    let mapping = section::<MappingSpec>(&mut obj, "mapping", &mut errs).unwrap_or_default();
+    let rollout = section::<RolloutSpec>(&mut obj, "rollout", &mut errs).unwrap_or_default();
+    let reward = section::<RewardSpec>(&mut obj, "reward", &mut errs).unwrap_or_default();
+    let trainer = section::<TrainerSpec>(&mut obj, "trainer", &mut errs).unwrap_or_default();
+    let sim = section::<SimSpec>(&mut obj, "sim", &mut errs).unwrap_or_default();
+    let spec = JobSpec { name, seed, preset, tasks: tasks.unwrap_or_default(), pools: pools.unwrap_or_default(), mapping, rollout, reward, trainer, sim };
+    errs.extend(validate(&spec));
+    if errs.is_empty() { Ok(spec) } else { Err(SpecErrors(errs)) }
+}
+
+fn de_at<T: DeserializeOwned>(v: serde_json::Value, path: &str, errs: &mut Vec<FieldError>) -> Option<T> {
+    match serde_path_to_error::deserialize::<_, T>(v) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            let inner = e.path().to_string();
+            let field = if inner == "." || inner.is_empty() { path.to_string() } else { format!("{path}.{inner}") };
+            errs.push(FieldError { field, message: e.into_inner().to_string() });
+            None
+        }
+    }
+}
+
+fn section<T: DeserializeOwned + Default>(obj: &mut serde_json::Map<String, serde_json::Value>, key: &str, errs: &mut Vec<FieldError>) -> Option<T> {
+    match obj.remove(key) {
+        None => Some(T::default()),
+        Some(v) => de_at(v, key, errs),
+    }
+}
+
+fn list<T: DeserializeOwned>(obj: &mut serde_json::Map<String, serde_json::Value>, key: &str, errs: &mut Vec<FieldError>) -> Option<Vec<T>> {
+    match obj.remove(key) {
+        None => {
+            errs.push(FieldError { field: key.into(), message: "missing field".into() });
+            None
+        }
+        Some(serde_json::Value::Array(items)) => Some(items.into_iter().enumerate().filter_map(|(i, v)| de_at(v, &format!("{key}[{i}]"), errs)).collect()),
+        Some(_) => {
+            errs.push(FieldError { field: key.into(), message: "expected an array".into() });
+            None
+        }
+    }
+}
+
+/// Names of the reward functions every job has.
+pub const BUILTIN_REWARDS: [&str; 1] = ["env"];
+
+/// Semantic checks; every problem with its path.
+pub fn validate(spec: &JobSpec) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    let mut err = |field: String, message: String| errs.push(FieldError { field, message });
+    if spec.tasks.is_empty() {
+        err("tasks".into(), "at least one task is required".into());
+    }
+    if spec.pools.is_empty() {
+        err("pools".into(), "at least one generation pool is required".into());
+    }
+    let mut domains = std::collections::BTreeSet::new();
+    for (i, t) in spec.tasks.iter().enumerate() {
+        let p = format!("tasks[{i}]");
+        if t.domain.trim().is_empty() {
+            err(format!("{p}.domain"), "must not be empty".into());
+        } else if !domains.insert(t.domain.as_str()) {
+            err(format!("{p}.domain"), format!("duplicate task domain {:?}", t.domain));
+        }
+        if t.group_size == 0 || t.group_size > 1024 {
+            err(format!("{p}.group_size"), format!("must be in 1..=1024, got {}", t.group_size));
+        }
+        if t.redundancy > 1024 {
+            err(format!("{p}.redundancy"), format!("must be at most 1024, got {}", t.redundancy));
+        }
+        if t.max_turns == 0 || t.max_turns > 10_000 {
+            err(format!("{p}.max_turns"), format!("must be in 1..=10000, got {}", t.max_turns));
+        }
+        if t.max_tokens_per_turn == 0 || t.max_tokens_per_turn > 1_000_000 {
+            err(format!("{p}.max_tokens_per_turn"), format!("must be in 1..=1000000, got {}", t.max_tokens_per_turn));
+        }
+        if !(t.weight.is_finite() && t.weight > 0.0) {
+            err(format!("{p}.weight"), format!("must be a positive number, got {}", t.weight));
+        }
+        if t.reward.is_empty() {
+            err(format!("{p}.reward"), "name at least one reward function (e.g. \"env\")".into());
+        }
+        for (j, r) in t.reward.iter().enumerate() {
+            if !BUILTIN_REWARDS.contains(&r.as_str()) && !spec.reward.functions.contains_key(r) {
+                err(format!("{p}.reward[{j}]"), format!("unknown reward function {r:?}; define it under reward.functions or use \"env\""));
+            }
+        }
+        if let Some(s) = t.seeds
+            && s.count == 0
+        {
+            err(format!("{p}.seeds.count"), "must be at least 1".into());
+        }
+        if t.envs == Some(0) {
+            err(format!("{p}.envs"), "must be at least 1".into());
+        }
+        match &t.env {
+            EnvSpec::Sim {
+                reset_latency_s,
+                step_latency_s,
+                turns,
+                observation_tokens,
+                response_tokens,
+                success_rate,
+                failure_probability,
+                hang_probability,
+            } => {
+                for (name, d) in [
+                    ("reset_latency_s", reset_latency_s),
+                    ("step_latency_s", step_latency_s),
+                    ("turns", turns),
+                    ("observation_tokens", observation_tokens),
+                    ("response_tokens", response_tokens),
+                ] {
+                    if let Some(d) = d {
+                        for m in d.problems() {
+                            err(format!("{p}.env.{name}"), m);
+                        }
+                    }
+                }
+                for (name, v) in [("success_rate", success_rate), ("failure_probability", failure_probability), ("hang_probability", hang_probability)] {
+                    if !(0.0..=1.0).contains(v) {
+                        err(format!("{p}.env.{name}"), format!("must be a probability in [0, 1], got {v}"));
+                    }
+                }
+            }
+        }
+    }
+    let mut pools = std::collections::BTreeSet::new();
+    for (i, pl) in spec.pools.iter().enumerate() {
+        let p = format!("pools[{i}]");
+        if pl.name.trim().is_empty() {
+            err(format!("{p}.name"), "must not be empty".into());
+        } else if !pools.insert(pl.name.as_str()) {
+            err(format!("{p}.name"), format!("duplicate pool name {:?}", pl.name));
+        }
+        if DeviceProfile::builtin(&pl.device).is_none() {
+            err(format!("{p}.device"), format!("unknown device class {:?}, expected one of {}", pl.device, DeviceProfile::BUILTIN_NAMES.join(", ")));
+        }
+        if pl.count == 0 || pl.count > 4096 {
+            err(format!("{p}.count"), format!("must be in 1..=4096, got {}", pl.count));
+        }
+        match &pl.backend {
+            BackendSpec::Sim { model, max_batch, mfu, mbu, weight_sync_gbps, hang_probability } => {
+                if ModelProfile::builtin(model).is_none() {
+                    err(format!("{p}.backend.model"), format!("unknown model {model:?}, expected one of {}", ModelProfile::BUILTIN_NAMES.join(", ")));
+                }
+                if *max_batch == Some(0) {
+                    err(format!("{p}.backend.max_batch"), "must be at least 1".into());
+                }
+                for (name, v) in [("mfu", mfu), ("mbu", mbu)] {
+                    if let Some(v) = v
+                        && !(*v > 0.0 && *v <= 1.0)
+                    {
+                        err(format!("{p}.backend.{name}"), format!("must be in (0, 1], got {v}"));
+                    }
+                }
+                if let Some(g) = weight_sync_gbps
+                    && !(g.is_finite() && *g > 0.0)
+                {
+                    err(format!("{p}.backend.weight_sync_gbps"), format!("must be positive, got {g}"));
+                }
+                if !(0.0..=1.0).contains(hang_probability) {
+                    err(format!("{p}.backend.hang_probability"), format!("must be a probability in [0, 1], got {hang_probability}"));
+                }
+            }
+        }
+    }
+    for (domain, pool) in &spec.mapping.declared {
+        if !domains.contains(domain.as_str()) {
+            err(format!("mapping.declared.{domain}"), format!("no task has domain {domain:?}"));
+        }
+        if !pools.contains(pool.as_str()) {
+            err(format!("mapping.declared.{domain}"), format!("no pool is named {pool:?}"));
+        }
+    }
+    if let Some(f) = &spec.mapping.fallback
+        && !pools.contains(f.as_str())
+    {
+        err("mapping.fallback".into(), format!("no pool is named {f:?}"));
+    }
+    let r = &spec.rollout;
+    if r.batch_size == Some(0) {
+        err("rollout.batch_size".into(), "must be at least 1 group".into());
+    }
+    if r.steps == Some(0) {
+        err("rollout.steps".into(), "must be at least 1".into());
+    }
+    if r.alpha.is_some_and(|a| a > 1000) {
+        err("rollout.alpha".into(), "must be at most 1000".into());
+    }
+    if r.max_concurrent_episodes == Some(0) {
+        err("rollout.max_concurrent_episodes".into(), "must be at least 1".into());
+    }
+    for (name, v) in [("env_call_timeout_s", r.env_call_timeout_s), ("frozen_after_s", r.frozen_after_s)] {
+        if let Some(v) = v
+            && !(v.is_finite() && v > 0.0)
+        {
+            err(format!("rollout.{name}"), format!("must be a positive number of seconds, got {v}"));
+        }
+    }
+    for (name, f) in &spec.reward.functions {
+        let p = format!("reward.functions.{name}");
+        if BUILTIN_REWARDS.contains(&name.as_str()) {
+            err(p.clone(), format!("{name:?} is a built-in reward and cannot be redefined"));
+        }
+        match f {
+            FunctionSpec::Sim { latency_s, cold_start_s, concurrency, scale_to_zero_after_s } => {
+                if let Some(d) = latency_s {
+                    for m in d.problems() {
+                        err(format!("{p}.latency_s"), m);
+                    }
+                }
+                if !(cold_start_s.is_finite() && *cold_start_s >= 0.0) {
+                    err(format!("{p}.cold_start_s"), format!("must be >= 0, got {cold_start_s}"));
+                }
+                if *concurrency == 0 {
+                    err(format!("{p}.concurrency"), "must be at least 1".into());
+                }
+                if !(scale_to_zero_after_s.is_finite() && *scale_to_zero_after_s >= 0.0) {
+                    err(format!("{p}.scale_to_zero_after_s"), format!("must be >= 0, got {scale_to_zero_after_s}"));
+                }
+            }
+        }
+    }
+    match &spec.trainer {
+        TrainerSpec::Sim { seconds_per_token, gpus, step_overhead_s } => {
+            if !(seconds_per_token.is_finite() && *seconds_per_token >= 0.0) {
+                err("trainer.seconds_per_token".into(), format!("must be >= 0, got {seconds_per_token}"));
+            }
+            if *gpus == 0 {
+                err("trainer.gpus".into(), "must be at least 1".into());
+            }
+            if !(step_overhead_s.is_finite() && *step_overhead_s >= 0.0) {
+                err("trainer.step_overhead_s".into(), format!("must be >= 0, got {step_overhead_s}"));
+            }
+        }
+    }
+    errs
+}
+
+/// The concrete knobs a job runs with, after the preset and the defaults.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Knobs {
+    pub preset: Option<Preset>,
+    pub barrier: Barrier,
+    pub alpha: u64,
+    pub overlap_training: bool,
+    pub placement: Placement,
+    pub mapping: MappingMode,
+    pub batch_size: usize,
+    pub steps: u64,
+    pub on_weight_update: OnWeightUpdate,
+    pub max_concurrent_episodes: usize,
+    pub filter_all_equal: bool,
+    pub max_retries_per_group: u32,
+    pub env_call_timeout_s: f64,
+    pub frozen_after_s: f64,
+}
+
+impl JobSpec {
+    /// Resolves knobs: explicit values, else the preset's, else the `rollarc` preset's.
+    pub fn knobs(&self) -> Knobs {
+        let (barrier, alpha, overlap, placement, mapping) = self.preset.unwrap_or(Preset::Rollarc).knobs();
+        let r = &self.rollout;
+        let batch_size = r.batch_size.unwrap_or(8);
+        let alpha = r.alpha.unwrap_or(alpha);
+        let group_eps: usize = self.tasks.iter().map(|t| t.group_size + t.redundancy).max().unwrap_or(8);
+        Knobs {
+            preset: self.preset,
+            barrier: r.barrier.unwrap_or(barrier),
+            alpha,
+            overlap_training: r.overlap_training.unwrap_or(overlap),
+            placement: self.reward.placement.unwrap_or(placement),
+            mapping: self.mapping.mode.unwrap_or(if mapping == MappingMode::Declared && self.mapping.declared.is_empty() {
+                MappingMode::CostModel
+            } else {
+                mapping
+            }),
+            batch_size,
+            steps: r.steps.unwrap_or(10),
+            on_weight_update: r.on_weight_update.unwrap_or(OnWeightUpdate::Abort),
+            max_concurrent_episodes: r.max_concurrent_episodes.unwrap_or(batch_size * group_eps * (alpha as usize + 1)),
+            filter_all_equal: r.filter_all_equal.unwrap_or(false),
+            max_retries_per_group: r.max_retries_per_group.unwrap_or(2),
+            env_call_timeout_s: r.env_call_timeout_s.unwrap_or(600.0),
+            frozen_after_s: r.frozen_after_s.unwrap_or(120.0),
+        }
+    }
+
+    /// Whether every backend is simulated (so the job can run on the virtual clock).
+    pub fn all_simulated(&self) -> bool {
+        true
+    }
+
+    /// Applies a preset on top of a spec: the preset's knobs win over the spec's.
+    pub fn with_preset(&self, preset: Preset) -> JobSpec {
+        let mut s = self.clone();
+        s.preset = Some(preset);
+        let (barrier, alpha, overlap, placement, mapping) = preset.knobs();
+        s.rollout.barrier = Some(barrier);
+        s.rollout.alpha = Some(alpha);
+        s.rollout.overlap_training = Some(overlap);
+        s.reward.placement = Some(placement);
+        s.mapping.mode = Some(if mapping == MappingMode::Declared && s.mapping.declared.is_empty() { MappingMode::CostModel } else { mapping });
+        s.rollout.max_concurrent_episodes = None;
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests;
