@@ -5,7 +5,12 @@
 //! Architecture invariant: the HTTP and storage types live here and nowhere else; the actors
 //! crate sees storage only through `TrajectorySink`.
 
+pub mod api;
+pub mod cli;
 pub mod job;
+pub mod server;
+pub mod service;
 pub mod simrun;
 pub mod spec;
 pub mod store;
+pub mod telemetry;

@@ -1,16 +1,212 @@
-fn main() {
-    let path = std::env::args().nth(1).unwrap_or_default();
-    let body = std::fs::read_to_string(&path).unwrap_or_default();
-    let spec = engine::spec::parse(&body, engine::spec::Format::Toml);
-    match spec {
-        Err(e) => eprintln!("{e}"),
-        Ok(spec) => {
-            let t = std::time::Instant::now();
-            let r = engine::simrun::run_virtual(spec);
-            match r {
-                Ok(s) => println!("{}\nwall {:?}", serde_json::to_string_pretty(&s.steps.last()).unwrap_or_default(), t.elapsed()),
-                Err(e) => eprintln!("{e}"),
-            }
+//! `rollarc`: the service and its command-line client.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+use engine::service::{JobEvent, Service, ServiceConfig};
+use engine::spec::{self, Format, JobSpec, Preset};
+
+#[derive(Parser)]
+#[command(name = "rollarc", version, about = "Rollout engine for agentic RL")]
+struct Cli {
+    /// Address of a running service (client commands).
+    #[arg(long, global = true, env = "ROLLARC_SERVER", default_value = "http://127.0.0.1:8080")]
+    server: String,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the service.
+    Serve {
+        /// HOST:PORT to listen on (overrides the config file).
+        #[arg(long)]
+        addr: Option<String>,
+        /// Directory of the store (overrides the config file).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// Service config (TOML: addr, data_dir, max_running, grace_s).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Submit a job spec (TOML or JSON) to a running service.
+    Submit { file: PathBuf },
+    /// Show one job, or list all.
+    Status { id: Option<String> },
+    /// Follow a job's progress.
+    Watch { id: String },
+    /// Cancel a job.
+    Cancel { id: String },
+    /// Run a job with the service in-process: submit, watch, summary; exit code 0 on success.
+    Run {
+        file: PathBuf,
+        #[arg(long, default_value = "data")]
+        data_dir: PathBuf,
+    },
+    /// Run a fully simulated job in virtual time and print its figures.
+    Sim {
+        file: PathBuf,
+        /// Override the spec's preset.
+        #[arg(long)]
+        preset: Option<String>,
+        /// Run under several presets and print the ratios against the first.
+        #[arg(long, value_delimiter = ',')]
+        compare: Vec<String>,
+    },
+    /// List GPUs with the profile the mapper would use.
+    Devices,
+    /// Scheduler-overhead benchmark (zero-latency simulated backends).
+    Bench {
+        #[arg(long, default_value_t = 10_000)]
+        episodes: usize,
+    },
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ServeConfig {
+    addr: Option<String>,
+    data_dir: Option<PathBuf>,
+    max_running: Option<usize>,
+    grace_s: Option<f64>,
+}
+
+fn read_spec(file: &PathBuf) -> anyhow::Result<JobSpec> {
+    let body = std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let fmt = if file.extension().is_some_and(|e| e == "json") { Format::Json } else { Format::Toml };
+    spec::parse(&body, fmt).map_err(|e| {
+        let lines: Vec<String> = e.0.iter().map(|f| format!("  {}: {}", if f.field.is_empty() { "(spec)" } else { &f.field }, f.message)).collect();
+        anyhow::anyhow!("{} is not a valid job spec:\n{}", file.display(), lines.join("\n"))
+    })
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let _guard = infra::telemetry::init_tracing(&infra::env::ProcessEnv);
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
         }
     }
+}
+
+fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
+    let rt = || tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("cannot start the runtime");
+    match cli.cmd {
+        Cmd::Serve { addr, data_dir, config } => {
+            let cfg: ServeConfig = match config {
+                Some(p) => toml::from_str(&std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?)
+                    .with_context(|| format!("invalid service config {}", p.display()))?,
+                None => ServeConfig::default(),
+            };
+            let addr = addr.or(cfg.addr).unwrap_or_else(|| "127.0.0.1:8080".into());
+            let data_dir = data_dir.or(cfg.data_dir).unwrap_or_else(|| PathBuf::from("data"));
+            let grace = Duration::from_secs_f64(cfg.grace_s.unwrap_or(10.0));
+            let max_running = cfg.max_running.unwrap_or(2);
+            rt()?.block_on(engine::server::serve(&addr, ServiceConfig { data_dir, max_running }, grace))?;
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        Cmd::Submit { file } => {
+            let body = std::fs::read_to_string(&file).with_context(|| format!("cannot read {}", file.display()))?;
+            let ct = if file.extension().is_some_and(|e| e == "json") { "application/json" } else { "application/toml" };
+            rt()?.block_on(async {
+                let r = reqwest::Client::new().post(format!("{}/v1/jobs", cli.server)).header("content-type", ct).body(body).send().await?;
+                let status = r.status();
+                let text = r.text().await?;
+                if !status.is_success() {
+                    bail!("{status}: {text}");
+                }
+                println!("{text}");
+                Ok(std::process::ExitCode::SUCCESS)
+            })
+        }
+        Cmd::Status { id } => rt()?.block_on(async {
+            let url = match id {
+                Some(id) => format!("{}/v1/jobs/{id}", cli.server),
+                None => format!("{}/v1/jobs", cli.server),
+            };
+            let r = reqwest::get(url).await?;
+            let status = r.status();
+            let v: serde_json::Value = r.json().await?;
+            println!("{}", serde_json::to_string_pretty(&v)?);
+            Ok(if status.is_success() { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::FAILURE })
+        }),
+        Cmd::Cancel { id } => rt()?.block_on(async {
+            let r = reqwest::Client::new().post(format!("{}/v1/jobs/{id}/cancel", cli.server)).send().await?;
+            let status = r.status();
+            println!("{}", r.text().await?);
+            Ok(if status.is_success() { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::FAILURE })
+        }),
+        Cmd::Watch { id } => rt()?.block_on(engine::cli::watch_remote(&cli.server, &id)),
+        Cmd::Run { file, data_dir } => {
+            let spec = read_spec(&file)?;
+            rt()?.block_on(async move {
+                let service = Service::open(&ServiceConfig { data_dir, max_running: 1 })?;
+                let id = service.submit(spec)?;
+                let rx = service.subscribe(&id);
+                let last = engine::cli::watch_events(rx, service.state_event(&id)).await;
+                print_summary(&service, &id)?;
+                Ok(match last {
+                    Some(JobEvent::State { state: engine::store::JobState::Succeeded, .. }) => std::process::ExitCode::SUCCESS,
+                    _ => std::process::ExitCode::FAILURE,
+                })
+            })
+        }
+        Cmd::Sim { file, preset, compare } => {
+            let spec = read_spec(&file)?;
+            engine::cli::sim(spec, preset.as_deref(), &compare)?;
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        Cmd::Devices => {
+            match actors::device::discover_gpus() {
+                Ok(gpus) if gpus.is_empty() => println!("no GPU found"),
+                Ok(gpus) => {
+                    for g in gpus {
+                        println!(
+                            "GPU {}: {} — {} SMs, {:.0} GB, {} MHz, mem {} MHz × {} bit → {:.0} TFLOP/s (est.), {:.2} TB/s",
+                            g.ordinal,
+                            g.name,
+                            g.sms,
+                            g.memory_bytes as f64 / 1e9,
+                            g.clock_mhz,
+                            g.memory_clock_mhz,
+                            g.bus_width_bits,
+                            g.profile.flops / 1e12,
+                            g.profile.bandwidth / 1e12
+                        );
+                    }
+                }
+                Err(e) => println!("{e}"),
+            }
+            println!("device classes known to the mapper:");
+            for n in actors::device::DeviceProfile::BUILTIN_NAMES {
+                if let Some(d) = actors::device::DeviceProfile::builtin(n) {
+                    println!("  {:5} {:8.1} TFLOP/s  {:5.2} TB/s  {:4.0} GB  cost ×{:.2}", d.name, d.flops / 1e12, d.bandwidth / 1e12, d.memory / 1e9, d.cost);
+                }
+            }
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        Cmd::Bench { episodes } => {
+            engine::cli::bench(episodes)?;
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn print_summary(service: &Arc<Service>, id: &str) -> anyhow::Result<()> {
+    let Some(j) = service.store.get(id)? else { return Ok(()) };
+    println!("job {} {} after {}/{} steps", j.id, j.state.as_str(), j.step, j.steps);
+    if let Some(e) = &j.error {
+        println!("error: {e}");
+    }
+    engine::cli::print_metrics(&j.metrics);
+    println!("trajectories stored: {}", service.store.trajectory_count(id)?);
+    let _ = Preset::ALL;
+    Ok(())
 }

@@ -26,6 +26,8 @@ impl DeviceProfile {
             "A100" => (312e12, 2.0e12, 80e9, 1.6),
             // A 2-core laptop-class CPU: ~100 GFLOP/s with AVX2 FMA, ~20 GB/s DRAM.
             "CPU" => (1.0e11, 2.0e10, 16e9, 0.05),
+            // Zero-latency device for orchestration-overhead benchmarks.
+            "IDEAL" => (1.0e30, 1.0e30, 1.0e15, 1.0),
             _ => return None,
         };
         Some(Self { name: name.to_ascii_uppercase(), flops, bandwidth: bw, memory: mem, cost })

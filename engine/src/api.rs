@@ -1,0 +1,412 @@
+//! HTTP API v1 (axum). Errors are JSON `{"error": {"code", "message", "fields"}}` with a stable
+//! machine `code`; request bodies are limited to [`MAX_BODY_BYTES`].
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use futures::Stream;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, OpenApi, ToSchema};
+
+use crate::service::{JobEvent, Service, ServiceError};
+use crate::spec::{self, FieldError, Format};
+use crate::store::{JobRecord, JobState, TrajectoryRow};
+
+/// Largest accepted request body.
+pub const MAX_BODY_BYTES: usize = 1 << 20;
+/// Largest page of trajectories.
+pub const MAX_PAGE: usize = 1000;
+
+/// The error body.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// Stable machine code: `invalid_spec`, `not_found`, `body_too_large`, `bad_request`,
+    /// `conflict`, `shutting_down`, `internal`.
+    pub code: &'static str,
+    pub message: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub fields: Vec<FieldError>,
+}
+
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+    fields: Vec<FieldError>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self { status, code, message: message.into(), fields: Vec::new() }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.status.is_server_error() {
+            tracing::error!(code = self.code, error = %self.message, "request failed");
+        }
+        let body = ErrorBody { error: ErrorDetail { code: self.code, message: self.message, fields: self.fields } };
+        (self.status, Json(body)).into_response()
+    }
+}
+
+impl From<ServiceError> for ApiError {
+    fn from(e: ServiceError) -> Self {
+        match e {
+            ServiceError::NotFound(id) => Self::new(StatusCode::NOT_FOUND, "not_found", format!("job {id} not found")),
+            ServiceError::ShuttingDown => Self::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", e.to_string()),
+            ServiceError::Terminal { .. } => Self::new(StatusCode::CONFLICT, "conflict", e.to_string()),
+            // Internals are logged, not leaked.
+            other => {
+                tracing::error!(error = ?other, "service error");
+                Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error")
+            }
+        }
+    }
+}
+
+impl From<crate::store::StoreError> for ApiError {
+    fn from(e: crate::store::StoreError) -> Self {
+        ServiceError::Store(e).into()
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Created {
+    pub id: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct JobList {
+    pub jobs: Vec<JobRecord>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+pub struct PageQuery {
+    /// Cursor of the last trajectory already seen (0 = from the start).
+    pub after: Option<i64>,
+    /// Page size, 1..=1000 (default 100).
+    pub limit: Option<usize>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    pub status: &'static str,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Cluster {
+    pub jobs: Vec<ClusterJob>,
+    /// Device classes the mapper knows.
+    pub devices: Vec<DeviceView>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ClusterJob {
+    pub id: String,
+    pub pools: Vec<PoolView>,
+    pub environments: Vec<EnvView>,
+    pub functions: Vec<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PoolView {
+    pub name: String,
+    pub device: String,
+    pub shards: usize,
+    pub backend: String,
+    /// Busy fraction since the job started (from the latest step).
+    pub utilisation: Option<f64>,
+    pub groups: Option<u64>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EnvView {
+    pub task: String,
+    pub kind: String,
+    pub envs: Option<usize>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DeviceView {
+    pub name: String,
+    pub tflops: f64,
+    pub bandwidth_tb_s: f64,
+    pub memory_gb: f64,
+    pub relative_cost: f64,
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "rollarc", description = "Rollout engine for agentic RL: job API v1"),
+    paths(submit, list_jobs, get_job, cancel_job, job_events, trajectories, cluster, healthz, readyz, metrics),
+    components(schemas(
+        Created,
+        JobList,
+        JobRecord,
+        JobState,
+        ErrorBody,
+        ErrorDetail,
+        FieldError,
+        TrajectoryRow,
+        Cluster,
+        ClusterJob,
+        PoolView,
+        EnvView,
+        DeviceView,
+        JobEvent,
+        Health,
+        spec::JobSpec
+    ))
+)]
+pub struct ApiDoc;
+
+pub fn router(service: Arc<Service>) -> Router {
+    Router::new()
+        .route("/v1/jobs", post(submit).get(list_jobs))
+        .route("/v1/jobs/{id}", get(get_job))
+        .route("/v1/jobs/{id}/cancel", post(cancel_job))
+        .route("/v1/jobs/{id}/events", get(job_events))
+        .route("/v1/jobs/{id}/trajectories", get(trajectories))
+        .route("/v1/cluster", get(cluster))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(service)
+}
+
+fn body_format(headers: &HeaderMap, body: &str) -> Format {
+    let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    if ct.contains("json") {
+        Format::Json
+    } else if ct.contains("toml") {
+        Format::Toml
+    } else if body.trim_start().starts_with('{') {
+        Format::Json
+    } else {
+        Format::Toml
+    }
+}
+
+/// Submit a job (JSON or TOML body).
+#[utoipa::path(post, path = "/v1/jobs", request_body(content = spec::JobSpec, description = "job spec as JSON or TOML"),
+    responses((status = 201, body = Created), (status = 400, body = ErrorBody), (status = 413, body = ErrorBody), (status = 503, body = ErrorBody)))]
+async fn submit(State(s): State<Arc<Service>>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<(StatusCode, Json<Created>), ApiError> {
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", format!("request body exceeds {MAX_BODY_BYTES} bytes"))
+        } else {
+            ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text())
+        }
+    })?;
+    let text = std::str::from_utf8(&body).map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", "body is not UTF-8"))?;
+    let spec = spec::parse(text, body_format(&headers, text)).map_err(|e| ApiError {
+        status: StatusCode::BAD_REQUEST,
+        code: "invalid_spec",
+        message: format!("the job spec has {} problem(s)", e.0.len()),
+        fields: e.0,
+    })?;
+    let id = s.submit(spec)?;
+    Ok((StatusCode::CREATED, Json(Created { id })))
+}
+
+/// List jobs, oldest first.
+#[utoipa::path(get, path = "/v1/jobs", responses((status = 200, body = JobList)))]
+async fn list_jobs(State(s): State<Arc<Service>>) -> Result<Json<JobList>, ApiError> {
+    Ok(Json(JobList { jobs: s.store.list()? }))
+}
+
+/// One job: state, step, steps, latest metrics.
+#[utoipa::path(get, path = "/v1/jobs/{id}", responses((status = 200, body = JobRecord), (status = 404, body = ErrorBody)))]
+async fn get_job(State(s): State<Arc<Service>>, Path(id): Path<String>) -> Result<Json<JobRecord>, ApiError> {
+    s.store.get(&id)?.map(Json).ok_or_else(|| ServiceError::NotFound(id).into())
+}
+
+/// Cancel a queued or running job.
+#[utoipa::path(post, path = "/v1/jobs/{id}/cancel", responses((status = 202, body = JobRecord), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+async fn cancel_job(State(s): State<Arc<Service>>, Path(id): Path<String>) -> Result<(StatusCode, Json<JobRecord>), ApiError> {
+    s.cancel(&id)?;
+    let j = s.store.get(&id)?.ok_or_else(|| ServiceError::NotFound(id.clone()))?;
+    Ok((StatusCode::ACCEPTED, Json(j)))
+}
+
+/// Server-sent events: `state` on every transition and `progress` after every step. The
+/// stream starts with the current state and ends after a terminal state.
+#[utoipa::path(get, path = "/v1/jobs/{id}/events", responses((status = 200, description = "text/event-stream of JobEvent"), (status = 404, body = ErrorBody)))]
+async fn job_events(State(s): State<Arc<Service>>, Path(id): Path<String>) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let mut rx = s.subscribe(&id);
+    let first = s.state_event(&id).ok_or_else(|| ServiceError::NotFound(id.clone()))?;
+    let stream = async_stream(move |tx| async move {
+        let terminal = |e: &JobEvent| matches!(e, JobEvent::State { state, .. } if state.is_terminal());
+        let done = terminal(&first);
+        if tx.send(to_event(&first)).await.is_err() || done {
+            return;
+        }
+        loop {
+            match rx.recv().await {
+                Ok(e) => {
+                    let end = terminal(&e);
+                    if tx.send(to_event(&e)).await.is_err() || end {
+                        return;
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    let ev = Event::default().event("lagged").data(format!("{{\"skipped\":{n}}}"));
+                    if tx.send(ev).await.is_err() {
+                        return;
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
+
+fn to_event(e: &JobEvent) -> Event {
+    let name = match e {
+        JobEvent::State { .. } => "state",
+        JobEvent::Progress { .. } => "progress",
+    };
+    Event::default().event(name).data(serde_json::to_string(e).unwrap_or_default())
+}
+
+/// A stream fed by a task through a bounded channel (capacity 64: the producer waits for a
+/// slow client).
+fn async_stream<F, Fut>(f: F) -> impl Stream<Item = Result<Event, Infallible>>
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Event>) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(f(tx));
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (Ok(e), rx)) })
+}
+
+/// Trajectories after a cursor, as NDJSON in durable order.
+#[utoipa::path(get, path = "/v1/jobs/{id}/trajectories", params(PageQuery), responses((status = 200, description = "application/x-ndjson of TrajectoryRow"), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn trajectories(
+    State(s): State<Arc<Service>>,
+    Path(id): Path<String>,
+    q: Result<Query<PageQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(q) = q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
+    let limit = q.limit.unwrap_or(100);
+    if limit == 0 || limit > MAX_PAGE {
+        return Err(ApiError {
+            fields: vec![FieldError { field: "limit".into(), message: format!("must be in 1..={MAX_PAGE}") }],
+            ..ApiError::new(StatusCode::BAD_REQUEST, "bad_request", format!("limit {limit} out of range"))
+        });
+    }
+    let after = q.after.unwrap_or(0);
+    if after < 0 {
+        return Err(ApiError {
+            fields: vec![FieldError { field: "after".into(), message: "must be >= 0".into() }],
+            ..ApiError::new(StatusCode::BAD_REQUEST, "bad_request", "negative cursor")
+        });
+    }
+    if s.store.get(&id)?.is_none() {
+        return Err(ServiceError::NotFound(id).into());
+    }
+    let rows = s.store.trajectories(&id, after, limit)?;
+    let mut out = String::new();
+    for r in &rows {
+        out.push_str(&serde_json::to_string(r).unwrap_or_default());
+        out.push('\n');
+    }
+    let next = rows.last().map_or(after, |r| r.cursor);
+    Ok(([(header::CONTENT_TYPE, "application/x-ndjson".to_string()), (header::HeaderName::from_static("x-next-cursor"), next.to_string())], out)
+        .into_response())
+}
+
+/// Pools, shards, environments and functions of the running jobs, and the device catalogue.
+#[utoipa::path(get, path = "/v1/cluster", responses((status = 200, body = Cluster)))]
+async fn cluster(State(s): State<Arc<Service>>) -> Result<Json<Cluster>, ApiError> {
+    let mut jobs = Vec::new();
+    for id in s.running_ids() {
+        let Some(spec) = s.store.spec(&id)? else { continue };
+        let rec = s.store.get(&id)?;
+        let metrics = rec.map(|r| r.metrics).unwrap_or_default();
+        let knobs = spec.knobs();
+        jobs.push(ClusterJob {
+            id: id.clone(),
+            pools: spec
+                .pools
+                .iter()
+                .map(|p| PoolView {
+                    name: p.name.clone(),
+                    device: p.device.clone(),
+                    shards: p.count,
+                    backend: match &p.backend {
+                        spec::BackendSpec::Sim { model, .. } => format!("sim:{model}"),
+                    },
+                    utilisation: metrics.pointer(&format!("/pools/{}/utilisation", p.name)).and_then(|v| v.as_f64()),
+                    groups: metrics.pointer(&format!("/pools/{}/groups", p.name)).and_then(|v| v.as_u64()),
+                })
+                .collect(),
+            environments: spec
+                .tasks
+                .iter()
+                .map(|t| EnvView {
+                    task: t.domain.clone(),
+                    kind: match t.env {
+                        spec::EnvSpec::Sim { .. } => "sim".into(),
+                    },
+                    envs: Some(t.envs.unwrap_or(knobs.max_concurrent_episodes)),
+                })
+                .collect(),
+            functions: spec.reward.functions.keys().cloned().collect(),
+        });
+    }
+    let devices = actors::device::DeviceProfile::BUILTIN_NAMES
+        .iter()
+        .filter_map(|n| actors::device::DeviceProfile::builtin(n))
+        .map(|d| DeviceView { name: d.name, tflops: d.flops / 1e12, bandwidth_tb_s: d.bandwidth / 1e12, memory_gb: d.memory / 1e9, relative_cost: d.cost })
+        .collect();
+    Ok(Json(Cluster { jobs, devices }))
+}
+
+/// Liveness.
+#[utoipa::path(get, path = "/healthz", responses((status = 200, body = Health)))]
+async fn healthz() -> Json<Health> {
+    Json(Health { status: "ok" })
+}
+
+/// Readiness: 503 once shutdown began.
+#[utoipa::path(get, path = "/readyz", responses((status = 200, body = Health), (status = 503, body = Health)))]
+async fn readyz(State(s): State<Arc<Service>>) -> (StatusCode, Json<Health>) {
+    if s.intake.is_cancelled() {
+        (StatusCode::SERVICE_UNAVAILABLE, Json(Health { status: "shutting_down" }))
+    } else {
+        (StatusCode::OK, Json(Health { status: "ready" }))
+    }
+}
+
+/// Prometheus text exposition, fed from the OpenTelemetry metrics pipeline.
+#[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text format")))]
+async fn metrics() -> Result<Response, ApiError> {
+    let text = infra::telemetry::Metrics::global().render().map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
+}
+
+async fn openapi() -> Json<utoipa::openapi::OpenApi> {
+    Json(ApiDoc::openapi())
+}

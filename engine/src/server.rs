@@ -1,0 +1,28 @@
+//! `rollarc serve`: the HTTP server with graceful shutdown (signal → stop intake → drain
+//! under a grace deadline → interrupt the rest, which resume at the next start).
+
+use std::time::Duration;
+
+use crate::service::{Service, ServiceConfig};
+
+pub async fn serve(addr: &str, cfg: ServiceConfig, grace: Duration) -> anyhow::Result<()> {
+    let service = Service::open(&cfg)?;
+    let resumed = service.recover()?;
+    if resumed > 0 {
+        tracing::info!(jobs = resumed, "resuming jobs that were running before the restart");
+    }
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+    tracing::info!(addr = %listener.local_addr()?, data_dir = %cfg.data_dir.display(), "rollarc serving");
+    let app = crate::api::router(service.clone());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let stop2 = stop.clone();
+    let server = tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(async move { stop2.cancelled().await }).await });
+    infra::shutdown::signal().await;
+    tracing::info!(grace_s = grace.as_secs_f64(), "stopping intake and draining running jobs");
+    let forced = service.shutdown(grace).await;
+    stop.cancel();
+    // Open event streams would hold the server: give it a moment, then go.
+    let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
+    tracing::info!(interrupted = forced.len(), "rollarc stopped");
+    Ok(())
+}

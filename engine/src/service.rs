@@ -1,0 +1,304 @@
+//! The long-running service: accepts jobs into the store, runs up to `max_running` at once
+//! (each on its own thread and runtime: a paused clock for fully simulated jobs), streams
+//! their events, cancels them, and after a restart resumes every unfinished job from its last
+//! completed step.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use actors::types::Batch;
+use serde::Serialize;
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+use utoipa::ToSchema;
+
+use crate::job::{self, JobError, JobRun, StepMetrics, StepObserver};
+use crate::spec::{Clock, JobSpec};
+use crate::store::{JobSink, JobState, Store, StoreError};
+use crate::telemetry::Catalogue;
+
+/// Capacity of each job's event channel. A subscriber that falls further behind receives a
+/// `lagged` event and continues from the newest events (progress is cumulative, so nothing
+/// needed is lost); the store keeps every step's metrics.
+const EVENT_CAPACITY: usize = 1024;
+
+/// An event of a job's stream.
+#[derive(Clone, Debug, PartialEq, Serialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum JobEvent {
+    State {
+        id: String,
+        state: JobState,
+        step: u64,
+        steps: u64,
+        error: Option<String>,
+    },
+    Progress {
+        id: String,
+        step: u64,
+        steps: u64,
+        #[schema(value_type = Object)]
+        metrics: serde_json::Value,
+    },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("could not create the data directory {dir}")]
+    DataDir {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the service is shutting down and accepts no new jobs")]
+    ShuttingDown,
+    #[error("job {0} not found")]
+    NotFound(String),
+    #[error("job {id} is already {state}")]
+    Terminal { id: String, state: &'static str },
+}
+
+struct Running {
+    cancel: CancellationToken,
+    /// Set when the service stops: the job stays `running` in the store and resumes later.
+    interrupted: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+pub struct ServiceConfig {
+    pub data_dir: PathBuf,
+    pub max_running: usize,
+}
+
+/// The job manager behind the HTTP API.
+pub struct Service {
+    pub store: Store,
+    max_running: usize,
+    running: Mutex<BTreeMap<String, Running>>,
+    events: Mutex<BTreeMap<String, broadcast::Sender<JobEvent>>>,
+    /// Cancelled when the service stops accepting jobs.
+    pub intake: CancellationToken,
+    metrics: Catalogue,
+}
+
+impl Service {
+    pub fn open(cfg: &ServiceConfig) -> Result<Arc<Self>, ServiceError> {
+        std::fs::create_dir_all(&cfg.data_dir).map_err(|e| ServiceError::DataDir { dir: cfg.data_dir.clone(), source: e })?;
+        let store = Store::open(&cfg.data_dir.join("rollarc.db"))?;
+        Ok(Self::with_store(store, cfg.max_running))
+    }
+
+    pub fn with_store(store: Store, max_running: usize) -> Arc<Self> {
+        Arc::new(Self {
+            store,
+            max_running: max_running.max(1),
+            running: Mutex::new(BTreeMap::new()),
+            events: Mutex::new(BTreeMap::new()),
+            intake: CancellationToken::new(),
+            metrics: Catalogue::new(),
+        })
+    }
+
+    /// Re-queues jobs that were running when the service last stopped, then starts jobs.
+    pub fn recover(self: &Arc<Self>) -> Result<usize, ServiceError> {
+        let mut n = 0;
+        for j in self.store.unfinished()? {
+            if j.state == JobState::Running {
+                self.store.transition(&j.id, JobState::Queued, Some("service restarted; resuming from the last completed step"))?;
+                n += 1;
+            }
+        }
+        self.dispatch();
+        Ok(n)
+    }
+
+    pub fn submit(self: &Arc<Self>, spec: JobSpec) -> Result<String, ServiceError> {
+        if self.intake.is_cancelled() {
+            return Err(ServiceError::ShuttingDown);
+        }
+        let steps = spec.knobs().steps;
+        let id = self.store.create_job(&spec, steps)?;
+        self.metrics.jobs_submitted.add(1, &[]);
+        self.emit_state(&id);
+        self.dispatch();
+        Ok(id)
+    }
+
+    pub fn cancel(self: &Arc<Self>, id: &str) -> Result<JobState, ServiceError> {
+        let job = self.store.get(id)?.ok_or_else(|| ServiceError::NotFound(id.to_string()))?;
+        if job.state.is_terminal() {
+            return Err(ServiceError::Terminal { id: id.into(), state: job.state.as_str() });
+        }
+        let token = self.running.lock().ok().and_then(|r| r.get(id).map(|j| j.cancel.clone()));
+        match token {
+            // The job thread records the transition when the run returns.
+            Some(t) => t.cancel(),
+            None => {
+                self.store.transition(id, JobState::Cancelled, Some("cancelled before it started"))?;
+                self.emit_state(id);
+            }
+        }
+        Ok(JobState::Cancelled)
+    }
+
+    pub fn subscribe(&self, id: &str) -> broadcast::Receiver<JobEvent> {
+        let mut ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        ev.entry(id.to_string()).or_insert_with(|| broadcast::channel(EVENT_CAPACITY).0).subscribe()
+    }
+
+    fn send(&self, id: &str, e: JobEvent) {
+        let mut ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        let tx = ev.entry(id.to_string()).or_insert_with(|| broadcast::channel(EVENT_CAPACITY).0);
+        let _ = tx.send(e);
+    }
+
+    pub fn state_event(&self, id: &str) -> Option<JobEvent> {
+        let j = self.store.get(id).ok()??;
+        Some(JobEvent::State { id: j.id, state: j.state, step: j.step, steps: j.steps, error: j.error })
+    }
+
+    fn emit_state(&self, id: &str) {
+        if let Some(e) = self.state_event(id) {
+            self.send(id, e);
+        }
+    }
+
+    pub fn running_ids(&self) -> Vec<String> {
+        self.running.lock().map(|r| r.keys().cloned().collect()).unwrap_or_default()
+    }
+
+    /// Starts queued jobs while there is room.
+    pub fn dispatch(self: &Arc<Self>) {
+        if self.intake.is_cancelled() {
+            return;
+        }
+        let Ok(unfinished) = self.store.unfinished() else { return };
+        let Ok(mut running) = self.running.lock() else { return };
+        for j in unfinished.into_iter().filter(|j| j.state == JobState::Queued) {
+            if running.len() >= self.max_running {
+                break;
+            }
+            if running.contains_key(&j.id) {
+                continue;
+            }
+            let Ok(Some(spec)) = self.store.spec(&j.id) else { continue };
+            let epoch = self.store.resume_epoch(&j.id).unwrap_or(0);
+            if self.store.transition(&j.id, JobState::Running, None).unwrap_or(false) {
+                let cancel = CancellationToken::new();
+                let interrupted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let me = self.clone();
+                let (id, c2, i2) = (j.id.clone(), cancel.clone(), interrupted.clone());
+                let start_step = j.step;
+                let thread = std::thread::Builder::new().name(format!("job-{}", j.id)).spawn(move || me.run_job(id, spec, start_step, epoch, c2, i2)).ok();
+                running.insert(j.id.clone(), Running { cancel, interrupted, thread });
+                drop(running);
+                self.emit_state(&j.id);
+                running = match self.running.lock() {
+                    Ok(r) => r,
+                    Err(_) => return,
+                };
+            }
+        }
+    }
+
+    fn run_job(
+        self: Arc<Self>,
+        id: String,
+        spec: JobSpec,
+        start_step: u64,
+        epoch: u64,
+        cancel: CancellationToken,
+        interrupted: Arc<std::sync::atomic::AtomicBool>,
+    ) {
+        let rt = match spec.sim.clock {
+            Clock::Virtual => crate::simrun::virtual_runtime(),
+            Clock::Real => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        };
+        let result = match rt {
+            Ok(rt) => {
+                let observer = Arc::new(ServiceObserver { service: self.clone(), id: id.clone(), steps: spec.knobs().steps });
+                let sink = Arc::new(JobSink { store: self.store.clone(), job: id.clone() });
+                let run = JobRun { id: id.clone(), spec, start_step, epoch, sink, observer, cancel: cancel.clone() };
+                rt.block_on(job::run(run))
+            }
+            Err(e) => Err(JobError::Observer(format!("could not build the job runtime: {e}"))),
+        };
+        let outcome = match &result {
+            _ if interrupted.load(std::sync::atomic::Ordering::SeqCst) => None,
+            Ok(_) => Some((JobState::Succeeded, None)),
+            Err(JobError::Cancelled) => Some((JobState::Cancelled, Some("cancelled".to_string()))),
+            Err(e) => Some((JobState::Failed, Some(error_chain(e)))),
+        };
+        if let Some((state, reason)) = outcome {
+            if let Err(e) = self.store.transition(&id, state, reason.as_deref()) {
+                tracing::error!(job = %id, error = %e, "could not record the job's final state");
+            }
+            tracing::info!(job = %id, state = state.as_str(), "job finished");
+            self.emit_state(&id);
+        }
+        if let Ok(mut r) = self.running.lock() {
+            r.remove(&id);
+        }
+        self.dispatch();
+    }
+
+    /// Stops intake; waits up to `grace` for running jobs; then interrupts the rest, which stay
+    /// `running` in the store and resume at the next start. Returns the interrupted job ids.
+    pub async fn shutdown(self: &Arc<Self>, grace: std::time::Duration) -> Vec<String> {
+        self.intake.cancel();
+        let deadline = tokio::time::Instant::now() + grace;
+        while !self.running_ids().is_empty() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let mut forced = Vec::new();
+        let threads: Vec<_> = match self.running.lock() {
+            Ok(mut r) => r
+                .iter_mut()
+                .map(|(id, j)| {
+                    forced.push(id.clone());
+                    j.interrupted.store(true, std::sync::atomic::Ordering::SeqCst);
+                    j.cancel.cancel();
+                    j.thread.take()
+                })
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        for t in threads.into_iter().flatten() {
+            let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        }
+        if !forced.is_empty() {
+            tracing::warn!(jobs = ?forced, "grace period over: interrupted running jobs; they resume at the next start");
+        }
+        forced
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+struct ServiceObserver {
+    service: Arc<Service>,
+    id: String,
+    steps: u64,
+}
+
+impl StepObserver for ServiceObserver {
+    fn on_step(&self, m: &StepMetrics, batch: &Batch) -> Result<(), String> {
+        let metrics = serde_json::to_value(m).map_err(|e| e.to_string())?;
+        self.service.store.complete_step(&self.id, m.step + 1, &metrics).map_err(|e| e.to_string())?;
+        self.service.metrics.record_step(m, batch);
+        self.service.send(&self.id, JobEvent::Progress { id: self.id.clone(), step: m.step + 1, steps: self.steps, metrics });
+        Ok(())
+    }
+}
