@@ -36,6 +36,7 @@ cuda-check:
 lint: setup fmt-check clippy
 
 test: setup fmt-check clippy cuda-check
+	$(CARGO) build --workspace --bins
 	$(CARGO) nextest run --workspace --no-fail-fast
 
 bench: setup

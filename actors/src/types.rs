@@ -55,6 +55,9 @@ pub struct Turn {
     pub env_reward: f64,
     /// Context tokens that had to be prefilled (not served from the prefix cache).
     pub prefill_tokens: u32,
+    /// When generation for this turn was requested, in seconds since the job (run) started.
+    #[serde(default)]
+    pub started_at_s: f64,
 }
 
 /// Wall (or virtual) time spent in each stage of a trajectory, in seconds.

@@ -88,7 +88,8 @@ impl Drop for TracingGuard {
 /// `OTEL_EXPORTER_OTLP_ENDPOINT` is set, an OTLP span exporter. Safe to call more than once.
 pub fn init_tracing(env: &dyn EnvSource) -> TracingGuard {
     let filter = EnvFilter::try_new(env.var("RUST_LOG").unwrap_or_else(|| "info".into())).unwrap_or_else(|_| EnvFilter::new("info"));
-    let fmt = tracing_subscriber::fmt::layer().with_target(false).with_writer(std::io::stderr);
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let fmt = tracing_subscriber::fmt::layer().with_target(false).with_ansi(ansi).with_writer(std::io::stderr);
     let mut tracer = None;
     let otel = if env.var("OTEL_EXPORTER_OTLP_ENDPOINT").is_some() {
         match opentelemetry_otlp::SpanExporter::builder().with_http().build() {

@@ -1,1 +1,250 @@
-//! harness
+//! Test harness: spec builders, an in-process service on port 0, a child-process service for
+//! crash tests, and HTTP helpers that poll for readiness instead of sleeping.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actors::types::{Batch, Trajectory};
+use engine::job::{StepMetrics, StepObserver};
+use engine::service::Service;
+use engine::spec::JobSpec;
+
+/// A small fully simulated spec (TOML) with knobs to tweak per test.
+pub struct SpecBuilder {
+    pub tasks: Vec<String>,
+    pub pools: Vec<String>,
+    pub rollout: Vec<String>,
+    pub extra: Vec<String>,
+    pub seed: u64,
+    pub preset: Option<String>,
+}
+
+impl Default for SpecBuilder {
+    fn default() -> Self {
+        Self { tasks: Vec::new(), pools: Vec::new(), rollout: Vec::new(), extra: Vec::new(), seed: 1, preset: None }
+    }
+}
+
+impl SpecBuilder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A multi-turn task with variable step latency.
+    pub fn multi_turn(mut self, domain: &str, extra: &str) -> Self {
+        self.tasks.push(format!(
+            r#"[[tasks]]
+domain = "{domain}"
+group_size = 4
+max_turns = 6
+max_tokens_per_turn = 128
+{extra}
+[tasks.env]
+kind = "sim"
+reset_latency_s = {{ lognormal = {{ mu = -1.0, sigma = 1.0 }} }}
+step_latency_s = {{ normal = {{ mean = 2.0, std = 1.5 }} }}
+turns = {{ uniform = {{ low = 2, high = 6 }} }}
+observation_tokens = {{ constant = 64 }}
+response_tokens = {{ uniform = {{ low = 16, high = 128 }} }}
+success_rate = 0.5
+"#
+        ));
+        self
+    }
+
+    /// A single-turn decode-heavy task.
+    pub fn single_turn(mut self, domain: &str, extra: &str) -> Self {
+        self.tasks.push(format!(
+            r#"[[tasks]]
+domain = "{domain}"
+group_size = 4
+max_turns = 1
+max_tokens_per_turn = 2048
+{extra}
+[tasks.env]
+kind = "sim"
+turns = {{ constant = 1 }}
+observation_tokens = {{ constant = 32 }}
+response_tokens = {{ uniform = {{ low = 512, high = 2048 }} }}
+success_rate = 0.5
+"#
+        ));
+        self
+    }
+
+    pub fn raw_task(mut self, toml: &str) -> Self {
+        self.tasks.push(toml.to_string());
+        self
+    }
+
+    pub fn pool(mut self, name: &str, device: &str, count: usize, extra: &str) -> Self {
+        self.pools.push(format!(
+            "[[pools]]\nname = \"{name}\"\ndevice = \"{device}\"\ncount = {count}\nbackend = {{ kind = \"sim\", model = \"qwen3-8b\"{extra} }}\n"
+        ));
+        self
+    }
+
+    pub fn rollout(mut self, line: &str) -> Self {
+        self.rollout.push(line.to_string());
+        self
+    }
+
+    pub fn extra(mut self, toml: &str) -> Self {
+        self.extra.push(toml.to_string());
+        self
+    }
+
+    pub fn seed(mut self, s: u64) -> Self {
+        self.seed = s;
+        self
+    }
+
+    pub fn preset(mut self, p: &str) -> Self {
+        self.preset = Some(p.to_string());
+        self
+    }
+
+    pub fn toml(&self) -> String {
+        let mut s = format!("seed = {}\n", self.seed);
+        if let Some(p) = &self.preset {
+            s.push_str(&format!("preset = \"{p}\"\n"));
+        }
+        for t in &self.tasks {
+            s.push_str(t);
+        }
+        for p in &self.pools {
+            s.push_str(p);
+        }
+        s.push_str("[rollout]\n");
+        for r in &self.rollout {
+            s.push_str(r);
+            s.push('\n');
+        }
+        for e in &self.extra {
+            s.push_str(e);
+            s.push('\n');
+        }
+        s
+    }
+
+    pub fn build(&self) -> JobSpec {
+        match engine::spec::parse(&self.toml(), engine::spec::Format::Toml) {
+            Ok(s) => s,
+            Err(e) => panic!("test spec is invalid: {e}\n{}", self.toml()),
+        }
+    }
+}
+
+/// Keeps every batch handed to the trainer.
+#[derive(Default)]
+pub struct BatchLog {
+    pub batches: Mutex<Vec<(StepMetrics, Batch)>>,
+}
+
+impl StepObserver for BatchLog {
+    fn on_step(&self, m: &StepMetrics, batch: &Batch) -> Result<(), String> {
+        self.batches.lock().map_err(|e| e.to_string())?.push((m.clone(), batch.clone()));
+        Ok(())
+    }
+}
+
+/// Result of a virtual-time run with everything recorded.
+pub struct Recorded {
+    pub summary: engine::job::JobSummary,
+    pub batches: Vec<(StepMetrics, Batch)>,
+    pub committed: Vec<Trajectory>,
+}
+
+pub fn run_recorded(spec: JobSpec) -> Recorded {
+    let sink = Arc::new(actors::buffer::MemorySink::default());
+    let log = Arc::new(BatchLog::default());
+    let summary = match engine::simrun::run_virtual_with(spec, sink.clone(), log.clone()) {
+        Ok(s) => s,
+        Err(e) => panic!("simulated job failed: {e}"),
+    };
+    let batches = std::mem::take(&mut *log.batches.lock().unwrap_or_else(|p| p.into_inner()));
+    let committed = std::mem::take(&mut *sink.log.lock().unwrap_or_else(|p| p.into_inner()));
+    Recorded { summary, batches, committed }
+}
+
+/// An in-process service on 127.0.0.1:0 (the listener is kept: no rebind race).
+pub struct TestServer {
+    pub addr: SocketAddr,
+    pub service: Arc<Service>,
+    pub dir: tempfile::TempDir,
+    pub client: reqwest::Client,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+impl TestServer {
+    pub async fn start() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let service = Service::open(&engine::service::ServiceConfig { data_dir: dir.path().to_path_buf(), max_running: 2 }).expect("service");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let app = engine::api::router(service.clone());
+        let task = tokio::spawn(async move {
+            let _ = axum_serve(listener, app).await;
+        });
+        Self { addr, service, dir, client: reqwest::Client::new(), _task: task }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+}
+
+async fn axum_serve(listener: tokio::net::TcpListener, app: axum::Router) -> std::io::Result<()> {
+    axum::serve(listener, app).await
+}
+
+/// Polls `GET /v1/jobs/{id}` until `pred` holds or `timeout` passes.
+pub async fn wait_job(client: &reqwest::Client, base: &str, id: &str, timeout: Duration, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Ok(r) = client.get(format!("{base}/v1/jobs/{id}")).send().await
+            && let Ok(v) = r.json::<serde_json::Value>().await
+            && pred(&v)
+        {
+            return v;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("job {id} did not reach the expected condition within {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Pages through all trajectories of a job; returns (cursor, trajectory id) pairs.
+pub async fn page_all(client: &reqwest::Client, base: &str, id: &str, limit: usize) -> Vec<(i64, String)> {
+    let mut out = Vec::new();
+    let mut after = 0i64;
+    loop {
+        let r = client.get(format!("{base}/v1/jobs/{id}/trajectories?after={after}&limit={limit}")).send().await.expect("page");
+        assert_eq!(r.status(), 200);
+        let text = r.text().await.expect("body");
+        let rows: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).expect("ndjson line")).collect();
+        if rows.is_empty() {
+            return out;
+        }
+        for row in rows {
+            let c = row["cursor"].as_i64().expect("cursor");
+            out.push((c, row["trajectory"]["id"].as_str().expect("id").to_string()));
+            after = c;
+        }
+    }
+}
+
+/// The `rollarc` binary built next to the test binary.
+pub fn rollarc_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let mut dir = exe.parent().map(Path::to_path_buf).expect("exe dir");
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let bin = dir.join("rollarc");
+    assert!(bin.exists(), "{} not found: build the workspace binaries first (cargo build --workspace)", bin.display());
+    bin
+}

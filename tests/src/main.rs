@@ -1,1 +1,5 @@
+//! Integration tests, one binary (see the harness in lib.rs).
 
+mod api;
+mod persistence;
+mod scheduler;

@@ -6,7 +6,11 @@ use cudarc::driver::sys::CUdevice_attribute as Attr;
 
 pub(super) fn discover() -> Result<Vec<GpuInfo>, DiscoveryError> {
     // `CudaContext::new` panics when libcuda cannot be loaded: ask first.
-    if !cudarc::driver::sys::is_culib_present() {
+    // SAFETY: only tries to dlopen libcuda and reports whether it succeeded; no CUDA call is
+    // made and no state is shared with other code.
+    #[allow(unsafe_code)]
+    let present = unsafe { cudarc::driver::sys::is_culib_present() };
+    if !present {
         return Err(DiscoveryError::NoDriver);
     }
     let n = cudarc::driver::CudaContext::device_count().map_err(|e| DiscoveryError::Driver(e.to_string()))?;

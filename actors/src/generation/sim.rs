@@ -150,7 +150,7 @@ impl GenerationEngine for SimEngine {
     }
 
     fn has_work(&self) -> bool {
-        !self.hung && !(self.waiting.is_empty() && self.running.is_empty())
+        !self.hung && (!self.waiting.is_empty() || !self.running.is_empty())
     }
 
     fn step(&mut self) -> StepReport {

@@ -158,6 +158,7 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
             sim_response_len: obs.sim_response_len,
         };
         let t = tokio::time::Instant::now();
+        let started_at_s = t.duration_since(shared.started).as_secs_f64();
         let out = p.shard.generate(req).instrument(tracing::trace_span!("generate", turn = turn_no)).await;
         traj.timings.generate_s += secs(t);
         let out = match out {
@@ -178,6 +179,7 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
             versions: out.versions,
             env_reward: 0.0,
             prefill_tokens: out.prefill_tokens,
+            started_at_s,
         };
         let action = String::new();
         let t = tokio::time::Instant::now();

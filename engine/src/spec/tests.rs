@@ -1,1 +1,99 @@
 use super::*;
+
+fn minimal() -> &'static str {
+    r#"
+[[tasks]]
+domain = "lake"
+[tasks.env]
+kind = "sim"
+[[pools]]
+name = "p"
+device = "H20"
+backend = { kind = "sim" }
+"#
+}
+
+#[test]
+fn a_minimal_spec_takes_the_rollarc_defaults() {
+    let s = parse(minimal(), Format::Toml).unwrap();
+    let k = s.knobs();
+    assert_eq!(k.barrier, Barrier::None);
+    assert_eq!(k.alpha, 1);
+    assert!(k.overlap_training);
+    assert_eq!(k.placement, Placement::Serverless);
+    // No declared mapping: the cost model picks the pool.
+    assert_eq!(k.mapping, MappingMode::CostModel);
+    assert_eq!(s.tasks[0].group_size, 8);
+}
+
+#[test]
+fn presets_expand_to_their_knobs_and_explicit_knobs_win() {
+    let cases = [
+        (Preset::Sync, Barrier::Batch, 0, false, Placement::Local),
+        (Preset::SyncPlus, Barrier::Turn, 0, false, Placement::Serverless),
+        (Preset::OneOff, Barrier::Turn, 1, true, Placement::Serverless),
+        (Preset::Rollarc, Barrier::None, 1, true, Placement::Serverless),
+    ];
+    for (p, barrier, alpha, overlap, placement) in cases {
+        let body = format!("preset = \"{}\"\n{}", p.name(), minimal());
+        let k = parse(&body, Format::Toml).unwrap().knobs();
+        assert_eq!((k.barrier, k.alpha, k.overlap_training, k.placement), (barrier, alpha, overlap, placement), "{p:?}");
+        // An explicit knob overrides the preset.
+        let body = format!("preset = \"{}\"\n{}\n[rollout]\nalpha = 3", p.name(), minimal());
+        assert_eq!(parse(&body, Format::Toml).unwrap().knobs().alpha, 3);
+    }
+}
+
+#[test]
+fn json_and_toml_give_the_same_spec() {
+    let t = parse(minimal(), Format::Toml).unwrap();
+    let j = parse(&serde_json::to_string(&t).unwrap(), Format::Json).unwrap();
+    assert_eq!(t, j);
+}
+
+#[test]
+fn every_problem_is_reported_in_one_pass() {
+    let body = r#"
+surprise = true
+[[tasks]]
+domain = ""
+group_size = 0
+weight = -1
+reward = ["nope"]
+[tasks.env]
+kind = "sim"
+step_latency_s = { normal = { mean = 1.0, std = -2.0 } }
+[[tasks]]
+domain = "x"
+max_turns = "many"
+[tasks.env]
+kind = "sim"
+[[pools]]
+name = "p"
+device = "Z80"
+count = 0
+backend = { kind = "sim", model = "gpt-9" }
+[rollout]
+batch_size = 0
+[mapping]
+fallback = "nowhere"
+"#;
+    let errs = parse(body, Format::Toml).unwrap_err().0;
+    let fields: Vec<&str> = errs.iter().map(|e| e.field.as_str()).collect();
+    for want in [
+        "surprise",
+        "tasks[0].domain",
+        "tasks[0].group_size",
+        "tasks[0].weight",
+        "tasks[0].reward[0]",
+        "tasks[0].env.step_latency_s",
+        "tasks[1].max_turns",
+        "pools[0].device",
+        "pools[0].count",
+        "pools[0].backend.model",
+        "rollout.batch_size",
+        "mapping.fallback",
+    ] {
+        assert!(fields.contains(&want), "{want} missing from {fields:?}");
+    }
+}

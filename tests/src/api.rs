@@ -1,0 +1,205 @@
+//! The HTTP API contract against an in-process server on port 0.
+
+use std::time::Duration;
+
+use tests::{SpecBuilder, TestServer, page_all, wait_job};
+
+fn small_job() -> SpecBuilder {
+    SpecBuilder::new()
+        .pool("h800", "H800", 1, "")
+        .pool("h20", "H20", 1, "")
+        .multi_turn("lake", "")
+        .single_turn("math", "")
+        .rollout("batch_size = 2")
+        .rollout("steps = 3")
+}
+
+/// A job on the wall clock that takes a while (for cancel and the cluster view).
+fn slow_job(steps: u64) -> String {
+    let mut b = SpecBuilder::new().pool("h800", "H800", 1, "").raw_task(
+        r#"[[tasks]]
+domain = "slow"
+group_size = 2
+max_turns = 2
+[tasks.env]
+kind = "sim"
+step_latency_s = { constant = 0.05 }
+turns = { constant = 2 }
+observation_tokens = { constant = 8 }
+response_tokens = { constant = 8 }
+"#,
+    );
+    b = b.rollout("batch_size = 1").rollout(&format!("steps = {steps}")).extra("[sim]\nclock = \"real\"");
+    b.toml()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_run_and_page_trajectories() {
+    let s = TestServer::start().await;
+    let r = s.client.post(s.url("/v1/jobs")).header("content-type", "application/toml").body(small_job().toml()).send().await.unwrap();
+    assert_eq!(r.status(), 201);
+    let id = r.json::<serde_json::Value>().await.unwrap()["id"].as_str().unwrap().to_string();
+    let job = wait_job(&s.client, &s.url(""), &id, Duration::from_secs(60), |v| v["state"] == "succeeded" || v["state"] == "failed").await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(job["step"], 3);
+    assert_eq!(job["steps"], 3);
+    assert!(job["metrics"]["bubble_ratio"].is_number());
+    // Cursor paging: small pages, strictly increasing cursors, no duplicates, nothing missing.
+    let rows = page_all(&s.client, &s.url(""), &id, 7).await;
+    assert!(rows.len() > 10);
+    assert!(rows.windows(2).all(|w| w[0].0 < w[1].0));
+    let ids: std::collections::BTreeSet<_> = rows.iter().map(|r| r.1.clone()).collect();
+    assert_eq!(ids.len(), rows.len());
+    assert_eq!(rows.len() as u64, s.service.store.trajectory_count(&id).unwrap());
+    // A page after the last cursor is empty.
+    let last = rows.last().unwrap().0;
+    let r = s.client.get(s.url(&format!("/v1/jobs/{id}/trajectories?after={last}&limit=5"))).send().await.unwrap();
+    assert_eq!(r.headers()["x-next-cursor"], last.to_string().as_str());
+    assert_eq!(r.text().await.unwrap(), "");
+    // The list shows it.
+    let list: serde_json::Value = s.client.get(s.url("/v1/jobs")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(list["jobs"][0]["id"], id.as_str());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_bodies_are_accepted_too() {
+    let s = TestServer::start().await;
+    let spec = small_job().build();
+    let r = s.client.post(s.url("/v1/jobs")).json(&spec).send().await.unwrap();
+    assert_eq!(r.status(), 201);
+}
+
+/// (body, expected status, expected code, fields that must be reported)
+fn invalid_cases() -> Vec<(String, u16, &'static str, Vec<&'static str>)> {
+    let good = small_job().toml();
+    vec![
+        (format!("bogus = 1\n{good}"), 400, "invalid_spec", vec!["bogus"]),
+        (good.replace("group_size = 4", "group_size = 0"), 400, "invalid_spec", vec!["tasks[0].group_size", "tasks[1].group_size"]),
+        (good.replace("device = \"H20\"", "device = \"TPU\""), 400, "invalid_spec", vec!["pools[1].device"]),
+        (good.replace("max_turns = 6", "max_turns = \"six\""), 400, "invalid_spec", vec!["tasks[0].max_turns"]),
+        (good.replace("steps = 3", "steps = 0\nalpha = 5000"), 400, "invalid_spec", vec!["rollout.steps", "rollout.alpha"]),
+        (
+            format!("{good}\n[mapping]\ndeclared = {{ lake = \"nowhere\", ghost = \"h800\" }}"),
+            400,
+            "invalid_spec",
+            vec!["mapping.declared.lake", "mapping.declared.ghost"],
+        ),
+        (good.replace("success_rate = 0.5", "success_rate = 1.5"), 400, "invalid_spec", vec!["tasks[0].env.success_rate", "tasks[1].env.success_rate"]),
+        (good.replace("[rollout]", "[rollout]\nbarrier = \"sometimes\""), 400, "invalid_spec", vec!["rollout.barrier"]),
+        ("this is = = not toml".into(), 400, "invalid_spec", vec![""]),
+        ("{\"tasks\": 3}".into(), 400, "invalid_spec", vec!["tasks", "pools"]),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_specs_report_every_problem_with_its_field_path() {
+    let s = TestServer::start().await;
+    for (body, status, code, fields) in invalid_cases() {
+        let r = s.client.post(s.url("/v1/jobs")).body(body.clone()).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), status, "{body}");
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], code);
+        let got: Vec<String> =
+            v["error"]["fields"].as_array().map(|a| a.iter().map(|f| f["field"].as_str().unwrap_or("").to_string()).collect()).unwrap_or_default();
+        for f in fields {
+            assert!(got.iter().any(|g| g == f), "field {f:?} not reported; got {got:?}");
+        }
+    }
+    // Nothing was accepted.
+    assert!(s.service.store.list().unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_bodies_unknown_jobs_and_bad_queries_are_4xx_json() {
+    let s = TestServer::start().await;
+    let big = "#".repeat(engine::api::MAX_BODY_BYTES + 10);
+    let r = s.client.post(s.url("/v1/jobs")).body(big).send().await.unwrap();
+    assert_eq!(r.status(), 413);
+    assert_eq!(r.json::<serde_json::Value>().await.unwrap()["error"]["code"], "body_too_large");
+    let r = s.client.get(s.url("/v1/jobs/job-999")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(r.json::<serde_json::Value>().await.unwrap()["error"]["code"], "not_found");
+    let r = s.client.post(s.url("/v1/jobs/job-999/cancel")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    let id = s.client.post(s.url("/v1/jobs")).body(small_job().toml()).send().await.unwrap().json::<serde_json::Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for q in ["limit=0", "limit=5000", "after=-3", "limit=abc"] {
+        let r = s.client.get(s.url(&format!("/v1/jobs/{id}/trajectories?{q}"))).send().await.unwrap();
+        assert_eq!(r.status(), 400, "{q}");
+        assert_eq!(r.json::<serde_json::Value>().await.unwrap()["error"]["code"], "bad_request");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_stops_a_running_job_and_a_second_cancel_conflicts() {
+    let s = TestServer::start().await;
+    let id = s.client.post(s.url("/v1/jobs")).body(slow_job(1000)).send().await.unwrap().json::<serde_json::Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    wait_job(&s.client, &s.url(""), &id, Duration::from_secs(30), |v| v["step"].as_u64().unwrap_or(0) >= 1).await;
+    // The cluster view shows the running job's pools.
+    let c: serde_json::Value = s.client.get(s.url("/v1/cluster")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(c["jobs"][0]["id"], id.as_str());
+    assert_eq!(c["jobs"][0]["pools"][0]["device"], "H800");
+    assert!(c["devices"].as_array().unwrap().len() >= 5);
+    let r = s.client.post(s.url(&format!("/v1/jobs/{id}/cancel"))).send().await.unwrap();
+    assert_eq!(r.status(), 202);
+    let job = wait_job(&s.client, &s.url(""), &id, Duration::from_secs(30), |v| v["state"] == "cancelled").await;
+    assert!(job["step"].as_u64().unwrap() < 1000);
+    let r = s.client.post(s.url(&format!("/v1/jobs/{id}/cancel"))).send().await.unwrap();
+    assert_eq!(r.status(), 409);
+    assert_eq!(r.json::<serde_json::Value>().await.unwrap()["error"]["code"], "conflict");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_stream_reports_state_changes_and_every_step() {
+    use futures::StreamExt;
+    let s = TestServer::start().await;
+    let id =
+        s.client.post(s.url("/v1/jobs")).body(slow_job(4)).send().await.unwrap().json::<serde_json::Value>().await.unwrap()["id"].as_str().unwrap().to_string();
+    let r = s.client.get(s.url(&format!("/v1/jobs/{id}/events"))).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    let mut stream = r.bytes_stream();
+    let mut text = String::new();
+    let read = async {
+        while let Some(chunk) = stream.next().await {
+            text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), read).await.expect("stream ends after the terminal state");
+    let events: Vec<serde_json::Value> = text.lines().filter_map(|l| l.strip_prefix("data:")).map(|d| serde_json::from_str(d.trim()).unwrap()).collect();
+    let steps: Vec<u64> = events.iter().filter(|e| e["type"] == "progress").map(|e| e["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps, vec![1, 2, 3, 4]);
+    let states: Vec<&str> = events.iter().filter(|e| e["type"] == "state").map(|e| e["state"].as_str().unwrap()).collect();
+    assert_eq!(states.last(), Some(&"succeeded"));
+    assert!(states.contains(&"running") || states[0] == "running" || states[0] == "queued");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_readiness_metrics_and_openapi() {
+    let s = TestServer::start().await;
+    assert_eq!(s.client.get(s.url("/healthz")).send().await.unwrap().status(), 200);
+    assert_eq!(s.client.get(s.url("/readyz")).send().await.unwrap().status(), 200);
+    let id = s.client.post(s.url("/v1/jobs")).body(small_job().toml()).send().await.unwrap().json::<serde_json::Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    wait_job(&s.client, &s.url(""), &id, Duration::from_secs(60), |v| v["state"] == "succeeded").await;
+    let m = s.client.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(m.contains("rollarc_trainer_steps_total"), "{m}");
+    assert!(m.contains("rollarc_pool_utilisation_ratio"), "{m}");
+    let api: serde_json::Value = s.client.get(s.url("/openapi.json")).send().await.unwrap().json().await.unwrap();
+    for p in ["/v1/jobs", "/v1/jobs/{id}", "/v1/jobs/{id}/cancel", "/v1/jobs/{id}/events", "/v1/jobs/{id}/trajectories", "/v1/cluster"] {
+        assert!(api["paths"].get(p).is_some(), "openapi lacks {p}");
+    }
+    assert!(api["components"]["schemas"].get("JobSpec").is_some());
+    // Shutdown: readiness flips and intake stops.
+    s.service.intake.cancel();
+    assert_eq!(s.client.get(s.url("/readyz")).send().await.unwrap().status(), 503);
+    let r = s.client.post(s.url("/v1/jobs")).body(small_job().toml()).send().await.unwrap();
+    assert_eq!(r.status(), 503);
+}

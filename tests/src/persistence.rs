@@ -1,0 +1,125 @@
+//! Restart persistence: SIGKILL the service mid-job, start it again on the same data dir.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use tests::{page_all, rollarc_bin, wait_job};
+
+struct Server {
+    child: Child,
+    base: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `rollarc serve` on an OS-assigned port and reads the bound address from its log.
+fn start(dir: &std::path::Path) -> Server {
+    let mut child = Command::new(rollarc_bin())
+        .args(["serve", "--addr", "127.0.0.1:0", "--data-dir"])
+        .arg(dir)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn rollarc serve");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(i) = line.find("addr=") {
+                let addr: String = line[i + 5..].chars().take_while(|c| !c.is_whitespace()).collect();
+                let _ = tx.send(addr);
+            }
+        }
+    });
+    let addr = rx.recv_timeout(Duration::from_secs(30)).expect("the server logs its address");
+    Server { child, base: format!("http://{addr}") }
+}
+
+fn slow_spec(steps: u64) -> String {
+    tests::SpecBuilder::new()
+        .pool("h800", "H800", 1, "")
+        .raw_task(
+            r#"[[tasks]]
+domain = "slow"
+group_size = 2
+max_turns = 2
+[tasks.env]
+kind = "sim"
+step_latency_s = { constant = 0.02 }
+turns = { constant = 2 }
+observation_tokens = { constant = 8 }
+response_tokens = { constant = 8 }
+"#,
+        )
+        .rollout("batch_size = 2")
+        .rollout(&format!("steps = {steps}"))
+        .extra("[sim]\nclock = \"real\"")
+        .toml()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_mid_job_loses_and_duplicates_nothing_and_the_job_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let steps = 25u64;
+    let first = start(dir.path());
+    let id = client.post(format!("{}/v1/jobs", first.base)).body(slow_spec(steps)).send().await.unwrap().json::<serde_json::Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    wait_job(&client, &first.base, &id, Duration::from_secs(60), |v| v["step"].as_u64().unwrap_or(0) >= 3).await;
+    let before = page_all(&client, &first.base, &id, 50).await;
+    assert!(!before.is_empty());
+    // SIGKILL: no chance to clean up.
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(first.child.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    drop(first);
+
+    let second = start(dir.path());
+    let listed: serde_json::Value = client.get(format!("{}/v1/jobs", second.base)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(listed["jobs"][0]["id"], id.as_str(), "the job is still listed after the restart");
+    let job = wait_job(&client, &second.base, &id, Duration::from_secs(120), |v| v["state"] == "succeeded" || v["state"] == "failed").await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(job["step"], steps);
+    let after = page_all(&client, &second.base, &id, 50).await;
+    // Every trajectory committed before the kill is still there, at the same cursor.
+    for row in &before {
+        assert!(after.contains(row), "trajectory {row:?} lost or moved after the restart");
+    }
+    let ids: std::collections::BTreeSet<_> = after.iter().map(|r| r.1.clone()).collect();
+    assert_eq!(ids.len(), after.len(), "a trajectory is returned twice");
+    assert!(after.windows(2).all(|w| w[0].0 < w[1].0));
+    // The resumed run (epoch 1) produced the remaining steps' trajectories.
+    assert!(after.iter().any(|r| r.1.starts_with("r1-")), "no trajectory from the resumed run");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_intake_and_leaves_running_jobs_resumable() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let mut s = start(dir.path());
+    let id = client.post(format!("{}/v1/jobs", s.base)).body(slow_spec(1000)).send().await.unwrap().json::<serde_json::Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    wait_job(&client, &s.base, &id, Duration::from_secs(60), |v| v["step"].as_u64().unwrap_or(0) >= 1).await;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(s.child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    // Default grace is 10 s; the job cannot finish 1000 steps, so it is interrupted.
+    let status = tokio::task::spawn_blocking(move || {
+        let st = s.child.wait();
+        (st, s)
+    })
+    .await
+    .unwrap();
+    assert!(status.0.unwrap().success(), "serve exits 0 after a signal");
+    let store = engine::store::Store::open(&dir.path().join("rollarc.db")).unwrap();
+    let j = store.get(&id).unwrap().unwrap();
+    assert_eq!(j.state, engine::store::JobState::Running, "an interrupted job stays running, to resume at the next start");
+}
