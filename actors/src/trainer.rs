@@ -39,6 +39,8 @@ pub struct SimTrainer {
     pub gpus: u32,
     pub step_overhead: Duration,
     pub modelled_weight_bytes: f64,
+    /// Fault injection: panic when asked to train this step.
+    pub panic_at_step: Option<u64>,
 }
 
 impl Trainer for SimTrainer {
@@ -47,6 +49,9 @@ impl Trainer for SimTrainer {
         let trajectories = batch.trajectories().count() as u64;
         let mean_reward = if trajectories == 0 { 0.0 } else { batch.trajectories().map(|t| t.reward.unwrap_or(0.0)).sum::<f64>() / trajectories as f64 };
         let step = batch.step;
+        if self.panic_at_step == Some(step) {
+            panic!("injected trainer fault at step {step}");
+        }
         Box::pin(async move {
             let secs = self.seconds_per_token * tokens as f64 / self.gpus.max(1) as f64 + self.step_overhead.as_secs_f64();
             tokio::time::sleep(Duration::from_secs_f64(secs)).await;

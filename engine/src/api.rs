@@ -34,8 +34,8 @@ pub struct ErrorBody {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ErrorDetail {
-    /// Stable machine code: `invalid_spec`, `not_found`, `body_too_large`, `bad_request`,
-    /// `conflict`, `shutting_down`, `internal`.
+    /// Stable machine code: `invalid_spec`, `not_found`, `method_not_allowed`,
+    /// `body_too_large`, `bad_request`, `conflict`, `shutting_down`, `internal`.
     pub code: &'static str,
     pub message: String,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -189,6 +189,8 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
+        .fallback(no_route)
+        .method_not_allowed_fallback(no_method)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(service)
 }
@@ -405,6 +407,14 @@ async fn readyz(State(s): State<Arc<Service>>) -> (StatusCode, Json<Health>) {
 async fn metrics() -> Result<Response, ApiError> {
     let text = infra::telemetry::Metrics::global().render().map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
+}
+
+async fn no_route(uri: axum::http::Uri) -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no route for {}", uri.path()))
+}
+
+async fn no_method(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", format!("{method} is not allowed on {}", uri.path()))
 }
 
 async fn openapi() -> Json<utoipa::openapi::OpenApi> {

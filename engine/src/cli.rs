@@ -151,6 +151,12 @@ fn summary_line(label: &str, s: &JobSummary, wall: Duration) {
     );
 }
 
+/// Wall time of a host-side measurement (simulations report virtual time separately).
+#[allow(clippy::disallowed_methods)]
+fn wall_now() -> std::time::Instant {
+    std::time::Instant::now()
+}
+
 /// `rollarc sim`: runs the spec (optionally under several presets) in virtual time.
 pub fn sim(spec: JobSpec, preset: Option<&str>, compare: &[String]) -> anyhow::Result<()> {
     let parse = |p: &str| Preset::parse(p).ok_or_else(|| anyhow::anyhow!("unknown preset {p:?}, expected one of sync, sync_plus, one_off, rollarc"));
@@ -159,7 +165,7 @@ pub fn sim(spec: JobSpec, preset: Option<&str>, compare: &[String]) -> anyhow::R
         None => spec,
     };
     if compare.is_empty() {
-        let t = std::time::Instant::now();
+        let t = wall_now();
         let s = crate::simrun::run_virtual(base)?;
         summary_line(s.steps.last().map_or("run", |_| "run"), &s, t.elapsed());
         if let Some(last) = s.steps.last() {
@@ -170,7 +176,7 @@ pub fn sim(spec: JobSpec, preset: Option<&str>, compare: &[String]) -> anyhow::R
     let mut results = Vec::new();
     for name in compare {
         let p = parse(name)?;
-        let t = std::time::Instant::now();
+        let t = wall_now();
         let s = crate::simrun::run_virtual(base.with_preset(p))?;
         summary_line(p.name(), &s, t.elapsed());
         results.push((p, s));
@@ -234,7 +240,7 @@ seconds_per_token = 0.0
     );
     let spec = spec::parse(&body, spec::Format::Toml).map_err(|e| anyhow::anyhow!("{e}"))?;
     let rss0 = peak_rss_kib();
-    let t = std::time::Instant::now();
+    let t = wall_now();
     let s = crate::simrun::run_virtual(spec)?;
     let wall = t.elapsed().as_secs_f64();
     let rss1 = peak_rss_kib();

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use actors::supervisor::{Decision, RestartPolicy, RestartTracker};
 use actors::types::Batch;
 use serde::Serialize;
 use tokio::sync::broadcast;
@@ -82,7 +83,11 @@ pub struct Service {
     /// Cancelled when the service stops accepting jobs.
     pub intake: CancellationToken,
     metrics: Catalogue,
+    job_restarts: Mutex<BTreeMap<String, RestartTracker>>,
 }
+
+/// Restart policy of the engine supervisor for failed jobs (actor escalation or panic).
+pub const JOB_RESTART_POLICY: RestartPolicy = RestartPolicy { intensity: 3, window: std::time::Duration::from_secs(600) };
 
 impl Service {
     pub fn open(cfg: &ServiceConfig) -> Result<Arc<Self>, ServiceError> {
@@ -99,6 +104,7 @@ impl Service {
             events: Mutex::new(BTreeMap::new()),
             intake: CancellationToken::new(),
             metrics: Catalogue::new(),
+            job_restarts: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -222,7 +228,15 @@ impl Service {
                 let observer = Arc::new(ServiceObserver { service: self.clone(), id: id.clone(), steps: spec.knobs().steps });
                 let sink = Arc::new(JobSink { store: self.store.clone(), job: id.clone() });
                 let run = JobRun { id: id.clone(), spec, start_step, epoch, sink, observer, cancel: cancel.clone() };
-                rt.block_on(job::run(run))
+                // A panic anywhere in the job's runtime fails (or restarts) this job only.
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.block_on(job::run(run)))).unwrap_or_else(|p| {
+                    let msg = p
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| p.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "unknown panic".into());
+                    Err(JobError::Panicked(msg))
+                })
             }
             Err(e) => Err(JobError::Observer(format!("could not build the job runtime: {e}"))),
         };
@@ -230,6 +244,21 @@ impl Service {
             _ if interrupted.load(std::sync::atomic::Ordering::SeqCst) => None,
             Ok(_) => Some((JobState::Succeeded, None)),
             Err(JobError::Cancelled) => Some((JobState::Cancelled, Some("cancelled".to_string()))),
+            Err(e @ (JobError::Escalated(_) | JobError::Panicked(_) | JobError::Call { .. })) => {
+                // An actor of the job died or the runtime panicked. The engine supervisor's
+                // policy: restart the job from its last completed step,
+                // at most JOB_RESTART_POLICY.intensity times within its window, then fail it.
+                let decision = self
+                    .job_restarts
+                    .lock()
+                    .map(|mut m| m.entry(id.clone()).or_insert_with(|| RestartTracker::new(JOB_RESTART_POLICY)).on_failure(tokio::time::Instant::now()));
+                if decision.ok() == Some(Decision::Restart) {
+                    self.metrics.job_restarts.add(1, &[]);
+                    Some((JobState::Queued, Some(format!("restarting after failure: {}", error_chain(e)))))
+                } else {
+                    Some((JobState::Failed, Some(error_chain(e))))
+                }
+            }
             Err(e) => Some((JobState::Failed, Some(error_chain(e)))),
         };
         if let Some((state, reason)) = outcome {

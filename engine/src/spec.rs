@@ -353,6 +353,12 @@ pub enum Clock {
 pub struct SimSpec {
     #[serde(default)]
     pub clock: Clock,
+    /// Fault injection: the trainer panics at this step ...
+    #[serde(default)]
+    pub trainer_panic_at_step: Option<u64>,
+    /// ... in the first this-many runs of the job (default 1; a restarted run is the next).
+    #[serde(default)]
+    pub trainer_panic_runs: Option<u64>,
 }
 
 /// One problem with a spec.

@@ -88,6 +88,9 @@ pub struct Store {
     conn: Arc<Mutex<Connection>>,
 }
 
+/// Wall-clock timestamp for records (creation and transition times are facts about the real
+/// world, not about the simulated clock).
+#[allow(clippy::disallowed_methods)]
 fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }

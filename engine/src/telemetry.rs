@@ -9,6 +9,7 @@ use crate::job::StepMetrics;
 
 pub struct Catalogue {
     pub jobs_submitted: Counter<u64>,
+    pub job_restarts: Counter<u64>,
     pub steps: Counter<u64>,
     pub trajectories: Counter<u64>,
     pub pool_utilisation: Gauge<f64>,
@@ -23,6 +24,7 @@ impl Catalogue {
         let m = infra::telemetry::Metrics::global().meter();
         Self {
             jobs_submitted: m.u64_counter("rollarc_jobs_submitted").with_description("Jobs accepted by the API").build(),
+            job_restarts: m.u64_counter("rollarc_engine_job_restarts").with_description("Jobs restarted by the engine supervisor after a failure").build(),
             steps: m.u64_counter("rollarc_trainer_steps").with_description("Training steps completed").build(),
             trajectories: m.u64_counter("rollarc_buffer_trajectories").with_description("Trajectories trained on, by task").build(),
             pool_utilisation: m

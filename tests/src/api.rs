@@ -121,6 +121,12 @@ async fn oversized_bodies_unknown_jobs_and_bad_queries_are_4xx_json() {
     assert_eq!(r.json::<serde_json::Value>().await.unwrap()["error"]["code"], "not_found");
     let r = s.client.post(s.url("/v1/jobs/job-999/cancel")).send().await.unwrap();
     assert_eq!(r.status(), 404);
+    let r = s.client.get(s.url("/v2/nothing")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(r.json::<serde_json::Value>().await.unwrap()["error"]["code"], "not_found");
+    let r = s.client.delete(s.url("/v1/jobs")).send().await.unwrap();
+    assert_eq!(r.status(), 405);
+    assert_eq!(r.json::<serde_json::Value>().await.unwrap()["error"]["code"], "method_not_allowed");
     let id = s.client.post(s.url("/v1/jobs")).body(small_job().toml()).send().await.unwrap().json::<serde_json::Value>().await.unwrap()["id"]
         .as_str()
         .unwrap()
@@ -202,4 +208,27 @@ async fn health_readiness_metrics_and_openapi() {
     assert_eq!(s.client.get(s.url("/readyz")).send().await.unwrap().status(), 503);
     let r = s.client.post(s.url("/v1/jobs")).body(small_job().toml()).send().await.unwrap();
     assert_eq!(r.status(), 503);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_whose_trainer_dies_is_restarted_from_its_last_step() {
+    let s = TestServer::start().await;
+    let once = small_job().rollout("steps = 5").extra("[sim]\ntrainer_panic_at_step = 2");
+    let body = once.toml().replacen("steps = 3\n", "", 1);
+    let id = s.client.post(s.url("/v1/jobs")).body(body).send().await.unwrap().json::<serde_json::Value>().await.unwrap()["id"].as_str().unwrap().to_string();
+    let job = wait_job(&s.client, &s.url(""), &id, Duration::from_secs(60), |v| v["state"] == "succeeded" || v["state"] == "failed").await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(job["step"], 5);
+    let rows = page_all(&s.client, &s.url(""), &id, 100).await;
+    assert!(rows.iter().any(|r| r.1.starts_with("r0-")) && rows.iter().any(|r| r.1.starts_with("r1-")), "the job ran twice");
+    // A fault in every run exhausts the restart policy: the job fails with the reason.
+    let always = small_job().extra("[sim]\ntrainer_panic_at_step = 1\ntrainer_panic_runs = 100");
+    let id = s.client.post(s.url("/v1/jobs")).body(always.toml()).send().await.unwrap().json::<serde_json::Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let job = wait_job(&s.client, &s.url(""), &id, Duration::from_secs(60), |v| v["state"] == "failed" || v["state"] == "succeeded").await;
+    assert_eq!(job["state"], "failed");
+    assert_eq!(job["step"], 1, "every run resumed from the last completed step");
+    assert!(job["error"].as_str().unwrap_or("").contains("trainer"), "{job}");
 }

@@ -135,6 +135,7 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
     };
     let mut context: Vec<u32> = Vec::new();
     for turn_no in 0..task.max_turns {
+        let turn_span = tracing::trace_span!("turn", turn = turn_no);
         if let Some(b) = &p.barrier
             && turn_no > 0
         {
@@ -159,7 +160,7 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
         };
         let t = tokio::time::Instant::now();
         let started_at_s = t.duration_since(shared.started).as_secs_f64();
-        let out = p.shard.generate(req).instrument(tracing::trace_span!("generate", turn = turn_no)).await;
+        let out = p.shard.generate(req).instrument(tracing::trace_span!(parent: &turn_span, "generate")).await;
         traj.timings.generate_s += secs(t);
         let out = match out {
             Ok(o) => o,
@@ -183,7 +184,7 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
         };
         let action = String::new();
         let t = tokio::time::Instant::now();
-        let stepped = env.step(action, turn.response_tokens.clone()).instrument(tracing::trace_span!("env.step", turn = turn_no)).await;
+        let stepped = env.step(action, turn.response_tokens.clone()).instrument(tracing::trace_span!(parent: &turn_span, "env.step")).await;
         traj.timings.env_step_s += secs(t);
         match stepped {
             Ok(s) => {

@@ -56,6 +56,8 @@ pub enum JobError {
     },
     #[error("an actor of the job failed beyond its restart policy: {0}")]
     Escalated(String),
+    #[error("the job runtime panicked: {0}")]
+    Panicked(String),
     #[error("the job was cancelled")]
     Cancelled,
     #[error("could not record step metrics: {0}")]
@@ -213,7 +215,8 @@ pub async fn run(job: JobRun) -> Result<JobSummary, JobError> {
     let started = tokio::time::Instant::now();
     let prefix = format!("{}/r{}", job.id, job.epoch);
     let (sup, report) = supervisor::spawn(&prefix).await.map_err(|source| JobError::Spawn { what: "job supervisor".into(), source })?;
-    let result = run_inner(&job, &knobs, started, &sup, &report).await;
+    let span = tracing::info_span!("job", job = %job.id, epoch = job.epoch);
+    let result = tracing::Instrument::instrument(run_inner(&job, &knobs, started, &sup, &report), span).await;
     // Stop intake and abort episodes first, then the tree.
     sup.stop_children(None);
     sup.stop(None);
@@ -278,6 +281,7 @@ async fn run_inner(
             gpus: *gpus,
             step_overhead: Duration::from_secs_f64(*step_overhead_s),
             modelled_weight_bytes: model_bytes.unwrap_or(0.0),
+            panic_at_step: spec.sim.trainer_panic_at_step.filter(|_| job.epoch < spec.sim.trainer_panic_runs.unwrap_or(1)),
         },
     };
     let (trainer, _) =
