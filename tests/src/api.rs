@@ -232,3 +232,17 @@ async fn a_job_whose_trainer_dies_is_restarted_from_its_last_step() {
     assert_eq!(job["step"], 1, "every run resumed from the last completed step");
     assert!(job["error"].as_str().unwrap_or("").contains("trainer"), "{job}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_example_succeeds_and_pages() {
+    let s = TestServer::start().await;
+    let body = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/sim-small.toml")).unwrap();
+    let r = s.client.post(s.url("/v1/jobs")).header("content-type", "application/toml").body(body).send().await.unwrap();
+    assert_eq!(r.status(), 201);
+    let id = r.json::<serde_json::Value>().await.unwrap()["id"].as_str().unwrap().to_string();
+    let job = wait_job(&s.client, &s.url(""), &id, Duration::from_secs(120), |v| v["state"] == "succeeded" || v["state"] == "failed").await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let rows = page_all(&s.client, &s.url(""), &id, 250).await;
+    assert_eq!(rows.len() as u64, s.service.store.trajectory_count(&id).unwrap());
+    assert!(rows.len() >= 8 * 8 * 8, "8 steps × 8 groups × 8 trajectories at least");
+}

@@ -299,3 +299,22 @@ fn trajectory_level_beats_the_turn_barrier_under_latency_variance() {
     let ratio = slow.elapsed_s / fast.elapsed_s;
     assert!(ratio > 1.3, "rollarc should be well ahead of sync_plus at sigma = 5 s, got {ratio:.2}");
 }
+
+#[test]
+fn a_job_whose_groups_are_all_filtered_fails_instead_of_spinning() {
+    let task = r#"[[tasks]]
+domain = "never"
+group_size = 2
+max_turns = 1
+[tasks.env]
+kind = "sim"
+turns = { constant = 1 }
+success_rate = 0.0
+"#;
+    let spec =
+        SpecBuilder::new().pool("h20", "H20", 1, "").raw_task(task).rollout("batch_size = 2").rollout("steps = 2").rollout("filter_all_equal = true").build();
+    match engine::simrun::run_virtual(spec) {
+        Err(e) => assert!(matches!(e, engine::job::JobError::Escalated(_) | engine::job::JobError::Call { .. }), "{e}"),
+        Ok(s) => panic!("the job cannot succeed: {s:?}"),
+    }
+}

@@ -50,6 +50,7 @@ pub struct SchedSnapshot {
     pub aborted_stale: u64,
     pub retries: u64,
     pub failed_episodes: u64,
+    pub dropped_groups: u64,
     /// Admitted groups per pool name.
     pub groups_per_pool: BTreeMap<String, u64>,
     /// Peak concurrent episodes.
@@ -168,7 +169,7 @@ impl Actor for Scheduler {
                 st.shared = Some(shared);
                 st.try_admit();
             }
-            SchedMsg::Buffer(ev) => st.on_buffer(ev),
+            SchedMsg::Buffer(ev) => st.on_buffer(ev)?,
             SchedMsg::EpisodeEnded { episode, task, prefill, decode, failed } => {
                 if let Some(e) = st.episodes.remove(&episode) {
                     st.shard_active[e.pool][e.shard] -= 1;
@@ -215,7 +216,7 @@ impl Actor for Scheduler {
 }
 
 impl SchedState {
-    fn on_buffer(&mut self, ev: BufferEvent) {
+    fn on_buffer(&mut self, ev: BufferEvent) -> Result<(), ActorProcessingErr> {
         match ev {
             BufferEvent::Retry { group } => {
                 self.snap.retries += 1;
@@ -236,10 +237,22 @@ impl SchedState {
                     g.closed = true;
                 }
             }
-            BufferEvent::Dropped { group, .. } => {
+            BufferEvent::Dropped { group, reason } => {
                 self.abort_group_episodes(group);
                 if self.groups.remove(&group).is_some() {
                     self.open_groups -= 1;
+                }
+                self.snap.dropped_groups += 1;
+                // A job whose groups are (almost) all dropped would admit forever: give up
+                // loudly instead (the failure escalates to the job supervisor).
+                let k = &self.a.knobs;
+                let limit = 10 * k.batch_size as u64 * k.steps + 100;
+                if self.snap.dropped_groups > limit {
+                    return Err(format!(
+                        "{} groups were dropped (last: {reason:?}) for {} consumed; check filter_all_equal, failure rates and alpha",
+                        self.snap.dropped_groups, self.consumed
+                    )
+                    .into());
                 }
             }
             BufferEvent::Consumed { groups, .. } => {
@@ -253,6 +266,7 @@ impl SchedState {
             }
         }
         self.try_admit();
+        Ok(())
     }
 
     fn abort_group_episodes(&mut self, gid: u64) -> usize {
