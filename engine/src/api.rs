@@ -359,6 +359,7 @@ async fn cluster(State(s): State<Arc<Service>>) -> Result<Json<Cluster>, ApiErro
                     shards: p.count,
                     backend: match &p.backend {
                         spec::BackendSpec::Sim { model, .. } => format!("sim:{model}"),
+                        spec::BackendSpec::Builtin { model, .. } => format!("builtin:d{}-l{}", model.d_model, model.n_layers),
                     },
                     utilisation: metrics.pointer(&format!("/pools/{}/utilisation", p.name)).and_then(|v| v.as_f64()),
                     groups: metrics.pointer(&format!("/pools/{}/groups", p.name)).and_then(|v| v.as_u64()),

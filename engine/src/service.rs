@@ -77,6 +77,7 @@ pub struct ServiceConfig {
 /// The job manager behind the HTTP API.
 pub struct Service {
     pub store: Store,
+    data_dir: PathBuf,
     max_running: usize,
     running: Mutex<BTreeMap<String, Running>>,
     events: Mutex<BTreeMap<String, broadcast::Sender<JobEvent>>>,
@@ -93,12 +94,13 @@ impl Service {
     pub fn open(cfg: &ServiceConfig) -> Result<Arc<Self>, ServiceError> {
         std::fs::create_dir_all(&cfg.data_dir).map_err(|e| ServiceError::DataDir { dir: cfg.data_dir.clone(), source: e })?;
         let store = Store::open(&cfg.data_dir.join("rollarc.db"))?;
-        Ok(Self::with_store(store, cfg.max_running))
+        Ok(Self::with_store(store, cfg.data_dir.clone(), cfg.max_running))
     }
 
-    pub fn with_store(store: Store, max_running: usize) -> Arc<Self> {
+    pub fn with_store(store: Store, data_dir: PathBuf, max_running: usize) -> Arc<Self> {
         Arc::new(Self {
             store,
+            data_dir,
             max_running: max_running.max(1),
             running: Mutex::new(BTreeMap::new()),
             events: Mutex::new(BTreeMap::new()),
@@ -219,7 +221,7 @@ impl Service {
         cancel: CancellationToken,
         interrupted: Arc<std::sync::atomic::AtomicBool>,
     ) {
-        let rt = match spec.sim.clock {
+        let rt = match spec.clock() {
             Clock::Virtual => crate::simrun::virtual_runtime(),
             Clock::Real => tokio::runtime::Builder::new_current_thread().enable_all().build(),
         };
@@ -227,7 +229,8 @@ impl Service {
             Ok(rt) => {
                 let observer = Arc::new(ServiceObserver { service: self.clone(), id: id.clone(), steps: spec.knobs().steps });
                 let sink = Arc::new(JobSink { store: self.store.clone(), job: id.clone() });
-                let run = JobRun { id: id.clone(), spec, start_step, epoch, sink, observer, cancel: cancel.clone() };
+                let checkpoint_dir = Some(self.data_dir.join("checkpoints").join(&id));
+                let run = JobRun { id: id.clone(), spec, start_step, epoch, sink, observer, cancel: cancel.clone(), checkpoint_dir };
                 // A panic anywhere in the job's runtime fails (or restarts) this job only.
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.block_on(job::run(run)))).unwrap_or_else(|p| {
                     let msg = p

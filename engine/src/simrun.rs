@@ -21,5 +21,23 @@ pub fn run_virtual(spec: JobSpec) -> Result<JobSummary, JobError> {
 
 pub fn run_virtual_with(spec: JobSpec, sink: Arc<dyn TrajectorySink>, observer: Arc<dyn StepObserver>) -> Result<JobSummary, JobError> {
     let rt = virtual_runtime().map_err(|e| JobError::Observer(format!("could not build the virtual-time runtime: {e}")))?;
-    rt.block_on(job::run(JobRun { id: "sim".into(), spec, start_step: 0, epoch: 0, sink, observer, cancel: CancellationToken::new() }))
+    rt.block_on(job::run(JobRun { id: "sim".into(), spec, start_step: 0, epoch: 0, sink, observer, cancel: CancellationToken::new(), checkpoint_dir: None }))
+}
+
+/// Runs any job to completion on the clock its spec asks for (virtual when every backend is
+/// simulated), from `start_step`, keeping built-in checkpoints in `checkpoint_dir`.
+pub fn run_blocking(
+    spec: JobSpec,
+    start_step: u64,
+    epoch: u64,
+    sink: Arc<dyn TrajectorySink>,
+    observer: Arc<dyn StepObserver>,
+    checkpoint_dir: Option<std::path::PathBuf>,
+) -> Result<JobSummary, JobError> {
+    let rt = match spec.clock() {
+        crate::spec::Clock::Virtual => virtual_runtime(),
+        crate::spec::Clock::Real => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+    }
+    .map_err(|e| JobError::Observer(format!("could not build the job runtime: {e}")))?;
+    rt.block_on(job::run(JobRun { id: "run".into(), spec, start_step, epoch, sink, observer, cancel: CancellationToken::new(), checkpoint_dir }))
 }

@@ -195,6 +195,69 @@ pub enum BackendSpec {
         #[serde(default)]
         hang_probability: f64,
     },
+    /// The built-in transformer on CPU (real generation, on its own thread per shard).
+    Builtin {
+        #[serde(default)]
+        model: BuiltinModelSpec,
+        /// Sequences decoded together per engine step.
+        #[serde(default = "d_builtin_batch")]
+        max_batch: usize,
+    },
+}
+
+fn d_builtin_batch() -> usize {
+    64
+}
+
+/// Size of the built-in transformer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BuiltinModelSpec {
+    #[serde(default = "d_dmodel")]
+    pub d_model: usize,
+    #[serde(default = "d_layers")]
+    pub n_layers: usize,
+    #[serde(default = "d_heads")]
+    pub n_heads: usize,
+    #[serde(default = "d_ff")]
+    pub d_ff: usize,
+    #[serde(default = "d_max_seq")]
+    pub max_seq: usize,
+}
+
+fn d_dmodel() -> usize {
+    64
+}
+fn d_layers() -> usize {
+    2
+}
+fn d_heads() -> usize {
+    4
+}
+fn d_ff() -> usize {
+    256
+}
+fn d_max_seq() -> usize {
+    512
+}
+
+impl Default for BuiltinModelSpec {
+    fn default() -> Self {
+        Self { d_model: d_dmodel(), n_layers: d_layers(), n_heads: d_heads(), d_ff: d_ff(), max_seq: d_max_seq() }
+    }
+}
+
+impl BuiltinModelSpec {
+    pub fn config(&self) -> actors::model::transformer::ModelConfig {
+        actors::model::transformer::ModelConfig {
+            vocab: actors::model::tokenizer::VOCAB,
+            d_model: self.d_model,
+            n_layers: self.n_layers,
+            n_heads: self.n_heads,
+            d_ff: self.d_ff,
+            max_seq: self.max_seq,
+        }
+    }
 }
 
 fn d_model() -> String {
@@ -323,6 +386,101 @@ pub enum TrainerSpec {
         #[serde(default)]
         step_overhead_s: f64,
     },
+    /// The built-in trainer for the built-in model (CPU).
+    Builtin(BuiltinTrainerSpec),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AdvantageSpec {
+    Grpo,
+    DrGrpo,
+    Rloo,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AggregationSpec {
+    TokenMean,
+    SeqMeanTokenMean,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BuiltinTrainerSpec {
+    #[serde(default = "d_lr")]
+    pub lr: f64,
+    #[serde(default)]
+    pub warmup_steps: u64,
+    #[serde(default)]
+    pub decay_steps: Option<u64>,
+    #[serde(default)]
+    pub weight_decay: f64,
+    #[serde(default = "d_clip")]
+    pub grad_clip: f64,
+    #[serde(default = "d_adv")]
+    pub advantage: AdvantageSpec,
+    #[serde(default = "d_agg")]
+    pub aggregation: AggregationSpec,
+    #[serde(default = "d_eps_low")]
+    pub eps_low: f64,
+    #[serde(default = "d_eps_high")]
+    pub eps_high: f64,
+    #[serde(default)]
+    pub tis_cap: Option<f64>,
+    #[serde(default)]
+    pub kl_beta: f64,
+    #[serde(default)]
+    pub recompute_old: bool,
+}
+
+fn d_lr() -> f64 {
+    1e-3
+}
+fn d_clip() -> f64 {
+    1.0
+}
+fn d_adv() -> AdvantageSpec {
+    AdvantageSpec::Grpo
+}
+fn d_agg() -> AggregationSpec {
+    AggregationSpec::TokenMean
+}
+fn d_eps_low() -> f64 {
+    0.2
+}
+fn d_eps_high() -> f64 {
+    0.28
+}
+
+impl BuiltinTrainerSpec {
+    pub fn config(&self) -> actors::model::trainer::TrainerConfig {
+        use actors::rl::{AdvantageKind, Aggregation, PpoConfig};
+        actors::model::trainer::TrainerConfig {
+            lr: self.lr,
+            warmup_steps: self.warmup_steps,
+            decay_steps: self.decay_steps,
+            weight_decay: self.weight_decay,
+            grad_clip: self.grad_clip,
+            advantage: match self.advantage {
+                AdvantageSpec::Grpo => AdvantageKind::Grpo,
+                AdvantageSpec::DrGrpo => AdvantageKind::DrGrpo,
+                AdvantageSpec::Rloo => AdvantageKind::Rloo,
+            },
+            ppo: PpoConfig {
+                eps_low: self.eps_low,
+                eps_high: self.eps_high,
+                aggregation: match self.aggregation {
+                    AggregationSpec::TokenMean => Aggregation::TokenMean,
+                    AggregationSpec::SeqMeanTokenMean => Aggregation::SeqMeanTokenMean,
+                },
+                tis_cap: self.tis_cap,
+            },
+            kl_beta: self.kl_beta,
+            recompute_old: self.recompute_old,
+            ..Default::default()
+        }
+    }
 }
 
 fn d_spt() -> f64 {
@@ -351,8 +509,9 @@ pub enum Clock {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SimSpec {
+    /// Default: virtual when every backend is simulated, real otherwise.
     #[serde(default)]
-    pub clock: Clock,
+    pub clock: Option<Clock>,
     /// Fault injection: the trainer panics at this step ...
     #[serde(default)]
     pub trainer_panic_at_step: Option<u64>,
@@ -579,6 +738,24 @@ pub fn validate(spec: &JobSpec) -> Vec<FieldError> {
                     err(format!("{p}.backend.hang_probability"), format!("must be a probability in [0, 1], got {hang_probability}"));
                 }
             }
+            BackendSpec::Builtin { model, max_batch } => {
+                for m in model.config().problems() {
+                    err(format!("{p}.backend.model"), m);
+                }
+                if *max_batch == 0 {
+                    err(format!("{p}.backend.max_batch"), "must be at least 1".into());
+                }
+                if !matches!(spec.trainer, TrainerSpec::Builtin(_)) {
+                    err(format!("{p}.backend"), "the built-in model trains only with trainer.kind = \"builtin\"".into());
+                }
+                if let Some(first) = spec.pools.iter().find_map(|q| match &q.backend {
+                    BackendSpec::Builtin { model, .. } => Some(*model),
+                    _ => None,
+                }) && first != *model
+                {
+                    err(format!("{p}.backend.model"), "every built-in pool must use the same model size (they share weights)".into());
+                }
+            }
         }
     }
     for (domain, pool) in &spec.mapping.declared {
@@ -603,6 +780,9 @@ pub fn validate(spec: &JobSpec) -> Vec<FieldError> {
     }
     if r.alpha.is_some_and(|a| a > 1000) {
         err("rollout.alpha".into(), "must be at most 1000".into());
+    }
+    if spec.sim.clock == Some(Clock::Virtual) && !spec.all_simulated() {
+        err("sim.clock".into(), "a virtual clock needs every backend simulated (real compute takes real time)".into());
     }
     if r.max_concurrent_episodes == Some(0) {
         err("rollout.max_concurrent_episodes".into(), "must be at least 1".into());
@@ -639,6 +819,26 @@ pub fn validate(spec: &JobSpec) -> Vec<FieldError> {
         }
     }
     match &spec.trainer {
+        TrainerSpec::Builtin(t) => {
+            if !spec.pools.iter().all(|p| matches!(p.backend, BackendSpec::Builtin { .. })) {
+                err("trainer".into(), "the built-in trainer needs every pool to use backend.kind = \"builtin\"".into());
+            }
+            if !(t.lr.is_finite() && t.lr > 0.0) {
+                err("trainer.lr".into(), format!("must be positive, got {}", t.lr));
+            }
+            if !(t.grad_clip.is_finite() && t.grad_clip >= 0.0) {
+                err("trainer.grad_clip".into(), format!("must be >= 0, got {}", t.grad_clip));
+            }
+            if !(t.eps_low > 0.0 && t.eps_low < 1.0 && t.eps_high > 0.0) {
+                err("trainer.eps_low".into(), "clip range needs 0 < eps_low < 1 and eps_high > 0".into());
+            }
+            if t.tis_cap.is_some_and(|c| !(c.is_finite() && c >= 1.0)) {
+                err("trainer.tis_cap".into(), "must be >= 1".into());
+            }
+            if !(t.kl_beta.is_finite() && t.kl_beta >= 0.0) {
+                err("trainer.kl_beta".into(), "must be >= 0".into());
+            }
+        }
         TrainerSpec::Sim { seconds_per_token, gpus, step_overhead_s } => {
             if !(seconds_per_token.is_finite() && *seconds_per_token >= 0.0) {
                 err("trainer.seconds_per_token".into(), format!("must be >= 0, got {seconds_per_token}"));
@@ -705,7 +905,20 @@ impl JobSpec {
 
     /// Whether every backend is simulated (so the job can run on the virtual clock).
     pub fn all_simulated(&self) -> bool {
-        true
+        self.pools.iter().all(|p| matches!(p.backend, BackendSpec::Sim { .. })) && matches!(self.trainer, TrainerSpec::Sim { .. })
+    }
+
+    /// The clock the job runs on.
+    pub fn clock(&self) -> Clock {
+        self.sim.clock.unwrap_or(if self.all_simulated() { Clock::Virtual } else { Clock::Real })
+    }
+
+    /// The built-in model's size, when the job uses it.
+    pub fn builtin_model(&self) -> Option<BuiltinModelSpec> {
+        self.pools.iter().find_map(|p| match &p.backend {
+            BackendSpec::Builtin { model, .. } => Some(*model),
+            BackendSpec::Sim { .. } => None,
+        })
     }
 
     /// Applies a preset on top of a spec: the preset's knobs win over the spec's.

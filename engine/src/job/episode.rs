@@ -24,6 +24,9 @@ pub struct EpisodeShared {
     pub epoch: u64,
     pub started: tokio::time::Instant,
     pub batch_barrier: bool,
+    /// The built-in policy's tokenizer: observations are framed `[BOS] text [SEP]`, the
+    /// answer stops at EOT and is decoded to the action text. `None`: simulated tokens.
+    pub framing: Option<actors::model::tokenizer::ByteTokenizer>,
 }
 
 /// A task as episodes see it.
@@ -75,10 +78,18 @@ fn secs(since: tokio::time::Instant) -> f64 {
     since.elapsed().as_secs_f64()
 }
 
-fn encode(obs: &Observation) -> Vec<u32> {
-    // Byte-level fallback for environments that only produce text; the built-in model's
-    // tokenizer replaces it when that backend is used.
-    obs.tokens.clone().unwrap_or_else(|| obs.text.bytes().map(u32::from).collect())
+fn encode(obs: &Observation, framing: Option<&actors::model::tokenizer::ByteTokenizer>, first: bool) -> Vec<u32> {
+    use actors::model::tokenizer::{BOS, SEP};
+    match (framing, &obs.tokens) {
+        (Some(tok), _) => {
+            let mut v = if first { vec![BOS] } else { Vec::new() };
+            v.extend(tok.encode(&obs.text));
+            v.push(SEP);
+            v
+        }
+        (None, Some(t)) => t.clone(),
+        (None, None) => obs.text.bytes().map(u32::from).collect(),
+    }
 }
 
 /// Drives one trajectory and hands it to the sample buffer (and tells the scheduler).
@@ -143,7 +154,7 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
             b.turn().await;
             traj.timings.wait_s += secs(w);
         }
-        let observation_tokens = encode(&obs);
+        let observation_tokens = encode(&obs, shared.framing.as_ref(), turn_no == 0);
         context.extend_from_slice(&observation_tokens);
         let req = GenRequest {
             id: p.id,
@@ -153,7 +164,7 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
                 temperature: 1.0,
                 top_p: 1.0,
                 max_tokens: task.max_tokens_per_turn,
-                stop_tokens: Vec::new(),
+                stop_tokens: if shared.framing.is_some() { vec![actors::model::tokenizer::EOT] } else { Vec::new() },
                 seed: p.sample_seed ^ (u64::from(turn_no) << 48),
             },
             sim_response_len: obs.sim_response_len,
@@ -182,7 +193,7 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
             prefill_tokens: out.prefill_tokens,
             started_at_s,
         };
-        let action = String::new();
+        let action = shared.framing.as_ref().map(|t| t.decode(&turn.response_tokens)).unwrap_or_default();
         let t = tokio::time::Instant::now();
         let stepped = env.step(action, turn.response_tokens.clone()).instrument(tracing::trace_span!(parent: &turn_span, "env.step")).await;
         traj.timings.env_step_s += secs(t);

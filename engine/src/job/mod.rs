@@ -3,6 +3,7 @@
 //! six-step weight-update protocol, one training step at a time.
 
 pub mod barrier;
+pub mod builtin;
 pub mod episode;
 pub mod scheduler;
 pub mod supervisor;
@@ -201,6 +202,8 @@ pub struct JobRun {
     pub sink: Arc<dyn TrajectorySink>,
     pub observer: Arc<dyn StepObserver>,
     pub cancel: CancellationToken,
+    /// Where the built-in trainer keeps its checkpoints (none: not kept).
+    pub checkpoint_dir: Option<std::path::PathBuf>,
 }
 
 struct Pools {
@@ -235,14 +238,26 @@ async fn run_inner(
     let start_version = job.start_step;
     let model_bytes = spec.pools.iter().find_map(|p| match &p.backend {
         BackendSpec::Sim { model, .. } => ModelProfile::builtin(model).map(|m| m.weight_bytes()),
+        BackendSpec::Builtin { model, .. } => Some(model.config().params() as f64 * 4.0),
     });
-    let weights_initial = Arc::new(Weights::simulated(start_version, model_bytes.unwrap_or(0.0)));
+    // The built-in trainer owns the real weights (resumed from its checkpoint if any).
+    let builtin = match (&spec.trainer, spec.builtin_model()) {
+        (TrainerSpec::Builtin(t), Some(m)) => Some(
+            builtin::BuiltinParts::new(m.config(), t.config(), spec.seed, start_version, job.checkpoint_dir.clone())
+                .map_err(|e| JobError::Observer(format!("built-in model: {e}")))?,
+        ),
+        _ => None,
+    };
+    let weights_initial = match &builtin {
+        Some(b) => b.initial.clone(),
+        None => Arc::new(Weights::simulated(start_version, model_bytes.unwrap_or(0.0))),
+    };
     let (weights, _) =
         Actor::spawn_linked(None, WeightStore, WeightStoreArgs { keep: knobs.alpha as usize + 2, initial: weights_initial.clone() }, cell.clone())
             .await
             .map_err(|source| JobError::Spawn { what: "weight store".into(), source })?;
 
-    let pools = spawn_pools(spec, knobs, job.epoch, &cell).await?;
+    let pools = spawn_pools(spec, knobs, job.epoch, &cell, &weights_initial).await?;
     // Shards start at the resumed version.
     for (pi, p) in pools.actors.iter().enumerate() {
         for (i, a) in p.iter().enumerate() {
@@ -275,19 +290,20 @@ async fn run_inner(
     .await
     .map_err(|source| JobError::Spawn { what: "sample buffer".into(), source })?;
 
-    let trainer_impl = match &spec.trainer {
-        TrainerSpec::Sim { seconds_per_token, gpus, step_overhead_s } => SimTrainer {
+    let trainer_impl: Box<dyn actors::trainer::Trainer> = match (&spec.trainer, builtin) {
+        (_, Some(b)) => Box::new(b.trainer),
+        (TrainerSpec::Sim { seconds_per_token, gpus, step_overhead_s }, None) => Box::new(SimTrainer {
             seconds_per_token: *seconds_per_token,
             gpus: *gpus,
             step_overhead: Duration::from_secs_f64(*step_overhead_s),
             modelled_weight_bytes: model_bytes.unwrap_or(0.0),
             panic_at_step: spec.sim.trainer_panic_at_step.filter(|_| job.epoch < spec.sim.trainer_panic_runs.unwrap_or(1)),
-        },
+        }),
+        (TrainerSpec::Builtin(_), None) => return Err(JobError::Observer("the built-in trainer needs built-in pools".into())),
     };
-    let (trainer, _) =
-        Actor::spawn_linked(None, TrainerActor, TrainerArgs { trainer: Box::new(trainer_impl), weights: weights.clone(), start_version }, cell.clone())
-            .await
-            .map_err(|source| JobError::Spawn { what: "trainer".into(), source })?;
+    let (trainer, _) = Actor::spawn_linked(None, TrainerActor, TrainerArgs { trainer: trainer_impl, weights: weights.clone(), start_version }, cell.clone())
+        .await
+        .map_err(|source| JobError::Spawn { what: "trainer".into(), source })?;
 
     let task_views = spec
         .tasks
@@ -331,6 +347,7 @@ async fn run_inner(
         epoch: job.epoch,
         started,
         batch_barrier: knobs.barrier == crate::spec::Barrier::Batch,
+        framing: spec.builtin_model().map(|_| actors::model::tokenizer::ByteTokenizer),
     });
     sched.cast(SchedMsg::Start(shared.clone())).map_err(|e| JobError::Call { what: "scheduler", message: e.to_string() })?;
 
@@ -420,7 +437,7 @@ fn prior_tokens(t: &crate::spec::TaskSpec) -> (f64, f64) {
     }
 }
 
-async fn spawn_pools(spec: &JobSpec, knobs: &Knobs, epoch: u64, cell: &ractor::ActorCell) -> Result<Pools, JobError> {
+async fn spawn_pools(spec: &JobSpec, knobs: &Knobs, epoch: u64, cell: &ractor::ActorCell, initial: &Arc<Weights>) -> Result<Pools, JobError> {
     let restarts = Arc::new(AtomicU64::new(0));
     let mut views = Vec::new();
     let mut all = Vec::new();
@@ -428,7 +445,7 @@ async fn spawn_pools(spec: &JobSpec, knobs: &Knobs, epoch: u64, cell: &ractor::A
         let device = DeviceProfile::builtin(&p.device).unwrap_or_else(|| {
             DeviceProfile::builtin("H20").unwrap_or(DeviceProfile { name: p.device.clone(), flops: 1e14, bandwidth: 1e12, memory: 8e10, cost: 1.0 })
         });
-        let (model, max_batch, factory_cfg) = match &p.backend {
+        let (model, max_batch, make): (ModelProfile, usize, Box<dyn Fn(usize) -> (EngineFactory, EnginePlacement)>) = match &p.backend {
             BackendSpec::Sim { model, max_batch, mfu, mbu, weight_sync_gbps, hang_probability } => {
                 let model = ModelProfile::builtin(model).unwrap_or_else(|| {
                     ModelProfile::builtin("qwen3-8b").unwrap_or(ModelProfile {
@@ -450,28 +467,57 @@ async fn spawn_pools(spec: &JobSpec, knobs: &Knobs, epoch: u64, cell: &ractor::A
                     cfg.weight_sync_bandwidth = g * 1e9;
                 }
                 cfg.hang_probability = *hang_probability;
-                (model, cfg.max_batch, cfg)
+                let mb = cfg.max_batch;
+                let restarts = restarts.clone();
+                let seed = spec.seed;
+                let make = move |i: usize| -> (EngineFactory, EnginePlacement) {
+                    let mut cfg = cfg.clone();
+                    cfg.seed = seed ^ ((pi as u64) << 40) ^ ((i as u64) << 20) ^ epoch;
+                    let counter = restarts.clone();
+                    let f: EngineFactory = Arc::new(move || {
+                        let mut c = cfg.clone();
+                        // A restarted engine gets a fresh RNG stream (and so does not hang again at once).
+                        c.seed = c.seed.wrapping_add(counter.load(Ordering::Relaxed).wrapping_mul(0x9e37_79b9));
+                        Box::new(SimEngine::new(c))
+                    });
+                    (f, EnginePlacement::Task)
+                };
+                (model, mb, Box::new(make))
+            }
+            BackendSpec::Builtin { model, max_batch } => {
+                let cfg = model.config();
+                let profile = ModelProfile {
+                    name: "builtin".into(),
+                    params: cfg.params() as f64,
+                    active_params: cfg.params() as f64,
+                    layers: cfg.n_layers as u32,
+                    kv_bytes_per_token: (2 * cfg.n_layers * cfg.d_model * 4) as f64,
+                    bytes_per_param: 4.0,
+                };
+                let w = initial.clone();
+                let mb = *max_batch;
+                let make = move |_i: usize| -> (EngineFactory, EnginePlacement) {
+                    let w = w.clone();
+                    let f: EngineFactory = Arc::new(move || match actors::model::engine::BuiltinEngine::new(cfg, &w, mb) {
+                        Ok(e) => Box::new(e),
+                        Err(e) => Box::new(builtin::FailedEngine(e.to_string(), Vec::new())),
+                    });
+                    (f, EnginePlacement::Thread)
+                };
+                (profile, mb, Box::new(make))
             }
         };
         let mut handles = Vec::new();
         let mut actors = Vec::new();
         for i in 0..p.count {
-            let mut cfg = factory_cfg.clone();
-            cfg.seed = spec.seed ^ ((pi as u64) << 40) ^ ((i as u64) << 20) ^ epoch;
-            let counter = restarts.clone();
-            let factory: EngineFactory = Arc::new(move || {
-                let mut c = cfg.clone();
-                // A restarted engine gets a fresh RNG stream (and so does not hang again at once).
-                c.seed = c.seed.wrapping_add(counter.load(Ordering::Relaxed).wrapping_mul(0x9e37_79b9));
-                Box::new(SimEngine::new(c))
-            });
+            let (factory, placement) = make(i);
             let (tx, rx) = tokio::sync::oneshot::channel::<ShardHandle>();
             let args = ShardArgs {
                 pool: p.name.clone(),
                 index: i,
                 device: device.clone(),
                 factory,
-                placement: EnginePlacement::Task,
+                placement,
                 frozen_after: Duration::from_secs_f64(knobs.frozen_after_s),
                 restarts: restarts.clone(),
             };

@@ -1,0 +1,171 @@
+//! The contract every generation engine and trainer honours, as generic checks run against
+//! each implementation (the roofline simulator and the built-in model).
+
+use std::sync::Arc;
+
+use super::{FinishReason, GenError, GenOutput, GenRequest, GenerationEngine, InFlightPolicy, SamplingParams};
+use crate::trainer::Trainer;
+use crate::types::{Batch, PolicyVersion};
+use crate::weights::Weights;
+
+pub fn request(id: u64, context: Vec<u32>, max_tokens: u32, seed: u64) -> GenRequest {
+    GenRequest {
+        id,
+        session: id,
+        context: Arc::new(context),
+        params: SamplingParams { temperature: 1.0, top_p: 1.0, max_tokens, stop_tokens: vec![], seed },
+        sim_response_len: Some(max_tokens),
+    }
+}
+
+/// Steps until idle; returns every finished request by id.
+pub fn drain(e: &mut dyn GenerationEngine) -> Vec<(u64, Result<GenOutput, GenError>)> {
+    let mut out = Vec::new();
+    for _ in 0..100_000 {
+        if !e.has_work() {
+            break;
+        }
+        out.extend(e.step().finished);
+    }
+    assert!(!e.has_work(), "the engine never became idle");
+    out.sort_by_key(|(id, _)| *id);
+    out
+}
+
+fn tokens_covered(o: &GenOutput) -> bool {
+    o.versions.iter().map(|s| s.tokens as usize).sum::<usize>() == o.tokens.len() && o.logprobs.len() == o.tokens.len()
+}
+
+/// Every added request finishes once, within max_tokens, with a log-probability and a version
+/// for every token; an aborted one never finishes.
+pub fn check_add_abort(e: &mut dyn GenerationEngine, ctx: Vec<u32>) {
+    for id in 0..6 {
+        e.add(request(id, ctx.clone(), 3 + id as u32, id));
+    }
+    assert!(e.abort(2));
+    assert!(!e.abort(99));
+    let out = drain(e);
+    let ids: Vec<u64> = out.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids, vec![0, 1, 3, 4, 5]);
+    for (id, r) in out {
+        let o = r.expect("generation succeeds");
+        assert!(!o.tokens.is_empty() && o.tokens.len() as u64 <= 3 + id);
+        assert!(o.logprobs.iter().all(|l| l.is_finite() && *l <= 0.0));
+        assert!(tokens_covered(&o));
+        if o.finish == FinishReason::Length {
+            assert_eq!(o.tokens.len() as u64, 3 + id);
+        }
+    }
+}
+
+/// Weights installed mid-generation: under `Abort` every token comes from the new version;
+/// under `Recompute` the tokens before the swap keep the old version.
+pub fn check_install(e: &mut dyn GenerationEngine, ctx: Vec<u32>, new: &Weights, policy: InFlightPolicy) {
+    e.add(request(7, ctx, 12, 7));
+    for _ in 0..4 {
+        e.step();
+    }
+    e.install(new.version, new, policy).expect("install");
+    let out = drain(e);
+    let o = out.into_iter().find(|(id, _)| *id == 7).expect("finished").1.expect("ok");
+    assert!(tokens_covered(&o));
+    match policy {
+        InFlightPolicy::Abort => assert!(o.versions.iter().all(|s| s.version == new.version), "{:?}", o.versions),
+        InFlightPolicy::Recompute => {
+            assert!(o.versions.len() == 2 && o.versions[1].version == new.version, "{:?}", o.versions);
+        }
+    }
+    assert_eq!(e.load().version, new.version);
+}
+
+/// A trainer turns a batch into the next version's weights and reports it.
+pub fn check_trainer(t: &mut dyn Trainer, batch: &Batch, next: PolicyVersion) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().expect("runtime");
+    let (stats, w) = rt.block_on(t.train(batch, next)).expect("train");
+    assert_eq!(stats.version, next);
+    assert_eq!(w.version, next);
+    assert_eq!(stats.trajectories as usize, batch.trajectories().count());
+    assert!(stats.loss.is_finite());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{DeviceProfile, ModelProfile};
+    use crate::generation::sim::{SimEngine, SimEngineConfig};
+    use crate::model::engine::BuiltinEngine;
+    use crate::model::tokenizer::{BOS, SEP};
+    use crate::model::transformer::{ModelConfig, Params};
+    use candle_core::{DType, Device};
+
+    fn sim() -> SimEngine {
+        SimEngine::new(SimEngineConfig::new(DeviceProfile::builtin("H20").unwrap(), ModelProfile::builtin("qwen3-8b").unwrap()))
+    }
+
+    fn builtin() -> (BuiltinEngine, Params, ModelConfig) {
+        let cfg = ModelConfig { max_seq: 64, ..ModelConfig::default() };
+        let p = Params::init(&cfg, 1, DType::F32, &Device::Cpu).unwrap();
+        (BuiltinEngine::new(cfg, &p.to_weights(0).unwrap(), 8).unwrap(), p, cfg)
+    }
+
+    fn ctx() -> Vec<u32> {
+        vec![BOS, 104, 105, SEP]
+    }
+
+    #[test]
+    fn simulator_honours_the_generation_contract() {
+        check_add_abort(&mut sim(), ctx());
+        for policy in [InFlightPolicy::Abort, InFlightPolicy::Recompute] {
+            check_install(&mut sim(), ctx(), &Weights::simulated(1, 1e9), policy);
+        }
+    }
+
+    #[test]
+    fn builtin_model_honours_the_generation_contract() {
+        check_add_abort(&mut builtin().0, ctx());
+        for policy in [InFlightPolicy::Abort, InFlightPolicy::Recompute] {
+            let (mut e, _, cfg) = builtin();
+            let w = Params::init(&cfg, 2, DType::F32, &Device::Cpu).unwrap().to_weights(1).unwrap();
+            // A long enough answer that the swap lands mid-generation (EOT may stop it early).
+            e.add(request(100, ctx(), 40, 3));
+            check_install(&mut e, ctx(), &w, policy);
+        }
+    }
+
+    fn batch() -> Batch {
+        let t = |r: f64, tok: u32| crate::types::Trajectory {
+            id: format!("t{tok}"),
+            group_id: 0,
+            task: "t".into(),
+            seed: 0,
+            start_version: 0,
+            pool: "p".into(),
+            shard: 0,
+            turns: vec![crate::types::Turn { observation_tokens: ctx(), response_tokens: vec![tok, tok], logprobs: vec![-5.0, -5.0], ..Default::default() }],
+            reward: Some(r),
+            success: r > 0.0,
+            invalid_actions: 0,
+            failure: None,
+            timings: Default::default(),
+        };
+        Batch {
+            step: 0,
+            groups: vec![crate::types::Group { id: 0, task: "t".into(), seed: 0, start_version: 0, masked: 0, trajectories: vec![t(1.0, 70), t(0.0, 71)] }],
+        }
+    }
+
+    #[test]
+    fn both_trainers_honour_the_trainer_contract() {
+        let mut s = crate::trainer::SimTrainer {
+            seconds_per_token: 1e-3,
+            gpus: 1,
+            step_overhead: std::time::Duration::ZERO,
+            modelled_weight_bytes: 1.0,
+            panic_at_step: None,
+        };
+        check_trainer(&mut s, &batch(), 1);
+        let (_, p, cfg) = builtin();
+        let mut b = crate::model::trainer::BuiltinTrainer::new(cfg, &p, Default::default()).unwrap();
+        check_trainer(&mut b, &batch(), 1);
+    }
+}

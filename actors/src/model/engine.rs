@@ -1,0 +1,314 @@
+//! The built-in generation engine: the transformer behind [`GenerationEngine`], with
+//! continuous batching (prefill of newly added sequences, then one batched decode step for
+//! every running sequence), per-request seeded sampling (temperature, top-p, max tokens, stop
+//! tokens), a prefix cache per session, and weight swaps under the abort / recompute policies.
+//! Runs on its own thread (`Placement::Thread`): its steps are real compute.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use candle_core::{DType, Device, Tensor};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use super::tokenizer::EOT;
+use super::transformer::{ModelConfig, Params, SeqCache, Transformer};
+use crate::generation::{FinishReason, GenError, GenOutput, GenRequest, GenerationEngine, InFlightPolicy, LoadReport, StepReport};
+use crate::types::{PolicyVersion, VersionSpan};
+use crate::weights::Weights;
+
+struct Seq {
+    req: GenRequest,
+    cache: SeqCache,
+    /// Context tokens not yet fed (prefill pending).
+    pending_context: usize,
+    tokens: Vec<u32>,
+    logprobs: Vec<f32>,
+    versions: Vec<VersionSpan>,
+    /// Last sampled token, to feed at the next decode step.
+    last: Option<u32>,
+    rng: SmallRng,
+    prefilled: u32,
+}
+
+/// A cached prefix kept between the turns of a session.
+struct Cached {
+    tokens: Vec<u32>,
+    cache: SeqCache,
+}
+
+/// Time spent in each phase since start.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PhaseTimes {
+    pub prefill: Duration,
+    pub decode: Duration,
+    pub prefill_tokens: u64,
+    pub decode_tokens: u64,
+}
+
+pub struct BuiltinEngine {
+    model: Transformer,
+    params: Params,
+    version: PolicyVersion,
+    waiting: VecDeque<Seq>,
+    running: Vec<Seq>,
+    sessions: HashMap<u64, Cached>,
+    max_batch: usize,
+    pub times: PhaseTimes,
+}
+
+impl BuiltinEngine {
+    pub fn new(cfg: ModelConfig, weights: &Weights, max_batch: usize) -> Result<Self, GenError> {
+        let params = Params::from_weights(&cfg, weights, &Device::Cpu).map_err(|e| GenError::Backend(e.to_string()))?;
+        Ok(Self {
+            model: Transformer::new(cfg),
+            params,
+            version: weights.version,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            sessions: HashMap::new(),
+            max_batch: max_batch.max(1),
+            times: PhaseTimes::default(),
+        })
+    }
+
+    /// Samples from `logits` [V] with the request's temperature and top-p; returns the token
+    /// and its log-probability under the (temperature-scaled) distribution.
+    fn sample(logits: &[f32], temperature: f32, top_p: f32, rng: &mut SmallRng) -> (u32, f32) {
+        let t = if temperature > 0.0 { temperature } else { 1.0 };
+        let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let scaled: Vec<f64> = logits.iter().map(|&l| ((l - max) / t) as f64).collect();
+        let z: f64 = scaled.iter().map(|s| s.exp()).sum();
+        let logz = z.ln();
+        if temperature <= 0.0 {
+            let best = (0..logits.len()).fold(0, |b, i| if logits[i] > logits[b] { i } else { b });
+            return (best as u32, (scaled[best] - logz) as f32);
+        }
+        let probs: Vec<f64> = scaled.iter().map(|s| (s - logz).exp()).collect();
+        let mut order: Vec<usize> = (0..probs.len()).collect();
+        let mut nucleus = probs.len();
+        if top_p < 1.0 {
+            order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
+            let mut acc = 0.0;
+            for (k, &i) in order.iter().enumerate() {
+                acc += probs[i];
+                if acc >= top_p as f64 {
+                    nucleus = k + 1;
+                    break;
+                }
+            }
+        }
+        let mass: f64 = order[..nucleus].iter().map(|&i| probs[i]).sum();
+        let mut u = rng.random::<f64>() * mass;
+        let mut pick = order[nucleus - 1];
+        for &i in &order[..nucleus] {
+            u -= probs[i];
+            if u <= 0.0 {
+                pick = i;
+                break;
+            }
+        }
+        (pick as u32, (scaled[pick] - logz) as f32)
+    }
+
+    fn done(&self, s: &Seq) -> Option<FinishReason> {
+        let last = s.tokens.last()?;
+        if *last == EOT || s.req.params.stop_tokens.contains(last) {
+            return Some(FinishReason::Stop);
+        }
+        let at_limit = s.tokens.len() as u32 >= s.req.params.max_tokens || s.cache.len() + 1 >= self.model.cfg.max_seq;
+        at_limit.then_some(FinishReason::Length)
+    }
+}
+
+impl GenerationEngine for BuiltinEngine {
+    fn add(&mut self, req: GenRequest) {
+        let mut cache = SeqCache::new(&self.model.cfg);
+        let mut pending = req.context.len();
+        // Prefix cache: the session's previous context, if the new one extends it.
+        if let Some(c) = self.sessions.remove(&req.session)
+            && req.context.len() > c.tokens.len()
+            && req.context[..c.tokens.len()] == c.tokens[..]
+        {
+            pending = req.context.len() - c.tokens.len();
+            cache = c.cache;
+        }
+        let rng = SmallRng::seed_from_u64(req.params.seed);
+        self.waiting.push_back(Seq {
+            req,
+            cache,
+            pending_context: pending,
+            tokens: Vec::new(),
+            logprobs: Vec::new(),
+            versions: Vec::new(),
+            last: None,
+            rng,
+            prefilled: 0,
+        });
+    }
+
+    fn abort(&mut self, id: u64) -> bool {
+        let before = self.waiting.len() + self.running.len();
+        self.waiting.retain(|s| s.req.id != id);
+        self.running.retain(|s| s.req.id != id);
+        before != self.waiting.len() + self.running.len()
+    }
+
+    fn release(&mut self, session: u64) {
+        self.sessions.remove(&session);
+    }
+
+    fn install(&mut self, version: PolicyVersion, weights: &Weights, policy: InFlightPolicy) -> Result<Duration, GenError> {
+        self.params = Params::from_weights(&self.model.cfg, weights, &Device::Cpu).map_err(|e| GenError::Backend(e.to_string()))?;
+        self.version = version;
+        // KV computed under the old weights is stale.
+        self.sessions.clear();
+        for s in self.running.iter_mut().chain(self.waiting.iter_mut()) {
+            s.cache.reset();
+            s.last = None;
+            match policy {
+                InFlightPolicy::Abort => {
+                    s.tokens.clear();
+                    s.logprobs.clear();
+                    s.versions.clear();
+                    s.pending_context = s.req.context.len();
+                }
+                // Keep the tokens; their KV is rebuilt by prefilling context + tokens.
+                InFlightPolicy::Recompute => s.pending_context = s.req.context.len() + s.tokens.len(),
+            }
+        }
+        Ok(Duration::ZERO)
+    }
+
+    fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
+    }
+
+    #[allow(clippy::disallowed_methods)] // real compute: phase times are wall time
+    fn step(&mut self) -> StepReport {
+        let mut report = StepReport::default();
+        while self.running.len() < self.max_batch {
+            let Some(s) = self.waiting.pop_front() else { break };
+            if s.req.context.is_empty() || s.req.context.len() >= self.model.cfg.max_seq {
+                let len = s.req.context.len();
+                report.finished.push((s.req.id, Err(GenError::ContextTooLong { len, limit: self.model.cfg.max_seq - 1 })));
+                continue;
+            }
+            self.running.push(s);
+        }
+        // Prefill: feed pending context, sample the first (next) token.
+        let t0 = std::time::Instant::now();
+        let mut failed = Vec::new();
+        for i in 0..self.running.len() {
+            if self.running[i].pending_context == 0 {
+                continue;
+            }
+            let s = &mut self.running[i];
+            let mut full: Vec<u32> = s.req.context.to_vec();
+            full.extend_from_slice(&s.tokens);
+            let start = full.len() - s.pending_context;
+            let feed = &full[start..];
+            match self.model.prefill(&self.params, feed, &mut s.cache).and_then(|l| l.to_dtype(DType::F32)?.to_vec1::<f32>()) {
+                Ok(logits) => {
+                    report.prefill_tokens += feed.len() as u64;
+                    s.prefilled += feed.len() as u32;
+                    s.pending_context = 0;
+                    let (temp, top_p) = (s.req.params.temperature, s.req.params.top_p);
+                    let (tok, lp) = Self::sample(&logits, temp, top_p, &mut s.rng);
+                    push_token(s, self.version, tok, lp);
+                }
+                Err(e) => failed.push((i, e.to_string())),
+            }
+        }
+        self.times.prefill += t0.elapsed();
+        self.times.prefill_tokens += report.prefill_tokens;
+        // Decode: one token for every sequence that has a sampled token to feed and is not done.
+        let t1 = std::time::Instant::now();
+        let ready: Vec<usize> = (0..self.running.len())
+            .filter(|&i| self.running[i].last.is_some() && self.done(&self.running[i]).is_none() && !failed.iter().any(|f| f.0 == i))
+            .collect();
+        if !ready.is_empty() {
+            let toks: Vec<u32> = ready.iter().map(|&i| self.running[i].last.unwrap_or(EOT)).collect();
+            // Take the ready sequences' caches out for the batched step, then put them back.
+            let mut taken: Vec<SeqCache> = ready.iter().map(|&i| std::mem::replace(&mut self.running[i].cache, SeqCache::empty())).collect();
+            let mut caches: Vec<&mut SeqCache> = taken.iter_mut().collect();
+            let out = self.model.decode(&self.params, &toks, &mut caches).and_then(|l| l.to_dtype(DType::F32)?.to_vec2::<f32>());
+            for (&i, c) in ready.iter().zip(taken) {
+                self.running[i].cache = c;
+            }
+            match out {
+                Ok(rows) => {
+                    report.decode_tokens += ready.len() as u64;
+                    for (k, &i) in ready.iter().enumerate() {
+                        let version = self.version;
+                        let s = &mut self.running[i];
+                        let (tok, lp) = Self::sample(&rows[k], s.req.params.temperature, s.req.params.top_p, &mut s.rng);
+                        push_token(s, version, tok, lp);
+                    }
+                }
+                Err(e) => failed.extend(ready.iter().map(|&i| (i, e.to_string()))),
+            }
+        }
+        self.times.decode += t1.elapsed();
+        self.times.decode_tokens += report.decode_tokens;
+        // Retire finished and failed sequences; keep finished contexts for the session.
+        let mut i = 0;
+        let mut idx = 0;
+        while i < self.running.len() {
+            let fail = failed.iter().find(|f| f.0 == idx).map(|f| f.1.clone());
+            let finish = self.done(&self.running[i]);
+            if fail.is_some() || finish.is_some() {
+                let s = self.running.remove(i);
+                match fail {
+                    Some(msg) => report.finished.push((s.req.id, Err(GenError::Backend(msg)))),
+                    None => {
+                        let finish = finish.unwrap_or(FinishReason::Length);
+                        // The cache holds the context and every token but the last sampled one.
+                        let mut held: Vec<u32> = s.req.context.to_vec();
+                        held.extend_from_slice(&s.tokens[..s.tokens.len().saturating_sub(1)]);
+                        if held.len() == s.cache.len() {
+                            self.sessions.insert(s.req.session, Cached { tokens: held, cache: s.cache });
+                        }
+                        report.finished.push((
+                            s.req.id,
+                            Ok(GenOutput { tokens: s.tokens, logprobs: s.logprobs, versions: s.versions, finish, prefill_tokens: s.prefilled }),
+                        ));
+                    }
+                }
+            } else {
+                i += 1;
+            }
+            idx += 1;
+        }
+        report
+    }
+
+    fn load(&self) -> LoadReport {
+        LoadReport {
+            running: self.running.len(),
+            waiting: self.waiting.len(),
+            kv_tokens: self.running.iter().map(|s| s.cache.len() as u64).sum(),
+            kv_capacity_tokens: (self.max_batch * self.model.cfg.max_seq) as u64,
+            version: self.version,
+            prefill_tokens: self.times.prefill_tokens,
+            decode_tokens: self.times.decode_tokens,
+            ..LoadReport::default()
+        }
+    }
+}
+
+fn push_token(s: &mut Seq, version: PolicyVersion, tok: u32, lp: f32) {
+    s.tokens.push(tok);
+    s.logprobs.push(lp);
+    match s.versions.last_mut() {
+        Some(span) if span.version == version => span.tokens += 1,
+        _ => s.versions.push(VersionSpan { version, tokens: 1 }),
+    }
+    s.last = Some(tok);
+}
+
+/// Convenience for tests and benchmarks: logits [V] of one full context (no cache reuse).
+pub fn context_logits(model: &Transformer, params: &Params, context: &[u32]) -> candle_core::Result<Tensor> {
+    let mut c = SeqCache::new(&model.cfg);
+    model.prefill(params, context, &mut c)
+}
