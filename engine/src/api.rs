@@ -372,6 +372,10 @@ async fn cluster(State(s): State<Arc<Service>>) -> Result<Json<Cluster>, ApiErro
                     task: t.domain.clone(),
                     kind: match t.env {
                         spec::EnvSpec::Sim { .. } => "sim".into(),
+                        spec::EnvSpec::Frozenlake { .. } => "frozenlake".into(),
+                        spec::EnvSpec::Sokoban { .. } => "sokoban".into(),
+                        spec::EnvSpec::Arithmetic { .. } => "arithmetic".into(),
+                        spec::EnvSpec::Tictactoe { .. } => "tictactoe".into(),
                     },
                     envs: Some(t.envs.unwrap_or(knobs.max_concurrent_episodes)),
                 })

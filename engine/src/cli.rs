@@ -259,3 +259,149 @@ seconds_per_token = 0.0
     println!("  memory per in-flight trajectory ≈ {:.1} KiB (RSS growth / peak episodes)", (rss1.saturating_sub(rss0)) as f64 / peak as f64);
     Ok(())
 }
+
+/// Measured peak of this machine: dense f32 matmul FLOP/s (candle, all cores) and memory
+/// copy bandwidth. The roofline the built-in model is reported against.
+fn machine_roofline() -> anyhow::Result<(f64, f64)> {
+    use candle_core::{Device, Tensor};
+    let n = 1024;
+    let a = Tensor::randn(0f32, 1.0, (n, n), &Device::Cpu)?;
+    let b = Tensor::randn(0f32, 1.0, (n, n), &Device::Cpu)?;
+    let _ = a.matmul(&b)?;
+    let t = wall_now();
+    let reps = 5;
+    for _ in 0..reps {
+        let _ = a.matmul(&b)?;
+    }
+    let flops = 2.0 * (n * n * n) as f64 * reps as f64 / t.elapsed().as_secs_f64();
+    let src = vec![1u8; 256 << 20];
+    let mut dst = vec![0u8; 256 << 20];
+    let t = wall_now();
+    for _ in 0..4 {
+        dst.copy_from_slice(&src);
+    }
+    // A copy reads and writes every byte.
+    let bw = 2.0 * 4.0 * src.len() as f64 / t.elapsed().as_secs_f64();
+    std::hint::black_box(&dst);
+    Ok((flops, bw))
+}
+
+/// The built-in model's benchmark: prefill and decode throughput, decode scaling with the
+/// number of concurrent sequences, trainer throughput, peak memory, against the roofline.
+pub fn bench_model() -> anyhow::Result<()> {
+    use actors::generation::{GenRequest, GenerationEngine, SamplingParams};
+    use actors::model::engine::BuiltinEngine;
+    use actors::model::tokenizer::{BOS, SEP};
+    use actors::model::trainer::{BuiltinTrainer, TrainerConfig};
+    use actors::model::transformer::{ModelConfig, Params};
+    use candle_core::{DType, Device};
+    use std::sync::Arc;
+
+    let cfg = ModelConfig::default();
+    let init = Params::init(&cfg, 1, DType::F32, &Device::Cpu)?;
+    let w = init.to_weights(0)?;
+    let (peak_flops, peak_bw) = machine_roofline()?;
+    let d = cfg.d_model as f64;
+    let dense = (cfg.params() - cfg.vocab * cfg.d_model - cfg.max_seq * cfg.d_model) as f64;
+    println!(
+        "built-in model: d_model {} layers {} heads {} d_ff {} max_seq {} — {} parameters ({:.1} MiB f32)",
+        cfg.d_model,
+        cfg.n_layers,
+        cfg.n_heads,
+        cfg.d_ff,
+        cfg.max_seq,
+        cfg.params(),
+        cfg.params() as f64 * 4.0 / 1048576.0
+    );
+    println!("machine roofline (measured): {:.1} GFLOP/s f32 matmul, {:.1} GB/s memory copy", peak_flops / 1e9, peak_bw / 1e9);
+    let req = |id: u64, ctx_len: usize, max_tokens: u32| GenRequest {
+        id,
+        session: id,
+        context: Arc::new(
+            std::iter::once(BOS).chain((0..ctx_len.saturating_sub(2)).map(|i| 97 + (i as u32 + id as u32) % 26)).chain(std::iter::once(SEP)).collect(),
+        ),
+        params: SamplingParams { temperature: 1.0, top_p: 1.0, max_tokens, stop_tokens: vec![], seed: id },
+        sim_response_len: None,
+    };
+    // Prefill: 32 sequences of 256 tokens, one new token each (so decode is negligible).
+    let mut e = BuiltinEngine::new(cfg, &w, 32)?;
+    for i in 0..32 {
+        e.add(req(i, 256, 1));
+    }
+    while e.has_work() {
+        e.step();
+    }
+    let pf_tok_s = e.times.prefill_tokens as f64 / e.times.prefill.as_secs_f64();
+    // FLOPs per prefilled token: 2 × dense params + attention (≈ 2 × 2 × context × d per layer).
+    let pf_flops = pf_tok_s * (2.0 * dense + 4.0 * 128.0 * d * cfg.n_layers as f64);
+    println!("prefill: {:.0} tokens/s = {:.2} GFLOP/s ({:.1}% of the matmul peak)", pf_tok_s, pf_flops / 1e9, 100.0 * pf_flops / peak_flops);
+    println!("decode throughput by concurrent sequences (context 32, 64 new tokens each):");
+    for c in [1usize, 8, 32, 128] {
+        let mut e = BuiltinEngine::new(cfg, &w, c)?;
+        for i in 0..c as u64 {
+            e.add(req(i, 32, 64));
+        }
+        while e.has_work() {
+            e.step();
+        }
+        let tok_s = e.times.decode_tokens as f64 / e.times.decode.as_secs_f64().max(1e-9);
+        // Bytes per decode step: all weights once, plus each sequence's KV (≈ 64 tokens avg).
+        let step_bytes = cfg.params() as f64 * 4.0 + c as f64 * 64.0 * 2.0 * d * cfg.n_layers as f64 * 4.0;
+        let steps_s = tok_s / c as f64;
+        println!(
+            "  {c:4} sequences: {tok_s:9.0} tokens/s  ({:.2} GB/s of weights+KV = {:.1}% of copy bandwidth)",
+            steps_s * step_bytes / 1e9,
+            100.0 * steps_s * step_bytes / peak_bw
+        );
+    }
+    // Trainer: 64 sequences of 128 tokens (64 generated).
+    let mut tr = BuiltinTrainer::new(cfg, &init, TrainerConfig::default())?;
+    let traj = |k: u64| actors::types::Trajectory {
+        id: format!("b{k}"),
+        group_id: k / 8,
+        task: "bench".into(),
+        seed: k,
+        start_version: 0,
+        pool: "cpu".into(),
+        shard: 0,
+        turns: vec![actors::types::Turn {
+            observation_tokens: (0..64).map(|i| 97 + ((i + k) % 26) as u32).collect(),
+            response_tokens: (0..64).map(|i| 97 + ((i * 7 + k) % 26) as u32).collect(),
+            logprobs: vec![-5.5; 64],
+            ..Default::default()
+        }],
+        reward: Some((k % 3) as f64),
+        success: false,
+        invalid_actions: 0,
+        failure: None,
+        timings: Default::default(),
+    };
+    let groups = (0..8u64)
+        .map(|g| actors::types::Group {
+            id: g,
+            task: "bench".into(),
+            seed: g,
+            start_version: 0,
+            masked: 0,
+            trajectories: (0..8).map(|i| traj(g * 8 + i)).collect(),
+        })
+        .collect();
+    let batch = actors::types::Batch { step: 0, groups };
+    tr.step(&batch)?;
+    let t = wall_now();
+    let steps = 3;
+    for _ in 0..steps {
+        tr.step(&batch)?;
+    }
+    let per = t.elapsed().as_secs_f64() / steps as f64;
+    let tokens = 64.0 * 128.0;
+    println!(
+        "trainer: {:.3} s per step of 64 × 128 tokens = {:.0} tokens/s (forward + backward + AdamW ≈ {:.2} GFLOP/s, {:.1}% of peak)",
+        per,
+        tokens / per,
+        6.0 * dense * tokens / per / 1e9,
+        100.0 * 6.0 * dense * tokens / per / peak_flops
+    );
+    println!("peak RSS: {:.1} MiB", peak_rss_kib() as f64 / 1024.0);
+    Ok(())
+}

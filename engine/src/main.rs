@@ -59,10 +59,13 @@ enum Cmd {
     },
     /// List GPUs with the profile the mapper would use.
     Devices,
-    /// Scheduler-overhead benchmark (zero-latency simulated backends).
+    /// Benchmarks: scheduler overhead (zero-latency simulated backends) and the built-in model.
     Bench {
         #[arg(long, default_value_t = 10_000)]
         episodes: usize,
+        /// scheduler, model or all.
+        #[arg(long, default_value = "all")]
+        what: String,
     },
 }
 
@@ -192,8 +195,16 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             }
             Ok(std::process::ExitCode::SUCCESS)
         }
-        Cmd::Bench { episodes } => {
-            engine::cli::bench(episodes)?;
+        Cmd::Bench { episodes, what } => {
+            if what == "scheduler" || what == "all" {
+                engine::cli::bench(episodes)?;
+            }
+            if what == "model" || what == "all" {
+                engine::cli::bench_model()?;
+            }
+            if !["scheduler", "model", "all"].contains(&what.as_str()) {
+                anyhow::bail!("unknown benchmark {what:?}: scheduler, model or all");
+            }
             Ok(std::process::ExitCode::SUCCESS)
         }
     }

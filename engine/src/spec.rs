@@ -155,10 +155,71 @@ pub enum EnvSpec {
         #[serde(default)]
         hang_probability: f64,
     },
+    /// FrozenLake (4×4 or 8×8, slippery or not); actions `left|down|right|up`.
+    Frozenlake {
+        #[serde(default = "d_four")]
+        size: usize,
+        #[serde(default)]
+        slippery: bool,
+        #[serde(default)]
+        random_map: bool,
+        #[serde(default = "d_penalty")]
+        invalid_penalty: f64,
+        #[serde(default)]
+        end_on_invalid: bool,
+    },
+    /// Sokoban in generated rooms with 1–2 boxes; actions `left|down|right|up`.
+    Sokoban {
+        #[serde(default = "d_six")]
+        size: usize,
+        #[serde(default = "d_one")]
+        boxes: usize,
+        #[serde(default = "d_twelve")]
+        scramble: usize,
+        #[serde(default = "d_penalty")]
+        invalid_penalty: f64,
+        #[serde(default)]
+        end_on_invalid: bool,
+    },
+    /// One arithmetic question per episode; the answer is a number.
+    Arithmetic {
+        #[serde(default = "d_nine")]
+        max_operand: i64,
+        /// Operators to draw from, e.g. "+-*".
+        #[serde(default = "d_plus")]
+        ops: String,
+    },
+    /// Tic-tac-toe against a fixed-strategy opponent; the action is a cell 1–9.
+    Tictactoe {
+        #[serde(default)]
+        opponent_first: bool,
+        #[serde(default = "d_penalty")]
+        invalid_penalty: f64,
+        #[serde(default)]
+        end_on_invalid: bool,
+    },
 }
 
 fn d_half() -> f64 {
     0.5
+}
+fn d_four() -> usize {
+    4
+}
+fn d_six() -> usize {
+    6
+}
+fn d_twelve() -> usize {
+    12
+}
+fn d_nine() -> i64 {
+    9
+}
+fn d_plus() -> String {
+    "+".into()
+}
+fn d_penalty() -> f64 {
+    -0.1
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -696,6 +757,41 @@ pub fn validate(spec: &JobSpec) -> Vec<FieldError> {
                     if !(0.0..=1.0).contains(v) {
                         err(format!("{p}.env.{name}"), format!("must be a probability in [0, 1], got {v}"));
                     }
+                }
+            }
+            EnvSpec::Frozenlake { size, invalid_penalty, .. } => {
+                if *size != 4 && *size != 8 {
+                    err(format!("{p}.env.size"), format!("must be 4 or 8, got {size}"));
+                }
+                if !invalid_penalty.is_finite() {
+                    err(format!("{p}.env.invalid_penalty"), "must be a finite number".into());
+                }
+            }
+            EnvSpec::Sokoban { size, boxes, scramble, invalid_penalty, .. } => {
+                if !(5..=10).contains(size) {
+                    err(format!("{p}.env.size"), format!("must be in 5..=10, got {size}"));
+                }
+                if !(1..=2).contains(boxes) {
+                    err(format!("{p}.env.boxes"), format!("must be 1 or 2, got {boxes}"));
+                }
+                if *scramble == 0 || *scramble > 1000 {
+                    err(format!("{p}.env.scramble"), format!("must be in 1..=1000, got {scramble}"));
+                }
+                if !invalid_penalty.is_finite() {
+                    err(format!("{p}.env.invalid_penalty"), "must be a finite number".into());
+                }
+            }
+            EnvSpec::Arithmetic { max_operand, ops } => {
+                if !(1..=1_000_000).contains(max_operand) {
+                    err(format!("{p}.env.max_operand"), format!("must be in 1..=1000000, got {max_operand}"));
+                }
+                if ops.is_empty() || !ops.chars().all(|c| "+-*".contains(c)) {
+                    err(format!("{p}.env.ops"), format!("must be a non-empty string of + - *, got {ops:?}"));
+                }
+            }
+            EnvSpec::Tictactoe { invalid_penalty, .. } => {
+                if !invalid_penalty.is_finite() {
+                    err(format!("{p}.env.invalid_penalty"), "must be a finite number".into());
                 }
             }
         }

@@ -2,6 +2,7 @@
 //! over the protocol, simulated latency models), the environment actor that owns one, and the
 //! pool episodes lease them from.
 
+pub mod builtin;
 pub mod sim;
 
 use std::sync::Arc;

@@ -15,6 +15,11 @@ use std::time::Duration;
 
 use actors::buffer::{BufferArgs, BufferMsg, BufferStats, SampleBuffer, TrajectorySink};
 use actors::device::{DeviceProfile, Efficiency, ModelProfile};
+use actors::env::builtin::InvalidAction;
+use actors::env::builtin::arithmetic::{Arithmetic, ArithmeticConfig};
+use actors::env::builtin::frozenlake::{FrozenLake, FrozenLakeConfig};
+use actors::env::builtin::sokoban::{Sokoban, SokobanConfig};
+use actors::env::builtin::tictactoe::{TicTacToe, TicTacToeConfig};
 use actors::env::sim::{SimEnv, SimEnvConfig};
 use actors::env::{EnvFactory, EnvPool};
 use actors::generation::shard::{EngineFactory, ShardActor, ShardArgs, ShardHandle, ShardMsg};
@@ -427,7 +432,16 @@ async fn run_inner(
 
 /// Prior per-trajectory token estimates for the cost model, from the task's environment.
 fn prior_tokens(t: &crate::spec::TaskSpec) -> (f64, f64) {
+    // Built-in games: byte-level observations of the board each turn, short answers.
+    let game = |turns: f64, obs: f64, resp: f64| {
+        let turns = turns.min(t.max_turns as f64);
+        (turns * obs, turns * resp.min(t.max_tokens_per_turn as f64))
+    };
     match &t.env {
+        EnvSpec::Frozenlake { size, .. } => game(2.0 * *size as f64, (*size * *size * 2) as f64, 6.0),
+        EnvSpec::Sokoban { size, .. } => game(10.0, (*size * (*size + 1)) as f64, 6.0),
+        EnvSpec::Arithmetic { .. } => game(1.0, 8.0, 4.0),
+        EnvSpec::Tictactoe { .. } => game(4.0, 20.0, 2.0),
         EnvSpec::Sim { turns, observation_tokens, response_tokens, .. } => {
             let turns = turns.as_ref().map_or(1.0, |d| d.mean()).min(t.max_turns as f64).max(1.0);
             let obs = observation_tokens.as_ref().map_or(64.0, |d| d.mean());
@@ -581,6 +595,33 @@ async fn build_tasks(spec: &JobSpec, knobs: &Knobs, cell: &ractor::ActorCell) ->
                 };
                 let base = spec.seed ^ ((ti as u64) << 32);
                 Arc::new(move |i| Box::new(SimEnv::new(cfg.clone(), base ^ i.wrapping_mul(0x9e37_79b9_7f4a_7c15))))
+            }
+            EnvSpec::Frozenlake { size, slippery, random_map, invalid_penalty, end_on_invalid } => {
+                let cfg = FrozenLakeConfig {
+                    size: *size,
+                    slippery: *slippery,
+                    random_map: *random_map,
+                    invalid: InvalidAction { penalty: *invalid_penalty, end_episode: *end_on_invalid },
+                };
+                Arc::new(move |_| Box::new(FrozenLake::new(cfg.clone())))
+            }
+            EnvSpec::Sokoban { size, boxes, scramble, invalid_penalty, end_on_invalid } => {
+                let cfg = SokobanConfig {
+                    size: *size,
+                    boxes: *boxes,
+                    scramble: *scramble,
+                    invalid: InvalidAction { penalty: *invalid_penalty, end_episode: *end_on_invalid },
+                };
+                Arc::new(move |_| Box::new(Sokoban::new(cfg.clone())))
+            }
+            EnvSpec::Arithmetic { max_operand, ops } => {
+                let cfg = ArithmeticConfig { max_operand: *max_operand, ops: ops.chars().collect() };
+                Arc::new(move |_| Box::new(Arithmetic::new(cfg.clone())))
+            }
+            EnvSpec::Tictactoe { opponent_first, invalid_penalty, end_on_invalid } => {
+                let cfg =
+                    TicTacToeConfig { opponent_first: *opponent_first, invalid: InvalidAction { penalty: *invalid_penalty, end_episode: *end_on_invalid } };
+                Arc::new(move |_| Box::new(TicTacToe::new(cfg.clone())))
             }
         };
         let size = t.envs.unwrap_or(knobs.max_concurrent_episodes).max(1);
