@@ -7,10 +7,17 @@ export CARGO_TERM_COLOR := never
 
 .PHONY: run test bench lint fmt-check clippy ci build cuda-check setup sim
 
-## Installs what the project needs (idempotent): the pinned toolchain's components.
+GYMNASIUM_VERSION := 1.0.0
+
+## Installs what the project needs (idempotent): the pinned toolchain's components,
+## cargo-nextest, gymnasium (for the bridge and its tests) and bubblewrap (the sandbox).
 setup:
 	@rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
 	@command -v cargo-nextest >/dev/null || $(CARGO) install cargo-nextest --locked
+	@python3 -c "import gymnasium, sys; sys.exit(gymnasium.__version__ != '$(GYMNASIUM_VERSION)')" 2>/dev/null || \
+		python3 -m pip install --quiet --disable-pip-version-check "gymnasium==$(GYMNASIUM_VERSION)"
+	@command -v bwrap >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; } || \
+		echo "warning: bubblewrap could not be installed; external environments need sandbox = \"none\""
 
 build: setup
 	$(CARGO) build --workspace

@@ -376,6 +376,7 @@ async fn cluster(State(s): State<Arc<Service>>) -> Result<Json<Cluster>, ApiErro
                         spec::EnvSpec::Sokoban { .. } => "sokoban".into(),
                         spec::EnvSpec::Arithmetic { .. } => "arithmetic".into(),
                         spec::EnvSpec::Tictactoe { .. } => "tictactoe".into(),
+                        spec::EnvSpec::External { .. } => "external".into(),
                     },
                     envs: Some(t.envs.unwrap_or(knobs.max_concurrent_episodes)),
                 })

@@ -7,6 +7,7 @@
 
 pub mod api;
 pub mod cli;
+pub mod envs;
 pub mod job;
 pub mod server;
 pub mod service;

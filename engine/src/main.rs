@@ -57,6 +57,9 @@ enum Cmd {
         #[arg(long, value_delimiter = ',')]
         compare: Vec<String>,
     },
+    /// Serve a built-in environment over the environment protocol on stdin/stdout, e.g.
+    /// `rollarc env-serve '{"kind":"frozenlake","size":4}'`.
+    EnvServe { spec: String },
     /// List GPUs with the profile the mapper would use.
     Devices,
     /// Benchmarks: scheduler overhead (zero-latency simulated backends) and the built-in model.
@@ -164,6 +167,13 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
         Cmd::Sim { file, preset, compare } => {
             let spec = read_spec(&file)?;
             engine::cli::sim(spec, preset.as_deref(), &compare)?;
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        Cmd::EnvServe { spec } => {
+            let env: engine::spec::EnvSpec = serde_json::from_str(&spec).context("the environment spec is not valid JSON for an env table")?;
+            let Some(mut env) = engine::envs::builtin(&env) else { bail!("only built-in games can be served (frozenlake, sokoban, arithmetic, tictactoe)") };
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            rt.block_on(actors::env::protocol::serve(env.as_mut(), tokio::io::BufReader::new(tokio::io::stdin()), tokio::io::stdout()))?;
             Ok(std::process::ExitCode::SUCCESS)
         }
         Cmd::Devices => {

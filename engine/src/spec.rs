@@ -189,6 +189,20 @@ pub enum EnvSpec {
         #[serde(default = "d_plus")]
         ops: String,
     },
+    /// Any program speaking the environment protocol (NDJSON over stdio).
+    External {
+        /// Program and arguments, e.g. `["python3", "envs/gymnasium_bridge.py", "FrozenLake-v1"]`.
+        command: Vec<String>,
+        /// `bwrap` (default: namespaces, read-only system, rlimits) or `none` (opt out).
+        #[serde(default)]
+        sandbox: SandboxMode,
+        /// Host paths made visible read-only inside the sandbox (e.g. an interpreter's install
+        /// under a hidden home).
+        #[serde(default)]
+        readable_paths: Vec<String>,
+        #[serde(default = "d_max_msg")]
+        max_message_bytes: usize,
+    },
     /// Tic-tac-toe against a fixed-strategy opponent; the action is a cell 1–9.
     Tictactoe {
         #[serde(default)]
@@ -202,6 +216,18 @@ pub enum EnvSpec {
 
 fn d_half() -> f64 {
     0.5
+}
+fn d_max_msg() -> usize {
+    actors::env::protocol::MAX_MESSAGE_BYTES
+}
+
+/// Isolation of external environment programs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxMode {
+    #[default]
+    Bwrap,
+    None,
 }
 fn d_four() -> usize {
     4
@@ -787,6 +813,14 @@ pub fn validate(spec: &JobSpec) -> Vec<FieldError> {
                 }
                 if ops.is_empty() || !ops.chars().all(|c| "+-*".contains(c)) {
                     err(format!("{p}.env.ops"), format!("must be a non-empty string of + - *, got {ops:?}"));
+                }
+            }
+            EnvSpec::External { command, max_message_bytes, .. } => {
+                if command.is_empty() || command[0].trim().is_empty() {
+                    err(format!("{p}.env.command"), "name the program to run".into());
+                }
+                if !(64..=64 << 20).contains(max_message_bytes) {
+                    err(format!("{p}.env.max_message_bytes"), format!("must be in 64..=67108864, got {max_message_bytes}"));
                 }
             }
             EnvSpec::Tictactoe { invalid_penalty, .. } => {

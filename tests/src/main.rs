@@ -2,5 +2,6 @@
 
 mod api;
 mod builtin;
+mod envs;
 mod persistence;
 mod scheduler;

@@ -3,6 +3,8 @@
 //! pool episodes lease them from.
 
 pub mod builtin;
+pub mod external;
+pub mod protocol;
 pub mod sim;
 
 use std::sync::Arc;

@@ -15,12 +15,6 @@ use std::time::Duration;
 
 use actors::buffer::{BufferArgs, BufferMsg, BufferStats, SampleBuffer, TrajectorySink};
 use actors::device::{DeviceProfile, Efficiency, ModelProfile};
-use actors::env::builtin::InvalidAction;
-use actors::env::builtin::arithmetic::{Arithmetic, ArithmeticConfig};
-use actors::env::builtin::frozenlake::{FrozenLake, FrozenLakeConfig};
-use actors::env::builtin::sokoban::{Sokoban, SokobanConfig};
-use actors::env::builtin::tictactoe::{TicTacToe, TicTacToeConfig};
-use actors::env::sim::{SimEnv, SimEnvConfig};
 use actors::env::{EnvFactory, EnvPool};
 use actors::generation::shard::{EngineFactory, ShardActor, ShardArgs, ShardHandle, ShardMsg};
 use actors::generation::sim::{SimEngine, SimEngineConfig};
@@ -442,6 +436,7 @@ fn prior_tokens(t: &crate::spec::TaskSpec) -> (f64, f64) {
         EnvSpec::Sokoban { size, .. } => game(10.0, (*size * (*size + 1)) as f64, 6.0),
         EnvSpec::Arithmetic { .. } => game(1.0, 8.0, 4.0),
         EnvSpec::Tictactoe { .. } => game(4.0, 20.0, 2.0),
+        EnvSpec::External { .. } => game(8.0, 64.0, 8.0),
         EnvSpec::Sim { turns, observation_tokens, response_tokens, .. } => {
             let turns = turns.as_ref().map_or(1.0, |d| d.mean()).min(t.max_turns as f64).max(1.0);
             let obs = observation_tokens.as_ref().map_or(64.0, |d| d.mean());
@@ -571,59 +566,10 @@ async fn build_tasks(spec: &JobSpec, knobs: &Knobs, cell: &ractor::ActorCell) ->
     }
     let mut out = Vec::new();
     for (ti, t) in spec.tasks.iter().enumerate() {
-        let factory: EnvFactory = match &t.env {
-            EnvSpec::Sim {
-                reset_latency_s,
-                step_latency_s,
-                turns,
-                observation_tokens,
-                response_tokens,
-                success_rate,
-                failure_probability,
-                hang_probability,
-            } => {
-                let d = SimEnvConfig::default();
-                let cfg = SimEnvConfig {
-                    reset_latency: reset_latency_s.clone().unwrap_or(d.reset_latency),
-                    step_latency: step_latency_s.clone().unwrap_or(d.step_latency),
-                    turns: turns.clone().unwrap_or(d.turns),
-                    observation_tokens: observation_tokens.clone().unwrap_or(d.observation_tokens),
-                    response_tokens: response_tokens.clone().unwrap_or(d.response_tokens),
-                    success_rate: *success_rate,
-                    failure_probability: *failure_probability,
-                    hang_probability: *hang_probability,
-                };
-                let base = spec.seed ^ ((ti as u64) << 32);
-                Arc::new(move |i| Box::new(SimEnv::new(cfg.clone(), base ^ i.wrapping_mul(0x9e37_79b9_7f4a_7c15))))
-            }
-            EnvSpec::Frozenlake { size, slippery, random_map, invalid_penalty, end_on_invalid } => {
-                let cfg = FrozenLakeConfig {
-                    size: *size,
-                    slippery: *slippery,
-                    random_map: *random_map,
-                    invalid: InvalidAction { penalty: *invalid_penalty, end_episode: *end_on_invalid },
-                };
-                Arc::new(move |_| Box::new(FrozenLake::new(cfg.clone())))
-            }
-            EnvSpec::Sokoban { size, boxes, scramble, invalid_penalty, end_on_invalid } => {
-                let cfg = SokobanConfig {
-                    size: *size,
-                    boxes: *boxes,
-                    scramble: *scramble,
-                    invalid: InvalidAction { penalty: *invalid_penalty, end_episode: *end_on_invalid },
-                };
-                Arc::new(move |_| Box::new(Sokoban::new(cfg.clone())))
-            }
-            EnvSpec::Arithmetic { max_operand, ops } => {
-                let cfg = ArithmeticConfig { max_operand: *max_operand, ops: ops.chars().collect() };
-                Arc::new(move |_| Box::new(Arithmetic::new(cfg.clone())))
-            }
-            EnvSpec::Tictactoe { opponent_first, invalid_penalty, end_on_invalid } => {
-                let cfg =
-                    TicTacToeConfig { opponent_first: *opponent_first, invalid: InvalidAction { penalty: *invalid_penalty, end_episode: *end_on_invalid } };
-                Arc::new(move |_| Box::new(TicTacToe::new(cfg.clone())))
-            }
-        };
+        if let EnvSpec::External { sandbox: crate::spec::SandboxMode::Bwrap, .. } = &t.env {
+            crate::envs::check_sandbox().map_err(|e| JobError::Observer(format!("tasks[{ti}] ({}): {e}", t.domain)))?;
+        }
+        let factory: EnvFactory = crate::envs::factory(&t.env, spec.seed ^ ((ti as u64) << 32), &knobs_env(knobs));
         let size = t.envs.unwrap_or(knobs.max_concurrent_episodes).max(1);
         let envs = EnvPool::spawn(&t.domain, size, factory, Duration::from_secs_f64(knobs.env_call_timeout_s), Duration::from_millis(100), cell.clone())
             .await
@@ -642,6 +588,10 @@ async fn build_tasks(spec: &JobSpec, knobs: &Knobs, cell: &ractor::ActorCell) ->
         out.push(EpisodeTask { domain: t.domain.clone(), envs, scorers, max_turns: t.max_turns, max_tokens_per_turn: t.max_tokens_per_turn });
     }
     Ok(out)
+}
+
+fn knobs_env(knobs: &Knobs) -> crate::envs::EnvLimits {
+    crate::envs::EnvLimits { call_timeout: Duration::from_secs_f64(knobs.env_call_timeout_s) }
 }
 
 async fn install(a: &ActorRef<ShardMsg>, w: Arc<Weights>, policy: InFlightPolicy, pool: &str, index: usize) -> Result<(), JobError> {

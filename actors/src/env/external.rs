@@ -1,0 +1,171 @@
+//! An environment served by another program over the protocol (see [`super::protocol`]),
+//! optionally inside a sandbox. Every call has a wall-clock timeout; a reply line has a size
+//! cap; on timeout, protocol error or close the whole process group is killed.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+use super::protocol::{self, PROTOCOL_VERSION, ProtocolError, Request, Response};
+use super::{EnvError, Environment, Observation, StepOutcome};
+
+/// How to start and bound an external environment.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExternalConfig {
+    /// Program and arguments (already wrapped by the sandbox, if any).
+    pub command: Vec<String>,
+    pub call_timeout: Duration,
+    pub max_message_bytes: usize,
+    /// Working directory of the program.
+    pub workdir: Option<std::path::PathBuf>,
+}
+
+pub struct ExternalEnv {
+    cfg: ExternalConfig,
+    proc: Option<Running>,
+}
+
+struct Running {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl ExternalEnv {
+    pub fn new(cfg: ExternalConfig) -> Self {
+        Self { cfg, proc: None }
+    }
+
+    fn start(&mut self) -> Result<&mut Running, EnvError> {
+        if self.proc.is_none() {
+            let (prog, args) = self.cfg.command.split_first().ok_or_else(|| EnvError::Failed("empty environment command".into()))?;
+            let mut cmd = Command::new(prog);
+            cmd.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null()).kill_on_drop(true);
+            // Its own process group, so a kill reaches every process it started.
+            cmd.process_group(0);
+            if let Some(d) = &self.cfg.workdir {
+                cmd.current_dir(d);
+            }
+            let mut child = cmd.spawn().map_err(|e| EnvError::Failed(format!("cannot start {prog}: {e}")))?;
+            let stdin = child.stdin.take().ok_or_else(|| EnvError::Failed("no stdin".into()))?;
+            let stdout = BufReader::new(child.stdout.take().ok_or_else(|| EnvError::Failed("no stdout".into()))?);
+            self.proc = Some(Running { child, stdin, stdout });
+        }
+        self.proc.as_mut().ok_or(EnvError::Closed)
+    }
+
+    /// Kills the program and everything it started.
+    pub fn kill(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            if let Some(pid) = p.child.id() {
+                let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL);
+            }
+            let _ = p.child.start_kill();
+            // Reap it so no zombie is left.
+            tokio::spawn(async move {
+                let _ = p.child.wait().await;
+            });
+        }
+    }
+
+    async fn call(&mut self, req: &Request) -> Result<Response, EnvError> {
+        let limit = self.cfg.max_message_bytes;
+        let timeout = self.cfg.call_timeout;
+        let line = serde_json::to_string(req).map_err(|e| EnvError::Failed(e.to_string()))?;
+        let p = self.start()?;
+        let io = async {
+            p.stdin.write_all(line.as_bytes()).await?;
+            p.stdin.write_all(b"\n").await?;
+            p.stdin.flush().await?;
+            read_line_capped(&mut p.stdout, limit).await
+        };
+        let r = match tokio::time::timeout(timeout, io).await {
+            Err(_) => Err(EnvError::Timeout),
+            Ok(Err(e)) => Err(EnvError::Failed(format!("environment I/O: {e}"))),
+            Ok(Ok(Err(pe))) => Err(EnvError::Failed(pe.to_string())),
+            Ok(Ok(Ok(None))) => Err(EnvError::Failed("environment exited".into())),
+            Ok(Ok(Ok(Some(reply)))) => protocol::parse_response(&reply).map_err(|e| EnvError::Failed(e.to_string())),
+        };
+        match r {
+            Ok(resp) if resp.ok => Ok(resp),
+            Ok(resp) => Err(EnvError::Failed(format!("environment error: {}", resp.error.unwrap_or_default()))),
+            Err(e) => {
+                // Timeouts and protocol violations leave the stream in an unknown state.
+                self.kill();
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Reads one line of at most `limit` bytes; `None` at end of stream.
+async fn read_line_capped(r: &mut BufReader<ChildStdout>, limit: usize) -> std::io::Result<Result<Option<String>, ProtocolError>> {
+    let mut buf = Vec::new();
+    loop {
+        let chunk = r.fill_buf().await?;
+        if chunk.is_empty() {
+            return Ok(if buf.is_empty() { Ok(None) } else { Ok(Some(String::from_utf8_lossy(&buf).into_owned())) });
+        }
+        if let Some(pos) = chunk.iter().position(|&b| b == b'\n') {
+            buf.extend_from_slice(&chunk[..pos]);
+            r.consume(pos + 1);
+            if buf.len() > limit {
+                return Ok(Err(ProtocolError::Oversized { limit, start: protocol::excerpt(&String::from_utf8_lossy(&buf[..200.min(buf.len())])) }));
+            }
+            return Ok(Ok(Some(String::from_utf8_lossy(&buf).into_owned())));
+        }
+        let n = chunk.len();
+        buf.extend_from_slice(chunk);
+        r.consume(n);
+        if buf.len() > limit {
+            return Ok(Err(ProtocolError::Oversized { limit, start: protocol::excerpt(&String::from_utf8_lossy(&buf[..200.min(buf.len())])) }));
+        }
+    }
+}
+
+fn info_flag(r: &Response, key: &str) -> bool {
+    r.info.as_ref().and_then(|i| i.get(key)).and_then(|v| v.as_bool()).unwrap_or(false)
+}
+
+impl Environment for ExternalEnv {
+    async fn reset(&mut self, seed: u64) -> Result<Observation, EnvError> {
+        let r = self.call(&Request::Reset { v: PROTOCOL_VERSION, seed }).await?;
+        Ok(Observation { text: r.observation.unwrap_or_default(), tokens: None, sim_response_len: None })
+    }
+
+    async fn step(&mut self, action: &str, _tokens: &[u32]) -> Result<StepOutcome, EnvError> {
+        let r = self.call(&Request::Step { v: PROTOCOL_VERSION, action: action.to_string() }).await?;
+        let reward = r.reward.unwrap_or(0.0);
+        if !reward.is_finite() {
+            return Err(EnvError::Failed(format!("non-finite reward {reward}")));
+        }
+        Ok(StepOutcome {
+            success: info_flag(&r, "success"),
+            invalid_action: info_flag(&r, "invalid_action"),
+            observation: Observation { text: r.observation.clone().unwrap_or_default(), tokens: None, sim_response_len: None },
+            reward,
+            terminated: r.terminated.unwrap_or(false),
+            truncated: r.truncated.unwrap_or(false),
+        })
+    }
+
+    async fn close(&mut self) {
+        if self.proc.is_some() {
+            let _ = tokio::time::timeout(Duration::from_secs(1), self.call(&Request::Close { v: PROTOCOL_VERSION })).await;
+        }
+        self.kill();
+    }
+}
+
+impl Drop for ExternalEnv {
+    fn drop(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            if let Some(pid) = p.child.id() {
+                let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL);
+            }
+            let _ = p.child.start_kill();
+        }
+    }
+}

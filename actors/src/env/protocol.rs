@@ -1,0 +1,171 @@
+//! The environment protocol, version 1: newline-delimited JSON over a program's stdin and
+//! stdout. Every message is one line (at most [`MAX_MESSAGE_BYTES`] by default).
+//!
+//! ```text
+//! → {"v":1,"op":"reset","seed":7}
+//! ← {"v":1,"ok":true,"observation":"P F F F\n…"}
+//! → {"v":1,"op":"step","action":"right"}
+//! ← {"v":1,"ok":true,"observation":"…","reward":0.0,"terminated":false,"truncated":false,"info":{"success":false,"invalid_action":false}}
+//! → {"v":1,"op":"close"}
+//! ← {"v":1,"ok":true}
+//! ← {"v":1,"ok":false,"error":"what went wrong"}      (any request)
+//! ```
+//! `info` is free-form; rollarc reads `success` and `invalid_action` from it when present.
+
+use serde::{Deserialize, Serialize};
+
+pub const PROTOCOL_VERSION: u32 = 1;
+/// Default cap on one message line.
+pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
+
+/// A request from rollarc to the environment program.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    Reset { v: u32, seed: u64 },
+    Step { v: u32, action: String },
+    Close { v: u32 },
+}
+
+/// A response from the environment program.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Response {
+    pub v: u32,
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observation: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terminated: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncated: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub info: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// A protocol violation, with the offending line (shortened).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    #[error("message of more than {limit} bytes (starts {start:?})")]
+    Oversized { limit: usize, start: String },
+    #[error("malformed message {line:?}: {reason}")]
+    Malformed { line: String, reason: String },
+    #[error("protocol version {got} is not {PROTOCOL_VERSION} in {line:?}")]
+    Version { got: u32, line: String },
+}
+
+/// Shortens a line for an error message.
+pub fn excerpt(line: &str) -> String {
+    const MAX: usize = 200;
+    if line.len() <= MAX {
+        return line.to_string();
+    }
+    let mut end = MAX;
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &line[..end])
+}
+
+/// Parses one response line.
+pub fn parse_response(line: &str) -> Result<Response, ProtocolError> {
+    let r: Response = serde_json::from_str(line.trim_end()).map_err(|e| ProtocolError::Malformed { line: excerpt(line), reason: e.to_string() })?;
+    if r.v != PROTOCOL_VERSION {
+        return Err(ProtocolError::Version { got: r.v, line: excerpt(line) });
+    }
+    Ok(r)
+}
+
+/// Parses one request line (the serving side).
+pub fn parse_request(line: &str) -> Result<Request, ProtocolError> {
+    let r: Request = serde_json::from_str(line.trim_end()).map_err(|e| ProtocolError::Malformed { line: excerpt(line), reason: e.to_string() })?;
+    let v = match &r {
+        Request::Reset { v, .. } | Request::Step { v, .. } | Request::Close { v } => *v,
+    };
+    if v != PROTOCOL_VERSION {
+        return Err(ProtocolError::Version { got: v, line: excerpt(line) });
+    }
+    Ok(r)
+}
+
+/// Serves `env` over the protocol on `input` / `output` until `close` or end of input. Used by
+/// `rollarc env-serve` to expose the built-in environments to any client (and by the tests).
+pub async fn serve<R, W>(env: &mut dyn super::DynEnvironment, input: R, mut output: W) -> std::io::Result<()>
+where
+    R: tokio::io::AsyncBufRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let mut lines = input.lines();
+    let fail = |e: String| Response { v: PROTOCOL_VERSION, ok: false, error: Some(e), ..Response::default() };
+    while let Some(line) = lines.next_line().await? {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let (resp, stop) = if line.len() > MAX_MESSAGE_BYTES {
+            (fail(ProtocolError::Oversized { limit: MAX_MESSAGE_BYTES, start: excerpt(&line) }.to_string()), false)
+        } else {
+            match parse_request(&line) {
+                Err(e) => (fail(e.to_string()), false),
+                Ok(Request::Reset { seed, .. }) => match env.reset_boxed(seed).await {
+                    Ok(o) => (Response { v: PROTOCOL_VERSION, ok: true, observation: Some(o.text), ..Response::default() }, false),
+                    Err(e) => (fail(e.to_string()), false),
+                },
+                Ok(Request::Step { action, .. }) => match env.step_boxed(&action, &[]).await {
+                    Ok(s) => (
+                        Response {
+                            v: PROTOCOL_VERSION,
+                            ok: true,
+                            observation: Some(s.observation.text),
+                            reward: Some(s.reward),
+                            terminated: Some(s.terminated),
+                            truncated: Some(s.truncated),
+                            info: Some(serde_json::json!({ "success": s.success, "invalid_action": s.invalid_action })),
+                            error: None,
+                        },
+                        false,
+                    ),
+                    Err(e) => (fail(e.to_string()), false),
+                },
+                Ok(Request::Close { .. }) => {
+                    env.close_boxed().await;
+                    (Response { v: PROTOCOL_VERSION, ok: true, ..Response::default() }, true)
+                }
+            }
+        };
+        let mut out = serde_json::to_string(&resp).map_err(std::io::Error::other)?;
+        out.push('\n');
+        output.write_all(out.as_bytes()).await?;
+        output.flush().await?;
+        if stop {
+            break;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_malformed_lines() {
+        let req = Request::Step { v: 1, action: "left".into() };
+        let line = serde_json::to_string(&req).unwrap();
+        assert_eq!(line, r#"{"op":"step","v":1,"action":"left"}"#);
+        assert_eq!(parse_request(&line).unwrap(), req);
+        let ok = parse_response(r#"{"v":1,"ok":true,"observation":"x","reward":1.0,"terminated":true,"truncated":false,"info":{"success":true}}"#).unwrap();
+        assert_eq!(ok.reward, Some(1.0));
+        let cases: [(&str, &str); 4] =
+            [("not json", "malformed"), (r#"{"v":2,"ok":true}"#, "version 2"), (r#"{"v":1,"ok":true,"surprise":1}"#, "malformed"), (r#"{"v":1}"#, "malformed")];
+        for (line, want) in cases {
+            let e = parse_response(line).unwrap_err().to_string();
+            assert!(e.contains(want) && e.contains(&format!("{:?}", excerpt(line))), "{line}: {e}");
+        }
+        assert!(parse_request(r#"{"op":"dance","v":1}"#).is_err());
+    }
+}

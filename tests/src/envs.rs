@@ -1,0 +1,164 @@
+//! External environments over the protocol: round trip against `rollarc env-serve`, malformed,
+//! oversized and hanging programs, and the gymnasium bridge with four real environments.
+
+use std::time::Duration;
+
+use actors::env::Environment;
+use actors::env::external::{ExternalConfig, ExternalEnv};
+use tests::rollarc_bin;
+
+fn external(command: Vec<String>, timeout_ms: u64, max_bytes: usize) -> ExternalEnv {
+    ExternalEnv::new(ExternalConfig { command, call_timeout: Duration::from_millis(timeout_ms), max_message_bytes: max_bytes, workdir: None })
+}
+
+fn sh(script: &str) -> Vec<String> {
+    vec!["sh".into(), "-c".into(), script.into()]
+}
+
+#[tokio::test]
+async fn the_protocol_round_trips_a_builtin_game() {
+    let spec = r#"{"kind":"frozenlake","size":4}"#;
+    let mut remote = external(vec![rollarc_bin().display().to_string(), "env-serve".into(), spec.into()], 10_000, 1 << 20);
+    let mut local = engine::envs::builtin(&serde_json::from_str(spec).unwrap()).unwrap();
+    assert_eq!(remote.reset(3).await.unwrap().text, local.reset_boxed(3).await.unwrap().text);
+    for a in ["down", "down", "jump", "right", "right", "down", "right"] {
+        let (r, l) = (remote.step(a, &[]).await.unwrap(), local.step_boxed(a, &[]).await.unwrap());
+        assert_eq!(
+            (r.observation.text, r.reward, r.terminated, r.success, r.invalid_action),
+            (l.observation.text, l.reward, l.terminated, l.success, l.invalid_action),
+            "action {a}"
+        );
+    }
+    remote.close().await;
+}
+
+#[tokio::test]
+async fn malformed_and_oversized_replies_are_errors_with_the_line() {
+    let mut e = external(sh("read l; echo 'this is not json'; sleep 5"), 5_000, 1 << 20);
+    let err = e.reset(0).await.unwrap_err().to_string();
+    assert!(err.contains("malformed") && err.contains("this is not json"), "{err}");
+    let mut e = external(sh("read l; head -c 300000 /dev/zero | tr '\\0' a; echo"), 5_000, 100_000);
+    let err = e.reset(0).await.unwrap_err().to_string();
+    assert!(err.contains("more than 100000 bytes") && err.contains("aaaa"), "{err}");
+    let mut e = external(sh(r#"read l; echo '{"v":7,"ok":true}'"#), 5_000, 1 << 20);
+    assert!(e.reset(0).await.unwrap_err().to_string().contains("version 7"));
+    let mut e = external(sh(r#"read l; echo '{"v":1,"ok":false,"error":"no such level"}'"#), 5_000, 1 << 20);
+    assert!(e.reset(0).await.unwrap_err().to_string().contains("no such level"));
+    let mut e = external(vec!["/nonexistent/program".into()], 5_000, 1 << 20);
+    assert!(e.reset(0).await.unwrap_err().to_string().contains("cannot start"));
+}
+
+#[tokio::test]
+async fn a_hanging_program_times_out_and_its_process_group_is_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pids");
+    // The program starts a grandchild, records both pids, then hangs.
+    let script = format!("sleep 1000 & echo $! > {p}; echo $$ >> {p}; read l; sleep 1000", p = pidfile.display());
+    let mut e = external(sh(&script), 300, 1 << 20);
+    let err = e.reset(0).await.unwrap_err();
+    assert_eq!(err, actors::env::EnvError::Timeout);
+    let pids: Vec<i32> = std::fs::read_to_string(&pidfile).unwrap().split_whitespace().map(|p| p.parse().unwrap()).collect();
+    assert_eq!(pids.len(), 2);
+    // Both the program and its grandchild are gone (reaped or killed) within a second.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let alive: Vec<_> = pids.iter().filter(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).map(|s| !s.contains(") Z ")).unwrap_or(false)).collect();
+        if alive.is_empty() {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "processes {alive:?} survived the kill");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn bridge(env_id: &str, kwargs: Option<&str>) -> ExternalEnv {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../envs/gymnasium_bridge.py");
+    let mut cmd = vec!["python3".to_string(), script.to_string(), env_id.to_string()];
+    if let Some(k) = kwargs {
+        cmd.extend(["--kwargs".to_string(), k.to_string()]);
+    }
+    external(cmd, 60_000, 1 << 20)
+}
+
+#[tokio::test]
+async fn the_gymnasium_bridge_serves_four_real_environments() {
+    // FrozenLake (not slippery): the known path reaches the goal.
+    let mut e = bridge("FrozenLake-v1", Some(r#"{"is_slippery": false}"#));
+    assert!(e.reset(1).await.unwrap().text.starts_with("[S]FFF"));
+    let mut last = None;
+    for a in ["down", "down", "right", "right", "down", "right"] {
+        last = Some(e.step(a, &[]).await.unwrap());
+    }
+    let last = last.unwrap();
+    assert!(last.terminated && last.success && last.reward == 1.0);
+    e.close().await;
+    // Taxi: moves by name, invalid actions reported, never fatal.
+    let mut e = bridge("Taxi-v3", None);
+    assert!(e.reset(2).await.unwrap().text.contains("+---------+"));
+    let s = e.step("north", &[]).await.unwrap();
+    assert!(!s.invalid_action && s.reward == -1.0);
+    assert!(e.step("teleport", &[]).await.unwrap().invalid_action);
+    e.close().await;
+    // CliffWalking: stepping right from the start falls off the cliff (−100).
+    let mut e = bridge("CliffWalking-v0", None);
+    e.reset(0).await.unwrap();
+    assert_eq!(e.step("right", &[]).await.unwrap().reward, -100.0);
+    assert_eq!(e.step("1", &[]).await.unwrap().reward, -100.0, "indices work too");
+    e.close().await;
+    // Blackjack (no text rendering: the raw observation), one decision ends it.
+    let mut e = bridge("Blackjack-v1", None);
+    assert!(e.reset(1).await.unwrap().text.starts_with("observation: "));
+    let s = e.step("stick", &[]).await.unwrap();
+    assert!(s.terminated);
+    e.close().await;
+}
+
+#[test]
+fn a_job_runs_on_an_external_environment() {
+    let spec = tests::SpecBuilder::new()
+        .pool("h20", "H20", 1, "")
+        .raw_task(&format!(
+            "[[tasks]]\ndomain = \"remote\"\ngroup_size = 2\nmax_turns = 3\nenv = {{ kind = \"external\", sandbox = \"none\", command = [\"{}\", \"env-serve\", '{{\"kind\":\"tictactoe\"}}'] }}\n",
+            rollarc_bin().display()
+        ))
+        .rollout("batch_size = 2")
+        .rollout("steps = 2")
+        .extra("[sim]\nclock = \"real\"")
+        .build();
+    let sink = std::sync::Arc::new(actors::buffer::MemorySink::default());
+    let s = engine::simrun::run_blocking(spec, 0, 0, sink.clone(), std::sync::Arc::new(tests::BatchLog::default()), None).expect("job runs");
+    assert_eq!(s.steps_done, 2);
+    assert!(sink.log.lock().unwrap().iter().any(|t| t.failure.is_none()));
+}
+
+#[tokio::test]
+async fn a_sandboxed_program_is_contained() {
+    engine::envs::check_sandbox().expect("make setup installs bubblewrap; the sandbox must work here");
+    // A listener on the host's loopback: reachable from outside the sandbox only.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // The probe program answers the protocol with what it could do, as the observation.
+    let probe = r#"read l
+r=""
+cat /etc/shadow >/dev/null 2>&1 && r="$r shadow-read"
+ls /root/.cargo >/dev/null 2>&1 && r="$r home-read"
+touch /var/tmp/rollarc-escape-PORT 2>/dev/null && r="$r wrote-outside"
+touch /tmp/ok 2>/dev/null || r="$r no-tmp"
+(exec 3<>/dev/tcp/127.0.0.1/PORT) 2>/dev/null && r="$r network"
+[ "$(id -u)" = 0 ] && r="$r root"
+[ $$ -lt 10 ] || r="$r host-pids"
+echo "{\"v\":1,\"ok\":true,\"observation\":\"contained:$r\"}""#
+        .replace("PORT", &port.to_string());
+    let cmd = engine::envs::sandboxed(&["bash".to_string(), "-c".to_string(), probe.clone()], &[]);
+    let mut e = external(cmd, 10_000, 1 << 20);
+    assert_eq!(e.reset(0).await.unwrap().text, "contained:");
+    e.close().await;
+    // The same probe outside the sandbox sees everything (so the checks can fail).
+    let mut bare = external(vec!["bash".to_string(), "-c".to_string(), probe], 10_000, 1 << 20);
+    let seen = bare.reset(0).await.unwrap().text;
+    assert!(seen.contains("network") && seen.contains("host-pids") && seen.contains("home-read"), "{seen}");
+    bare.close().await;
+    assert!(seen.contains("wrote-outside"), "{seen}");
+    let _ = std::fs::remove_file(format!("/var/tmp/rollarc-escape-{port}"));
+    drop(listener);
+}
