@@ -405,3 +405,82 @@ pub fn bench_model() -> anyhow::Result<()> {
     println!("peak RSS: {:.1} MiB", peak_rss_kib() as f64 / 1024.0);
     Ok(())
 }
+
+/// Environment benchmark: steps per second through an environment actor for a built-in game
+/// and for the external protocol (bare and sandboxed), the per-step overhead of protocol and
+/// sandbox, and sandbox start time.
+pub fn bench_env() -> anyhow::Result<()> {
+    use actors::env::external::{ExternalConfig, ExternalEnv};
+    use actors::env::{EnvActor, EnvArgs, EnvCounters, EnvFactory, EnvMsg};
+    use ractor::Actor;
+    use std::sync::Arc;
+
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let exe = std::env::current_exe()?.display().to_string();
+    let serve = vec![exe.clone(), "env-serve".to_string(), r#"{"kind":"frozenlake","size":4}"#.to_string()];
+    let external = |cmd: Vec<String>| -> EnvFactory {
+        Arc::new(move |_| {
+            Box::new(ExternalEnv::new(ExternalConfig {
+                command: cmd.clone(),
+                call_timeout: Duration::from_secs(30),
+                max_message_bytes: 1 << 20,
+                workdir: None,
+            }))
+        })
+    };
+    let spec: crate::spec::EnvSpec = serde_json::from_str(r#"{"kind":"frozenlake","size":4}"#)?;
+    let builtin: EnvFactory = Arc::new(move |_| crate::envs::builtin(&spec).unwrap_or_else(|| unreachable_env()));
+    let sandbox_ok = crate::envs::check_sandbox().is_ok();
+    let mut cases: Vec<(&str, EnvFactory, usize)> = vec![("built-in FrozenLake", builtin, 50_000), ("external (protocol)", external(serve.clone()), 10_000)];
+    if sandbox_ok {
+        cases.push(("external, sandboxed", external(crate::envs::sandboxed(&serve, &[])), 10_000));
+    }
+    println!("environment benchmark (FrozenLake 4×4 through an environment actor):");
+    let mut per_step = Vec::new();
+    for (name, factory, n) in cases {
+        let us = rt.block_on(async {
+            let args = EnvArgs { task: "bench".into(), index: 0, factory, counters: Arc::new(EnvCounters::default()) };
+            let (a, _) = Actor::spawn(None, EnvActor, args).await?;
+            ractor::call_t!(a, |p| EnvMsg::Reset(0, p), 30_000)?.map_err(|e| anyhow::anyhow!("{e}"))?;
+            let t = wall_now();
+            for _ in 0..n {
+                // "up" at the start keeps the agent in place: the episode never ends.
+                ractor::call_t!(a, |p| EnvMsg::Step("up".into(), Vec::new(), p), 30_000)?.map_err(|e| anyhow::anyhow!("{e}"))?;
+            }
+            let el = t.elapsed().as_secs_f64();
+            a.stop(None);
+            anyhow::Ok(el * 1e6 / n as f64)
+        })?;
+        println!("  {name:22} {:9.0} steps/s  {us:7.1} µs per step", 1e6 / us);
+        per_step.push(us);
+    }
+    if per_step.len() >= 2 {
+        println!("  protocol overhead per step: {:.1} µs over the built-in", per_step[1] - per_step[0]);
+    }
+    if per_step.len() >= 3 {
+        println!("  sandbox overhead per step:  {:.1} µs over the bare protocol", per_step[2] - per_step[1]);
+    }
+    for (name, cmd) in [("bare", serve.clone()), ("sandboxed", crate::envs::sandboxed(&serve, &[]))] {
+        if name == "sandboxed" && !sandbox_ok {
+            println!("  sandbox start: skipped (bubblewrap unavailable)");
+            continue;
+        }
+        let n = 30;
+        let ms = rt.block_on(async {
+            let t = wall_now();
+            for i in 0..n {
+                let mut e =
+                    ExternalEnv::new(ExternalConfig { command: cmd.clone(), call_timeout: Duration::from_secs(30), max_message_bytes: 1 << 20, workdir: None });
+                actors::env::Environment::reset(&mut e, i).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+                actors::env::Environment::close(&mut e).await;
+            }
+            anyhow::Ok(t.elapsed().as_secs_f64() * 1e3 / n as f64)
+        })?;
+        println!("  start + first reset + close, {name:9}: {ms:6.1} ms");
+    }
+    Ok(())
+}
+
+fn unreachable_env() -> Box<dyn actors::env::DynEnvironment> {
+    Box::new(actors::env::builtin::frozenlake::FrozenLake::new(Default::default()))
+}

@@ -16,10 +16,14 @@ use actors::env::{DynEnvironment, EnvFactory};
 use crate::spec::{EnvSpec, SandboxMode};
 
 /// Resource limits of sandboxed environment programs (applied with `prlimit`; the process
-/// count is per uid, and the programs run as `SANDBOX_UID`, so it caps a fork bomb).
+/// count is per uid, and every sandbox runs under its own uid, so it caps a fork bomb without
+/// starving the other sandboxes).
 pub const SANDBOX_LIMITS: [&str; 5] = ["--nproc=512", "--as=4294967296", "--cpu=600", "--fsize=104857600", "--nofile=256"];
-/// The unprivileged uid and gid sandboxed programs run as.
-pub const SANDBOX_UID: &str = "65534";
+/// Sandboxes run as unprivileged uids (and gids) `SANDBOX_UID_BASE + k`, k cycling through
+/// `SANDBOX_UIDS` values: no account, no files on the host, one uid per live sandbox.
+pub const SANDBOX_UID_BASE: u32 = 2_000_000;
+pub const SANDBOX_UIDS: u32 = 65_536;
+static NEXT_SANDBOX: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 /// Wraps a command in bubblewrap and setpriv: new network, PID, IPC and UTS namespaces (no
 /// network at all), the system read-only, a private writable `/tmp` as working directory, host
@@ -63,7 +67,8 @@ pub fn sandboxed(command: &[String], readable: &[String]) -> Vec<String> {
         v.extend([s("--ro-bind"), p.clone(), p.clone()]);
     }
     v.extend(["--chdir", "/tmp", "--setenv", "HOME", "/tmp", "--setenv", "OPENBLAS_NUM_THREADS", "1", "--"].map(s));
-    v.extend(["setpriv", &format!("--reuid={SANDBOX_UID}"), &format!("--regid={SANDBOX_UID}"), "--clear-groups", "--no-new-privs", "--"].map(s));
+    let uid = SANDBOX_UID_BASE + NEXT_SANDBOX.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % SANDBOX_UIDS;
+    v.extend(["setpriv", &format!("--reuid={uid}"), &format!("--regid={uid}"), "--clear-groups", "--no-new-privs", "--"].map(s));
     v.extend(command.iter().cloned());
     v
 }

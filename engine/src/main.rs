@@ -66,7 +66,7 @@ enum Cmd {
     Bench {
         #[arg(long, default_value_t = 10_000)]
         episodes: usize,
-        /// scheduler, model or all.
+        /// scheduler, model, env or all.
         #[arg(long, default_value = "all")]
         what: String,
     },
@@ -212,8 +212,11 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             if what == "model" || what == "all" {
                 engine::cli::bench_model()?;
             }
-            if !["scheduler", "model", "all"].contains(&what.as_str()) {
-                anyhow::bail!("unknown benchmark {what:?}: scheduler, model or all");
+            if what == "env" || what == "all" {
+                engine::cli::bench_env()?;
+            }
+            if !["scheduler", "model", "env", "all"].contains(&what.as_str()) {
+                anyhow::bail!("unknown benchmark {what:?}: scheduler, model, env or all");
             }
             Ok(std::process::ExitCode::SUCCESS)
         }

@@ -162,3 +162,96 @@ echo "{\"v\":1,\"ok\":true,\"observation\":\"contained:$r\"}""#
     let _ = std::fs::remove_file(format!("/var/tmp/rollarc-escape-{port}"));
     drop(listener);
 }
+
+/// Runs `script` (bash) in the sandbox as an environment program and returns the reset result.
+async fn sandboxed_reset(script: &str, timeout_ms: u64) -> (Result<String, actors::env::EnvError>, ExternalEnv) {
+    let cmd = engine::envs::sandboxed(&["bash".to_string(), "-c".to_string(), script.to_string()], &[]);
+    let mut e = external(cmd, timeout_ms, 1 << 20);
+    let r = e.reset(0).await.map(|o| o.text);
+    (r, e)
+}
+
+/// A shell command answering the protocol with `text` (shell variables in it expand).
+fn reply(text: &str) -> String {
+    format!(r#"echo "{{\"v\":1,\"ok\":true,\"observation\":\"{text}\"}}""#)
+}
+
+fn processes_with(marker: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        if !name.chars().all(|c| c.is_ascii_digit()) {
+            continue;
+        }
+        if let Ok(cmd) = std::fs::read(entry.path().join("cmdline"))
+            && String::from_utf8_lossy(&cmd).contains(marker)
+            && !std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default().contains(") Z ")
+        {
+            out.push(name);
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn containment_matrix() {
+    engine::envs::check_sandbox().expect("the sandbox must work here");
+    // Fork bomb: process creation stops at the rlimit (512 per sandbox uid); the count uses
+    // shell builtins only, since nothing more can fork.
+    let bomb = format!("read l; (b() {{ b | b & }}; b) 2>/dev/null & sleep 2; c=0; for p in /proc/[0-9]*; do c=$((c+1)); done; {}", reply("procs:$c"));
+    let (r, mut e) = sandboxed_reset(&bomb, 20_000).await;
+    let procs: usize = r.unwrap().trim_start_matches("procs:").parse().unwrap();
+    eprintln!("fork bomb: {procs} processes in the sandbox after 2 s");
+    assert!(procs > 50 && procs <= 520, "fork bomb not capped (or never ran): {procs} processes");
+    e.close().await;
+    // Memory hog: the address-space limit stops it; it cannot take the machine's memory.
+    let (r, mut e) = sandboxed_reset(&format!("read l; awk 'BEGIN{{s=\"x\"; while (1) s = s s}}' 2>/dev/null; {}", reply("awk-exit:$?")), 20_000).await;
+    let r = r.unwrap();
+    eprintln!("memory hog: {r}");
+    assert_ne!(r, "awk-exit:0", "unbounded allocation did not fail");
+    e.close().await;
+    // Infinite loop: the call's wall-clock timeout fires and the program is killed.
+    let (r, mut e) = sandboxed_reset("read l; while :; do :; done", 500).await;
+    assert_eq!(r.unwrap_err(), actors::env::EnvError::Timeout);
+    e.close().await;
+    // A gigabyte of output: cut at the message cap, not buffered.
+    let (r, mut e) = sandboxed_reset("read l; head -c 1000000000 /dev/zero | tr '\\0' x; echo", 20_000).await;
+    assert!(r.unwrap_err().to_string().contains("more than 1048576 bytes"));
+    e.close().await;
+    // Writing a large file: the file-size limit stops it at 100 MB.
+    let (r, mut e) =
+        sandboxed_reset(&format!("read l; head -c 200000000 /dev/zero > /tmp/big 2>/dev/null; {}", reply("size:$(stat -c %s /tmp/big)")), 20_000).await;
+    assert_eq!(r.unwrap(), "size:104857600");
+    e.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_sandboxes_leave_no_process_behind() {
+    engine::envs::check_sandbox().expect("the sandbox must work here");
+    let marker = format!("rollarc-leak-check-{}", std::process::id());
+    let script = format!("read l; sleep 300 & {}; read l; echo '{{\"v\":1,\"ok\":true}}'; sleep 300", reply("up"));
+    let mut tasks = tokio::task::JoinSet::new();
+    for worker in 0..8 {
+        let (script, marker) = (script.clone(), marker.clone());
+        tasks.spawn(async move {
+            for _ in 0..125 {
+                let cmd = engine::envs::sandboxed(&["bash".to_string(), "-c".to_string(), script.clone(), marker.clone()], &[]);
+                let mut e = external(cmd, 10_000, 1 << 20);
+                assert_eq!(e.reset(worker).await.unwrap().text, "up");
+                e.close().await;
+            }
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.unwrap();
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = processes_with(&marker);
+        if left.is_empty() {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{} processes left behind: {left:?}", left.len());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
