@@ -255,3 +255,33 @@ async fn a_thousand_sandboxes_leave_no_process_behind() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[test]
+fn crashing_environment_processes_are_replaced_and_their_trajectories_masked() {
+    // Answers resets; on a step, exits (crash) one time in three, else ends the episode.
+    let script = r#"while read l; do
+case "$l" in
+  *reset*) echo '{"v":1,"ok":true,"observation":"go"}' ;;
+  *step*) if [ $((RANDOM % 3)) = 0 ]; then exit 3; fi; echo '{"v":1,"ok":true,"observation":"","reward":1.0,"terminated":true,"info":{"success":true}}' ;;
+  *close*) echo '{"v":1,"ok":true}'; exit 0 ;;
+esac
+done"#;
+    let spec = tests::SpecBuilder::new()
+        .pool("h20", "H20", 1, "")
+        .raw_task(&format!("[[tasks]]\ndomain = \"flaky\"\ngroup_size = 2\nmax_turns = 2\nenvs = 4\nenv = {{ kind = \"external\", sandbox = \"none\", command = [\"bash\", \"-c\", '''{script}'''] }}\n"))
+        .rollout("batch_size = 2")
+        .rollout("steps = 3")
+        .rollout("max_retries_per_group = 4")
+        .extra("[sim]\nclock = \"real\"")
+        .build();
+    let sink = std::sync::Arc::new(actors::buffer::MemorySink::default());
+    let log = std::sync::Arc::new(tests::BatchLog::default());
+    let s = engine::simrun::run_blocking(spec, 0, 0, sink.clone(), log.clone(), None).expect("job completes despite crashes");
+    let last = s.steps.last().unwrap();
+    assert!(last.env_restarts > 0, "crashed environments were not replaced");
+    assert!(last.buffer.masked > 0 && last.buffer.retried > 0);
+    for (_, b) in log.batches.lock().unwrap().iter() {
+        assert!(b.trajectories().all(|t| t.failure.is_none() && t.reward == Some(1.0)), "a crashed trajectory was scored");
+    }
+    assert!(sink.log.lock().unwrap().iter().any(|t| matches!(t.failure, Some(actors::types::FailureReason::EnvFailed(_)))));
+}
