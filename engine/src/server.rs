@@ -6,6 +6,8 @@ use std::time::Duration;
 use crate::service::{Service, ServiceConfig};
 
 pub async fn serve(addr: &str, cfg: ServiceConfig, grace: Duration) -> anyhow::Result<()> {
+    // Handlers first: a signal that arrives during start-up still stops the server cleanly.
+    let signalled = infra::shutdown::signal();
     let service = Service::open(&cfg)?;
     let resumed = service.recover()?;
     if resumed > 0 {
@@ -17,7 +19,7 @@ pub async fn serve(addr: &str, cfg: ServiceConfig, grace: Duration) -> anyhow::R
     let stop = tokio_util::sync::CancellationToken::new();
     let stop2 = stop.clone();
     let server = tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(async move { stop2.cancelled().await }).await });
-    infra::shutdown::signal().await;
+    signalled.await;
     tracing::info!(grace_s = grace.as_secs_f64(), "stopping intake and draining running jobs");
     let forced = service.shutdown(grace).await;
     stop.cancel();

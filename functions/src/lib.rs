@@ -1,7 +1,11 @@
 //! Reward and judge functions: the versioned wire protocol (the only place reward types are
-//! serialised), and, in later modules, the SDK that serves a scorer under the Knative runtime
-//! contract and the built-in functions.
+//! serialised), the SDK that serves a scorer as an HTTP function under the Knative runtime
+//! contract, and the built-in scorers (`math`, `format`, `env`; served by the `rollarc-fn`
+//! binary).
 //!
 //! Architecture invariant: nothing here knows about actors, GPUs or jobs.
 
+pub mod math;
 pub mod protocol;
+pub mod scorers;
+pub mod sdk;

@@ -4,27 +4,35 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-/// Resolves on SIGTERM or SIGINT (Ctrl-C).
-pub async fn signal() {
+/// Resolves on SIGTERM or SIGINT (Ctrl-C). The handlers are installed when this is called
+/// (not when first polled), so a signal that arrives right after start-up is not lost. Call
+/// it inside a tokio runtime.
+pub fn signal() -> impl Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
-        match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
-            (Ok(mut term), Ok(mut int)) => {
-                tokio::select! {
-                    biased;
-                    _ = term.recv() => tracing::info!("received SIGTERM"),
-                    _ = int.recv() => tracing::info!("received SIGINT"),
+        let term = signal(SignalKind::terminate());
+        let int = signal(SignalKind::interrupt());
+        async move {
+            match (term, int) {
+                (Ok(mut term), Ok(mut int)) => {
+                    tokio::select! {
+                        biased;
+                        _ = term.recv() => tracing::info!("received SIGTERM"),
+                        _ = int.recv() => tracing::info!("received SIGINT"),
+                    }
                 }
-            }
-            _ => {
-                let _ = tokio::signal::ctrl_c().await;
+                _ => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
             }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = tokio::signal::ctrl_c().await;
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 

@@ -16,57 +16,7 @@ fn small_job() -> SpecBuilder {
 
 /// A job on the wall clock that takes a while (for cancel and the cluster view).
 fn slow_job(steps: u64) -> String {
-    let mut b = SpecBuilder::new().pool("h800", "H800", 1, "").raw_task(
-        r#"[[tasks]]
-domain = "slow"
-group_size = 2
-max_turns = 2
-[tasks.env]
-kind = "sim"
-step_latency_s = { constant = 0.05 }
-turns = { constant = 2 }
-observation_tokens = { constant = 8 }
-response_tokens = { constant = 8 }
-"#,
-    );
-    b = b.rollout("batch_size = 1").rollout(&format!("steps = {steps}")).extra("[sim]\nclock = \"real\"");
-    b.toml()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn submit_run_and_page_trajectories() {
-    let s = TestServer::start().await;
-    let r = s.client.post(s.url("/v1/jobs")).header("content-type", "application/toml").body(small_job().toml()).send().await.unwrap();
-    assert_eq!(r.status(), 201);
-    let id = r.json::<serde_json::Value>().await.unwrap()["id"].as_str().unwrap().to_string();
-    let job = wait_job(&s.client, &s.url(""), &id, Duration::from_secs(60), |v| v["state"] == "succeeded" || v["state"] == "failed").await;
-    assert_eq!(job["state"], "succeeded", "{job}");
-    assert_eq!(job["step"], 3);
-    assert_eq!(job["steps"], 3);
-    assert!(job["metrics"]["bubble_ratio"].is_number());
-    // Cursor paging: small pages, strictly increasing cursors, no duplicates, nothing missing.
-    let rows = page_all(&s.client, &s.url(""), &id, 7).await;
-    assert!(rows.len() > 10);
-    assert!(rows.windows(2).all(|w| w[0].0 < w[1].0));
-    let ids: std::collections::BTreeSet<_> = rows.iter().map(|r| r.1.clone()).collect();
-    assert_eq!(ids.len(), rows.len());
-    assert_eq!(rows.len() as u64, s.service.store.trajectory_count(&id).unwrap());
-    // A page after the last cursor is empty.
-    let last = rows.last().unwrap().0;
-    let r = s.client.get(s.url(&format!("/v1/jobs/{id}/trajectories?after={last}&limit=5"))).send().await.unwrap();
-    assert_eq!(r.headers()["x-next-cursor"], last.to_string().as_str());
-    assert_eq!(r.text().await.unwrap(), "");
-    // The list shows it.
-    let list: serde_json::Value = s.client.get(s.url("/v1/jobs")).send().await.unwrap().json().await.unwrap();
-    assert_eq!(list["jobs"][0]["id"], id.as_str());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn json_bodies_are_accepted_too() {
-    let s = TestServer::start().await;
-    let spec = small_job().build();
-    let r = s.client.post(s.url("/v1/jobs")).json(&spec).send().await.unwrap();
-    assert_eq!(r.status(), 201);
+    tests::wall_clock_job(steps, 1, 0.05)
 }
 
 /// (body, expected status, expected code, fields that must be reported)

@@ -137,6 +137,20 @@ success_rate = 0.5
     }
 }
 
+/// A job on the wall clock that takes a while: `steps` steps of `batch` groups, each turn's
+/// environment step taking `step_s` seconds (cancel, restart and event-stream tests).
+pub fn wall_clock_job(steps: u64, batch: usize, step_s: f64) -> String {
+    SpecBuilder::new()
+        .pool("h800", "H800", 1, "")
+        .raw_task(&format!(
+            "[[tasks]]\ndomain = \"slow\"\ngroup_size = 2\nmax_turns = 2\n[tasks.env]\nkind = \"sim\"\nstep_latency_s = {{ constant = {step_s} }}\nturns = {{ constant = 2 }}\nobservation_tokens = {{ constant = 8 }}\nresponse_tokens = {{ constant = 8 }}\n"
+        ))
+        .rollout(&format!("batch_size = {batch}"))
+        .rollout(&format!("steps = {steps}"))
+        .extra("[sim]\nclock = \"real\"")
+        .toml()
+}
+
 /// Keeps every batch handed to the trainer.
 #[derive(Default)]
 pub struct BatchLog {

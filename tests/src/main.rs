@@ -4,4 +4,5 @@ mod api;
 mod builtin;
 mod envs;
 mod persistence;
+mod reward_functions;
 mod scheduler;

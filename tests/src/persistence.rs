@@ -44,25 +44,7 @@ fn start(dir: &std::path::Path) -> Server {
 }
 
 fn slow_spec(steps: u64) -> String {
-    tests::SpecBuilder::new()
-        .pool("h800", "H800", 1, "")
-        .raw_task(
-            r#"[[tasks]]
-domain = "slow"
-group_size = 2
-max_turns = 2
-[tasks.env]
-kind = "sim"
-step_latency_s = { constant = 0.02 }
-turns = { constant = 2 }
-observation_tokens = { constant = 8 }
-response_tokens = { constant = 8 }
-"#,
-        )
-        .rollout("batch_size = 2")
-        .rollout(&format!("steps = {steps}"))
-        .extra("[sim]\nclock = \"real\"")
-        .toml()
+    tests::wall_clock_job(steps, 2, 0.02)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -111,14 +111,9 @@ impl Environment for FrozenLake {
             return Err(EnvError::Failed("step after the episode ended; reset first".into()));
         }
         let Some(intended) = Dir::parse(action) else {
-            self.done = self.cfg.invalid.end_episode;
-            return Ok(StepOutcome {
-                observation: self.obs(),
-                reward: self.cfg.invalid.penalty,
-                truncated: self.done,
-                invalid_action: true,
-                ..StepOutcome::default()
-            });
+            let (outcome, done) = self.cfg.invalid.outcome(self.obs());
+            self.done = done;
+            return Ok(outcome);
         };
         let dir = if self.cfg.slippery {
             match self.rng.random_range(0..3) {

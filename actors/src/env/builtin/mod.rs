@@ -28,6 +28,15 @@ impl Default for InvalidAction {
     }
 }
 
+impl InvalidAction {
+    /// The outcome of an invalid action on a game showing `observation`: the penalty, and
+    /// truncation when invalid actions end the episode. Returns it with the new `done` flag.
+    pub fn outcome(&self, observation: crate::env::Observation) -> (crate::env::StepOutcome, bool) {
+        let done = self.end_episode;
+        (crate::env::StepOutcome { observation, reward: self.penalty, truncated: done, invalid_action: true, ..Default::default() }, done)
+    }
+}
+
 /// A move on a grid.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dir {

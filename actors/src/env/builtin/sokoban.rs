@@ -139,14 +139,9 @@ impl Environment for Sokoban {
         }
         let Some(st) = self.st.as_mut() else { return Err(EnvError::Failed("reset first".into())) };
         let Some(d) = Dir::parse(action) else {
-            self.done = self.cfg.invalid.end_episode;
-            return Ok(StepOutcome {
-                observation: self.obs(),
-                reward: self.cfg.invalid.penalty,
-                truncated: self.done,
-                invalid_action: true,
-                ..StepOutcome::default()
-            });
+            let (outcome, done) = self.cfg.invalid.outcome(self.obs());
+            self.done = done;
+            return Ok(outcome);
         };
         let before = st.on_target();
         let next = add(st.player, d);

@@ -78,14 +78,9 @@ impl Environment for TicTacToe {
         }
         let cell = action.trim().chars().next().and_then(|c| c.to_digit(10)).filter(|d| (1..=9).contains(d)).map(|d| d as usize - 1);
         let Some(cell) = cell.filter(|&c| self.board[c] == b'.') else {
-            self.done = self.cfg.invalid.end_episode;
-            return Ok(StepOutcome {
-                observation: self.obs(),
-                reward: self.cfg.invalid.penalty,
-                truncated: self.done,
-                invalid_action: true,
-                ..StepOutcome::default()
-            });
+            let (outcome, done) = self.cfg.invalid.outcome(self.obs());
+            self.done = done;
+            return Ok(outcome);
         };
         self.board[cell] = b'X';
         if winner(&self.board) == Some(b'X') {

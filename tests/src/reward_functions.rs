@@ -1,0 +1,96 @@
+//! The built-in reward functions as real processes under the runtime contract.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use functions::protocol::{PROTOCOL_VERSION, ScoreRequest, ScoreResponse, ScoredItem};
+
+struct Function {
+    child: Child,
+    base: String,
+}
+
+impl Drop for Function {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(name: &str, config: Option<&str>) -> Function {
+    let bin = tests::rollarc_bin().with_file_name("rollarc-fn");
+    let mut cmd = Command::new(bin);
+    cmd.arg(name).env("PORT", "0").env("HOST", "127.0.0.1").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+    if let Some(c) = config {
+        cmd.args(["--config", c]);
+    }
+    let mut child = cmd.spawn().expect("rollarc-fn starts");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(addr) = line.split("listening on ").nth(1) {
+                let _ = tx.send(addr.trim().to_string());
+            }
+        }
+    });
+    let addr = rx.recv_timeout(Duration::from_secs(20)).expect("the function reports its address");
+    Function { child, base: format!("http://{addr}") }
+}
+
+fn request(items: &[&str], reference: &str) -> ScoreRequest {
+    ScoreRequest {
+        protocol: PROTOCOL_VERSION.into(),
+        idempotency_key: "t/math@1".into(),
+        reward: "math@1".into(),
+        reference: Some(serde_json::json!(reference)),
+        deadline_ms: 5000,
+        items: items
+            .iter()
+            .enumerate()
+            .map(|(i, t)| ScoredItem { trajectory_id: format!("t{i}"), text: t.to_string(), token_ids: vec![], env_reward: 0.0 })
+            .collect(),
+    }
+}
+
+#[tokio::test]
+async fn the_math_function_scores_a_group_and_rejects_bad_requests() {
+    let f = start("math", None);
+    let c = reqwest::Client::new();
+    let health: serde_json::Value = c.get(format!("{}/healthz", f.base)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(health["function"], "math");
+    let req = request(&["\\boxed{42}", "41", "the answer is 42."], "42");
+    let r = c.post(&f.base).json(&req).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let resp: ScoreResponse = r.json().await.unwrap();
+    resp.validate(&req, 0.0, 1.0).unwrap();
+    assert_eq!(resp.scores.iter().map(|s| s.score).collect::<Vec<_>>(), vec![1.0, 0.0, 1.0]);
+    // Bad input: 4xx JSON, never a crash.
+    for (body, status) in
+        [("{}".to_string(), 400), ("not json".to_string(), 400), (serde_json::to_string(&request(&[], "1")).unwrap(), 400), ("x".repeat(9 << 20), 413)]
+    {
+        let r = c.post(&f.base).body(body).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), status);
+        assert!(r.json::<serde_json::Value>().await.unwrap()["error"]["code"].is_string());
+    }
+    let mut wrong = request(&["1"], "1");
+    wrong.protocol = "rollarc.reward/v0".into();
+    assert_eq!(c.post(&f.base).json(&wrong).send().await.unwrap().status(), 400);
+}
+
+#[tokio::test]
+async fn sigterm_ends_the_function_cleanly() {
+    let mut f = start("env", None);
+    let pid = nix::unistd::Pid::from_raw(f.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(status) = f.child.try_wait().unwrap() {
+            assert!(status.success(), "exit status {status}");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the function did not exit on SIGTERM");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
