@@ -99,9 +99,15 @@ response_tokens = { constant = 32 }
         let last_env_end = b.trajectories().map(|t| t.timings.ended_at_s - t.timings.reward_s).fold(f64::MIN, f64::max);
         for t in b.trajectories() {
             let reward_start = t.timings.ended_at_s - t.timings.reward_s;
-            assert!(reward_start + 1e-6 >= last_env_end - 1e-6 || t.timings.wait_s > 0.0, "reward fired before the batch finished");
+            assert!(reward_start + 1e-6 >= last_env_end, "reward of {} fired at {reward_start} before the batch finished at {last_env_end}", t.id);
         }
     }
+    // Under the turn barrier rewards are not held: some fire before the batch's last env step.
+    let early = turn.batches.iter().any(|(_, b)| {
+        let last_env_end = b.trajectories().map(|t| t.timings.ended_at_s - t.timings.reward_s).fold(f64::MIN, f64::max);
+        b.trajectories().any(|t| t.timings.ended_at_s - t.timings.reward_s + 1e-6 < last_env_end)
+    });
+    assert!(early, "turn barrier: rewards should fire as each trajectory ends");
     let (tn, tt, tb) = (none.summary.elapsed_s, turn.summary.elapsed_s, batch.summary.elapsed_s);
     assert!(tn < tt && tt <= tb + 1e-9, "virtual time none {tn} < turn {tt} <= batch {tb}");
 }
