@@ -62,7 +62,12 @@ impl IntoResponse for ApiError {
             tracing::error!(code = self.code, error = %self.message, "request failed");
         }
         let body = ErrorBody { error: ErrorDetail { code: self.code, message: self.message, fields: self.fields } };
-        (self.status, Json(body)).into_response()
+        let mut r = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::PAYLOAD_TOO_LARGE {
+            // The unread body makes the connection unusable: tell the client not to pool it.
+            r.headers_mut().insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+        }
+        r
     }
 }
 

@@ -23,7 +23,12 @@ struct FnError(StatusCode, &'static str, String);
 
 impl IntoResponse for FnError {
     fn into_response(self) -> Response {
-        (self.0, Json(serde_json::json!({ "error": { "code": self.1, "message": self.2 } }))).into_response()
+        let mut r = (self.0, Json(serde_json::json!({ "error": { "code": self.1, "message": self.2 } }))).into_response();
+        if self.0 == StatusCode::PAYLOAD_TOO_LARGE {
+            // The unread body makes the connection unusable: tell the client not to pool it.
+            r.headers_mut().insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+        }
+        r
     }
 }
 

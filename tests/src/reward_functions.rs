@@ -67,9 +67,7 @@ async fn the_math_function_scores_a_group_and_rejects_bad_requests() {
     resp.validate(&req, 0.0, 1.0).unwrap();
     assert_eq!(resp.scores.iter().map(|s| s.score).collect::<Vec<_>>(), vec![1.0, 0.0, 1.0]);
     // Bad input: 4xx JSON, never a crash.
-    for (body, status) in
-        [("{}".to_string(), 400), ("not json".to_string(), 400), (serde_json::to_string(&request(&[], "1")).unwrap(), 400), ("x".repeat(9 << 20), 413)]
-    {
+    for (body, status) in [("{}".to_string(), 400), ("not json".to_string(), 400), (serde_json::to_string(&request(&[], "1")).unwrap(), 400)] {
         let r = c.post(&f.base).body(body).send().await.unwrap();
         assert_eq!(r.status().as_u16(), status);
         assert!(r.json::<serde_json::Value>().await.unwrap()["error"]["code"].is_string());
@@ -77,6 +75,12 @@ async fn the_math_function_scores_a_group_and_rejects_bad_requests() {
     let mut wrong = request(&["1"], "1");
     wrong.protocol = "rollarc.reward/v0".into();
     assert_eq!(c.post(&f.base).json(&wrong).send().await.unwrap().status(), 400);
+    // Oversized: 413 JSON and `Connection: close`, on a connection of its own (the server stops reading the body).
+    let fresh = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    let r = fresh.post(&f.base).body("x".repeat(9 << 20)).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 413);
+    assert_eq!(r.headers().get("connection").map(|v| v.as_bytes()), Some(&b"close"[..]));
+    assert_eq!(r.json::<serde_json::Value>().await.unwrap()["error"]["code"], "body_too_large");
 }
 
 #[tokio::test]
