@@ -98,3 +98,31 @@ impl RewardScorer for SimReward {
 }
 
 pub type SharedScorer = Arc<dyn RewardScorer>;
+
+/// A reward function reached through the router (serverless or dedicated instances, or a URL):
+/// one call per trajectory as soon as it ends, keyed `job/trajectory@reward` so retries and
+/// hedges give one result.
+pub struct FunctionReward {
+    pub client: functions::client::FunctionClient,
+    /// Makes keys unique across the jobs sharing a function.
+    pub key_prefix: String,
+}
+
+impl RewardScorer for FunctionReward {
+    fn score<'a>(&'a self, traj: &'a Trajectory) -> BoxFuture<'a, Result<f64, RewardError>> {
+        Box::pin(async move {
+            let item = functions::protocol::ScoredItem {
+                trajectory_id: traj.id.clone(),
+                text: traj.final_text.clone(),
+                token_ids: traj.turns.last().map(|t| t.response_tokens.clone()).unwrap_or_default(),
+                env_reward: traj.turns.iter().map(|t| t.env_reward).sum(),
+            };
+            let key = format!("{}/{}", self.key_prefix, traj.id);
+            match self.client.score(&key, vec![item], traj.reference.clone()).await {
+                Ok(scores) => scores.first().map(|s| s.score).ok_or_else(|| RewardError::InvalidScore("no score".into())),
+                Err(functions::client::ClientError::Invalid { why, .. }) => Err(RewardError::InvalidScore(why)),
+                Err(e) => Err(RewardError::Exhausted(e.to_string())),
+            }
+        })
+    }
+}

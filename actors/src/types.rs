@@ -92,6 +92,12 @@ pub struct Trajectory {
     pub invalid_actions: u32,
     pub failure: Option<FailureReason>,
     pub timings: Timings,
+    /// The task's reference (answer, tests) from the environment's reset, for reward functions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<serde_json::Value>,
+    /// The last response as text (what reward functions score).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub final_text: String,
 }
 
 impl Trajectory {

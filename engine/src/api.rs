@@ -120,6 +120,10 @@ pub struct Cluster {
     pub jobs: Vec<ClusterJob>,
     /// Device classes the mapper knows.
     pub devices: Vec<DeviceView>,
+    /// Function deployments of the local runtime (shared by all jobs): instances by phase,
+    /// autoscaler decision and panic state, requests now and at peak, router counters.
+    #[schema(value_type = Vec<Object>)]
+    pub functions: Vec<crate::functions::FunctionView>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -394,7 +398,7 @@ async fn cluster(State(s): State<Arc<Service>>) -> Result<Json<Cluster>, ApiErro
         .filter_map(|n| actors::device::DeviceProfile::builtin(n))
         .map(|d| DeviceView { name: d.name, tflops: d.flops / 1e12, bandwidth_tb_s: d.bandwidth / 1e12, memory_gb: d.memory / 1e9, relative_cost: d.cost })
         .collect();
-    Ok(Json(Cluster { jobs, devices }))
+    Ok(Json(Cluster { jobs, devices, functions: s.functions.view() }))
 }
 
 /// Liveness.

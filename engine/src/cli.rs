@@ -374,6 +374,8 @@ pub fn bench_model() -> anyhow::Result<()> {
         success: false,
         invalid_actions: 0,
         failure: None,
+        reference: None,
+        final_text: String::new(),
         timings: Default::default(),
     };
     let groups = (0..8u64)

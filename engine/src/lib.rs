@@ -8,6 +8,7 @@
 pub mod api;
 pub mod cli;
 pub mod envs;
+pub mod functions;
 pub mod job;
 pub mod server;
 pub mod service;

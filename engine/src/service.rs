@@ -56,6 +56,8 @@ pub enum ServiceError {
     },
     #[error("the service is shutting down and accepts no new jobs")]
     ShuttingDown,
+    #[error("function runtime: {0}")]
+    Functions(String),
     #[error("job {0} not found")]
     NotFound(String),
     #[error("job {id} is already {state}")]
@@ -85,6 +87,8 @@ pub struct Service {
     pub intake: CancellationToken,
     metrics: Catalogue,
     job_restarts: Mutex<BTreeMap<String, RestartTracker>>,
+    /// The function runtime and routers every job's reward functions go through.
+    pub functions: Arc<crate::functions::FunctionHub>,
 }
 
 /// Restart policy of the engine supervisor for failed jobs (actor escalation or panic).
@@ -94,11 +98,12 @@ impl Service {
     pub fn open(cfg: &ServiceConfig) -> Result<Arc<Self>, ServiceError> {
         std::fs::create_dir_all(&cfg.data_dir).map_err(|e| ServiceError::DataDir { dir: cfg.data_dir.clone(), source: e })?;
         let store = Store::open(&cfg.data_dir.join("rollarc.db"))?;
-        Ok(Self::with_store(store, cfg.data_dir.clone(), cfg.max_running))
+        Self::with_store(store, cfg.data_dir.clone(), cfg.max_running)
     }
 
-    pub fn with_store(store: Store, data_dir: PathBuf, max_running: usize) -> Arc<Self> {
-        Arc::new(Self {
+    pub fn with_store(store: Store, data_dir: PathBuf, max_running: usize) -> Result<Arc<Self>, ServiceError> {
+        let functions = crate::functions::FunctionHub::new(crate::functions::default_fn_bin()).map_err(|e| ServiceError::Functions(e.to_string()))?;
+        Ok(Arc::new(Self {
             store,
             data_dir,
             max_running: max_running.max(1),
@@ -107,7 +112,8 @@ impl Service {
             intake: CancellationToken::new(),
             metrics: Catalogue::new(),
             job_restarts: Mutex::new(BTreeMap::new()),
-        })
+            functions,
+        }))
     }
 
     /// Re-queues jobs that were running when the service last stopped, then starts jobs.
@@ -230,7 +236,17 @@ impl Service {
                 let observer = Arc::new(ServiceObserver { service: self.clone(), id: id.clone(), steps: spec.knobs().steps });
                 let sink = Arc::new(JobSink { store: self.store.clone(), job: id.clone() });
                 let checkpoint_dir = Some(self.data_dir.join("checkpoints").join(&id));
-                let run = JobRun { id: id.clone(), spec, start_step, epoch, sink, observer, cancel: cancel.clone(), checkpoint_dir };
+                let run = JobRun {
+                    id: id.clone(),
+                    spec,
+                    start_step,
+                    epoch,
+                    sink,
+                    observer,
+                    cancel: cancel.clone(),
+                    checkpoint_dir,
+                    functions: Some(self.functions.clone()),
+                };
                 // A panic anywhere in the job's runtime fails (or restarts) this job only.
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.block_on(job::run(run)))).unwrap_or_else(|p| {
                     let msg = p
@@ -304,6 +320,8 @@ impl Service {
         if !forced.is_empty() {
             tracing::warn!(jobs = ?forced, "grace period over: interrupted running jobs; they resume at the next start");
         }
+        // Function instances drain last (jobs may still have been scoring).
+        self.functions.shutdown().await;
         forced
     }
 }

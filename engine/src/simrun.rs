@@ -21,7 +21,17 @@ pub fn run_virtual(spec: JobSpec) -> Result<JobSummary, JobError> {
 
 pub fn run_virtual_with(spec: JobSpec, sink: Arc<dyn TrajectorySink>, observer: Arc<dyn StepObserver>) -> Result<JobSummary, JobError> {
     let rt = virtual_runtime().map_err(|e| JobError::Observer(format!("could not build the virtual-time runtime: {e}")))?;
-    rt.block_on(job::run(JobRun { id: "sim".into(), spec, start_step: 0, epoch: 0, sink, observer, cancel: CancellationToken::new(), checkpoint_dir: None }))
+    rt.block_on(job::run(JobRun {
+        id: "sim".into(),
+        spec,
+        start_step: 0,
+        epoch: 0,
+        sink,
+        observer,
+        cancel: CancellationToken::new(),
+        checkpoint_dir: None,
+        functions: None,
+    }))
 }
 
 /// Runs any job to completion on the clock its spec asks for (virtual when every backend is
@@ -39,5 +49,15 @@ pub fn run_blocking(
         crate::spec::Clock::Real => tokio::runtime::Builder::new_current_thread().enable_all().build(),
     }
     .map_err(|e| JobError::Observer(format!("could not build the job runtime: {e}")))?;
-    rt.block_on(job::run(JobRun { id: "run".into(), spec, start_step, epoch, sink, observer, cancel: CancellationToken::new(), checkpoint_dir }))
+    rt.block_on(job::run(JobRun {
+        id: "run".into(),
+        spec,
+        start_step,
+        epoch,
+        sink,
+        observer,
+        cancel: CancellationToken::new(),
+        checkpoint_dir,
+        functions: None,
+    }))
 }

@@ -452,7 +452,58 @@ pub enum FunctionSpec {
         #[serde(default = "d_scale_to_zero")]
         scale_to_zero_after_s: f64,
     },
+    /// A built-in function (`math`, `format`, `env`, `code`, `judge`) run as processes by the
+    /// service's function runtime.
+    Builtin {
+        function: String,
+        /// The function's own configuration (JSON object), e.g. the `format` regex.
+        #[serde(default)]
+        #[schema(value_type = Object)]
+        config: Option<serde_json::Value>,
+        /// Knative knob names (`container-concurrency`, `min-scale`, `stable-window`, …).
+        #[serde(default)]
+        #[schema(value_type = Object)]
+        scaling: infra::faas::Scaling,
+        #[serde(default = "d_fn_timeout")]
+        timeout_s: f64,
+        /// Scores outside this range are rejected.
+        #[serde(default = "d_fn_range")]
+        range: [f64; 2],
+    },
+    /// Any program that serves the function protocol on `$PORT`, run by the function runtime.
+    Command {
+        command: String,
+        #[serde(default)]
+        args: Vec<String>,
+        #[serde(default)]
+        env: BTreeMap<String, String>,
+        #[serde(default)]
+        #[schema(value_type = Object)]
+        scaling: infra::faas::Scaling,
+        #[serde(default = "d_fn_timeout")]
+        timeout_s: f64,
+        #[serde(default = "d_fn_range")]
+        range: [f64; 2],
+    },
+    /// A function already served at a URL (e.g. a Knative Service).
+    Http {
+        url: String,
+        #[serde(default = "d_fn_timeout")]
+        timeout_s: f64,
+        #[serde(default = "d_fn_range")]
+        range: [f64; 2],
+    },
 }
+
+fn d_fn_timeout() -> f64 {
+    30.0
+}
+fn d_fn_range() -> [f64; 2] {
+    [0.0, 1.0]
+}
+
+/// Built-in function executables (`rollarc-fn NAME`).
+pub const BUILTIN_FUNCTIONS: [&str; 5] = ["math", "format", "env", "code", "judge"];
 
 fn d_concurrency() -> usize {
     64
@@ -706,6 +757,20 @@ fn list<T: DeserializeOwned>(obj: &mut serde_json::Map<String, serde_json::Value
 /// Names of the reward functions every job has.
 pub const BUILTIN_REWARDS: [&str; 1] = ["env"];
 
+fn check_function_common(p: &str, scaling: Option<&infra::faas::Scaling>, timeout_s: f64, range: [f64; 2], err: &mut impl FnMut(String, String)) {
+    if !(timeout_s.is_finite() && timeout_s > 0.0) {
+        err(format!("{p}.timeout_s"), format!("must be a positive number of seconds, got {timeout_s}"));
+    }
+    if !(range[0].is_finite() && range[1].is_finite() && range[0] < range[1]) {
+        err(format!("{p}.range"), format!("must be [min, max] with min < max, got {range:?}"));
+    }
+    if let Some(s) = scaling {
+        for (k, m) in s.problems() {
+            err(format!("{p}.scaling.{k}"), m);
+        }
+    }
+}
+
 /// Semantic checks; every problem with its path.
 pub fn validate(spec: &JobSpec) -> Vec<FieldError> {
     let mut errs = Vec::new();
@@ -946,6 +1011,27 @@ pub fn validate(spec: &JobSpec) -> Vec<FieldError> {
                     err(format!("{p}.scale_to_zero_after_s"), format!("must be >= 0, got {scale_to_zero_after_s}"));
                 }
             }
+            FunctionSpec::Builtin { function, config, scaling, timeout_s, range } => {
+                if !BUILTIN_FUNCTIONS.contains(&function.as_str()) {
+                    err(format!("{p}.function"), format!("unknown built-in function {function:?}; one of {}", BUILTIN_FUNCTIONS.join(", ")));
+                }
+                if config.as_ref().is_some_and(|c| !c.is_object()) {
+                    err(format!("{p}.config"), "must be a table (JSON object)".into());
+                }
+                check_function_common(&p, Some(scaling), *timeout_s, *range, &mut err);
+            }
+            FunctionSpec::Command { command, scaling, timeout_s, range, .. } => {
+                if command.trim().is_empty() {
+                    err(format!("{p}.command"), "must name an executable".into());
+                }
+                check_function_common(&p, Some(scaling), *timeout_s, *range, &mut err);
+            }
+            FunctionSpec::Http { url, timeout_s, range } => {
+                if !(url.starts_with("http://") || url.starts_with("https://")) || reqwest::Url::parse(url).is_err() {
+                    err(format!("{p}.url"), format!("{url:?} is not an http(s) URL"));
+                }
+                check_function_common(&p, None, *timeout_s, *range, &mut err);
+            }
         }
     }
     match &spec.trainer {
@@ -1035,7 +1121,9 @@ impl JobSpec {
 
     /// Whether every backend is simulated (so the job can run on the virtual clock).
     pub fn all_simulated(&self) -> bool {
-        self.pools.iter().all(|p| matches!(p.backend, BackendSpec::Sim { .. })) && matches!(self.trainer, TrainerSpec::Sim { .. })
+        self.pools.iter().all(|p| matches!(p.backend, BackendSpec::Sim { .. }))
+            && matches!(self.trainer, TrainerSpec::Sim { .. })
+            && self.reward.functions.values().all(|f| matches!(f, FunctionSpec::Sim { .. }))
     }
 
     /// The clock the job runs on.

@@ -1,10 +1,14 @@
 //! Reward and judge functions: the versioned wire protocol (the only place reward types are
 //! serialised), the SDK that serves a scorer as an HTTP function under the Knative runtime
-//! contract, and the built-in scorers (`math`, `format`, `env`; served by the `rollarc-fn`
-//! binary).
+//! contract, and the built-in scorers (`math`, `format`, `env`, `code` — Python run against
+//! tests in the sandbox — and `judge` — an LLM judge behind an OpenAI-compatible endpoint;
+//! served by the `rollarc-fn` binary).
 //!
 //! Architecture invariant: nothing here knows about actors, GPUs or jobs.
 
+pub mod client;
+pub mod code;
+pub mod judge;
 pub mod math;
 pub mod protocol;
 pub mod scorers;

@@ -190,7 +190,15 @@ pub fn builtin(name: &str, config: Option<&str>) -> Result<Box<dyn Scorer>, Scor
             let c: EnvConfig = serde_json::from_str(&cfg("{}")).map_err(|e| ScoreError::BadRequest(format!("env config: {e}")))?;
             Ok(Box::new(EnvScorer(c)))
         }
-        other => Err(ScoreError::BadRequest(format!("unknown function {other:?}: math, format or env"))),
+        "code" => {
+            let c: crate::code::CodeConfig = serde_json::from_str(&cfg("{}")).map_err(|e| ScoreError::BadRequest(format!("code config: {e}")))?;
+            Ok(Box::new(crate::code::CodeScorer::new(c)?))
+        }
+        "judge" => {
+            let c: crate::judge::JudgeConfig = serde_json::from_str(&cfg("{}")).map_err(|e| ScoreError::BadRequest(format!("judge config: {e}")))?;
+            Ok(Box::new(crate::judge::JudgeScorer::new(c, &infra::env::ProcessEnv)?))
+        }
+        other => Err(ScoreError::BadRequest(format!("unknown function {other:?}: math, format, env, code or judge"))),
     }
 }
 
@@ -233,5 +241,17 @@ mod tests {
         assert_eq!(run(env.as_ref(), &req(&[("", 0.0), ("", 1.0), ("", -5.0)], None)).unwrap(), vec![-0.5, 1.0, -1.0]);
         assert!(run(env.as_ref(), &req(&[("", f64::NAN)], None)).is_err());
         assert!(builtin("judge9", None).is_err());
+    }
+
+    #[test]
+    fn code_and_judge_are_built_in() {
+        let code = builtin("code", Some(r#"{"sandbox": "none", "timeout_s": 5}"#)).unwrap();
+        assert_eq!(code.name(), "code");
+        let judge = builtin("judge", Some(r#"{"endpoint": "http://127.0.0.1:9", "model": "m", "rubric": "r", "mode": "group"}"#)).unwrap();
+        assert_eq!(judge.name(), "judge");
+        let msg = |r: Result<Box<dyn Scorer>, ScoreError>| r.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(msg(builtin("judge", None)).contains("judge config"), "a judge needs an endpoint, a model and a rubric");
+        assert!(msg(builtin("code", Some(r#"{"sandbox": "docker"}"#))).contains("code config"));
+        assert!(msg(builtin("judge9", None)).contains("math, format, env, code or judge"));
     }
 }

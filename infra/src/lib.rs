@@ -5,5 +5,8 @@
 //! Architecture invariant: nothing here knows about RL, trajectories, models or jobs.
 
 pub mod env;
+pub mod faas;
+pub mod router;
+pub mod sandbox;
 pub mod shutdown;
 pub mod telemetry;

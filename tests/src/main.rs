@@ -2,7 +2,9 @@
 
 mod api;
 mod builtin;
+mod code_judge;
 mod envs;
 mod persistence;
 mod reward_functions;
 mod scheduler;
+mod serverless;

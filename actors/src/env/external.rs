@@ -132,7 +132,8 @@ fn info_flag(r: &Response, key: &str) -> bool {
 impl Environment for ExternalEnv {
     async fn reset(&mut self, seed: u64) -> Result<Observation, EnvError> {
         let r = self.call(&Request::Reset { v: PROTOCOL_VERSION, seed }).await?;
-        Ok(Observation { text: r.observation.unwrap_or_default(), tokens: None, sim_response_len: None })
+        let reference = r.info.as_ref().and_then(|i| i.get("reference")).cloned();
+        Ok(Observation { text: r.observation.unwrap_or_default(), tokens: None, sim_response_len: None, reference })
     }
 
     async fn step(&mut self, action: &str, _tokens: &[u32]) -> Result<StepOutcome, EnvError> {
@@ -144,7 +145,7 @@ impl Environment for ExternalEnv {
         Ok(StepOutcome {
             success: info_flag(&r, "success"),
             invalid_action: info_flag(&r, "invalid_action"),
-            observation: Observation { text: r.observation.clone().unwrap_or_default(), tokens: None, sim_response_len: None },
+            observation: Observation { text: r.observation.clone().unwrap_or_default(), tokens: None, sim_response_len: None, reference: None },
             reward,
             terminated: r.terminated.unwrap_or(false),
             truncated: r.truncated.unwrap_or(false),

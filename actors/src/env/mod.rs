@@ -22,6 +22,8 @@ pub struct Observation {
     pub tokens: Option<Vec<u32>>,
     /// For simulators only: the length of the simulated policy's next answer.
     pub sim_response_len: Option<u32>,
+    /// The task's reference (answer, tests) for reward functions; set at reset.
+    pub reference: Option<serde_json::Value>,
 }
 
 /// The result of one step.

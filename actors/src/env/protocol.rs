@@ -10,7 +10,8 @@
 //! ← {"v":1,"ok":true}
 //! ← {"v":1,"ok":false,"error":"what went wrong"}      (any request)
 //! ```
-//! `info` is free-form; rollarc reads `success` and `invalid_action` from it when present.
+//! `info` is free-form; rollarc reads `success` and `invalid_action` from it when present, and
+//! on `reset` a `reference` (the task's answer or tests) that it hands to reward functions.
 
 use serde::{Deserialize, Serialize};
 

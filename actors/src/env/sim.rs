@@ -56,7 +56,7 @@ impl SimEnv {
         let n = self.cfg.observation_tokens.sample(&mut self.rng).round().max(1.0) as usize;
         let tokens = (0..n).map(|_| self.rng.random_range(1..32_000u32)).collect();
         let len = self.cfg.response_tokens.sample(&mut self.rng).round().max(1.0) as u32;
-        Observation { text: String::new(), tokens: Some(tokens), sim_response_len: Some(len) }
+        Observation { text: String::new(), tokens: Some(tokens), sim_response_len: Some(len), reference: None }
     }
 
     async fn latency(&mut self, d: &Dist) -> Result<(), EnvError> {

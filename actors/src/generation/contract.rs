@@ -146,6 +146,8 @@ mod tests {
             success: r > 0.0,
             invalid_actions: 0,
             failure: None,
+            reference: None,
+            final_text: String::new(),
             timings: Default::default(),
         };
         Batch {

@@ -38,6 +38,8 @@ fn traj(group: u64, obs: Vec<u32>, resp: Vec<u32>, lps: Vec<f32>, reward: f64) -
         success: reward > 0.5,
         invalid_actions: 0,
         failure: None,
+        reference: None,
+        final_text: String::new(),
         timings: Timings::default(),
     }
 }

@@ -124,6 +124,8 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
         success: false,
         invalid_actions: 0,
         failure: None,
+        reference: None,
+        final_text: String::new(),
         timings: Timings { started_at_s: t_start.duration_since(shared.started).as_secs_f64(), ..Timings::default() },
     };
     let wait0 = tokio::time::Instant::now();
@@ -144,6 +146,7 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
             return traj;
         }
     };
+    traj.reference = obs.reference.take();
     let mut context: Vec<u32> = Vec::new();
     for turn_no in 0..task.max_turns {
         let turn_span = tracing::trace_span!("turn", turn = turn_no);
@@ -194,6 +197,7 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
             started_at_s,
         };
         let action = shared.framing.as_ref().map(|t| t.decode(&turn.response_tokens)).unwrap_or_default();
+        traj.final_text.clone_from(&action);
         let t = tokio::time::Instant::now();
         let stepped = env.step(action, turn.response_tokens.clone()).instrument(tracing::trace_span!(parent: &turn_span, "env.step")).await;
         traj.timings.env_step_s += secs(t);

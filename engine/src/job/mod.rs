@@ -203,6 +203,9 @@ pub struct JobRun {
     pub cancel: CancellationToken,
     /// Where the built-in trainer keeps its checkpoints (none: not kept).
     pub checkpoint_dir: Option<std::path::PathBuf>,
+    /// The service's function hub (runtime + routers); none: the job starts its own when it
+    /// names functions that run as processes, and stops it at the end.
+    pub functions: Option<Arc<crate::functions::FunctionHub>>,
 }
 
 struct Pools {
@@ -215,13 +218,25 @@ struct Pools {
 pub async fn run(job: JobRun) -> Result<JobSummary, JobError> {
     let knobs = job.spec.knobs();
     let started = tokio::time::Instant::now();
+    let needs_hub = job.spec.reward.functions.values().any(|f| !matches!(f, FunctionSpec::Sim { .. }));
+    let (hub, own_hub) = match (&job.functions, needs_hub) {
+        (Some(h), _) => (Some(h.clone()), false),
+        (None, true) => (Some(crate::functions::FunctionHub::new(crate::functions::default_fn_bin()).map_err(|e| JobError::Observer(e.to_string()))?), true),
+        (None, false) => (None, false),
+    };
     let prefix = format!("{}/r{}", job.id, job.epoch);
     let (sup, report) = supervisor::spawn(&prefix).await.map_err(|source| JobError::Spawn { what: "job supervisor".into(), source })?;
     let span = tracing::info_span!("job", job = %job.id, epoch = job.epoch);
-    let result = tracing::Instrument::instrument(run_inner(&job, &knobs, started, &sup, &report), span).await;
+    let result = tracing::Instrument::instrument(run_inner(&job, &knobs, started, &sup, &report, hub.as_ref()), span).await;
     // Stop intake and abort episodes first, then the tree.
     sup.stop_children(None);
     sup.stop(None);
+    if let Some(h) = &hub {
+        h.release(&job.id).await;
+        if own_hub {
+            h.shutdown().await;
+        }
+    }
     result
 }
 
@@ -231,6 +246,7 @@ async fn run_inner(
     started: tokio::time::Instant,
     sup: &ActorRef<supervisor::SupMsg>,
     report: &Arc<SupervisorReport>,
+    hub: Option<&Arc<crate::functions::FunctionHub>>,
 ) -> Result<JobSummary, JobError> {
     let spec = &job.spec;
     let cell = sup.get_cell();
@@ -264,7 +280,7 @@ async fn run_inner(
         }
     }
 
-    let tasks = build_tasks(spec, knobs, &cell).await?;
+    let tasks = build_tasks(spec, knobs, &cell, &job.id, hub).await?;
 
     let sched_slot: Arc<OnceLock<ActorRef<SchedMsg>>> = Arc::new(OnceLock::new());
     let notify_slot = sched_slot.clone();
@@ -543,7 +559,13 @@ async fn spawn_pools(spec: &JobSpec, knobs: &Knobs, epoch: u64, cell: &ractor::A
     Ok(Pools { views, actors: all, restarts })
 }
 
-async fn build_tasks(spec: &JobSpec, knobs: &Knobs, cell: &ractor::ActorCell) -> Result<Vec<EpisodeTask>, JobError> {
+async fn build_tasks(
+    spec: &JobSpec,
+    knobs: &Knobs,
+    cell: &ractor::ActorCell,
+    job_id: &str,
+    hub: Option<&Arc<crate::functions::FunctionHub>>,
+) -> Result<Vec<EpisodeTask>, JobError> {
     let mut functions: BTreeMap<String, SharedScorer> = BTreeMap::new();
     for (name, f) in &spec.reward.functions {
         let scorer: SharedScorer = match f {
@@ -560,6 +582,10 @@ async fn build_tasks(spec: &JobSpec, knobs: &Knobs, cell: &ractor::ActorCell) ->
                     )),
                     Placement::Local => Arc::new(SimReward::new(latency, Duration::ZERO, *concurrency, None, seed)),
                 }
+            }
+            other => {
+                let hub = hub.ok_or_else(|| JobError::Observer(format!("reward.functions.{name}: no function runtime")))?;
+                hub.scorer(job_id, name, other, knobs.placement).map_err(|e| JobError::Observer(e.to_string()))?
             }
         };
         functions.insert(name.clone(), scorer);

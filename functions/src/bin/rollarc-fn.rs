@@ -1,6 +1,7 @@
-//! `rollarc-fn NAME [--config JSON]`: a built-in reward function (`math`, `format`, `env`)
-//! served over HTTP on `$PORT` (default 8080; `0` picks a free port), all interfaces unless
-//! `$HOST` says otherwise. Logs `listening on ADDR` on stderr once ready.
+//! `rollarc-fn NAME [--config JSON]`: a built-in reward function (`math`, `format`, `env`,
+//! `code`, `judge`; see `functions::scorers::builtin` for their configurations) served over
+//! HTTP on `$PORT` (default 8080; `0` picks a free port), all interfaces unless `$HOST` says
+//! otherwise. Logs `listening on ADDR` on stderr once ready.
 
 use std::sync::Arc;
 
@@ -9,7 +10,7 @@ use infra::env::{EnvSource, ProcessEnv};
 fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(name) = args.first() else {
-        eprintln!("usage: rollarc-fn math|format|env [--config JSON]");
+        eprintln!("usage: rollarc-fn math|format|env|code|judge [--config JSON]");
         return std::process::ExitCode::from(2);
     };
     let config = args.iter().position(|a| a == "--config").and_then(|i| args.get(i + 1)).map(String::as_str);

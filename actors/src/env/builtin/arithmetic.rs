@@ -71,7 +71,12 @@ impl Environment for Arithmetic {
         };
         self.question = format!("{a}{op}{b}=");
         self.done = false;
-        Ok(Observation { text: self.question.clone(), tokens: None, sim_response_len: None })
+        Ok(Observation {
+            text: self.question.clone(),
+            tokens: None,
+            sim_response_len: None,
+            reference: Some(serde_json::json!({ "answer": self.answer.to_string() })),
+        })
     }
 
     async fn step(&mut self, action: &str, _tokens: &[u32]) -> Result<StepOutcome, EnvError> {

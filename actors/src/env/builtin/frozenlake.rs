@@ -69,7 +69,7 @@ impl FrozenLake {
     }
 
     fn obs(&self) -> Observation {
-        Observation { text: self.render(), tokens: None, sim_response_len: None }
+        Observation { text: self.render(), tokens: None, sim_response_len: None, reference: None }
     }
 }
 

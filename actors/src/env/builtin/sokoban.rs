@@ -121,7 +121,7 @@ impl Sokoban {
     }
 
     fn obs(&self) -> Observation {
-        Observation { text: self.render(), tokens: None, sim_response_len: None }
+        Observation { text: self.render(), tokens: None, sim_response_len: None, reference: None }
     }
 }
 

@@ -52,7 +52,7 @@ impl TicTacToe {
     }
 
     fn obs(&self) -> Observation {
-        Observation { text: self.render(), tokens: None, sim_response_len: None }
+        Observation { text: self.render(), tokens: None, sim_response_len: None, reference: None }
     }
 
     fn end(&mut self, reward: f64, success: bool) -> StepOutcome {

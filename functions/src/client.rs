@@ -1,0 +1,100 @@
+//! The caller's side of the protocol: builds a scoring request, sends it through the router
+//! (`infra::router`), and accepts only a valid answer — protocol, one finite in-range score per
+//! asked trajectory, nothing foreign. Invalid answers are rejected and counted, never used.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use infra::router::{Call, Router, RouterError};
+
+use crate::protocol::{PROTOCOL_VERSION, ResponseError, Score, ScoreRequest, ScoreResponse, ScoredItem};
+
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error(transparent)]
+    Router(#[from] RouterError),
+    #[error("function {function} returned an invalid response: {why}")]
+    Invalid { function: String, why: String },
+}
+
+/// A reward function as the engine calls it.
+pub struct FunctionClient {
+    router: Arc<Router>,
+    /// Reward spec name and version, part of every idempotency key.
+    reward: String,
+    min: f64,
+    max: f64,
+    timeout: Duration,
+    pub rejected: AtomicU64,
+}
+
+fn rejected_counter() -> &'static opentelemetry::metrics::Counter<u64> {
+    static C: std::sync::OnceLock<opentelemetry::metrics::Counter<u64>> = std::sync::OnceLock::new();
+    C.get_or_init(|| {
+        infra::telemetry::Metrics::global()
+            .meter()
+            .u64_counter("rollarc_function_rejected_responses_total")
+            .with_description("Function responses rejected: undecodable, wrong protocol, non-finite or out-of-range score, foreign trajectory id, oversized")
+            .build()
+    })
+}
+
+impl FunctionClient {
+    pub fn new(router: Arc<Router>, reward: impl Into<String>, range: (f64, f64), timeout: Duration) -> Self {
+        Self { router, reward: reward.into(), min: range.0, max: range.1, timeout, rejected: AtomicU64::new(0) }
+    }
+
+    pub fn router(&self) -> &Arc<Router> {
+        &self.router
+    }
+
+    fn reject(&self, reason: &'static str, why: String) -> ClientError {
+        self.rejected.fetch_add(1, Ordering::Relaxed);
+        rejected_counter()
+            .add(1, &[opentelemetry::KeyValue::new("function", self.router.function().to_string()), opentelemetry::KeyValue::new("reason", reason)]);
+        tracing::warn!(function = self.router.function(), reason, %why, "function response rejected");
+        ClientError::Invalid { function: self.router.function().to_string(), why }
+    }
+
+    /// Scores items (one trajectory or a group) under the key `key@reward`.
+    pub async fn score(&self, key: &str, items: Vec<ScoredItem>, reference: Option<serde_json::Value>) -> Result<Vec<Score>, ClientError> {
+        let req = ScoreRequest {
+            protocol: PROTOCOL_VERSION.into(),
+            idempotency_key: format!("{key}@{}", self.reward),
+            reward: self.reward.clone(),
+            reference,
+            deadline_ms: self.timeout.as_millis() as u64,
+            items,
+        };
+        let body =
+            serde_json::to_vec(&req).map_err(|e| ClientError::Invalid { function: self.router.function().into(), why: format!("cannot encode: {e}") })?;
+        let call = Call { key: req.idempotency_key.clone(), body: Bytes::from(body), deadline: tokio::time::Instant::now() + self.timeout };
+        let reply = match self.router.call(call).await {
+            Ok(r) => r,
+            Err(RouterError::Failed { last, .. }) if last.contains("response body over") => return Err(self.reject("oversized", last)),
+            Err(e) => return Err(e.into()),
+        };
+        let resp: ScoreResponse = serde_json::from_slice(&reply.body).map_err(|e| self.reject("undecodable", format!("not a scoring response: {e}")))?;
+        resp.validate(&req, self.min, self.max).map_err(|e| {
+            let reason = match e {
+                ResponseError::Protocol { .. } => "protocol",
+                ResponseError::NotFinite { .. } => "not_finite",
+                ResponseError::OutOfRange { .. } => "out_of_range",
+                ResponseError::UnknownTrajectory { .. } => "foreign_id",
+                ResponseError::Count { .. } => "count",
+            };
+            self.reject(reason, e.to_string())
+        })?;
+        // In the order asked.
+        let mut out = Vec::with_capacity(req.items.len());
+        for it in &req.items {
+            match resp.scores.iter().find(|s| s.trajectory_id == it.trajectory_id) {
+                Some(s) => out.push(s.clone()),
+                None => return Err(self.reject("count", format!("no score for {}", it.trajectory_id))),
+            }
+        }
+        Ok(out)
+    }
+}
