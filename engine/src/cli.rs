@@ -486,3 +486,170 @@ pub fn bench_env() -> anyhow::Result<()> {
 fn unreachable_env() -> Box<dyn actors::env::DynEnvironment> {
     Box::new(actors::env::builtin::frozenlake::FrozenLake::new(Default::default()))
 }
+
+/// `rollarc bench --what functions`: router overhead against a direct call, burst from zero,
+/// overload absorb, and retry amplification under instance kills, on real `rollarc-fn`
+/// processes of the local runtime.
+pub fn bench_functions() -> anyhow::Result<()> {
+    use functions::protocol::{PROTOCOL_VERSION, ScoreRequest, ScoredItem};
+    use infra::faas::{DeploymentConfig, Dur, FunctionRuntime, Scaling};
+    use infra::router::{Call, Router, RouterConfig, Target};
+    use rand::{Rng, SeedableRng};
+    use std::sync::Arc;
+    use std::time::Duration;
+    use tokio::time::Instant;
+
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(async {
+        let bin = crate::functions::default_fn_bin().to_string_lossy().into_owned();
+        let runtime = FunctionRuntime::new();
+        let body = |k: &str| {
+            let req = ScoreRequest {
+                protocol: PROTOCOL_VERSION.into(),
+                idempotency_key: k.into(),
+                reward: "bench@1".into(),
+                reference: Some(serde_json::json!("42")),
+                deadline_ms: 30_000,
+                items: vec![ScoredItem { trajectory_id: k.into(), text: "the answer is 42".into(), token_ids: vec![], env_reward: 0.0 }],
+            };
+            bytes::Bytes::from(serde_json::to_vec(&req).unwrap_or_default())
+        };
+        let call = |k: String| Call { body: body(&k), key: k, deadline: Instant::now() + Duration::from_secs(60) };
+        let pct = |v: &mut Vec<f64>, p: f64| {
+            v.sort_by(f64::total_cmp);
+            v[((v.len() as f64 - 1.0) * p).round() as usize]
+        };
+        let wait_ready = |d: Arc<infra::faas::Deployment>, n: u32| async move {
+            let t = Instant::now();
+            while d.status().ready < n && t.elapsed() < Duration::from_secs(30) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        println!("functions benchmark (release, real rollarc-fn processes, 2 cores)");
+
+        // 1. Router overhead at a fixed rate: 200 calls/s, 1,000 calls, one warm instance.
+        let mut cfg = DeploymentConfig::new("bench-direct", bin.clone(), vec!["math".into()]);
+        cfg.scaling = Scaling { min_scale: 1, initial_scale: 1, ..Scaling::default() };
+        let dep = runtime.deploy(cfg)?;
+        wait_ready(dep.clone(), 1).await;
+        let url = dep.endpoints().borrow().first().map(|e| e.url.clone()).unwrap_or_default();
+        let router = Router::new("bench-direct", Target::Local(dep.clone()), RouterConfig::default());
+        let client = reqwest::Client::new();
+        let (mut direct, mut routed) = (Vec::new(), Vec::new());
+        let mut tick = tokio::time::interval(Duration::from_millis(5));
+        for i in 0..1000 {
+            tick.tick().await;
+            let t = Instant::now();
+            client.post(&url).body(body(&format!("d{i}"))).send().await?.bytes().await?;
+            direct.push(t.elapsed().as_secs_f64() * 1e3);
+            tick.tick().await;
+            let t = Instant::now();
+            router.call(call(format!("r{i}"))).await?;
+            routed.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        let (d50, d99, r50, r99) = (pct(&mut direct, 0.5), pct(&mut direct, 0.99), pct(&mut routed, 0.5), pct(&mut routed, 0.99));
+        println!("  router overhead @200/s: direct p50 {d50:.3} ms p99 {d99:.3} ms; routed p50 {r50:.3} ms p99 {r99:.3} ms; Δp50 {:.3} ms Δp99 {:.3} ms", r50 - d50, r99 - d99);
+
+        // 2. Burst from zero: 200 simultaneous calls to a deployment at zero.
+        let mut cfg = DeploymentConfig::new("bench-burst", bin.clone(), vec!["math".into()]);
+        cfg.scaling = Scaling { initial_scale: 0, container_concurrency: 8, tick_interval: Dur::millis(500), ..Scaling::default() };
+        let dep = runtime.deploy(cfg)?;
+        let router = Router::new("bench-burst", Target::Local(dep.clone()), RouterConfig { container_concurrency: 8, ..RouterConfig::default() });
+        let t0 = Instant::now();
+        let hs: Vec<_> = (0..200)
+            .map(|i| {
+                let (r, c) = (router.clone(), call(format!("b{i}")));
+                tokio::spawn(async move {
+                    let t = Instant::now();
+                    (r.call(c).await.is_ok(), t.elapsed().as_secs_f64())
+                })
+            })
+            .collect();
+        let (mut errors, mut max_lat, mut first) = (0, 0.0f64, f64::MAX);
+        for h in hs {
+            let (ok, lat) = h.await?;
+            errors += usize::from(!ok);
+            max_lat = max_lat.max(lat);
+            first = first.min(lat);
+        }
+        let st = dep.status();
+        println!(
+            "  burst from zero: 200 calls, errors {errors}, first answer {first:.3} s (cold start), max latency {max_lat:.3} s, all done {:.3} s, instances started {}",
+            t0.elapsed().as_secs_f64(),
+            st.instances_started
+        );
+
+        // 3. Overload absorb: one instance, container concurrency 1, 1,000 simultaneous calls.
+        let mut cfg = DeploymentConfig::new("bench-absorb", bin.clone(), vec!["math".into()]);
+        cfg.scaling = Scaling { min_scale: 1, max_scale: 1, initial_scale: 1, container_concurrency: 1, ..Scaling::default() };
+        let dep = runtime.deploy(cfg)?;
+        wait_ready(dep.clone(), 1).await;
+        let router = Router::new("bench-absorb", Target::Local(dep.clone()), RouterConfig { container_concurrency: 1, ..RouterConfig::default() });
+        let t0 = Instant::now();
+        let hs: Vec<_> = (0..1000)
+            .map(|i| {
+                let (r, c) = (router.clone(), call(format!("a{i}")));
+                tokio::spawn(async move { r.call(c).await.is_ok() })
+            })
+            .collect();
+        let mut ok = 0;
+        for h in hs {
+            ok += usize::from(h.await?);
+        }
+        println!(
+            "  overload absorb: 1 instance, concurrency 1, 1,000 simultaneous: {ok}/1000 succeeded in {:.3} s, peak queue {}",
+            t0.elapsed().as_secs_f64(),
+            router.stats().snapshot().peak_queued
+        );
+
+        // 4. Retry amplification: 3 instances, SIGKILL of a random one every 500 ms, open-loop load.
+        let mut cfg = DeploymentConfig::new("bench-kill", bin.clone(), vec!["math".into()]);
+        cfg.scaling = Scaling { min_scale: 3, initial_scale: 3, container_concurrency: 4, ..Scaling::default() };
+        let dep = runtime.deploy(cfg)?;
+        wait_ready(dep.clone(), 3).await;
+        let router = Router::new("bench-kill", Target::Local(dep.clone()), RouterConfig { container_concurrency: 4, ..RouterConfig::default() });
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let killer = {
+            let (dep, stop) = (dep.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
+                let mut kills = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    let pids = dep.ready_pids();
+                    if let Some(&p) = pids.get(rng.random_range(0..pids.len().max(1))) {
+                        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(p as i32), nix::sys::signal::Signal::SIGKILL);
+                        kills += 1;
+                    }
+                }
+                kills
+            })
+        };
+        // Open loop: 400 calls/s for 10 s.
+        let t0 = Instant::now();
+        let mut tick = tokio::time::interval(Duration::from_micros(2500));
+        let mut hs = Vec::with_capacity(4000);
+        for i in 0..4000 {
+            tick.tick().await;
+            let (r, c) = (router.clone(), call(format!("k{i}")));
+            hs.push(tokio::spawn(async move { r.call(c).await.is_ok() }));
+        }
+        let mut ok = 0;
+        for h in hs {
+            ok += usize::from(h.await?);
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let kills = killer.await?;
+        let st = router.stats().snapshot();
+        println!(
+            "  kills under load: 4,000 calls at 400/s in {:.2} s, {kills} SIGKILLs, success {:.3}%, tries/calls {:.3}, retries {}, budget exhausted {}",
+            t0.elapsed().as_secs_f64(),
+            100.0 * ok as f64 / 4000.0,
+            st.tries as f64 / st.calls.max(1) as f64,
+            st.retries,
+            st.budget_exhausted
+        );
+        runtime.shutdown().await;
+        anyhow::Ok(())
+    })
+}

@@ -66,7 +66,7 @@ enum Cmd {
     Bench {
         #[arg(long, default_value_t = 10_000)]
         episodes: usize,
-        /// scheduler, model, env or all.
+        /// scheduler, model, env, functions or all.
         #[arg(long, default_value = "all")]
         what: String,
     },
@@ -215,8 +215,11 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             if what == "env" || what == "all" {
                 engine::cli::bench_env()?;
             }
-            if !["scheduler", "model", "env", "all"].contains(&what.as_str()) {
-                anyhow::bail!("unknown benchmark {what:?}: scheduler, model, env or all");
+            if what == "functions" || what == "all" {
+                engine::cli::bench_functions()?;
+            }
+            if !["scheduler", "model", "env", "functions", "all"].contains(&what.as_str()) {
+                anyhow::bail!("unknown benchmark {what:?}: scheduler, model, env, functions or all");
             }
             Ok(std::process::ExitCode::SUCCESS)
         }
