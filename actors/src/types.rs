@@ -98,6 +98,10 @@ pub struct Trajectory {
     /// The last response as text (what reward functions score).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub final_text: String,
+    /// Tokens the policy was constrained to (constrained decoding); the trainer applies the
+    /// same constraint to its log-probabilities.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_tokens: Option<Vec<u32>>,
 }
 
 impl Trajectory {

@@ -106,31 +106,35 @@ impl FunctionHub {
 
     /// The deployment (or URL) and router for one of a job's reward functions.
     pub fn scorer(&self, job: &str, name: &str, spec: &FunctionSpec, placement: Placement) -> Result<SharedScorer, HubError> {
-        let (dep, scaling, timeout_s, range) = match spec {
+        let (dep, scaling, timeout_s, range, hedge) = match spec {
             FunctionSpec::Sim { .. } => return Err(HubError::Deploy { name: name.into(), message: "simulated functions do not run on the runtime".into() }),
-            FunctionSpec::Http { url, timeout_s, range } => {
-                let router = self.router_for(&format!("url:{url}"), || {
+            FunctionSpec::Http { url, timeout_s, range, hedge_percentile } => {
+                let router = self.router_for(&format!("url:{url}:{hedge_percentile:?}"), || {
                     Router::new(
                         name,
                         Target::Url(url.clone()),
-                        RouterConfig { per_try_timeout: Duration::from_secs_f64(*timeout_s), ..RouterConfig::default() },
+                        RouterConfig {
+                            per_try_timeout: Duration::from_secs_f64(*timeout_s),
+                            hedge_percentile: hedge_percentile.map(|h| h as f32),
+                            ..RouterConfig::default()
+                        },
                     )
                 });
                 let client = FunctionClient::new(router, format!("{name}@1"), (range[0], range[1]), Duration::from_secs_f64(*timeout_s));
                 return Ok(Arc::new(FunctionReward { client, key_prefix: job.to_string() }));
             }
-            FunctionSpec::Builtin { function, config, scaling, timeout_s, range } => {
+            FunctionSpec::Builtin { function, config, scaling, timeout_s, range, hedge_percentile } => {
                 let mut args = vec![function.clone()];
                 if let Some(c) = config {
                     args.extend(["--config".to_string(), c.to_string()]);
                 }
                 let d = DeploymentConfig::new(function.clone(), self.fn_bin.to_string_lossy().into_owned(), args);
-                (d, scaling.clone(), *timeout_s, *range)
+                (d, scaling.clone(), *timeout_s, *range, *hedge_percentile)
             }
-            FunctionSpec::Command { command, args, env, scaling, timeout_s, range } => {
+            FunctionSpec::Command { command, args, env, scaling, timeout_s, range, hedge_percentile } => {
                 let mut d = DeploymentConfig::new(dns(name), command.clone(), args.clone());
                 d.env = env.clone();
-                (d, scaling.clone(), *timeout_s, *range)
+                (d, scaling.clone(), *timeout_s, *range, *hedge_percentile)
             }
         };
         let mut dep = dep;
@@ -160,6 +164,7 @@ impl FunctionHub {
                     per_try_timeout: Duration::from_secs_f64(timeout_s),
                     container_concurrency: cc,
                     buffer: dep.activator_capacity,
+                    hedge_percentile: hedge.map(|h| h as f32),
                     ..RouterConfig::default()
                 },
             )

@@ -102,6 +102,31 @@ pub struct TaskSpec {
     /// Environments (and so concurrent episodes) for this task; default from the rollout size.
     #[serde(default)]
     pub envs: Option<usize>,
+    /// Constrained decoding (built-in model): the policy samples only the environment's
+    /// action alphabet (`LDRU` for the grid games, digits and `-` for arithmetic, `1`–`9` for
+    /// tic-tac-toe), plus end-of-turn when a turn may be longer than one token.
+    #[serde(default)]
+    pub constrain_actions: bool,
+    /// The alphabet for `constrain_actions`, overriding the environment's (ASCII characters).
+    #[serde(default)]
+    pub action_alphabet: Option<String>,
+}
+
+impl TaskSpec {
+    /// Token ids the policy is constrained to, when `constrain_actions` is on.
+    pub fn allowed_tokens(&self) -> Option<Vec<u32>> {
+        if !self.constrain_actions {
+            return None;
+        }
+        let alphabet = self.action_alphabet.clone().or_else(|| self.env.action_alphabet().map(str::to_string))?;
+        let mut v: Vec<u32> = alphabet.bytes().map(u32::from).collect();
+        if self.max_tokens_per_turn > 1 {
+            v.push(actors::model::tokenizer::EOT);
+        }
+        v.sort_unstable();
+        v.dedup();
+        Some(v)
+    }
 }
 
 fn d_group_size() -> usize {
@@ -212,6 +237,18 @@ pub enum EnvSpec {
         #[serde(default)]
         end_on_invalid: bool,
     },
+}
+
+impl EnvSpec {
+    /// The characters a built-in environment's actions are written in.
+    pub fn action_alphabet(&self) -> Option<&'static str> {
+        match self {
+            EnvSpec::Frozenlake { .. } | EnvSpec::Sokoban { .. } => Some("LDRU"),
+            EnvSpec::Arithmetic { .. } => Some("0123456789-"),
+            EnvSpec::Tictactoe { .. } => Some("123456789"),
+            EnvSpec::Sim { .. } | EnvSpec::External { .. } => None,
+        }
+    }
 }
 
 fn d_half() -> f64 {
@@ -469,6 +506,10 @@ pub enum FunctionSpec {
         /// Scores outside this range are rejected.
         #[serde(default = "d_fn_range")]
         range: [f64; 2],
+        /// Hedge a call (a second try elsewhere) once it runs past this latency percentile
+        /// (e.g. 0.95), under a budget; off by default.
+        #[serde(default)]
+        hedge_percentile: Option<f64>,
     },
     /// Any program that serves the function protocol on `$PORT`, run by the function runtime.
     Command {
@@ -484,6 +525,8 @@ pub enum FunctionSpec {
         timeout_s: f64,
         #[serde(default = "d_fn_range")]
         range: [f64; 2],
+        #[serde(default)]
+        hedge_percentile: Option<f64>,
     },
     /// A function already served at a URL (e.g. a Knative Service).
     Http {
@@ -492,6 +535,8 @@ pub enum FunctionSpec {
         timeout_s: f64,
         #[serde(default = "d_fn_range")]
         range: [f64; 2],
+        #[serde(default)]
+        hedge_percentile: Option<f64>,
     },
 }
 
@@ -757,6 +802,14 @@ fn list<T: DeserializeOwned>(obj: &mut serde_json::Map<String, serde_json::Value
 /// Names of the reward functions every job has.
 pub const BUILTIN_REWARDS: [&str; 1] = ["env"];
 
+fn check_hedge(p: &str, hedge: Option<f64>, err: &mut impl FnMut(String, String)) {
+    if let Some(h) = hedge
+        && !(h > 0.0 && h < 1.0)
+    {
+        err(format!("{p}.hedge_percentile"), format!("must be in (0, 1), e.g. 0.95; got {h}"));
+    }
+}
+
 fn check_function_common(p: &str, scaling: Option<&infra::faas::Scaling>, timeout_s: f64, range: [f64; 2], err: &mut impl FnMut(String, String)) {
     if !(timeout_s.is_finite() && timeout_s > 0.0) {
         err(format!("{p}.timeout_s"), format!("must be a positive number of seconds, got {timeout_s}"));
@@ -806,6 +859,19 @@ pub fn validate(spec: &JobSpec) -> Vec<FieldError> {
         }
         if t.reward.is_empty() {
             err(format!("{p}.reward"), "name at least one reward function (e.g. \"env\")".into());
+        }
+        if let Some(a) = &t.action_alphabet
+            && (a.is_empty() || !a.is_ascii())
+        {
+            err(format!("{p}.action_alphabet"), format!("{a:?} must be one or more ASCII characters"));
+        }
+        if t.constrain_actions {
+            if t.action_alphabet.is_none() && t.env.action_alphabet().is_none() {
+                err(format!("{p}.constrain_actions"), "this environment has no built-in action alphabet; set action_alphabet".into());
+            }
+            if !spec.pools.iter().all(|p| matches!(p.backend, BackendSpec::Builtin { .. })) {
+                err(format!("{p}.constrain_actions"), "constrained decoding needs the built-in model (backend.kind = \"builtin\") on every pool".into());
+            }
         }
         for (j, r) in t.reward.iter().enumerate() {
             if !BUILTIN_REWARDS.contains(&r.as_str()) && !spec.reward.functions.contains_key(r) {
@@ -1011,7 +1077,8 @@ pub fn validate(spec: &JobSpec) -> Vec<FieldError> {
                     err(format!("{p}.scale_to_zero_after_s"), format!("must be >= 0, got {scale_to_zero_after_s}"));
                 }
             }
-            FunctionSpec::Builtin { function, config, scaling, timeout_s, range } => {
+            FunctionSpec::Builtin { function, config, scaling, timeout_s, range, hedge_percentile } => {
+                check_hedge(&p, *hedge_percentile, &mut err);
                 if !BUILTIN_FUNCTIONS.contains(&function.as_str()) {
                     err(format!("{p}.function"), format!("unknown built-in function {function:?}; one of {}", BUILTIN_FUNCTIONS.join(", ")));
                 }
@@ -1020,13 +1087,15 @@ pub fn validate(spec: &JobSpec) -> Vec<FieldError> {
                 }
                 check_function_common(&p, Some(scaling), *timeout_s, *range, &mut err);
             }
-            FunctionSpec::Command { command, scaling, timeout_s, range, .. } => {
+            FunctionSpec::Command { command, scaling, timeout_s, range, hedge_percentile, .. } => {
+                check_hedge(&p, *hedge_percentile, &mut err);
                 if command.trim().is_empty() {
                     err(format!("{p}.command"), "must name an executable".into());
                 }
                 check_function_common(&p, Some(scaling), *timeout_s, *range, &mut err);
             }
-            FunctionSpec::Http { url, timeout_s, range } => {
+            FunctionSpec::Http { url, timeout_s, range, hedge_percentile } => {
+                check_hedge(&p, *hedge_percentile, &mut err);
                 if !(url.starts_with("http://") || url.starts_with("https://")) || reqwest::Url::parse(url).is_err() {
                     err(format!("{p}.url"), format!("{url:?} is not an http(s) URL"));
                 }

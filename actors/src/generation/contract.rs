@@ -13,7 +13,7 @@ pub fn request(id: u64, context: Vec<u32>, max_tokens: u32, seed: u64) -> GenReq
         id,
         session: id,
         context: Arc::new(context),
-        params: SamplingParams { temperature: 1.0, top_p: 1.0, max_tokens, stop_tokens: vec![], seed },
+        params: SamplingParams { temperature: 1.0, top_p: 1.0, max_tokens, stop_tokens: vec![], seed, allowed_tokens: None },
         sim_response_len: Some(max_tokens),
     }
 }
@@ -148,6 +148,7 @@ mod tests {
             failure: None,
             reference: None,
             final_text: String::new(),
+            allowed_tokens: None,
             timings: Default::default(),
         };
         Batch {

@@ -36,11 +36,15 @@ pub struct SamplingParams {
     pub stop_tokens: Vec<u32>,
     /// Seed of this request's RNG, so a run can be replayed.
     pub seed: u64,
+    /// Constrained decoding: when set, only these tokens may be sampled (the environment's
+    /// action alphabet); log-probabilities are those of the constrained distribution, and the
+    /// trainer applies the same constraint (the trajectory carries it).
+    pub allowed_tokens: Option<std::sync::Arc<[u32]>>,
 }
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        Self { temperature: 1.0, top_p: 1.0, max_tokens: 64, stop_tokens: Vec::new(), seed: 0 }
+        Self { temperature: 1.0, top_p: 1.0, max_tokens: 64, stop_tokens: Vec::new(), seed: 0, allowed_tokens: None }
     }
 }
 

@@ -74,7 +74,21 @@ impl BuiltinEngine {
 
     /// Samples from `logits` [V] with the request's temperature and top-p; returns the token
     /// and its log-probability under the (temperature-scaled) distribution.
-    fn sample(logits: &[f32], temperature: f32, top_p: f32, rng: &mut SmallRng) -> (u32, f32) {
+    fn sample(logits: &[f32], temperature: f32, top_p: f32, allowed: Option<&[u32]>, rng: &mut SmallRng) -> (u32, f32) {
+        let masked: Vec<f32>;
+        let logits = match allowed {
+            Some(a) if !a.is_empty() => {
+                let mut m = vec![f32::NEG_INFINITY; logits.len()];
+                for &i in a {
+                    if let Some(&l) = logits.get(i as usize) {
+                        m[i as usize] = l;
+                    }
+                }
+                masked = m;
+                &masked[..]
+            }
+            _ => logits,
+        };
         let t = if temperature > 0.0 { temperature } else { 1.0 };
         let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
         let scaled: Vec<f64> = logits.iter().map(|&l| ((l - max) / t) as f64).collect();
@@ -214,7 +228,7 @@ impl GenerationEngine for BuiltinEngine {
                     s.prefilled += feed.len() as u32;
                     s.pending_context = 0;
                     let (temp, top_p) = (s.req.params.temperature, s.req.params.top_p);
-                    let (tok, lp) = Self::sample(&logits, temp, top_p, &mut s.rng);
+                    let (tok, lp) = Self::sample(&logits, temp, top_p, s.req.params.allowed_tokens.as_deref(), &mut s.rng);
                     push_token(s, self.version, tok, lp);
                 }
                 Err(e) => failed.push((i, e.to_string())),
@@ -242,7 +256,8 @@ impl GenerationEngine for BuiltinEngine {
                     for (k, &i) in ready.iter().enumerate() {
                         let version = self.version;
                         let s = &mut self.running[i];
-                        let (tok, lp) = Self::sample(&rows[k], s.req.params.temperature, s.req.params.top_p, &mut s.rng);
+                        let (tok, lp) =
+                            Self::sample(&rows[k], s.req.params.temperature, s.req.params.top_p, s.req.params.allowed_tokens.as_deref(), &mut s.rng);
                         push_token(s, version, tok, lp);
                     }
                 }

@@ -5,7 +5,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::engine::BuiltinEngine;
-use super::tokenizer::{BOS, ByteTokenizer, SEP};
+use super::tokenizer::{BOS, ByteTokenizer, EOT, SEP};
 use super::trainer::{BuiltinTrainer, TrainerConfig, tensor_batch};
 use super::transformer::{ModelConfig, Params, SeqCache, Transformer};
 use crate::generation::{GenOutput, GenRequest, GenerationEngine, SamplingParams};
@@ -40,6 +40,7 @@ fn traj(group: u64, obs: Vec<u32>, resp: Vec<u32>, lps: Vec<f32>, reward: f64) -
         failure: None,
         reference: None,
         final_text: String::new(),
+        allowed_tokens: None,
         timings: Timings::default(),
     }
 }
@@ -156,7 +157,7 @@ fn req(id: u64, context: Vec<u32>, max_tokens: u32, seed: u64, temperature: f32)
         id,
         session: id,
         context: Arc::new(context),
-        params: SamplingParams { temperature, top_p: 1.0, max_tokens, stop_tokens: vec![], seed },
+        params: SamplingParams { temperature, top_p: 1.0, max_tokens, stop_tokens: vec![], seed, allowed_tokens: None },
         sim_response_len: None,
     }
 }
@@ -214,6 +215,49 @@ fn generation_logprobs_equal_the_trainers_recomputed_ones() {
     let diff = ((lp - &tb.behaviour).unwrap().abs().unwrap() * &tb.mask).unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
     assert!(tb.tokens > 50);
     assert!(diff <= 1e-4, "max |generation − trainer| log-prob = {diff}");
+}
+
+#[test]
+fn constrained_decoding_samples_only_allowed_tokens_and_the_trainer_agrees() {
+    let cfg = ModelConfig { max_seq: 64, ..ModelConfig::default() };
+    let init = Params::init(&cfg, 13, DType::F32, &Device::Cpu).unwrap();
+    let w = init.to_weights(0).unwrap();
+    let mut engine = BuiltinEngine::new(cfg, &w, 8).unwrap();
+    let allowed: Arc<[u32]> = Arc::from(vec![b'D' as u32, b'L' as u32, b'R' as u32, b'U' as u32, EOT]);
+    let reqs: Vec<GenRequest> = (0..8u64)
+        .map(|i| {
+            let mut r = req(i, vec![BOS, 80 + i as u32, SEP], 6, 200 + i, 1.0);
+            r.params.allowed_tokens = Some(allowed.clone());
+            r
+        })
+        .collect();
+    let contexts: Vec<Vec<u32>> = reqs.iter().map(|r| r.context.to_vec()).collect();
+    let outs = run_to_completion(&mut engine, reqs);
+    let mut seen = std::collections::BTreeSet::new();
+    for (_, o) in &outs {
+        for t in &o.tokens {
+            assert!(allowed.contains(t), "sampled {t} outside the alphabet");
+            seen.insert(*t);
+        }
+        // Probabilities over 5 tokens: each log-prob is well above the unconstrained ~ln(1/260).
+        assert!(o.logprobs.iter().all(|&lp| lp > -4.0), "{:?}", o.logprobs);
+    }
+    assert!(seen.len() >= 3, "the constrained policy still explores: {seen:?}");
+    let trainer = BuiltinTrainer::new(cfg, &init, TrainerConfig::default()).unwrap();
+    let trajectories = outs
+        .iter()
+        .map(|(id, o)| {
+            let mut t = traj(0, contexts[*id as usize].clone(), o.tokens.clone(), o.logprobs.clone(), 0.0);
+            t.allowed_tokens = Some(allowed.to_vec());
+            t
+        })
+        .collect();
+    let batch = Batch { step: 0, groups: vec![Group { id: 0, task: "t".into(), seed: 0, start_version: 0, masked: 0, trajectories }] };
+    let tb = tensor_batch(&batch, AdvantageKind::Grpo, cfg.max_seq, DType::F32, &Device::Cpu).unwrap();
+    assert!(tb.allow.is_some());
+    let lp = trainer.logprobs(&trainer.params().unwrap(), &tb).unwrap();
+    let diff = ((lp - &tb.behaviour).unwrap().abs().unwrap() * &tb.mask).unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+    assert!(diff <= 1e-4, "max |generation − trainer| constrained log-prob = {diff}");
 }
 
 #[test]

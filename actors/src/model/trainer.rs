@@ -89,6 +89,9 @@ pub struct TensorBatch {
     pub behaviour: Tensor,
     /// Advantage per sequence [B].
     pub advantages: Tensor,
+    /// Constrained decoding: additive logit mask [B, T, V] (0 allowed, −1e9 not) at the
+    /// generated positions of constrained trajectories; `None` when no trajectory is.
+    pub allow: Option<Tensor>,
     pub tokens: usize,
 }
 
@@ -115,6 +118,7 @@ pub fn flatten(t: &Trajectory) -> (Vec<u32>, Vec<bool>, Vec<f32>) {
 /// Builds the padded tensors of a batch, with advantages computed per group.
 pub fn tensor_batch(batch: &Batch, kind: AdvantageKind, max_seq: usize, dtype: DType, dev: &Device) -> Result<TensorBatch> {
     let mut rows = Vec::new();
+    let mut allowed: Vec<Option<&[u32]>> = Vec::new();
     for g in &batch.groups {
         let adv = advantages(kind, &g.rewards());
         for (t, a) in g.trajectories.iter().zip(adv) {
@@ -124,6 +128,7 @@ pub fn tensor_batch(batch: &Batch, kind: AdvantageKind, max_seq: usize, dtype: D
             lps.truncate(max_seq);
             if toks.len() >= 2 {
                 rows.push((toks, flag, lps, a));
+                allowed.push(t.allowed_tokens.as_deref());
             }
         }
     }
@@ -147,7 +152,29 @@ pub fn tensor_batch(batch: &Batch, kind: AdvantageKind, max_seq: usize, dtype: D
             }
         }
     }
+    let allow = if allowed.iter().any(|a| a.is_some()) {
+        let v = crate::model::tokenizer::VOCAB;
+        let mut m = vec![0f32; b * t * v];
+        for (i, (_, flag, _, _)) in rows.iter().enumerate() {
+            let Some(a) = allowed[i] else { continue };
+            for j in 0..flag.len() - 1 {
+                if flag[j + 1] {
+                    let row = &mut m[(i * t + j) * v..(i * t + j + 1) * v];
+                    row.fill(-1e9);
+                    for &tok in a {
+                        if (tok as usize) < v {
+                            row[tok as usize] = 0.0;
+                        }
+                    }
+                }
+            }
+        }
+        Some(Tensor::from_vec(m, (b, t, v), dev)?.to_dtype(dtype)?)
+    } else {
+        None
+    };
     Ok(TensorBatch {
+        allow,
         inputs: Tensor::from_vec(inputs, (b, t), dev)?,
         targets: Tensor::from_vec(targets, (b, t), dev)?,
         mask: Tensor::from_vec(mask, (b, t), dev)?.to_dtype(dtype)?,
@@ -242,6 +269,10 @@ impl BuiltinTrainer {
     /// Log-probabilities of the targets under the current parameters [B, T].
     pub fn logprobs(&self, p: &Params, tb: &TensorBatch) -> Result<Tensor> {
         let logits = self.model.forward(p, &tb.inputs)?;
+        let logits = match &tb.allow {
+            Some(a) => (logits + a)?,
+            None => logits,
+        };
         Transformer::token_logprobs(&logits, &tb.targets)
     }
 
@@ -266,8 +297,10 @@ impl BuiltinTrainer {
         let mut gs = Vec::with_capacity(self.vars.len());
         let mut sq = 0.0;
         for var in &self.vars {
+            // Detached: a gradient built from the step's graph would otherwise keep every
+            // activation of the step alive through the optimiser moments, step after step.
             let g = match grads.get(var.as_tensor()) {
-                Some(g) => g.clone(),
+                Some(g) => g.detach(),
                 None => var.as_tensor().zeros_like()?,
             };
             sq += g.sqr()?.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
@@ -281,8 +314,8 @@ impl BuiltinTrainer {
         let (c1, c2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
         for (i, g) in gs.iter().enumerate() {
             let g = (g * scale)?;
-            self.m[i] = ((&self.m[i] * b1)? + (&g * (1.0 - b1))?)?;
-            self.v[i] = ((&self.v[i] * b2)? + (g.sqr()? * (1.0 - b2))?)?;
+            self.m[i] = ((&self.m[i] * b1)? + (&g * (1.0 - b1))?)?.detach();
+            self.v[i] = ((&self.v[i] * b2)? + (g.sqr()? * (1.0 - b2))?)?.detach();
             let mhat = (&self.m[i] / c1)?;
             let vhat = (&self.v[i] / c2)?;
             let upd = (mhat / (vhat.sqrt()? + self.cfg.eps)?)?;

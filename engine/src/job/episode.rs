@@ -36,6 +36,8 @@ pub struct EpisodeTask {
     pub scorers: Vec<SharedScorer>,
     pub max_turns: u32,
     pub max_tokens_per_turn: u32,
+    /// Constrained decoding: the tokens the policy may sample.
+    pub allowed_tokens: Option<Arc<[u32]>>,
 }
 
 /// One episode to drive.
@@ -126,6 +128,7 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
         failure: None,
         reference: None,
         final_text: String::new(),
+        allowed_tokens: task.allowed_tokens.as_deref().map(<[u32]>::to_vec),
         timings: Timings { started_at_s: t_start.duration_since(shared.started).as_secs_f64(), ..Timings::default() },
     };
     let wait0 = tokio::time::Instant::now();
@@ -169,6 +172,7 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
                 max_tokens: task.max_tokens_per_turn,
                 stop_tokens: if shared.framing.is_some() { vec![actors::model::tokenizer::EOT] } else { Vec::new() },
                 seed: p.sample_seed ^ (u64::from(turn_no) << 48),
+                allowed_tokens: task.allowed_tokens.clone(),
             },
             sim_response_len: obs.sim_response_len,
         };

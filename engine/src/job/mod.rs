@@ -611,7 +611,14 @@ async fn build_tasks(
                 }
             })
             .collect();
-        out.push(EpisodeTask { domain: t.domain.clone(), envs, scorers, max_turns: t.max_turns, max_tokens_per_turn: t.max_tokens_per_turn });
+        out.push(EpisodeTask {
+            domain: t.domain.clone(),
+            envs,
+            scorers,
+            max_turns: t.max_turns,
+            max_tokens_per_turn: t.max_tokens_per_turn,
+            allowed_tokens: t.allowed_tokens().map(Arc::from),
+        });
     }
     Ok(out)
 }

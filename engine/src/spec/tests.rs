@@ -97,3 +97,48 @@ fallback = "nowhere"
         assert!(fields.contains(&want), "{want} missing from {fields:?}");
     }
 }
+
+#[test]
+fn reward_function_problems_name_their_fields() {
+    let body = format!(
+        "{}\n{}",
+        minimal(),
+        r#"
+[reward.functions.a]
+kind = "builtin"
+function = "nope"
+hedge_percentile = 2.0
+[reward.functions.a.scaling]
+min-scale = 5
+max-scale = 2
+[reward.functions.b]
+kind = "http"
+url = "ftp://x"
+range = [1.0, 0.0]
+[reward.functions.c]
+kind = "command"
+command = " "
+timeout_s = 0
+"#
+    );
+    let errs = parse(&body, Format::Toml).unwrap_err();
+    let fields: Vec<&str> = errs.0.iter().map(|e| e.field.as_str()).collect();
+    for f in [
+        "reward.functions.a.function",
+        "reward.functions.a.hedge_percentile",
+        "reward.functions.a.scaling.min-scale",
+        "reward.functions.b.url",
+        "reward.functions.b.range",
+        "reward.functions.c.command",
+        "reward.functions.c.timeout_s",
+    ] {
+        assert!(fields.contains(&f), "{f} not reported: {fields:?}");
+    }
+    // Unknown knobs are refused by name (Knative's names only).
+    let body = format!("{}\n[reward.functions.a]\nkind = \"builtin\"\nfunction = \"math\"\nscaling = {{ stable_window = \"6s\" }}\n", minimal());
+    let errs = parse(&body, Format::Toml).unwrap_err();
+    assert!(errs.0.iter().any(|e| e.field.starts_with("reward") && e.message.contains("stable_window")), "{:?}", errs.0);
+    // Real functions take the job off the virtual clock.
+    let body = format!("{}\n[reward.functions.m]\nkind = \"builtin\"\nfunction = \"math\"\n", minimal());
+    assert_eq!(parse(&body, Format::Toml).unwrap().clock(), Clock::Real);
+}
