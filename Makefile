@@ -25,7 +25,8 @@ build: setup
 ## The main job: the simulated two-task example in virtual time (the embedded CPU model
 ## replaces it once the built-in backends land).
 run: setup
-	$(CARGO) run --release -p engine --bin rollarc -- run examples/sim-small.toml
+	$(CARGO) build --release --workspace --bins
+	./target/release/rollarc run examples/quickstart.toml --data-dir data/quickstart --report report
 
 sim: setup
 	$(CARGO) run --release -p engine --bin rollarc -- sim examples/sim-sigma.toml --compare rollarc,sync_plus

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod envs;
 pub mod functions;
 pub mod job;
+pub mod report;
 pub mod server;
 pub mod service;
 pub mod simrun;

@@ -46,6 +46,9 @@ enum Cmd {
         file: PathBuf,
         #[arg(long, default_value = "data")]
         data_dir: PathBuf,
+        /// Where the end-of-run report (`summary.json`) goes.
+        #[arg(long, default_value = "report")]
+        report: PathBuf,
     },
     /// Run a fully simulated job in virtual time and print its figures.
     Sim {
@@ -150,7 +153,7 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             Ok(if status.is_success() { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::FAILURE })
         }),
         Cmd::Watch { id } => rt()?.block_on(engine::cli::watch_remote(&cli.server, &id)),
-        Cmd::Run { file, data_dir } => {
+        Cmd::Run { file, data_dir, report } => {
             let spec = read_spec(&file)?;
             rt()?.block_on(async move {
                 let service = Service::open(&ServiceConfig { data_dir, max_running: 1 })?;
@@ -158,6 +161,7 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 let rx = service.subscribe(&id);
                 let last = engine::cli::watch_events(rx, service.state_event(&id)).await;
                 print_summary(&service, &id)?;
+                write_report(&service, &id, &report)?;
                 Ok(match last {
                     Some(JobEvent::State { state: engine::store::JobState::Succeeded, .. }) => std::process::ExitCode::SUCCESS,
                     _ => std::process::ExitCode::FAILURE,
@@ -224,6 +228,21 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             Ok(std::process::ExitCode::SUCCESS)
         }
     }
+}
+
+fn write_report(service: &Arc<Service>, id: &str, dir: &std::path::Path) -> anyhow::Result<()> {
+    let Some(j) = service.store.get(id)? else { return Ok(()) };
+    let steps: Vec<engine::job::StepMetrics> =
+        service.store.step_metrics(id)?.into_iter().map(serde_json::from_value).collect::<Result<_, _>>().context("stored step metrics")?;
+    let summary = engine::report::summarise(id, j.state.as_str(), &steps);
+    println!("{:<12} {:>14} {:>12} {:>10}", "task", "success start", "success end", "≥90% at");
+    for (name, t) in &summary.tasks {
+        let at = t.first_step_at_90.map(|s| format!("step {s}")).unwrap_or_else(|| "-".into());
+        println!("{name:<12} {:>14.3} {:>12.3} {at:>10}", t.success_start, t.success_end);
+    }
+    let path = engine::report::write(dir, &summary).with_context(|| format!("writing the report to {}", dir.display()))?;
+    println!("report: {}", path.display());
+    Ok(())
 }
 
 fn print_summary(service: &Arc<Service>, id: &str) -> anyhow::Result<()> {

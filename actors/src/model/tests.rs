@@ -6,7 +6,7 @@ use rand::{Rng, SeedableRng};
 
 use super::engine::BuiltinEngine;
 use super::tokenizer::{BOS, ByteTokenizer, EOT, SEP};
-use super::trainer::{BuiltinTrainer, TrainerConfig, tensor_batch};
+use super::trainer::{BuiltinTrainer, TrainerConfig, tensor_batch, tensor_batches};
 use super::transformer::{ModelConfig, Params, SeqCache, Transformer};
 use crate::generation::{GenOutput, GenRequest, GenerationEngine, SamplingParams};
 use crate::rl::{AdvantageKind, Aggregation, PpoConfig};
@@ -258,6 +258,38 @@ fn constrained_decoding_samples_only_allowed_tokens_and_the_trainer_agrees() {
     let lp = trainer.logprobs(&trainer.params().unwrap(), &tb).unwrap();
     let diff = ((lp - &tb.behaviour).unwrap().abs().unwrap() * &tb.mask).unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
     assert!(diff <= 1e-4, "max |generation − trainer| constrained log-prob = {diff}");
+}
+
+#[test]
+fn chunked_objective_equals_the_whole_batch_objective() {
+    // Rows of different lengths so chunks differ in padding, token and sequence counts.
+    let mut batch = toy_batch();
+    for (k, t) in batch.groups[1].trajectories.iter_mut().enumerate() {
+        t.turns[0].response_tokens.truncate(1 + k);
+        t.turns[0].logprobs.truncate(1 + k);
+    }
+    for aggregation in [Aggregation::TokenMean, Aggregation::SeqMeanTokenMean] {
+        let cfg = tiny();
+        let init = Params::init(&cfg, 3, DType::F64, &Device::Cpu).unwrap();
+        let tcfg = TrainerConfig { ppo: PpoConfig { aggregation, ..PpoConfig::default() }, kl_beta: 0.1, ..TrainerConfig::default() };
+        let trainer = BuiltinTrainer::new(cfg, &init, tcfg).unwrap();
+        let whole = tensor_batch(&batch, AdvantageKind::Grpo, cfg.max_seq, DType::F64, &Device::Cpu).unwrap();
+        let (full, _) = trainer.objective(&whole).unwrap();
+        let full = full.to_scalar::<f64>().unwrap();
+        let chunks = tensor_batches(&batch, AdvantageKind::Grpo, cfg.max_seq, 2, DType::F64, &Device::Cpu).unwrap();
+        assert!(chunks.len() >= 3);
+        let (tokens, seqs): (usize, usize) = (chunks.iter().map(|c| c.tokens).sum(), chunks.iter().map(|c| c.seqs).sum());
+        let mut sum = 0.0;
+        for c in &chunks {
+            let (policy, kl) = trainer.objective_parts(c).unwrap();
+            let w = match aggregation {
+                Aggregation::TokenMean => c.tokens as f64 / tokens as f64,
+                Aggregation::SeqMeanTokenMean => c.seqs as f64 / seqs as f64,
+            };
+            sum += policy.to_scalar::<f64>().unwrap() * w + kl.unwrap().to_scalar::<f64>().unwrap() * 0.1 * c.tokens as f64 / tokens as f64;
+        }
+        assert!((sum - full).abs() < 1e-9, "{aggregation:?}: chunked {sum} vs whole {full}");
+    }
 }
 
 #[test]

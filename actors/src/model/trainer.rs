@@ -92,7 +92,10 @@ pub struct TensorBatch {
     /// Constrained decoding: additive logit mask [B, T, V] (0 allowed, −1e9 not) at the
     /// generated positions of constrained trajectories; `None` when no trajectory is.
     pub allow: Option<Tensor>,
+    /// Generated tokens (mask sum).
     pub tokens: usize,
+    /// Rows with at least one generated token.
+    pub seqs: usize,
 }
 
 /// Flattens a trajectory into (tokens, per-token generated flag, behaviour logprob).
@@ -117,8 +120,18 @@ pub fn flatten(t: &Trajectory) -> (Vec<u32>, Vec<bool>, Vec<f32>) {
 
 /// Builds the padded tensors of a batch, with advantages computed per group.
 pub fn tensor_batch(batch: &Batch, kind: AdvantageKind, max_seq: usize, dtype: DType, dev: &Device) -> Result<TensorBatch> {
-    let mut rows = Vec::new();
-    let mut allowed: Vec<Option<&[u32]>> = Vec::new();
+    let mut v = tensor_batches(batch, kind, max_seq, usize::MAX, dtype, dev)?;
+    Ok(v.pop().expect("one chunk"))
+}
+
+/// Rows ready for tensors: tokens, generated flags, behaviour log-probs, advantage, constraint.
+type Row<'a> = (Vec<u32>, Vec<bool>, Vec<f32>, f64, Option<&'a [u32]>);
+
+/// Like [`tensor_batch`], in chunks of at most `max_rows` rows of similar length (rows sorted
+/// by length), so a short single-turn answer is not padded to the longest multi-turn history.
+/// Advantages are computed per group before chunking.
+pub fn tensor_batches(batch: &Batch, kind: AdvantageKind, max_seq: usize, max_rows: usize, dtype: DType, dev: &Device) -> Result<Vec<TensorBatch>> {
+    let mut rows: Vec<Row<'_>> = Vec::new();
     for g in &batch.groups {
         let adv = advantages(kind, &g.rewards());
         for (t, a) in g.trajectories.iter().zip(adv) {
@@ -127,11 +140,18 @@ pub fn tensor_batch(batch: &Batch, kind: AdvantageKind, max_seq: usize, dtype: D
             flag.truncate(max_seq);
             lps.truncate(max_seq);
             if toks.len() >= 2 {
-                rows.push((toks, flag, lps, a));
-                allowed.push(t.allowed_tokens.as_deref());
+                rows.push((toks, flag, lps, a, t.allowed_tokens.as_deref()));
             }
         }
     }
+    if rows.is_empty() || max_rows == usize::MAX {
+        return Ok(vec![build_chunk(&rows, dtype, dev)?]);
+    }
+    rows.sort_by_key(|r| r.0.len());
+    rows.chunks(max_rows.max(1)).map(|c| build_chunk(c, dtype, dev)).collect()
+}
+
+fn build_chunk(rows: &[Row<'_>], dtype: DType, dev: &Device) -> Result<TensorBatch> {
     let b = rows.len().max(1);
     let t = rows.iter().map(|r| r.0.len() - 1).max().unwrap_or(1).max(1);
     let mut inputs = vec![PAD; b * t];
@@ -140,8 +160,10 @@ pub fn tensor_batch(batch: &Batch, kind: AdvantageKind, max_seq: usize, dtype: D
     let mut beh = vec![0f32; b * t];
     let mut adv = vec![0f32; b];
     let mut tokens = 0;
-    for (i, (toks, flag, lps, a)) in rows.iter().enumerate() {
+    let mut seqs = 0;
+    for (i, (toks, flag, lps, a, _)) in rows.iter().enumerate() {
         adv[i] = *a as f32;
+        let before = tokens;
         for j in 0..toks.len() - 1 {
             inputs[i * t + j] = toks[j];
             targets[i * t + j] = toks[j + 1];
@@ -151,17 +173,18 @@ pub fn tensor_batch(batch: &Batch, kind: AdvantageKind, max_seq: usize, dtype: D
                 tokens += 1;
             }
         }
+        seqs += usize::from(tokens > before);
     }
-    let allow = if allowed.iter().any(|a| a.is_some()) {
+    let allow = if rows.iter().any(|r| r.4.is_some()) {
         let v = crate::model::tokenizer::VOCAB;
         let mut m = vec![0f32; b * t * v];
-        for (i, (_, flag, _, _)) in rows.iter().enumerate() {
-            let Some(a) = allowed[i] else { continue };
+        for (i, (_, flag, _, _, allowed)) in rows.iter().enumerate() {
+            let Some(a) = allowed else { continue };
             for j in 0..flag.len() - 1 {
                 if flag[j + 1] {
                     let row = &mut m[(i * t + j) * v..(i * t + j + 1) * v];
                     row.fill(-1e9);
-                    for &tok in a {
+                    for &tok in a.iter() {
                         if (tok as usize) < v {
                             row[tok as usize] = 0.0;
                         }
@@ -181,6 +204,7 @@ pub fn tensor_batch(batch: &Batch, kind: AdvantageKind, max_seq: usize, dtype: D
         behaviour: Tensor::from_vec(beh, (b, t), dev)?.to_dtype(dtype)?,
         advantages: Tensor::from_vec(adv, b, dev)?.to_dtype(dtype)?,
         tokens,
+        seqs,
     })
 }
 
@@ -216,6 +240,9 @@ pub fn kl_k3(new: &Tensor, reference: &Tensor, mask: &Tensor) -> Result<Tensor> 
     let k = ((d.exp()? - &d)? - 1.0)?;
     (k * mask)?.sum_all()?.div(&mask.sum_all()?.maximum(1e-12)?)
 }
+
+/// Rows per training chunk (gradients accumulate over chunks).
+pub const TRAIN_CHUNK_ROWS: usize = 32;
 
 pub struct BuiltinTrainer {
     pub model: Transformer,
@@ -289,22 +316,55 @@ impl BuiltinTrainer {
         Ok((loss, new))
     }
 
+    /// The policy loss (mean over the chunk) and, when a reference is kept, the k3 KL
+    /// (token mean) — unweighted.
+    pub(crate) fn objective_parts(&self, tb: &TensorBatch) -> Result<(Tensor, Option<Tensor>)> {
+        let p = self.params()?;
+        let new = self.logprobs(&p, tb)?;
+        let old = if self.cfg.recompute_old { new.detach() } else { tb.behaviour.clone() };
+        let loss = ppo_loss(&self.cfg.ppo, &new, &old, &tb.behaviour, &tb.mask, &tb.advantages)?;
+        let kl = match (&self.reference, self.cfg.kl_beta > 0.0) {
+            (Some(r), true) => {
+                let ref_lp = self.logprobs(r, tb)?.detach();
+                Some(kl_k3(&new, &ref_lp, &tb.mask)?)
+            }
+            _ => None,
+        };
+        Ok((loss, kl))
+    }
+
     /// One optimisation step on `batch`; returns the stats and the new version's weights.
     pub fn step(&mut self, batch: &Batch) -> Result<(TrainStats, Weights)> {
-        let tb = tensor_batch(batch, self.cfg.advantage, self.model.cfg.max_seq, self.dtype, &self.dev)?;
-        let (loss, _) = self.objective(&tb)?;
-        let grads = loss.backward()?;
-        let mut gs = Vec::with_capacity(self.vars.len());
-        let mut sq = 0.0;
-        for var in &self.vars {
-            // Detached: a gradient built from the step's graph would otherwise keep every
-            // activation of the step alive through the optimiser moments, step after step.
-            let g = match grads.get(var.as_tensor()) {
-                Some(g) => g.detach(),
-                None => var.as_tensor().zeros_like()?,
+        // Chunks of similar length; the objective is the same as on the whole batch: each
+        // chunk's mean is weighted by its share of the tokens (token-mean) or sequences.
+        let chunks = tensor_batches(batch, self.cfg.advantage, self.model.cfg.max_seq, TRAIN_CHUNK_ROWS, self.dtype, &self.dev)?;
+        let total_tokens: usize = chunks.iter().map(|c| c.tokens).sum();
+        let total_seqs: usize = chunks.iter().map(|c| c.seqs).sum();
+        let mut gs: Vec<Tensor> = self.vars.iter().map(|v| v.as_tensor().zeros_like()).collect::<Result<_>>()?;
+        let mut loss_value = 0.0;
+        for tb in chunks.iter().filter(|c| c.tokens > 0) {
+            let w = match self.cfg.ppo.aggregation {
+                Aggregation::TokenMean => tb.tokens as f64 / total_tokens.max(1) as f64,
+                Aggregation::SeqMeanTokenMean => tb.seqs as f64 / total_seqs.max(1) as f64,
             };
+            let (policy, kl) = self.objective_parts(tb)?;
+            let mut loss = (policy * w)?;
+            if let Some(kl) = kl {
+                loss = (loss + (kl * (self.cfg.kl_beta * tb.tokens as f64 / total_tokens.max(1) as f64))?)?;
+            }
+            loss_value += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+            let grads = loss.backward()?;
+            for (i, var) in self.vars.iter().enumerate() {
+                // Detached: a gradient built from the step's graph would otherwise keep every
+                // activation of the step alive through the optimiser moments, step after step.
+                if let Some(g) = grads.get(var.as_tensor()) {
+                    gs[i] = (&gs[i] + g.detach())?;
+                }
+            }
+        }
+        let mut sq = 0.0;
+        for g in &gs {
             sq += g.sqr()?.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-            gs.push(g);
         }
         let norm = sq.sqrt();
         let scale = if self.cfg.grad_clip > 0.0 && norm > self.cfg.grad_clip { self.cfg.grad_clip / norm } else { 1.0 };
@@ -330,8 +390,8 @@ impl BuiltinTrainer {
         let stats = TrainStats {
             step: batch.step,
             version: self.version,
-            loss: loss.to_dtype(DType::F64)?.to_scalar::<f64>()?,
-            tokens: tb.tokens as u64,
+            loss: loss_value,
+            tokens: total_tokens as u64,
             trajectories: trajs.len() as u64,
             mean_reward: trajs.iter().map(|t| t.reward.unwrap_or(0.0)).sum::<f64>() / n,
             seconds: 0.0,

@@ -24,7 +24,7 @@ use actors::trainer::{SimTrainer, TrainStats, TrainerActor, TrainerArgs, Trainer
 use actors::types::{Batch, PolicyVersion};
 use actors::weights::{WeightStore, WeightStoreArgs, WeightStoreMsg, Weights};
 use ractor::{Actor, ActorRef};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::spec::{BackendSpec, EnvSpec, FunctionSpec, JobSpec, Knobs, OnWeightUpdate, Placement, TrainerSpec};
@@ -65,7 +65,8 @@ pub enum JobError {
 }
 
 /// Metrics of one training step (stored per step and streamed as events).
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct StepMetrics {
     pub step: u64,
     /// Policy version produced by this step.
@@ -97,7 +98,8 @@ pub struct StepMetrics {
     pub actor_failures: u64,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct TaskMetrics {
     pub trajectories: usize,
     pub success_rate: f64,
@@ -105,7 +107,8 @@ pub struct TaskMetrics {
     pub mean_turns: f64,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct PoolMetrics {
     pub device: String,
     pub shards: usize,
@@ -115,7 +118,8 @@ pub struct PoolMetrics {
     pub groups: u64,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct BufferMetrics {
     pub committed: u64,
     pub redundant: u64,
@@ -127,7 +131,8 @@ pub struct BufferMetrics {
     pub aborted: u64,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct SchedMetrics {
     pub admitted_groups: u64,
     pub dispatched_episodes: u64,
@@ -180,7 +185,8 @@ impl StepObserver for NoObserver {
 }
 
 /// What a finished run reports.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct JobSummary {
     pub steps_done: u64,
     pub elapsed_s: f64,
