@@ -1,5 +1,6 @@
 //! Command-line helpers: progress display, the `sim` comparison and the scheduler benchmark.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -27,8 +28,36 @@ fn progress_msg(m: &serde_json::Value) -> String {
     )
 }
 
+fn progress_msg_full(m: &serde_json::Value, extra: &str) -> String {
+    let f = |p: &str| m.pointer(p).and_then(|v| v.as_f64()).unwrap_or(0.0);
+    let step_s = f("/step_s").max(1e-9);
+    format!(
+        "v{} · {:.0} tok/s · bubble {:.2} · staleness {:.2}{extra}",
+        f("/version"),
+        (f("/prefill_tokens") + f("/decode_tokens")) / step_s,
+        f("/bubble_ratio"),
+        f("/staleness_mean")
+    )
+}
+
+/// One bar per task: success as the bar, trajectories/s and turns in the message.
+fn task_bar(mp: &indicatif::MultiProgress, name: &str) -> ProgressBar {
+    let pb = mp.add(ProgressBar::new(100));
+    pb.set_style(ProgressStyle::with_template("  {prefix:<12} [{bar:30}] {pos:>3}% success {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()));
+    pb.set_prefix(name.to_string());
+    pb
+}
+
 /// Shows an in-process job's events until it ends; returns the last event.
-pub async fn watch_events(mut rx: broadcast::Receiver<JobEvent>, first: Option<JobEvent>) -> Option<JobEvent> {
+pub async fn watch_events(rx: broadcast::Receiver<JobEvent>, first: Option<JobEvent>) -> Option<JobEvent> {
+    watch_events_with(rx, first, String::new).await
+}
+
+/// Like [`watch_events`], with a bar per task (success, trajectories/s, turns) and `extra()`
+/// appended to the job bar's message at every step (e.g. function instances).
+pub async fn watch_events_with(mut rx: broadcast::Receiver<JobEvent>, first: Option<JobEvent>, extra: impl Fn() -> String) -> Option<JobEvent> {
+    let mp = indicatif::MultiProgress::new();
+    let mut tasks: BTreeMap<String, ProgressBar> = BTreeMap::new();
     let mut pb: Option<ProgressBar> = None;
     let mut last = first.clone();
     if let Some(JobEvent::State { state, .. }) = &first
@@ -41,12 +70,24 @@ pub async fn watch_events(mut rx: broadcast::Receiver<JobEvent>, first: Option<J
             Ok(e) => {
                 match &e {
                     JobEvent::Progress { step, steps, metrics, .. } => {
-                        let b = pb.get_or_insert_with(|| bar(*steps));
+                        let b = pb.get_or_insert_with(|| mp.add(bar(*steps)));
                         b.set_position(*step);
-                        b.set_message(progress_msg(metrics));
+                        b.set_message(progress_msg_full(metrics, &extra()));
+                        let step_s = metrics.pointer("/step_s").and_then(|v| v.as_f64()).unwrap_or(0.0).max(1e-9);
+                        if let Some(ts) = metrics.get("tasks").and_then(|t| t.as_object()) {
+                            for (name, t) in ts {
+                                let g = |k: &str| t.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
+                                if g("trajectories") == 0.0 {
+                                    continue;
+                                }
+                                let tb = tasks.entry(name.clone()).or_insert_with(|| task_bar(&mp, name));
+                                tb.set_position((g("success_rate") * 100.0).round() as u64);
+                                tb.set_message(format!("· {:.1} traj/s · {:.1} turns", g("trajectories") / step_s, g("mean_turns")));
+                            }
+                        }
                     }
                     JobEvent::State { id, state, .. } => {
-                        let b = pb.get_or_insert_with(|| bar(0));
+                        let b = pb.get_or_insert_with(|| mp.add(bar(0)));
                         b.set_prefix(format!("{id} {}", state.as_str()));
                     }
                 }
@@ -62,6 +103,10 @@ pub async fn watch_events(mut rx: broadcast::Receiver<JobEvent>, first: Option<J
     }
     if let Some(b) = pb {
         b.finish();
+    }
+    for t in tasks.values() {
+        // Keep the last success rate on screen (finish() would fill the bar).
+        t.abandon();
     }
     last
 }

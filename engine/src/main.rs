@@ -50,6 +50,14 @@ enum Cmd {
         #[arg(long, default_value = "report")]
         report: PathBuf,
     },
+    /// Write the report (summary.json, plots) of a job kept in a data directory.
+    Report {
+        job: String,
+        #[arg(long, default_value = "data")]
+        data_dir: PathBuf,
+        #[arg(long, default_value = "report")]
+        out: PathBuf,
+    },
     /// Run a fully simulated job in virtual time and print its figures.
     Sim {
         file: PathBuf,
@@ -159,7 +167,16 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 let service = Service::open(&ServiceConfig { data_dir, max_running: 1 })?;
                 let id = service.submit(spec)?;
                 let rx = service.subscribe(&id);
-                let last = engine::cli::watch_events(rx, service.state_event(&id)).await;
+                let hub = service.functions.clone();
+                let functions = move || {
+                    let v = hub.view();
+                    if v.is_empty() {
+                        return String::new();
+                    }
+                    let list: Vec<String> = v.iter().map(|d| format!("{} {}/{}", d.deployment.name, d.deployment.ready, d.deployment.desired)).collect();
+                    format!(" · functions {}", list.join(", "))
+                };
+                let last = engine::cli::watch_events_with(rx, service.state_event(&id), functions).await;
                 print_summary(&service, &id)?;
                 write_report(&service, &id, &report)?;
                 Ok(match last {
@@ -167,6 +184,11 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                     _ => std::process::ExitCode::FAILURE,
                 })
             })
+        }
+        Cmd::Report { job, data_dir, out } => {
+            let service = Service::open(&ServiceConfig { data_dir, max_running: 1 })?;
+            write_report(&service, &job, &out)?;
+            Ok(std::process::ExitCode::SUCCESS)
         }
         Cmd::Sim { file, preset, compare } => {
             let spec = read_spec(&file)?;
@@ -242,6 +264,10 @@ fn write_report(service: &Arc<Service>, id: &str, dir: &std::path::Path) -> anyh
     }
     let path = engine::report::write(dir, &summary).with_context(|| format!("writing the report to {}", dir.display()))?;
     println!("report: {}", path.display());
+    match engine::report::plots(dir, &steps) {
+        Ok(files) => println!("plots: {}", files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", ")),
+        Err(e) => eprintln!("plots not drawn: {e}"),
+    }
     Ok(())
 }
 

@@ -81,6 +81,87 @@ pub fn summarise(job: &str, state: &str, steps: &[StepMetrics]) -> Summary {
     }
 }
 
+/// The font PNG text is drawn with (DejaVu Sans, shipped in `assets/fonts` with its licence;
+/// SVG text needs no font).
+static FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
+
+fn register_font() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if plotters::style::register_font("sans-serif", plotters::style::FontStyle::Normal, FONT).is_err() {
+            tracing::warn!("the shipped font could not be loaded; PNG plots will have no text");
+        }
+    });
+}
+
+type Series = BTreeMap<String, Vec<(f64, f64)>>;
+
+fn draw<DB: plotters::prelude::DrawingBackend>(
+    root: plotters::prelude::DrawingArea<DB, plotters::coord::Shift>,
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+    x_max: f64,
+    y_max: f64,
+    series: &Series,
+) -> Result<(), String> {
+    use plotters::prelude::*;
+    let e = |x: plotters::drawing::DrawingAreaErrorKind<DB::ErrorType>| x.to_string();
+    root.fill(&WHITE).map_err(e)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22))
+        .margin(14)
+        .x_label_area_size(40)
+        .y_label_area_size(52)
+        .build_cartesian_2d(0f64..x_max.max(1.0), 0f64..y_max)
+        .map_err(e)?;
+    chart.configure_mesh().x_desc(x_desc).y_desc(y_desc).x_label_formatter(&|x| format!("{x:.0}")).draw().map_err(e)?;
+    for (i, (name, pts)) in series.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
+            .map_err(e)?
+            .label(name.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+    }
+    chart.configure_series_labels().position(SeriesLabelPosition::LowerRight).background_style(WHITE.mix(0.85)).border_style(BLACK).draw().map_err(e)?;
+    root.present().map_err(e)
+}
+
+fn plot_pair(dir: &Path, stem: &str, title: &str, x_desc: &str, y_desc: &str, y_max: f64, series: &Series) -> Result<Vec<PathBuf>, String> {
+    use plotters::prelude::*;
+    register_font();
+    let x_max = series.values().flat_map(|v| v.iter().map(|p| p.0)).fold(1.0, f64::max);
+    let svg = dir.join(format!("{stem}.svg"));
+    let png = dir.join(format!("{stem}.png"));
+    draw(SVGBackend::new(&svg, (900, 520)).into_drawing_area(), title, x_desc, y_desc, x_max, y_max, series)?;
+    draw(BitMapBackend::new(&png, (900, 520)).into_drawing_area(), title, x_desc, y_desc, x_max, y_max, series)?;
+    Ok(vec![png, svg])
+}
+
+/// Draws `success.{png,svg}` (success per task over training steps) and
+/// `utilisation.{png,svg}` (busy fraction of every generation pool per step, and the bubble
+/// ratio) into `dir`.
+pub fn plots(dir: &Path, steps: &[StepMetrics]) -> Result<Vec<PathBuf>, String> {
+    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    let mut success: Series = BTreeMap::new();
+    let mut util: Series = BTreeMap::new();
+    for m in steps {
+        for (name, t) in &m.tasks {
+            if t.trajectories > 0 {
+                success.entry(name.clone()).or_default().push((m.step as f64, t.success_rate));
+            }
+        }
+        for (name, p) in &m.pools {
+            util.entry(format!("pool {name} ({})", p.device)).or_default().push((m.step as f64, p.utilisation));
+        }
+        util.entry("bubble ratio".into()).or_default().push((m.step as f64, m.bubble_ratio));
+    }
+    let mut out = plot_pair(dir, "success", "Success rate per task", "training step", "success rate", 1.0, &success)?;
+    out.extend(plot_pair(dir, "utilisation", "Generation pools: utilisation per step", "training step", "fraction of time", 1.0, &util)?);
+    Ok(out)
+}
+
 /// Writes `summary.json` into `dir`; returns its path.
 pub fn write(dir: &Path, summary: &Summary) -> std::io::Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
@@ -115,5 +196,13 @@ mod tests {
         let p = write(dir.path(), &s).unwrap();
         let back: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
         assert_eq!(back["tasks"]["lake"]["first_step_at_90"], 18);
+        // Plots: PNG (with the shipped font) and SVG, one line per task.
+        let files = plots(dir.path(), &steps).unwrap();
+        assert_eq!(files.len(), 4);
+        let svg = std::fs::read_to_string(dir.path().join("success.svg")).unwrap();
+        assert!(svg.contains("Success rate per task") && svg.contains("lake"));
+        let png = std::fs::read(dir.path().join("success.png")).unwrap();
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+        assert!(png.len() > 10_000, "an almost empty PNG ({} bytes)", png.len());
     }
 }
