@@ -162,7 +162,9 @@ pub struct RouterStats {
     pub oversized: AtomicU64,
     /// Tries per instance id.
     pub per_instance: Mutex<BTreeMap<u64, u64>>,
-    /// Requests waiting in the activator buffer now / at most.
+    /// Calls inside the router now / at most (waiting in the activator buffer, backing off, or
+    /// at an instance); with every instance at its container concurrency, the excess over
+    /// `instances × concurrency` is the activator queue.
     pub queued: AtomicU64,
     pub peak_queued: AtomicU64,
 }

@@ -398,9 +398,25 @@ fn reconcile(dep: &Arc<Deployment>, tasks: &TaskTracker) {
     dep.publish(&st);
 }
 
+/// A free port for a new instance. The kernel may hand the same ephemeral port to two binds in
+/// a row once the first listener is closed, so ports given out recently are skipped (two
+/// instances starting together would otherwise race for one port and one would die).
 fn free_port() -> std::io::Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
+    static RECENT: Mutex<std::collections::VecDeque<u16>> = Mutex::new(std::collections::VecDeque::new());
+    let mut recent = RECENT.lock().unwrap_or_else(|p| p.into_inner());
+    let mut port = 0;
+    for _ in 0..32 {
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        port = l.local_addr()?.port();
+        if !recent.contains(&port) {
+            break;
+        }
+    }
+    recent.push_back(port);
+    while recent.len() > 1024 {
+        recent.pop_front();
+    }
+    Ok(port)
 }
 
 fn signal_group(pid: u32, sig: nix::sys::signal::Signal) {
