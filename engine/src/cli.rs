@@ -699,3 +699,61 @@ pub fn bench_functions() -> anyhow::Result<()> {
         anyhow::Ok(())
     })
 }
+
+/// `rollarc bench --what presets`: the quickstart job under `sync`, `sync_plus`, `one_off` and
+/// `rollarc` for the same number of steps, with the built-in environments as they are and with
+/// environment latency injected (per-turn Normal(μ, σ), heavy-tailed resets; scaled down so
+/// the runs stay short); wall time, steps/min, final success per task, bubble ratio, and the
+/// ratio of `rollarc` against each baseline measured in the same run.
+pub fn bench_presets(file: &std::path::Path, steps: u64) -> anyhow::Result<()> {
+    use crate::spec::{InjectLatency, Preset};
+    use actors::dist::Dist;
+    use std::sync::Arc;
+    let base = crate::spec::parse(&std::fs::read_to_string(file).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?, crate::spec::Format::Toml)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    let presets = [Preset::Sync, Preset::SyncPlus, Preset::OneOff, Preset::Rollarc];
+    println!("preset benchmark: {} × {steps} steps per run (release, 2 cores)", file.display());
+    for injected in [false, true] {
+        let label =
+            if injected { "injected env latency: step Normal(0.3 s, σ 0.15 s), reset LogNormal(μ −2, σ 1)" } else { "built-in environments as they are" };
+        println!("  {label}");
+        println!("    {:<10} {:>9} {:>10} {:>8}  final success per task", "preset", "wall s", "steps/min", "bubble");
+        let mut walls = BTreeMap::new();
+        for p in presets {
+            let mut spec = base.with_preset(p);
+            spec.rollout.steps = Some(steps);
+            if injected {
+                for t in &mut spec.tasks {
+                    t.inject_latency =
+                        Some(InjectLatency { reset_s: Some(Dist::Lognormal { mu: -2.0, sigma: 1.0 }), step_s: Some(Dist::Normal { mean: 0.3, std: 0.15 }) });
+                }
+            }
+            let s = crate::simrun::run_blocking(spec, 0, 0, Arc::new(actors::buffer::CountingSink::default()), Arc::new(crate::job::NoObserver), None)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", p.name()))?;
+            let tail = &s.steps[s.steps.len().saturating_sub(3)..];
+            let mut per_task: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+            for m in tail {
+                for (k, t) in &m.tasks {
+                    let e = per_task.entry(k.clone()).or_default();
+                    e.0 += t.success_rate * t.trajectories as f64;
+                    e.1 += t.trajectories;
+                }
+            }
+            let succ: Vec<String> = per_task.iter().map(|(k, (s, n))| format!("{k} {:.2}", s / (*n).max(1) as f64)).collect();
+            println!(
+                "    {:<10} {:>9.1} {:>10.2} {:>8.3}  {}",
+                p.name(),
+                s.elapsed_s,
+                s.steps_done as f64 / (s.elapsed_s / 60.0).max(1e-9),
+                s.bubble_ratio,
+                succ.join(", ")
+            );
+            walls.insert(p.name(), s.elapsed_s);
+        }
+        let r = walls.get("rollarc").copied().unwrap_or(f64::NAN);
+        let ratios: Vec<String> =
+            ["sync", "sync_plus", "one_off"].iter().map(|b| format!("{:.2}× {b}", walls.get(b).copied().unwrap_or(f64::NAN) / r)).collect();
+        println!("    rollarc is {}", ratios.join(", "));
+    }
+    Ok(())
+}

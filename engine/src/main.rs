@@ -77,9 +77,12 @@ enum Cmd {
     Bench {
         #[arg(long, default_value_t = 10_000)]
         episodes: usize,
-        /// scheduler, model, env, functions or all.
+        /// scheduler, model, env, functions, presets or all.
         #[arg(long, default_value = "all")]
         what: String,
+        /// Training steps per run of the preset benchmark.
+        #[arg(long, default_value_t = 12)]
+        preset_steps: u64,
     },
 }
 
@@ -231,7 +234,7 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             }
             Ok(std::process::ExitCode::SUCCESS)
         }
-        Cmd::Bench { episodes, what } => {
+        Cmd::Bench { episodes, what, preset_steps } => {
             if what == "scheduler" || what == "all" {
                 engine::cli::bench(episodes)?;
             }
@@ -244,8 +247,11 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             if what == "functions" || what == "all" {
                 engine::cli::bench_functions()?;
             }
-            if !["scheduler", "model", "env", "functions", "all"].contains(&what.as_str()) {
-                anyhow::bail!("unknown benchmark {what:?}: scheduler, model, env, functions or all");
+            if what == "presets" || what == "all" {
+                engine::cli::bench_presets(std::path::Path::new("examples/quickstart.toml"), preset_steps)?;
+            }
+            if !["scheduler", "model", "env", "functions", "presets", "all"].contains(&what.as_str()) {
+                anyhow::bail!("unknown benchmark {what:?}: scheduler, model, env, functions, presets or all");
             }
             Ok(std::process::ExitCode::SUCCESS)
         }

@@ -110,6 +110,22 @@ pub struct TaskSpec {
     /// The alphabet for `constrain_actions`, overriding the environment's (ASCII characters).
     #[serde(default)]
     pub action_alphabet: Option<String>,
+    /// Extra latency added to this task's environment calls (benchmarks: realistic
+    /// environment delays on the built-in games).
+    #[serde(default)]
+    pub inject_latency: Option<InjectLatency>,
+}
+
+/// Latency added after an environment call, in seconds (negative samples count as 0).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InjectLatency {
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub reset_s: Option<Dist>,
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub step_s: Option<Dist>,
 }
 
 impl TaskSpec {
@@ -859,6 +875,13 @@ pub fn validate(spec: &JobSpec) -> Vec<FieldError> {
         }
         if t.reward.is_empty() {
             err(format!("{p}.reward"), "name at least one reward function (e.g. \"env\")".into());
+        }
+        if let Some(l) = &t.inject_latency {
+            for (k, d) in [("reset_s", &l.reset_s), ("step_s", &l.step_s)] {
+                for m in d.iter().flat_map(|d| d.problems()) {
+                    err(format!("{p}.inject_latency.{k}"), m);
+                }
+            }
         }
         if let Some(a) = &t.action_alphabet
             && (a.is_empty() || !a.is_ascii())

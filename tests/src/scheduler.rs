@@ -324,3 +324,20 @@ success_rate = 0.0
         Ok(s) => panic!("the job cannot succeed: {s:?}"),
     }
 }
+
+#[test]
+fn injected_environment_latency_delays_every_call_in_virtual_time() {
+    let spec = SpecBuilder::new()
+        .pool("h800", "H800", 1, "")
+        .raw_task("[[tasks]]\ndomain = \"lake\"\ngroup_size = 2\nmax_turns = 3\nmax_tokens_per_turn = 4\nenv = { kind = \"frozenlake\", size = 4 }\ninject_latency = { reset_s = { constant = 2.0 }, step_s = { constant = 1.0 } }\n")
+        .rollout("batch_size = 2")
+        .rollout("steps = 2")
+        .build();
+    let r = tests::run_recorded(spec);
+    assert!(!r.committed.is_empty());
+    for t in &r.committed {
+        // Virtual time: the injected seconds are exact (the games themselves take none).
+        assert!((t.timings.reset_s - 2.0).abs() < 1e-6, "reset {}", t.timings.reset_s);
+        assert!((t.timings.env_step_s - t.turns.len() as f64).abs() < 1e-6, "{} s for {} steps", t.timings.env_step_s, t.turns.len());
+    }
+}

@@ -624,6 +624,7 @@ async fn build_tasks(
             max_turns: t.max_turns,
             max_tokens_per_turn: t.max_tokens_per_turn,
             allowed_tokens: t.allowed_tokens().map(Arc::from),
+            inject_latency: t.inject_latency.clone(),
         });
     }
     Ok(out)

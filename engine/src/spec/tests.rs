@@ -142,3 +142,11 @@ timeout_s = 0
     let body = format!("{}\n[reward.functions.m]\nkind = \"builtin\"\nfunction = \"math\"\n", minimal());
     assert_eq!(parse(&body, Format::Toml).unwrap().clock(), Clock::Real);
 }
+
+#[test]
+fn injected_latency_distributions_are_checked() {
+    let body = minimal().replace("domain = \"lake\"\n", "domain = \"lake\"\ninject_latency = { step_s = { normal = { mean = 1.0, std = -1.0 } } }\n");
+    assert!(body.contains("inject_latency"));
+    let errs = parse(&body, Format::Toml).unwrap_err();
+    assert!(errs.0.iter().any(|e| e.field == "tasks[0].inject_latency.step_s"), "{:?}", errs.0);
+}
