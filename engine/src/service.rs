@@ -3,6 +3,7 @@
 //! their events, cancels them, and after a restart resumes every unfinished job from its last
 //! completed step.
 
+use infra::error_chain;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -324,17 +325,6 @@ impl Service {
         self.functions.shutdown().await;
         forced
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 struct ServiceObserver {

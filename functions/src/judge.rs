@@ -11,6 +11,7 @@
 //! Plain `http://` endpoints only: the workspace builds reqwest without TLS (put a local proxy
 //! in front of an `https://` provider).
 
+use infra::error_chain;
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -340,17 +341,6 @@ pub fn parse_group(answer: &str, n: usize, max_score: f64) -> Result<Vec<f64>, S
             check_range(x, max_score, &format!("score {}", i + 1), answer)
         })
         .collect()
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 fn head_chars(s: &str, max: usize) -> String {

@@ -10,3 +10,15 @@ pub mod router;
 pub mod sandbox;
 pub mod shutdown;
 pub mod telemetry;
+
+/// An error and its sources, joined with ": " (for logs and error bodies).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

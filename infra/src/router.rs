@@ -18,6 +18,7 @@
 //!   response-size cap, and **outlier ejection** (5 consecutive failures → out for 30 s × n, at
 //!   most 10 % of instances, at least one).
 
+use crate::error_chain;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -380,17 +381,6 @@ impl InstanceSvc {
             Err(_) => Err(TryError::Timeout(timeout)),
         }
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// Shedding answers keep the load handle for the hinted time: a fast 429 looks slow.

@@ -2,8 +2,7 @@
 //! in the bubblewrap sandbox; `judge` talks to a fake OpenAI-compatible endpoint served here
 //! (a stand-in for the LLM, which is another part of the system).
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,41 +11,10 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use functions::protocol::{PROTOCOL_VERSION, ScoreRequest, ScoreResponse, ScoredItem};
 
-struct Function {
-    child: Child,
-    base: String,
-}
+use tests::{FunctionProcess as Function, fn_bin};
 
-impl Drop for Function {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn fn_bin() -> std::path::PathBuf {
-    tests::rollarc_bin().with_file_name("rollarc-fn")
-}
-
-/// Starts `rollarc-fn NAME --config CONFIG` on a free port, with extra environment variables.
 fn start(name: &str, config: &str, env: &[(&str, &str)]) -> Function {
-    let mut cmd = Command::new(fn_bin());
-    cmd.arg(name).args(["--config", config]).env("PORT", "0").env("HOST", "127.0.0.1").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let mut child = cmd.spawn().expect("rollarc-fn starts");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(addr) = line.split("listening on ").nth(1) {
-                let _ = tx.send(addr.trim().to_string());
-            }
-        }
-    });
-    let addr = rx.recv_timeout(Duration::from_secs(20)).expect("the function reports its address");
-    Function { child, base: format!("http://{addr}") }
+    tests::start_function(name, Some(config), env)
 }
 
 /// Runs `rollarc-fn NAME --config CONFIG`, expecting it to refuse to start: its stderr.

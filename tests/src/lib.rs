@@ -262,3 +262,49 @@ pub fn rollarc_bin() -> PathBuf {
     assert!(bin.exists(), "{} not found: build the workspace binaries first (cargo build --workspace)", bin.display());
     bin
 }
+
+/// A `rollarc-fn` process serving one built-in function on a free port; killed when dropped.
+pub struct FunctionProcess {
+    pub child: std::process::Child,
+    /// `http://ADDR`, as the function logged it.
+    pub base: String,
+}
+
+impl Drop for FunctionProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The `rollarc-fn` binary built next to `rollarc`.
+pub fn fn_bin() -> PathBuf {
+    rollarc_bin().with_file_name("rollarc-fn")
+}
+
+/// Starts `rollarc-fn NAME [--config CONFIG]` on a free port with extra environment variables,
+/// and waits until it logs its address.
+pub fn start_function(name: &str, config: Option<&str>, env: &[(&str, &str)]) -> FunctionProcess {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let mut cmd = Command::new(fn_bin());
+    cmd.arg(name).env("PORT", "0").env("HOST", "127.0.0.1").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+    if let Some(c) = config {
+        cmd.args(["--config", c]);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("rollarc-fn starts");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(addr) = line.split("listening on ").nth(1) {
+                let _ = tx.send(addr.trim().to_string());
+            }
+        }
+    });
+    let addr = rx.recv_timeout(Duration::from_secs(20)).expect("the function reports its address");
+    FunctionProcess { child, base: format!("http://{addr}") }
+}

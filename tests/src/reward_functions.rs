@@ -1,42 +1,11 @@
 //! The built-in reward functions as real processes under the runtime contract.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use functions::protocol::{PROTOCOL_VERSION, ScoreRequest, ScoreResponse, ScoredItem};
 
-struct Function {
-    child: Child,
-    base: String,
-}
-
-impl Drop for Function {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start(name: &str, config: Option<&str>) -> Function {
-    let bin = tests::rollarc_bin().with_file_name("rollarc-fn");
-    let mut cmd = Command::new(bin);
-    cmd.arg(name).env("PORT", "0").env("HOST", "127.0.0.1").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
-    if let Some(c) = config {
-        cmd.args(["--config", c]);
-    }
-    let mut child = cmd.spawn().expect("rollarc-fn starts");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(addr) = line.split("listening on ").nth(1) {
-                let _ = tx.send(addr.trim().to_string());
-            }
-        }
-    });
-    let addr = rx.recv_timeout(Duration::from_secs(20)).expect("the function reports its address");
-    Function { child, base: format!("http://{addr}") }
+fn start(name: &str, config: Option<&str>) -> tests::FunctionProcess {
+    tests::start_function(name, config, &[])
 }
 
 fn request(items: &[&str], reference: &str) -> ScoreRequest {
