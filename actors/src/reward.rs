@@ -11,6 +11,8 @@ use rand::rngs::SmallRng;
 use tokio::sync::{Mutex, Semaphore};
 
 use crate::dist::Dist;
+use infra::faas::Scaling;
+use infra::faas::kpa::{ConcurrencyMeter, Kpa};
 use crate::types::Trajectory;
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -92,6 +94,207 @@ impl RewardScorer for SimReward {
             };
             tokio::time::sleep(delay).await;
             self.state.lock().await.last_call_end = Some(tokio::time::Instant::now());
+            Ok(traj.turns.iter().map(|t| t.env_reward).sum())
+        })
+    }
+}
+
+/// A simulated serverless function in virtual time: instances scaled by the Knative pod
+/// autoscaler (the same [`Kpa`] state machine the local runtime runs), each serving up to its
+/// container concurrency, a cold start for every instance started, requests waiting in the
+/// activator while nothing can take them, and scale to zero after the grace period.
+pub struct SimFunction {
+    latency: Dist,
+    cold_start: Duration,
+    concurrency: u32,
+    tick: Duration,
+    state: std::sync::Mutex<FnState>,
+    changed: tokio::sync::Notify,
+    pub calls: AtomicU64,
+    /// Instances started (each paid a cold start).
+    pub cold_starts: AtomicU64,
+    pub peak_instances: AtomicU64,
+}
+
+struct FnState {
+    rng: SmallRng,
+    kpa: Kpa,
+    meter: ConcurrencyMeter,
+    instances: Vec<SimInstance>,
+    next_id: u64,
+    ticking: bool,
+}
+
+#[derive(Clone, Copy)]
+struct SimInstance {
+    id: u64,
+    ready_at: tokio::time::Instant,
+    in_flight: u32,
+}
+
+impl FnState {
+    fn ready(&self, now: tokio::time::Instant) -> u32 {
+        self.instances.iter().filter(|i| i.ready_at <= now).count() as u32
+    }
+
+    fn start(&mut self, ready_at: tokio::time::Instant) {
+        self.instances.push(SimInstance { id: self.next_id, ready_at, in_flight: 0 });
+        self.next_id += 1;
+    }
+}
+
+impl SimFunction {
+    pub fn new(latency: Dist, cold_start: Duration, scaling: Scaling, seed: u64) -> Arc<Self> {
+        let now = tokio::time::Instant::now();
+        let concurrency = scaling.container_concurrency;
+        let tick = scaling.tick_interval.0.max(Duration::from_millis(100));
+        // Initial instances are warm (deployed before the job), like a deployment at rest.
+        let initial = scaling.initial_scale.max(scaling.min_scale);
+        let mut st = FnState {
+            rng: SmallRng::seed_from_u64(seed),
+            kpa: Kpa::new(scaling, now),
+            meter: ConcurrencyMeter::new(now),
+            instances: Vec::new(),
+            next_id: 0,
+            ticking: false,
+        };
+        for _ in 0..initial {
+            st.start(now);
+        }
+        Arc::new(Self {
+            latency,
+            cold_start,
+            concurrency: if concurrency == 0 { u32::MAX } else { concurrency },
+            tick,
+            state: std::sync::Mutex::new(st),
+            changed: tokio::sync::Notify::new(),
+            calls: AtomicU64::new(0),
+            cold_starts: AtomicU64::new(0),
+            peak_instances: AtomicU64::new(initial as u64),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, FnState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Instances now (starting or ready).
+    pub fn instances(&self) -> usize {
+        self.lock().instances.len()
+    }
+
+    /// Applies a decision: starts instances (ready after the cold start) or stops idle ones.
+    fn scale_to(self: &Arc<Self>, st: &mut FnState, desired: u32, now: tokio::time::Instant) {
+        let have = st.instances.len() as u32;
+        if desired > have {
+            for _ in have..desired {
+                st.start(now + self.cold_start);
+            }
+            self.cold_starts.fetch_add(u64::from(desired - have), Ordering::Relaxed);
+            self.peak_instances.fetch_max(u64::from(desired), Ordering::Relaxed);
+            let me = Arc::downgrade(self);
+            let at = now + self.cold_start;
+            tokio::spawn(async move {
+                tokio::time::sleep_until(at).await;
+                if let Some(me) = me.upgrade() {
+                    me.changed.notify_waiters();
+                }
+            });
+        } else if desired < have {
+            // Stop idle instances, those still starting first.
+            let mut excess = have - desired;
+            st.instances.sort_by_key(|i| (std::cmp::Reverse(i.ready_at), i.id));
+            st.instances.retain(|i| {
+                if excess > 0 && i.in_flight == 0 {
+                    excess -= 1;
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+    }
+
+    /// The autoscaler's loop: one decision per tick while the function lives.
+    fn start_ticking(self: &Arc<Self>, st: &mut FnState) {
+        if st.ticking {
+            return;
+        }
+        st.ticking = true;
+        let me = Arc::downgrade(self);
+        let tick = self.tick;
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(tick);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                let Some(me) = me.upgrade() else { return };
+                let now = tokio::time::Instant::now();
+                let mut st = me.lock();
+                let (avg, period) = st.meter.take(now);
+                st.kpa.record(now, avg, period);
+                let ready = st.ready(now);
+                let waiting = st.meter.current();
+                let d = st.kpa.decide(now, ready, waiting);
+                me.scale_to(&mut st, d.desired, now);
+                if st.instances.is_empty() && waiting == 0 && d.desired == 0 {
+                    // At zero and idle: stop ticking until the next request.
+                    st.ticking = false;
+                    return;
+                }
+            }
+        });
+    }
+
+    async fn acquire(self: &Arc<Self>) -> u64 {
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let now = tokio::time::Instant::now();
+                let mut st = self.lock();
+                let cc = self.concurrency;
+                // Least-loaded ready instance with room.
+                if let Some(i) = st.instances.iter_mut().filter(|i| i.ready_at <= now && i.in_flight < cc).min_by_key(|i| (i.in_flight, i.id)) {
+                    i.in_flight += 1;
+                    return i.id;
+                }
+                if st.instances.is_empty() {
+                    // The activator's poke: scale from zero at once.
+                    let waiting = st.meter.current();
+                    let d = st.kpa.decide(now, 0, waiting);
+                    self.scale_to(&mut st, d.desired.max(1), now);
+                }
+            }
+            notified.await;
+        }
+    }
+}
+
+impl RewardScorer for Arc<SimFunction> {
+    fn score<'a>(&'a self, traj: &'a Trajectory) -> BoxFuture<'a, Result<f64, RewardError>> {
+        Box::pin(async move {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            let delay = {
+                let now = tokio::time::Instant::now();
+                let mut st = self.lock();
+                st.meter.add(now, 1);
+                self.start_ticking(&mut st);
+                Duration::from_secs_f64(self.latency.sample(&mut st.rng))
+            };
+            let slot = self.acquire().await;
+            tokio::time::sleep(delay).await;
+            {
+                let now = tokio::time::Instant::now();
+                let mut st = self.lock();
+                st.meter.add(now, -1);
+                // A busy instance is never scaled down, so it is still there.
+                if let Some(i) = st.instances.iter_mut().find(|i| i.id == slot) {
+                    i.in_flight = i.in_flight.saturating_sub(1);
+                }
+            }
+            self.changed.notify_waiters();
             Ok(traj.turns.iter().map(|t| t.env_reward).sum())
         })
     }

@@ -204,7 +204,7 @@ fn wall_now() -> std::time::Instant {
 
 /// `rollarc sim`: runs the spec (optionally under several presets) in virtual time.
 pub fn sim(spec: JobSpec, preset: Option<&str>, compare: &[String]) -> anyhow::Result<()> {
-    let parse = |p: &str| Preset::parse(p).ok_or_else(|| anyhow::anyhow!("unknown preset {p:?}, expected one of sync, sync_plus, one_off, rollarc"));
+    let parse = |p: &str| Preset::parse(p).ok_or_else(|| anyhow::anyhow!("unknown preset {p:?}, expected one of sync, sync_plus, one_off, areal, rollarc"));
     let base = match preset {
         Some(p) => spec.with_preset(parse(p)?),
         None => spec,
@@ -487,7 +487,7 @@ pub fn bench_env() -> anyhow::Result<()> {
     let mut per_step = Vec::new();
     for (name, factory, n) in cases {
         let us = rt.block_on(async {
-            let args = EnvArgs { task: "bench".into(), index: 0, factory, counters: Arc::new(EnvCounters::default()) };
+            let args = EnvArgs { task: "bench".into(), index: 0, slot: 0, factory, counters: Arc::new(EnvCounters::default()) };
             let (a, _) = Actor::spawn(None, EnvActor, args).await?;
             ractor::call_t!(a, |p| EnvMsg::Reset(0, p), 30_000)?.map_err(|e| anyhow::anyhow!("{e}"))?;
             let t = wall_now();

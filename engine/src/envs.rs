@@ -11,9 +11,12 @@ use actors::env::builtin::sokoban::{Sokoban, SokobanConfig};
 use actors::env::builtin::tictactoe::{TicTacToe, TicTacToeConfig};
 use actors::env::external::{ExternalConfig, ExternalEnv};
 use actors::env::sim::{SimEnv, SimEnvConfig};
-use actors::env::{DynEnvironment, EnvFactory};
+use actors::dist::Dist;
+use actors::env::{DynEnvironment, EnvError, EnvFactory, Environment, Observation, StepOutcome};
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
 
-use crate::spec::{EnvSpec, SandboxMode};
+use crate::spec::{EnvSpec, InjectLatency, SandboxMode};
 
 pub use infra::sandbox::{SANDBOX_LIMITS, SANDBOX_UID_BASE, SANDBOX_UIDS, check_sandbox, sandboxed};
 
@@ -24,15 +27,80 @@ pub struct EnvLimits {
 }
 
 /// A factory of environments for one task; `seed_base` makes simulated ones differ per index.
-pub fn factory(spec: &EnvSpec, seed_base: u64, limits: &EnvLimits) -> EnvFactory {
+/// With `inject`, every environment sleeps a sampled extra latency inside each reset and step
+/// (so the environment is busy for it, as a slow one would be).
+pub fn factory(spec: &EnvSpec, seed_base: u64, limits: &EnvLimits, inject: Option<&InjectLatency>) -> EnvFactory {
+    let inner = base_factory(spec, seed_base, limits);
+    match inject {
+        None => inner,
+        Some(l) => {
+            let l = l.clone();
+            Arc::new(move |i| {
+                let rng = SmallRng::seed_from_u64(seed_base ^ 0x1a7e_3c11 ^ i.wrapping_mul(0x2545_f491_4f6c_dd1d));
+                Box::new(Delayed { inner: inner(i), reset: l.reset_s.clone(), step: l.step_s.clone(), rng })
+            })
+        }
+    }
+}
+
+/// An environment with injected latency after each call (benchmarks: realistic environment
+/// delays on the built-in games). Samples come from the environment's own seeded RNG.
+struct Delayed {
+    inner: Box<dyn DynEnvironment>,
+    reset: Option<Dist>,
+    step: Option<Dist>,
+    rng: SmallRng,
+}
+
+impl Delayed {
+    async fn delay(which: Option<&Dist>, rng: &mut SmallRng) {
+        if let Some(d) = which {
+            let s = d.sample(rng);
+            if s.is_finite() && s > 0.0 {
+                tokio::time::sleep(Duration::from_secs_f64(s.min(3600.0))).await;
+            }
+        }
+    }
+}
+
+impl Environment for Delayed {
+    async fn reset(&mut self, seed: u64) -> Result<Observation, EnvError> {
+        let r = self.inner.reset_boxed(seed).await;
+        Self::delay(self.reset.as_ref(), &mut self.rng).await;
+        r
+    }
+
+    async fn step(&mut self, action: &str, action_tokens: &[u32]) -> Result<StepOutcome, EnvError> {
+        let r = self.inner.step_boxed(action, action_tokens).await;
+        Self::delay(self.step.as_ref(), &mut self.rng).await;
+        r
+    }
+
+    async fn close(&mut self) {
+        self.inner.close_boxed().await;
+    }
+}
+
+fn base_factory(spec: &EnvSpec, seed_base: u64, limits: &EnvLimits) -> EnvFactory {
     match spec {
-        EnvSpec::Sim { reset_latency_s, step_latency_s, turns, observation_tokens, response_tokens, success_rate, failure_probability, hang_probability } => {
+        EnvSpec::Sim {
+            reset_latency_s,
+            step_latency_s,
+            turns,
+            observation_tokens,
+            prompt_tokens,
+            response_tokens,
+            success_rate,
+            failure_probability,
+            hang_probability,
+        } => {
             let d = SimEnvConfig::default();
             let cfg = SimEnvConfig {
                 reset_latency: reset_latency_s.clone().unwrap_or(d.reset_latency),
                 step_latency: step_latency_s.clone().unwrap_or(d.step_latency),
                 turns: turns.clone().unwrap_or(d.turns),
                 observation_tokens: observation_tokens.clone().unwrap_or(d.observation_tokens),
+                prompt_tokens: prompt_tokens.clone(),
                 response_tokens: response_tokens.clone().unwrap_or(d.response_tokens),
                 success_rate: *success_rate,
                 failure_probability: *failure_probability,

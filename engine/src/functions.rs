@@ -188,6 +188,19 @@ impl FunctionHub {
         self.runtime.status().into_iter().map(|d| FunctionView { router: by_name.get(d.name.as_str()).map(|r| r.stats().snapshot()), deployment: d }).collect()
     }
 
+    /// Every function instance alive now (`deployment/id`), with the seconds it has had at
+    /// least one request in flight since it started (for utilisation timelines).
+    pub fn instance_busy(&self) -> BTreeMap<String, f64> {
+        self.view()
+            .into_iter()
+            .flat_map(|v| {
+                let busy = v.router.map(|r| r.busy_s).unwrap_or_default();
+                let name = v.deployment.name;
+                v.deployment.instances.into_iter().map(move |i| (format!("{name}/{}", i.id), busy.get(&i.id).copied().unwrap_or(0.0))).collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
     pub async fn shutdown(&self) {
         self.runtime.shutdown().await;
     }

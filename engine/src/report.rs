@@ -159,7 +159,95 @@ pub fn plots(dir: &Path, steps: &[StepMetrics]) -> Result<Vec<PathBuf>, String> 
     }
     let mut out = plot_pair(dir, "success", "Success rate per task", "training step", "success rate", 1.0, &success)?;
     out.extend(plot_pair(dir, "utilisation", "Generation pools: utilisation per step", "training step", "fraction of time", 1.0, &util)?);
+    if steps.iter().any(|m| !m.timeline.is_empty()) {
+        out.extend(timeline_plots(dir, steps)?);
+    }
     Ok(out)
+}
+
+/// Rows of the timeline in display order: shards, then environments, then function instances,
+/// each in natural order (`env lake/10` after `env lake/9`). Environments never used are left
+/// out (a pool sized for the peak has many).
+fn timeline_rows(steps: &[StepMetrics]) -> Vec<String> {
+    let used = |k: &String| !k.starts_with("env ") || steps.iter().any(|m| m.timeline.get(k).is_some_and(|f| *f > 0.0));
+    let mut rows: Vec<String> = steps.iter().flat_map(|m| m.timeline.keys().cloned()).filter(used).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+    let kind = |k: &str| match k.split(' ').next() {
+        Some("shard") => 0,
+        Some("env") => 1,
+        _ => 2,
+    };
+    let split = |k: &str| {
+        let (head, tail) = k.rsplit_once('/').unwrap_or((k, ""));
+        (kind(k), head.to_string(), tail.parse::<u64>().unwrap_or(0), tail.to_string())
+    };
+    rows.sort_by_key(|k| split(k));
+    rows
+}
+
+fn draw_timeline<DB: plotters::prelude::DrawingBackend>(
+    root: plotters::prelude::DrawingArea<DB, plotters::coord::Shift>,
+    steps: &[StepMetrics],
+    rows: &[String],
+) -> Result<(), String> {
+    use plotters::prelude::*;
+    let e = |x: plotters::drawing::DrawingAreaErrorKind<DB::ErrorType>| x.to_string();
+    root.fill(&WHITE).map_err(e)?;
+    let x_max = steps.last().map_or(1.0, |m| m.elapsed_s).max(1.0);
+    let n = rows.len().max(1);
+    let label_every = n.div_ceil(40).max(1);
+    let mut chart = ChartBuilder::on(&root)
+        .caption("Utilisation timeline: every shard, environment and function instance", ("sans-serif", 20))
+        .margin(14)
+        .x_label_area_size(40)
+        .y_label_area_size(170)
+        .build_cartesian_2d(0f64..x_max, 0f64..n as f64)
+        .map_err(e)?;
+    let names: Vec<String> = rows.iter().rev().cloned().collect();
+    chart
+        .configure_mesh()
+        .disable_mesh()
+        .x_desc("seconds since start · shards: stepping, environments: held by a trajectory, functions: serving · white idle, dark blue busy, grey not running")
+        .y_labels(n.min(40) + 1)
+        .y_label_formatter(&move |y| {
+            let i = y.floor() as usize;
+            if i < names.len() && i % label_every == 0 { names[i].clone() } else { String::new() }
+        })
+        .y_label_style(("sans-serif", 11))
+        .draw()
+        .map_err(e)?;
+    for m in steps {
+        let x0 = (m.elapsed_s - m.step_s).max(0.0);
+        let x1 = m.elapsed_s;
+        for (i, row) in rows.iter().enumerate() {
+            let y0 = (n - 1 - i) as f64;
+            let color = match m.timeline.get(row) {
+                None => RGBColor(225, 225, 225),
+                Some(f) if *f < 0.005 => continue,
+                Some(f) => {
+                    let f = f.clamp(0.0, 1.0);
+                    let mix = |a: f64, b: f64| (a + (b - a) * f) as u8;
+                    RGBColor(mix(235.0, 8.0), mix(242.0, 48.0), mix(250.0, 140.0))
+                }
+            };
+            chart.draw_series(std::iter::once(Rectangle::new([(x0, y0), (x1, y0 + 1.0)], color.filled()))).map_err(e)?;
+        }
+    }
+    root.present().map_err(e)
+}
+
+/// Draws `timeline.{png,svg}`: a heat map of the busy fraction of every shard, environment and
+/// function instance per training step.
+fn timeline_plots(dir: &Path, steps: &[StepMetrics]) -> Result<Vec<PathBuf>, String> {
+    use plotters::prelude::*;
+    register_font();
+    let rows = timeline_rows(steps);
+    let px = (900 / rows.len().max(1)).clamp(2, 16) as u32;
+    let h = (rows.len() as u32 * px + 140).max(300);
+    let svg = dir.join("timeline.svg");
+    let png = dir.join("timeline.png");
+    draw_timeline(SVGBackend::new(&svg, (1100, h)).into_drawing_area(), steps, &rows)?;
+    draw_timeline(BitMapBackend::new(&png, (1100, h)).into_drawing_area(), steps, &rows)?;
+    Ok(vec![png, svg])
 }
 
 /// Writes `summary.json` into `dir`; returns its path.
@@ -204,5 +292,35 @@ mod tests {
         let png = std::fs::read(dir.path().join("success.png")).unwrap();
         assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
         assert!(png.len() > 10_000, "an almost empty PNG ({} bytes)", png.len());
+    }
+
+    #[test]
+    fn the_timeline_has_a_row_per_resource_in_kind_order() {
+        let mut steps: Vec<StepMetrics> = (1..=4).map(|i| step(i, 0.5)).collect();
+        for (i, m) in steps.iter_mut().enumerate() {
+            m.step_s = 2.0;
+            m.timeline.insert("shard compute/0".into(), 0.25 * i as f64);
+            m.timeline.insert("env lake/10".into(), 1.0);
+            m.timeline.insert("env lake/9".into(), 0.5);
+            m.timeline.insert("env lake/3".into(), 0.0);
+            if i >= 2 {
+                // A function instance that started late (grey before).
+                m.timeline.insert("fn math-1/3".into(), 0.75);
+            }
+        }
+        // Never-used environments are left out.
+        assert_eq!(timeline_rows(&steps), ["shard compute/0", "env lake/9", "env lake/10", "fn math-1/3"]);
+        let dir = tempfile::tempdir().unwrap();
+        let files = plots(dir.path(), &steps).unwrap();
+        assert_eq!(files.len(), 6);
+        let svg = std::fs::read_to_string(dir.path().join("timeline.svg")).unwrap();
+        for row in ["shard compute/0", "env lake/10", "fn math-1/3"] {
+            assert!(svg.contains(row), "{row} missing from the timeline");
+        }
+        // Busy cells are filled in shades of blue, missing ones grey: both kinds appear.
+        assert!(svg.contains("#E1E1E1"), "no grey cell for the late instance");
+        assert!(svg.contains("#08308C"), "no fully busy cell");
+        let png = std::fs::read(dir.path().join("timeline.png")).unwrap();
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
     }
 }

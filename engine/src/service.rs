@@ -228,6 +228,9 @@ impl Service {
         cancel: CancellationToken,
         interrupted: Arc<std::sync::atomic::AtomicBool>,
     ) {
+        // Per-resource timelines for jobs on real hardware (a simulated cluster has thousands
+        // of resources; its report is the simulation summary).
+        let timeline = spec.clock() == Clock::Real;
         let rt = match spec.clock() {
             Clock::Virtual => crate::simrun::virtual_runtime(),
             Clock::Real => tokio::runtime::Builder::new_current_thread().enable_all().build(),
@@ -247,6 +250,7 @@ impl Service {
                     cancel: cancel.clone(),
                     checkpoint_dir,
                     functions: Some(self.functions.clone()),
+                    timeline,
                 };
                 // A panic anywhere in the job's runtime fails (or restarts) this job only.
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.block_on(job::run(run)))).unwrap_or_else(|p| {

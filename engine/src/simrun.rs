@@ -31,6 +31,7 @@ pub fn run_virtual_with(spec: JobSpec, sink: Arc<dyn TrajectorySink>, observer: 
         cancel: CancellationToken::new(),
         checkpoint_dir: None,
         functions: None,
+        timeline: false,
     }))
 }
 
@@ -59,5 +60,6 @@ pub fn run_blocking(
         cancel: CancellationToken::new(),
         checkpoint_dir,
         functions: None,
+        timeline: false,
     }))
 }

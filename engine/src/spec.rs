@@ -47,10 +47,24 @@ pub enum Preset {
     OneOff,
     /// Trajectory-level asynchrony, α = 1, overlap, serverless reward, affinity mapping.
     Rollarc,
+    /// AReaL-style: fully asynchronous with interruptible generation (in-flight turns keep
+    /// their tokens and recompute KV under new weights), one hardware type, local reward.
+    Areal,
+}
+
+/// The knob values a preset stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PresetKnobs {
+    pub barrier: Barrier,
+    pub alpha: u64,
+    pub overlap: bool,
+    pub placement: Placement,
+    pub mapping: MappingMode,
+    pub on_weight_update: OnWeightUpdate,
 }
 
 impl Preset {
-    pub const ALL: [Preset; 4] = [Preset::Sync, Preset::SyncPlus, Preset::OneOff, Preset::Rollarc];
+    pub const ALL: [Preset; 5] = [Preset::Sync, Preset::SyncPlus, Preset::OneOff, Preset::Areal, Preset::Rollarc];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -58,6 +72,7 @@ impl Preset {
             Self::SyncPlus => "sync_plus",
             Self::OneOff => "one_off",
             Self::Rollarc => "rollarc",
+            Self::Areal => "areal",
         }
     }
 
@@ -66,12 +81,15 @@ impl Preset {
     }
 
     /// The knob values of this preset (architecture.md §6).
-    pub fn knobs(self) -> (Barrier, u64, bool, Placement, MappingMode) {
+    pub fn knobs(self) -> PresetKnobs {
+        let k = |barrier, alpha, overlap, placement, mapping, on_weight_update| PresetKnobs { barrier, alpha, overlap, placement, mapping, on_weight_update };
+        use OnWeightUpdate::{Abort, Recompute};
         match self {
-            Self::Sync => (Barrier::Batch, 0, false, Placement::Local, MappingMode::SinglePool),
-            Self::SyncPlus => (Barrier::Turn, 0, false, Placement::Serverless, MappingMode::SinglePool),
-            Self::OneOff => (Barrier::Turn, 1, true, Placement::Serverless, MappingMode::SinglePool),
-            Self::Rollarc => (Barrier::None, 1, true, Placement::Serverless, MappingMode::Declared),
+            Self::Sync => k(Barrier::Batch, 0, false, Placement::Local, MappingMode::SinglePool, Abort),
+            Self::SyncPlus => k(Barrier::Turn, 0, false, Placement::Serverless, MappingMode::SinglePool, Abort),
+            Self::OneOff => k(Barrier::Turn, 1, true, Placement::Serverless, MappingMode::SinglePool, Abort),
+            Self::Areal => k(Barrier::None, 1, true, Placement::Local, MappingMode::SinglePool, Recompute),
+            Self::Rollarc => k(Barrier::None, 1, true, Placement::Serverless, MappingMode::Declared, Abort),
         }
     }
 }
@@ -186,6 +204,10 @@ pub enum EnvSpec {
         #[serde(default)]
         #[schema(value_type = Object)]
         observation_tokens: Option<Dist>,
+        /// The first observation (the prompt); default: `observation_tokens`.
+        #[serde(default)]
+        #[schema(value_type = Object)]
+        prompt_tokens: Option<Dist>,
         #[serde(default)]
         #[schema(value_type = Object)]
         response_tokens: Option<Dist>,
@@ -315,25 +337,43 @@ pub struct PoolSpec {
 fn d_one() -> usize {
     1
 }
+fn d_one_u32() -> u32 {
+    1
+}
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum BackendSpec {
     /// Roofline simulator of the device class.
     Sim {
+        /// A built-in model profile (`qwen3-8b`, …) or one defined under `sim.models`.
         #[serde(default = "d_model")]
         model: String,
         #[serde(default)]
         max_batch: Option<usize>,
+        /// Model FLOP utilisation of prefill (default 0.5).
         #[serde(default)]
         mfu: Option<f64>,
+        /// Memory-bandwidth utilisation of decode (default 0.7).
         #[serde(default)]
         mbu: Option<f64>,
-        /// Weight pull bandwidth in GB/s.
+        /// Per-GPU weight pull bandwidth in GB/s (overrides `sim.weight_sync.intra_gbps`).
         #[serde(default)]
         weight_sync_gbps: Option<f64>,
         #[serde(default)]
         hang_probability: f64,
+        /// GPUs per shard (tensor parallelism); `count` shards use `count × gpus_per_shard` GPUs.
+        #[serde(default = "d_one_u32")]
+        gpus_per_shard: u32,
+        /// Fraction of linear scaling a tensor-parallel group keeps (default 0.9).
+        #[serde(default)]
+        tp_efficiency: Option<f64>,
+        /// Prefill/decode disaggregation: this pool decodes; the named pool prefills, and the
+        /// KV cache travels at `kv_transfer_gbps` (GB/s).
+        #[serde(default)]
+        prefill_pool: Option<String>,
+        #[serde(default)]
+        kv_transfer_gbps: Option<f64>,
     },
     /// The built-in transformer on CPU (real generation, on its own thread per shard).
     Builtin {
@@ -504,6 +544,12 @@ pub enum FunctionSpec {
         concurrency: usize,
         #[serde(default = "d_scale_to_zero")]
         scale_to_zero_after_s: f64,
+        /// Serverless placement scaled by the Knative pod autoscaler (Knative knob names, as for
+        /// built-in functions; `cold_start_s` per instance started). Without it, serverless is a
+        /// single pool of `concurrency` slots that goes cold after `scale_to_zero_after_s` idle.
+        #[serde(default)]
+        #[schema(value_type = Object)]
+        scaling: Option<infra::faas::Scaling>,
     },
     /// A built-in function (`math`, `format`, `env`, `code`, `judge`) run as processes by the
     /// service's function runtime.
@@ -576,7 +622,9 @@ fn d_scale_to_zero() -> f64 {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum TrainerSpec {
-    /// Time model of a GPU trainer.
+    /// Time model of a GPU trainer: with `device`, a roofline (8 FLOPs per active parameter
+    /// per token at `mfu` on `gpus` devices of that class, for `model` or the pools' model);
+    /// without, `seconds_per_token` per GPU.
     Sim {
         #[serde(default = "d_spt")]
         seconds_per_token: f64,
@@ -584,6 +632,13 @@ pub enum TrainerSpec {
         gpus: u32,
         #[serde(default)]
         step_overhead_s: f64,
+        #[serde(default)]
+        device: Option<String>,
+        #[serde(default)]
+        model: Option<String>,
+        /// Training MFU (default 0.35).
+        #[serde(default)]
+        mfu: Option<f64>,
     },
     /// The built-in trainer for the built-in model (CPU).
     Builtin(BuiltinTrainerSpec),
@@ -691,7 +746,7 @@ fn d_gpus() -> u32 {
 
 impl Default for TrainerSpec {
     fn default() -> Self {
-        Self::Sim { seconds_per_token: d_spt(), gpus: d_gpus(), step_overhead_s: 0.0 }
+        Self::Sim { seconds_per_token: d_spt(), gpus: d_gpus(), step_overhead_s: 0.0, device: None, model: None, mfu: None }
     }
 }
 
@@ -717,6 +772,98 @@ pub struct SimSpec {
     /// ... in the first this-many runs of the job (default 1; a restarted run is the next).
     #[serde(default)]
     pub trainer_panic_runs: Option<u64>,
+    /// Device classes beyond the built-in ones (or replacing them), for pools and trainers.
+    #[serde(default)]
+    pub devices: Vec<DeviceSpec>,
+    /// Model profiles beyond the built-in ones.
+    #[serde(default)]
+    pub models: Vec<ModelSpec>,
+    /// How weights reach the rollout shards (default: the relay, 1 GB buckets, 200/400 Gbit/s).
+    #[serde(default)]
+    pub weight_sync: Option<WeightSyncSpec>,
+}
+
+/// A device class for the simulator.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceSpec {
+    pub name: String,
+    /// Dense BF16 TFLOP/s.
+    pub tflops: f64,
+    /// Memory in GB.
+    pub hbm_gb: f64,
+    /// Memory bandwidth in TB/s.
+    pub hbm_tbps: f64,
+    /// Relative cost per hour (H20 = 1).
+    pub cost: f64,
+}
+
+/// A model profile for the simulator.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSpec {
+    pub name: String,
+    /// Total parameters, billions.
+    pub params_b: f64,
+    /// Parameters active per token, billions (MoE); default: all.
+    #[serde(default)]
+    pub active_b: Option<f64>,
+    pub layers: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SyncModeSpec {
+    /// Naive: every shard pulls from the trainer over the shared inter-cluster link.
+    Direct,
+    /// Overlapped: bucketed push to a CPU relay during training, pipelined pulls.
+    Relay,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WeightSyncSpec {
+    #[serde(default = "d_relay")]
+    pub mode: SyncModeSpec,
+    #[serde(default = "d_bucket")]
+    pub bucket_gb: f64,
+    /// Trainer → relay / rollout, Gbit/s.
+    #[serde(default = "d_inter")]
+    pub inter_gbps: f64,
+    /// Relay → each rollout GPU, Gbit/s.
+    #[serde(default = "d_intra")]
+    pub intra_gbps: f64,
+}
+
+fn d_relay() -> SyncModeSpec {
+    SyncModeSpec::Relay
+}
+fn d_bucket() -> f64 {
+    1.0
+}
+fn d_inter() -> f64 {
+    200.0
+}
+fn d_intra() -> f64 {
+    400.0
+}
+
+impl WeightSyncSpec {
+    pub fn model(&self) -> actors::device::WeightSync {
+        actors::device::WeightSync {
+            mode: match self.mode {
+                SyncModeSpec::Direct => actors::device::SyncMode::Direct,
+                SyncModeSpec::Relay => actors::device::SyncMode::Relay,
+            },
+            bucket_bytes: self.bucket_gb * 1e9,
+            inter_bandwidth: self.inter_gbps * 1e9 / 8.0,
+            intra_bandwidth: self.intra_gbps * 1e9 / 8.0,
+            shards: 1,
+            gpus_per_shard: 1,
+        }
+    }
 }
 
 /// One problem with a spec.
@@ -915,6 +1062,7 @@ pub fn validate(spec: &JobSpec) -> Vec<FieldError> {
                 step_latency_s,
                 turns,
                 observation_tokens,
+                prompt_tokens,
                 response_tokens,
                 success_rate,
                 failure_probability,
@@ -925,6 +1073,7 @@ pub fn validate(spec: &JobSpec) -> Vec<FieldError> {
                     ("step_latency_s", step_latency_s),
                     ("turns", turns),
                     ("observation_tokens", observation_tokens),
+                    ("prompt_tokens", prompt_tokens),
                     ("response_tokens", response_tokens),
                 ] {
                     if let Some(d) = d {
@@ -992,16 +1141,39 @@ pub fn validate(spec: &JobSpec) -> Vec<FieldError> {
         } else if !pools.insert(pl.name.as_str()) {
             err(format!("{p}.name"), format!("duplicate pool name {:?}", pl.name));
         }
-        if DeviceProfile::builtin(&pl.device).is_none() {
-            err(format!("{p}.device"), format!("unknown device class {:?}, expected one of {}", pl.device, DeviceProfile::BUILTIN_NAMES.join(", ")));
+        if spec.device_profile(&pl.device).is_none() {
+            err(format!("{p}.device"), format!("unknown device class {:?}, expected one of {} or one under sim.devices", pl.device, DeviceProfile::BUILTIN_NAMES.join(", ")));
         }
         if pl.count == 0 || pl.count > 4096 {
             err(format!("{p}.count"), format!("must be in 1..=4096, got {}", pl.count));
         }
         match &pl.backend {
-            BackendSpec::Sim { model, max_batch, mfu, mbu, weight_sync_gbps, hang_probability } => {
-                if ModelProfile::builtin(model).is_none() {
-                    err(format!("{p}.backend.model"), format!("unknown model {model:?}, expected one of {}", ModelProfile::BUILTIN_NAMES.join(", ")));
+            BackendSpec::Sim { model, max_batch, mfu, mbu, weight_sync_gbps, hang_probability, gpus_per_shard, tp_efficiency, prefill_pool, kv_transfer_gbps } => {
+                if spec.model_profile(model).is_none() {
+                    err(format!("{p}.backend.model"), format!("unknown model {model:?}, expected one of {} or one under sim.models", ModelProfile::BUILTIN_NAMES.join(", ")));
+                }
+                if *gpus_per_shard == 0 || *gpus_per_shard > 64 {
+                    err(format!("{p}.backend.gpus_per_shard"), format!("must be in 1..=64, got {gpus_per_shard}"));
+                }
+                if let Some(e) = tp_efficiency
+                    && !(*e > 0.0 && *e <= 1.0)
+                {
+                    err(format!("{p}.backend.tp_efficiency"), format!("must be in (0, 1], got {e}"));
+                }
+                if let Some(pp) = prefill_pool {
+                    match spec.pools.iter().find(|q| &q.name == pp) {
+                        None => err(format!("{p}.backend.prefill_pool"), format!("no pool is named {pp:?}")),
+                        Some(q) if q.name == pl.name => err(format!("{p}.backend.prefill_pool"), "a pool cannot prefill for itself".into()),
+                        Some(q) if !matches!(q.backend, BackendSpec::Sim { .. }) => {
+                            err(format!("{p}.backend.prefill_pool"), format!("pool {pp:?} must be simulated too"))
+                        }
+                        Some(_) => {}
+                    }
+                }
+                if let Some(g) = kv_transfer_gbps
+                    && !(g.is_finite() && *g > 0.0)
+                {
+                    err(format!("{p}.backend.kv_transfer_gbps"), format!("must be positive, got {g}"));
                 }
                 if *max_batch == Some(0) {
                     err(format!("{p}.backend.max_batch"), "must be at least 1".into());
@@ -1068,6 +1240,36 @@ pub fn validate(spec: &JobSpec) -> Vec<FieldError> {
     if spec.sim.clock == Some(Clock::Virtual) && !spec.all_simulated() {
         err("sim.clock".into(), "a virtual clock needs every backend simulated (real compute takes real time)".into());
     }
+    let positive = |v: f64| v.is_finite() && v > 0.0;
+    for (i, d) in spec.sim.devices.iter().enumerate() {
+        for (k, v) in [("tflops", d.tflops), ("hbm_gb", d.hbm_gb), ("hbm_tbps", d.hbm_tbps), ("cost", d.cost)] {
+            if !positive(v) {
+                err(format!("sim.devices[{i}].{k}"), format!("must be positive, got {v}"));
+            }
+        }
+    }
+    for (i, m) in spec.sim.models.iter().enumerate() {
+        if !positive(m.params_b) {
+            err(format!("sim.models[{i}].params_b"), format!("must be positive, got {}", m.params_b));
+        }
+        if let Some(a) = m.active_b
+            && !(positive(a) && a <= m.params_b)
+        {
+            err(format!("sim.models[{i}].active_b"), format!("must be in (0, params_b], got {a}"));
+        }
+        for (k, v) in [("layers", m.layers), ("kv_heads", m.kv_heads), ("head_dim", m.head_dim)] {
+            if v == 0 {
+                err(format!("sim.models[{i}].{k}"), "must be at least 1".into());
+            }
+        }
+    }
+    if let Some(w) = &spec.sim.weight_sync {
+        for (k, v) in [("bucket_gb", w.bucket_gb), ("inter_gbps", w.inter_gbps), ("intra_gbps", w.intra_gbps)] {
+            if !positive(v) {
+                err(format!("sim.weight_sync.{k}"), format!("must be positive, got {v}"));
+            }
+        }
+    }
     if r.max_concurrent_episodes == Some(0) {
         err("rollout.max_concurrent_episodes".into(), "must be at least 1".into());
     }
@@ -1084,7 +1286,12 @@ pub fn validate(spec: &JobSpec) -> Vec<FieldError> {
             err(p.clone(), format!("{name:?} is a built-in reward and cannot be redefined"));
         }
         match f {
-            FunctionSpec::Sim { latency_s, cold_start_s, concurrency, scale_to_zero_after_s } => {
+            FunctionSpec::Sim { latency_s, cold_start_s, concurrency, scale_to_zero_after_s, scaling } => {
+                if let Some(s) = scaling {
+                    for (k, m) in s.problems() {
+                        err(format!("{p}.scaling.{k}"), m);
+                    }
+                }
                 if let Some(d) = latency_s {
                     for m in d.problems() {
                         err(format!("{p}.latency_s"), m);
@@ -1147,7 +1354,22 @@ pub fn validate(spec: &JobSpec) -> Vec<FieldError> {
                 err("trainer.kl_beta".into(), "must be >= 0".into());
             }
         }
-        TrainerSpec::Sim { seconds_per_token, gpus, step_overhead_s } => {
+        TrainerSpec::Sim { seconds_per_token, gpus, step_overhead_s, device, model, mfu } => {
+            if let Some(d) = device
+                && spec.device_profile(d).is_none()
+            {
+                err("trainer.device".into(), format!("unknown device class {d:?}"));
+            }
+            if let Some(m) = model
+                && spec.model_profile(m).is_none()
+            {
+                err("trainer.model".into(), format!("unknown model {m:?}"));
+            }
+            if let Some(v) = mfu
+                && !(*v > 0.0 && *v <= 1.0)
+            {
+                err("trainer.mfu".into(), format!("must be in (0, 1], got {v}"));
+            }
             if !(seconds_per_token.is_finite() && *seconds_per_token >= 0.0) {
                 err("trainer.seconds_per_token".into(), format!("must be >= 0, got {seconds_per_token}"));
             }
@@ -1184,7 +1406,7 @@ pub struct Knobs {
 impl JobSpec {
     /// Resolves knobs: explicit values, else the preset's, else the `rollarc` preset's.
     pub fn knobs(&self) -> Knobs {
-        let (barrier, alpha, overlap, placement, mapping) = self.preset.unwrap_or(Preset::Rollarc).knobs();
+        let PresetKnobs { barrier, alpha, overlap, placement, mapping, on_weight_update } = self.preset.unwrap_or(Preset::Rollarc).knobs();
         let r = &self.rollout;
         let batch_size = r.batch_size.unwrap_or(8);
         let alpha = r.alpha.unwrap_or(alpha);
@@ -1202,13 +1424,41 @@ impl JobSpec {
             }),
             batch_size,
             steps: r.steps.unwrap_or(10),
-            on_weight_update: r.on_weight_update.unwrap_or(OnWeightUpdate::Abort),
+            on_weight_update: r.on_weight_update.unwrap_or(on_weight_update),
             max_concurrent_episodes: r.max_concurrent_episodes.unwrap_or(batch_size * group_eps * (alpha as usize + 1)),
             filter_all_equal: r.filter_all_equal.unwrap_or(false),
             max_retries_per_group: r.max_retries_per_group.unwrap_or(2),
             env_call_timeout_s: r.env_call_timeout_s.unwrap_or(600.0),
             frozen_after_s: r.frozen_after_s.unwrap_or(120.0),
         }
+    }
+
+    /// A device class by name: `sim.devices` first, then the built-in catalogue.
+    pub fn device_profile(&self, name: &str) -> Option<DeviceProfile> {
+        match self.sim.devices.iter().find(|d| d.name.eq_ignore_ascii_case(name)) {
+            Some(d) => Some(DeviceProfile { name: d.name.clone(), flops: d.tflops * 1e12, bandwidth: d.hbm_tbps * 1e12, memory: d.hbm_gb * 1e9, cost: d.cost }),
+            None => DeviceProfile::builtin(name),
+        }
+    }
+
+    /// A model profile by name: `sim.models` first, then the built-in catalogue.
+    pub fn model_profile(&self, name: &str) -> Option<ModelProfile> {
+        match self.sim.models.iter().find(|m| m.name.eq_ignore_ascii_case(name)) {
+            Some(m) => Some(ModelProfile {
+                name: m.name.clone(),
+                params: m.params_b * 1e9,
+                active_params: m.active_b.unwrap_or(m.params_b) * 1e9,
+                layers: m.layers,
+                kv_bytes_per_token: 2.0 * m.layers as f64 * m.kv_heads as f64 * m.head_dim as f64 * 2.0,
+                bytes_per_param: 2.0,
+            }),
+            None => ModelProfile::builtin(name),
+        }
+    }
+
+    /// The weight-sync model of the job.
+    pub fn weight_sync(&self) -> actors::device::WeightSync {
+        self.sim.weight_sync.as_ref().map(WeightSyncSpec::model).unwrap_or_default()
     }
 
     /// Whether every backend is simulated (so the job can run on the virtual clock).
@@ -1235,10 +1485,11 @@ impl JobSpec {
     pub fn with_preset(&self, preset: Preset) -> JobSpec {
         let mut s = self.clone();
         s.preset = Some(preset);
-        let (barrier, alpha, overlap, placement, mapping) = preset.knobs();
+        let PresetKnobs { barrier, alpha, overlap, placement, mapping, on_weight_update } = preset.knobs();
         s.rollout.barrier = Some(barrier);
         s.rollout.alpha = Some(alpha);
         s.rollout.overlap_training = Some(overlap);
+        s.rollout.on_weight_update = Some(on_weight_update);
         s.reward.placement = Some(placement);
         s.mapping.mode = Some(if mapping == MappingMode::Declared && s.mapping.declared.is_empty() { MappingMode::CostModel } else { mapping });
         s.rollout.max_concurrent_episodes = None;

@@ -163,6 +163,9 @@ pub struct RouterStats {
     pub oversized: AtomicU64,
     /// Tries per instance id.
     pub per_instance: Mutex<BTreeMap<u64, u64>>,
+    /// Busy time per instance id (time with at least one try in flight), for utilisation
+    /// timelines.
+    pub busy: Mutex<BTreeMap<u64, InstanceBusy>>,
     /// Calls inside the router now / at most (waiting in the activator buffer, backing off, or
     /// at an instance); with every instance at its container concurrency, the excess over
     /// `instances × concurrency` is the activator queue.
@@ -184,9 +187,37 @@ pub struct RouterSnapshot {
     pub oversized: u64,
     pub peak_queued: u64,
     pub per_instance: BTreeMap<u64, u64>,
+    /// Seconds each instance has had at least one try in flight, up to the snapshot.
+    pub busy_s: BTreeMap<u64, f64>,
+}
+
+/// In-flight accounting of one instance.
+#[derive(Clone, Copy, Debug)]
+pub struct InstanceBusy {
+    in_flight: u32,
+    since: Instant,
+    busy: Duration,
+}
+
+impl InstanceBusy {
+    fn busy_until(&self, now: Instant) -> Duration {
+        if self.in_flight > 0 { self.busy + now.saturating_duration_since(self.since) } else { self.busy }
+    }
 }
 
 impl RouterStats {
+    /// One try starts (+1) or ends (−1) at an instance.
+    fn in_flight(&self, id: u64, delta: i32) {
+        let now = Instant::now();
+        let Ok(mut m) = self.busy.lock() else { return };
+        let b = m.entry(id).or_insert(InstanceBusy { in_flight: 0, since: now, busy: Duration::ZERO });
+        if b.in_flight > 0 {
+            b.busy += now.saturating_duration_since(b.since);
+        }
+        b.since = now;
+        b.in_flight = b.in_flight.saturating_add_signed(delta);
+    }
+
     pub fn snapshot(&self) -> RouterSnapshot {
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         RouterSnapshot {
@@ -202,6 +233,10 @@ impl RouterStats {
             oversized: l(&self.oversized),
             peak_queued: l(&self.peak_queued),
             per_instance: self.per_instance.lock().map(|m| m.clone()).unwrap_or_default(),
+            busy_s: {
+                let now = Instant::now();
+                self.busy.lock().map(|m| m.iter().map(|(&id, b)| (id, b.busy_until(now).as_secs_f64())).collect()).unwrap_or_default()
+            },
         }
     }
 }
@@ -330,6 +365,7 @@ impl Service<Call> for InstanceSvc {
             }
             let remaining = call.deadline.saturating_duration_since(Instant::now());
             let timeout = me.per_try.min(remaining).max(Duration::from_millis(1));
+            let _busy = BusyGuard::start(&me.stats, me.id);
             let r = me.try_once(&call, remaining, timeout).await;
             match &r {
                 Ok(_) => me.outliers.success(me.id),
@@ -340,6 +376,22 @@ impl Service<Call> for InstanceSvc {
             }
             Ok(r)
         })
+    }
+}
+
+/// Counts a try as in flight at its instance until dropped (also when the call is cancelled).
+struct BusyGuard<'a>(&'a RouterStats, u64);
+
+impl<'a> BusyGuard<'a> {
+    fn start(stats: &'a RouterStats, id: u64) -> Self {
+        stats.in_flight(id, 1);
+        Self(stats, id)
+    }
+}
+
+impl Drop for BusyGuard<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight(self.1, -1);
     }
 }
 

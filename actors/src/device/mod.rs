@@ -39,6 +39,83 @@ impl DeviceProfile {
     pub fn ridge_point(&self) -> f64 {
         self.flops / self.bandwidth
     }
+
+    /// A tensor-parallel group of `n` devices serving as one shard: `n`× compute, bandwidth,
+    /// memory and cost, with compute and bandwidth scaled by `efficiency` for the all-reduces
+    /// between layers (ignored for `n = 1`).
+    pub fn group(&self, n: u32, efficiency: f64) -> Self {
+        let n = n.max(1);
+        let eff = if n == 1 { 1.0 } else { efficiency.clamp(0.05, 1.0) };
+        let k = n as f64;
+        Self {
+            name: if n == 1 { self.name.clone() } else { format!("{}x{n}", self.name) },
+            flops: self.flops * k * eff,
+            bandwidth: self.bandwidth * k * eff,
+            memory: self.memory * k,
+            cost: self.cost * k,
+        }
+    }
+}
+
+/// How new weights travel from the trainer to the rollout shards (RollArt's weight relay).
+#[derive(Clone, Debug, PartialEq)]
+pub struct WeightSync {
+    pub mode: SyncMode,
+    /// Transfer unit (RollArt: 1 GB buckets).
+    pub bucket_bytes: f64,
+    /// Trainer → relay (or → rollout, direct) over the inter-cluster network, bytes/s; in
+    /// direct mode every pulling shard shares it.
+    pub inter_bandwidth: f64,
+    /// Relay → each rollout GPU over the in-cluster fabric, bytes/s.
+    pub intra_bandwidth: f64,
+    /// Shards that pull at once (direct mode divides the trainer's link among them).
+    pub shards: u32,
+    /// GPUs per shard: each pulls its tensor-parallel slice over its own link.
+    pub gpus_per_shard: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncMode {
+    /// Naive: when generation is suspended, every shard pulls the full weights from the trainer
+    /// at once over the shared inter-cluster link.
+    Direct,
+    /// Overlapped: the trainer pushes buckets to a CPU relay while its step runs (only the last
+    /// bucket is exposed); shards pull from the relay in pipelined buckets over the fabric.
+    Relay,
+}
+
+impl Default for WeightSync {
+    fn default() -> Self {
+        // RollArt: 1 GB buckets, 200 Gbit/s between clusters, 400 Gbit/s InfiniBand inside.
+        Self { mode: SyncMode::Relay, bucket_bytes: 1e9, inter_bandwidth: 25e9, intra_bandwidth: 50e9, shards: 1, gpus_per_shard: 1 }
+    }
+}
+
+impl WeightSync {
+    /// Seconds a shard is suspended to install `bytes` of weights.
+    pub fn install_seconds(&self, bytes: f64) -> f64 {
+        let per_gpu = bytes / self.gpus_per_shard.max(1) as f64;
+        match self.mode {
+            SyncMode::Direct => per_gpu * self.shards.max(1) as f64 * self.gpus_per_shard.max(1) as f64 / self.inter_bandwidth.max(1.0),
+            SyncMode::Relay => (per_gpu + self.bucket_bytes.min(per_gpu)) / self.intra_bandwidth.max(1.0),
+        }
+    }
+
+    /// Seconds the trainer's step grows by to publish `bytes` (relay: the last bucket's push;
+    /// direct: nothing, the shards pull later).
+    pub fn publish_seconds(&self, bytes: f64) -> f64 {
+        match self.mode {
+            SyncMode::Direct => 0.0,
+            SyncMode::Relay => self.bucket_bytes.min(bytes) / self.inter_bandwidth.max(1.0),
+        }
+    }
+}
+
+/// Seconds of one training step over `tokens` tokens on `gpus` devices: forward + backward
+/// (6 FLOPs per active parameter per token) plus recomputing the behaviour log-probabilities
+/// (2 more), at model FLOP utilisation `mfu`.
+pub fn train_seconds(dev: &DeviceProfile, model: &ModelProfile, gpus: u32, mfu: f64, tokens: f64) -> f64 {
+    8.0 * model.active_params * tokens / (dev.flops * gpus.max(1) as f64 * mfu.max(1e-3))
 }
 
 /// A model's size as the roofline sees it.

@@ -89,6 +89,9 @@ pub struct EnvActor;
 pub struct EnvArgs {
     pub task: String,
     pub index: u64,
+    /// Place in the pool (a replacement takes the slot of the actor it replaces); its busy
+    /// time is counted in `counters.slot_busy_us[slot]`.
+    pub slot: usize,
     pub factory: EnvFactory,
     pub counters: Arc<EnvCounters>,
 }
@@ -108,6 +111,47 @@ pub struct EnvCounters {
     pub timeouts: AtomicU64,
     /// Seconds × 1e6 spent inside environment calls.
     pub busy_us: AtomicU64,
+    /// The same, per pool slot (empty for a lone actor).
+    pub slot_busy_us: Vec<AtomicU64>,
+    /// Per pool slot: time held by an episode's lease.
+    held: std::sync::Mutex<Vec<Held>>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Held {
+    total: Duration,
+    since: Option<tokio::time::Instant>,
+}
+
+impl EnvCounters {
+    pub fn with_slots(n: usize) -> Self {
+        Self { slot_busy_us: (0..n).map(|_| AtomicU64::new(0)).collect(), held: std::sync::Mutex::new(vec![Held::default(); n]), ..Self::default() }
+    }
+
+    /// Seconds each slot's environment has spent inside calls.
+    pub fn slot_busy_s(&self) -> Vec<f64> {
+        self.slot_busy_us.iter().map(|b| b.load(Ordering::Relaxed) as f64 * 1e-6).collect()
+    }
+
+    /// Seconds each slot's environment has been held by an episode, up to now.
+    pub fn slot_held_s(&self) -> Vec<f64> {
+        let now = tokio::time::Instant::now();
+        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        held.iter().map(|h| (h.total + h.since.map_or(Duration::ZERO, |s| now.saturating_duration_since(s))).as_secs_f64()).collect()
+    }
+
+    fn hold(&self, slot: usize, on: bool) {
+        let now = tokio::time::Instant::now();
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(h) = held.get_mut(slot) {
+            if let Some(s) = h.since.take() {
+                h.total += now.saturating_duration_since(s);
+            }
+            if on {
+                h.since = Some(now);
+            }
+        }
+    }
 }
 
 impl Actor for EnvActor {
@@ -146,7 +190,11 @@ impl Actor for EnvActor {
             }
             EnvMsg::Close => me.stop(None),
         }
-        st.args.counters.busy_us.fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        let us = started.elapsed().as_micros() as u64;
+        st.args.counters.busy_us.fetch_add(us, Ordering::Relaxed);
+        if let Some(b) = st.args.counters.slot_busy_us.get(st.args.slot) {
+            b.fetch_add(us, Ordering::Relaxed);
+        }
         Ok(())
     }
 }
@@ -157,8 +205,8 @@ impl Actor for EnvActor {
 #[derive(Clone)]
 pub struct EnvPool {
     pub task: String,
-    free_tx: flume::Sender<ActorRef<EnvMsg>>,
-    free_rx: flume::Receiver<ActorRef<EnvMsg>>,
+    free_tx: flume::Sender<(usize, ActorRef<EnvMsg>)>,
+    free_rx: flume::Receiver<(usize, ActorRef<EnvMsg>)>,
     pub size: usize,
     pub counters: Arc<EnvCounters>,
     /// Per-call wall-clock timeout; a call past it fails the trajectory and restarts the env.
@@ -173,6 +221,7 @@ pub struct EnvPool {
 /// One leased environment actor.
 pub struct EnvLease {
     pool: EnvPool,
+    slot: usize,
     env: Option<ActorRef<EnvMsg>>,
     failed: bool,
 }
@@ -189,11 +238,11 @@ impl EnvPool {
     ) -> Result<Self, ractor::SpawnErr> {
         // Capacity = number of environments: every actor is always either free or leased.
         let (free_tx, free_rx) = flume::bounded(size.max(1));
-        let counters = Arc::new(EnvCounters::default());
+        let counters = Arc::new(EnvCounters::with_slots(size));
         for i in 0..size {
-            let args = EnvArgs { task: task.to_string(), index: i as u64, factory: factory.clone(), counters: counters.clone() };
+            let args = EnvArgs { task: task.to_string(), index: i as u64, slot: i, factory: factory.clone(), counters: counters.clone() };
             let (a, _) = Actor::spawn_linked(None, EnvActor, args, supervisor.clone()).await?;
-            let _ = free_tx.send(a);
+            let _ = free_tx.send((i, a));
         }
         Ok(Self {
             task: task.to_string(),
@@ -210,8 +259,9 @@ impl EnvPool {
     }
 
     pub async fn lease(&self) -> Option<EnvLease> {
-        let env = self.free_rx.recv_async().await.ok()?;
-        Some(EnvLease { pool: self.clone(), env: Some(env), failed: false })
+        let (slot, env) = self.free_rx.recv_async().await.ok()?;
+        self.counters.hold(slot, true);
+        Some(EnvLease { pool: self.clone(), slot, env: Some(env), failed: false })
     }
 
     pub fn available(&self) -> usize {
@@ -221,7 +271,7 @@ impl EnvPool {
     /// Stops the environment actors that are free now (leased ones stop with their episode's
     /// job supervisor).
     pub fn close_free(&self) {
-        while let Ok(a) = self.free_rx.try_recv() {
+        while let Ok((_, a)) = self.free_rx.try_recv() {
             let _ = a.cast(EnvMsg::Close);
         }
     }
@@ -271,8 +321,10 @@ async fn call_env<T: Send + 'static>(a: &ActorRef<EnvMsg>, timeout: Duration, ms
 impl Drop for EnvLease {
     fn drop(&mut self) {
         let Some(env) = self.env.take() else { return };
+        let slot = self.slot;
+        self.pool.counters.hold(slot, false);
         if !self.failed {
-            let _ = self.pool.free_tx.try_send(env);
+            let _ = self.pool.free_tx.try_send((slot, env));
             return;
         }
         // A failed or hung environment: kill its actor (a hung call never returns, so the
@@ -281,17 +333,17 @@ impl Drop for EnvLease {
         tokio::spawn(async move {
             pool.counters.restarts.fetch_add(1, Ordering::Relaxed);
             tokio::time::sleep(pool.restart_backoff).await;
-            if let Some(a) = respawn(&env, &pool).await {
-                let _ = pool.free_tx.try_send(a);
+            if let Some(a) = respawn(&env, slot, &pool).await {
+                let _ = pool.free_tx.try_send((slot, a));
             }
         });
     }
 }
 
-async fn respawn(old: &ActorRef<EnvMsg>, pool: &EnvPool) -> Option<ActorRef<EnvMsg>> {
+async fn respawn(old: &ActorRef<EnvMsg>, slot: usize, pool: &EnvPool) -> Option<ActorRef<EnvMsg>> {
     old.kill();
     let index = pool.next_index.fetch_add(1, Ordering::Relaxed);
-    let args = EnvArgs { task: pool.task.clone(), index, factory: pool.factory.clone(), counters: pool.counters.clone() };
+    let args = EnvArgs { task: pool.task.clone(), index, slot, factory: pool.factory.clone(), counters: pool.counters.clone() };
     match Actor::spawn_linked(None, EnvActor, args, pool.supervisor.clone()).await {
         Ok((a, _)) => Some(a),
         Err(e) => {

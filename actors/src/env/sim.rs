@@ -16,8 +16,10 @@ pub struct SimEnvConfig {
     pub step_latency: Dist,
     /// Turns until the episode terminates.
     pub turns: Dist,
-    /// Observation tokens per turn (the first observation is the prompt).
+    /// Observation tokens per turn after the first.
     pub observation_tokens: Dist,
+    /// Tokens of the first observation (the prompt); default: `observation_tokens`.
+    pub prompt_tokens: Option<Dist>,
     /// Tokens the simulated policy answers with per turn.
     pub response_tokens: Dist,
     pub success_rate: f64,
@@ -32,6 +34,7 @@ impl Default for SimEnvConfig {
             step_latency: Dist::Constant(0.0),
             turns: Dist::Constant(1.0),
             observation_tokens: Dist::Constant(64.0),
+            prompt_tokens: None,
             response_tokens: Dist::Constant(64.0),
             success_rate: 0.5,
             failure_probability: 0.0,
@@ -52,8 +55,9 @@ impl SimEnv {
         Self { cfg, rng: SmallRng::seed_from_u64(seed), turns_left: 0, success: false }
     }
 
-    fn observation(&mut self) -> Observation {
-        let n = self.cfg.observation_tokens.sample(&mut self.rng).round().max(1.0) as usize;
+    fn observation(&mut self, first: bool) -> Observation {
+        let d = if first { self.cfg.prompt_tokens.as_ref().unwrap_or(&self.cfg.observation_tokens) } else { &self.cfg.observation_tokens };
+        let n = d.sample(&mut self.rng).round().max(1.0) as usize;
         let tokens = (0..n).map(|_| self.rng.random_range(1..32_000u32)).collect();
         let len = self.cfg.response_tokens.sample(&mut self.rng).round().max(1.0) as u32;
         Observation { text: String::new(), tokens: Some(tokens), sim_response_len: Some(len), reference: None }
@@ -82,7 +86,7 @@ impl Environment for SimEnv {
         self.latency(&d).await?;
         self.turns_left = self.cfg.turns.sample(&mut self.rng).round().max(1.0) as u32;
         self.success = self.rng.random_bool(self.cfg.success_rate.clamp(0.0, 1.0));
-        Ok(self.observation())
+        Ok(self.observation(true))
     }
 
     async fn step(&mut self, _action: &str, _tokens: &[u32]) -> Result<StepOutcome, EnvError> {
@@ -92,7 +96,7 @@ impl Environment for SimEnv {
         let terminated = self.turns_left == 0;
         let success = terminated && self.success;
         Ok(StepOutcome {
-            observation: if terminated { Observation::default() } else { self.observation() },
+            observation: if terminated { Observation::default() } else { self.observation(false) },
             reward: if success { 1.0 } else { 0.0 },
             terminated,
             truncated: false,

@@ -132,6 +132,23 @@ pub trait GenerationEngine: Send + 'static {
     fn has_work(&self) -> bool;
     fn step(&mut self) -> StepReport;
     fn load(&self) -> LoadReport;
+
+    /// Virtual-time engines: how many decode iterations may run now with nothing but time
+    /// passing (no admission, no prefill, no sequence finishing before the last one). 0 or 1:
+    /// take ordinary steps. The engine may admit waiting requests first.
+    fn fusable(&mut self) -> u64 {
+        0
+    }
+
+    /// Modelled duration of the first `iterations` of the fusable run (monotone).
+    fn fused_time(&self, _iterations: u64) -> Duration {
+        Duration::ZERO
+    }
+
+    /// Applies `iterations` fused iterations (at most what `fusable` offered).
+    fn advance(&mut self, _iterations: u64) -> StepReport {
+        StepReport::default()
+    }
 }
 
 /// Where the engine loop runs.
@@ -304,6 +321,13 @@ async fn engine_loop(engine: Box<dyn GenerationEngine>, rx: flume::Receiver<Engi
                 Err(_) => return,
             }
         }
+        let fusable = st.engine.fusable();
+        if fusable >= 2 {
+            if !fused_step(&mut st, &rx, fusable).await {
+                return;
+            }
+            continue;
+        }
         let started = tokio::time::Instant::now();
         let report = st.engine.step();
         st.steps += 1;
@@ -311,10 +335,55 @@ async fn engine_loop(engine: Box<dyn GenerationEngine>, rx: flume::Receiver<Engi
             tokio::time::sleep(report.modelled).await;
         }
         st.busy += started.elapsed().max(report.modelled);
+        st.deliver(report);
+    }
+}
+
+impl LoopState {
+    fn deliver(&mut self, report: StepReport) {
         for (id, result) in report.finished {
-            if let Some(r) = st.replies.remove(&id) {
+            if let Some(r) = self.replies.remove(&id) {
                 let _ = r.send(result);
             }
         }
+    }
+}
+
+/// Runs `k` fused decode iterations as one sleep. A command that arrives meanwhile ends the
+/// step at the first iteration boundary after it (where an engine stepping one iteration at a
+/// time would have applied it); the command is applied after the step. Returns false when
+/// that command was `Stop` or the seam closed.
+async fn fused_step(st: &mut LoopState, rx: &flume::Receiver<EngineCommand>, k: u64) -> bool {
+    let started = tokio::time::Instant::now();
+    let full = st.engine.fused_time(k);
+    let mut iterations = k;
+    let mut pending = None;
+    tokio::select! {
+        biased;
+        cmd = rx.recv_async() => {
+            let elapsed = started.elapsed();
+            // The iteration in progress completes: the smallest j with time(j) ≥ elapsed.
+            let (mut lo, mut hi) = (1, k);
+            while lo < hi {
+                let mid = (lo + hi) / 2;
+                if st.engine.fused_time(mid) >= elapsed { hi = mid } else { lo = mid + 1 }
+            }
+            iterations = lo;
+            let end = started + st.engine.fused_time(iterations);
+            tokio::time::sleep_until(end).await;
+            match cmd {
+                Ok(c) => pending = Some(c),
+                Err(_) => return false,
+            }
+        }
+        _ = tokio::time::sleep(full) => {}
+    }
+    let report = st.engine.advance(iterations);
+    st.steps += 1;
+    st.busy += started.elapsed().max(report.modelled);
+    st.deliver(report);
+    match pending {
+        Some(cmd) => st.apply(cmd),
+        None => true,
     }
 }

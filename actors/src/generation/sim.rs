@@ -1,21 +1,31 @@
-//! The roofline generation simulator: continuous batching with prefill and decode phases,
-//! KV-cache growth and capacity, prefix caching per session, and weight swaps, all timed by
-//! the device and model profiles. Runs on the virtual clock.
+//! The roofline generation simulator: continuous batching with chunked prefill and decode,
+//! KV-cache reservation against the shard's memory, a prefix cache per session with LRU
+//! eviction, prefill-only requests (the prefill side of P/D disaggregation) and weight swaps
+//! timed by the weight-sync model. Runs on the virtual clock.
+//!
+//! Between prefills and admissions, decode iterations are *fused*: the engine loop asks how
+//! many iterations may run with nothing else changing (up to the next sequence that finishes),
+//! sleeps their summed duration in one go, and, if a command arrives meanwhile, ends the fused
+//! step at the first iteration boundary after it — exactly where an engine stepping one
+//! iteration at a time would have applied the command. A week of cluster time thus costs a
+//! handful of events per turn instead of one per token.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::{FinishReason, GenError, GenOutput, GenRequest, GenerationEngine, InFlightPolicy, LoadReport, StepReport};
-use crate::device::{DeviceProfile, Efficiency, ModelProfile, decode_step_seconds, prefill_seconds};
+use crate::device::{DeviceProfile, Efficiency, ModelProfile, WeightSync, decode_step_seconds, prefill_seconds};
 use crate::types::{PolicyVersion, VersionSpan};
 use crate::weights::Weights;
 
 /// Knobs of the simulator.
 #[derive(Clone, Debug)]
 pub struct SimEngineConfig {
+    /// The shard's device: one GPU, or a tensor-parallel group as one aggregated profile
+    /// ([`DeviceProfile::group`]).
     pub device: DeviceProfile,
     pub model: ModelProfile,
     pub efficiency: Efficiency,
@@ -25,13 +35,17 @@ pub struct SimEngineConfig {
     pub prefill_chunk: u64,
     /// Fraction of device memory left for KV after weights.
     pub kv_memory_fraction: f64,
-    /// Bandwidth of the weight pull (bytes/s) when installing a new version.
-    pub weight_sync_bandwidth: f64,
-    /// Probability that an engine step hangs (frozen shard), for fault injection.
+    /// How new weights reach this shard.
+    pub weight_sync: WeightSync,
+    /// Probability that an engine iteration hangs (frozen shard), for fault injection.
     pub hang_probability: f64,
     pub seed: u64,
     /// Vocabulary the simulated tokens are drawn from.
     pub vocab: u32,
+    /// Most decode iterations fused into one step (0 or 1: no fusion).
+    pub max_fused_iterations: u64,
+    /// Longest fused step in modelled seconds (keeps progress visible to the shard watchdog).
+    pub max_fused_s: f64,
 }
 
 impl SimEngineConfig {
@@ -43,10 +57,12 @@ impl SimEngineConfig {
             max_batch: 256,
             prefill_chunk: 16_384,
             kv_memory_fraction: 0.9,
-            weight_sync_bandwidth: 25e9,
+            weight_sync: WeightSync::default(),
             hang_probability: 0.0,
             seed: 0,
             vocab: 32_000,
+            max_fused_iterations: 4096,
+            max_fused_s: 20.0,
         }
     }
 }
@@ -64,8 +80,71 @@ struct Seq {
 }
 
 impl Seq {
+    fn len(&self) -> u64 {
+        (self.req.context.len() + self.tokens.len()) as u64
+    }
+
+    /// Tokens whose KV is computed.
     fn kv_tokens(&self) -> u64 {
-        (self.req.context.len() + self.tokens.len()) as u64 - self.to_prefill.min((self.req.context.len() + self.tokens.len()) as u64)
+        self.len() - self.to_prefill.min(self.len())
+    }
+
+    /// KV reserved at admission: the whole context and the longest answer.
+    fn reserved(&self) -> u64 {
+        self.req.context.len() as u64 + u64::from(self.target)
+    }
+
+    fn remaining(&self) -> u64 {
+        u64::from(self.target).saturating_sub(self.tokens.len() as u64)
+    }
+}
+
+/// Prefix cache: the KV of finished turns, per session, evicted least recently used first when
+/// admissions need the memory.
+#[derive(Default)]
+struct PrefixCache {
+    entries: HashMap<u64, (u64, u64)>,
+    lru: BTreeMap<u64, u64>,
+    tokens: u64,
+    clock: u64,
+    hits: u64,
+    evictions: u64,
+}
+
+impl PrefixCache {
+    fn put(&mut self, session: u64, tokens: u64) {
+        self.take(session);
+        self.clock += 1;
+        self.entries.insert(session, (tokens, self.clock));
+        self.lru.insert(self.clock, session);
+        self.tokens += tokens;
+    }
+
+    /// Removes a session's entry (it is now owned by a running sequence, or released).
+    fn take(&mut self, session: u64) -> u64 {
+        match self.entries.remove(&session) {
+            Some((t, stamp)) => {
+                self.lru.remove(&stamp);
+                self.tokens -= t;
+                t
+            }
+            None => 0,
+        }
+    }
+
+    fn evict_oldest(&mut self) -> bool {
+        let Some((_, session)) = self.lru.pop_first() else { return false };
+        if let Some((t, _)) = self.entries.remove(&session) {
+            self.tokens -= t;
+        }
+        self.evictions += 1;
+        true
+    }
+
+    fn clear(&mut self) {
+        self.entries.clear();
+        self.lru.clear();
+        self.tokens = 0;
     }
 }
 
@@ -75,8 +154,9 @@ pub struct SimEngine {
     version: PolicyVersion,
     waiting: VecDeque<Seq>,
     running: Vec<Seq>,
-    /// Prefix cache: context tokens per session already in KV.
-    cache: HashMap<u64, u64>,
+    /// KV reserved by running sequences.
+    reserved: u64,
+    cache: PrefixCache,
     kv_capacity: u64,
     rng: SmallRng,
     hung: bool,
@@ -94,7 +174,8 @@ impl SimEngine {
             version: 0,
             waiting: VecDeque::new(),
             running: Vec::new(),
-            cache: HashMap::new(),
+            reserved: 0,
+            cache: PrefixCache::default(),
             kv_capacity,
             rng,
             hung: false,
@@ -103,36 +184,166 @@ impl SimEngine {
         }
     }
 
-    fn used_kv(&self) -> u64 {
-        self.running.iter().map(|s| (s.req.context.len() + s.tokens.len()) as u64).sum()
+    /// KV capacity in tokens.
+    pub fn kv_capacity(&self) -> u64 {
+        self.kv_capacity
+    }
+
+    /// Prefix-cache hits (admissions that found some of their context cached) and evictions.
+    pub fn cache_counters(&self) -> (u64, u64) {
+        (self.cache.hits, self.cache.evictions)
+    }
+
+    /// Admits waiting sequences while the batch and the KV memory have room, evicting cached
+    /// prefixes (least recently used first) to make it; the head of the queue waits otherwise.
+    fn admit(&mut self) {
+        while self.running.len() < self.cfg.max_batch {
+            let Some(front) = self.waiting.front() else { break };
+            let (session, need) = (front.req.session, front.reserved().min(self.kv_capacity));
+            // The sequence's own cached prefix becomes part of its reservation.
+            let own = self.cache.take(session);
+            while self.reserved + need + self.cache.tokens > self.kv_capacity && self.cache.evict_oldest() {}
+            if self.reserved + need > self.kv_capacity && !self.running.is_empty() {
+                if own > 0 {
+                    self.cache.put(session, own);
+                }
+                break;
+            }
+            let Some(mut s) = self.waiting.pop_front() else { break };
+            let cached = own.min(s.req.context.len() as u64);
+            if cached > 0 {
+                self.cache.hits += 1;
+            }
+            s.to_prefill = s.req.context.len() as u64 - cached;
+            self.reserved += need;
+            self.running.push(s);
+        }
+    }
+
+    /// Appends `n` sampled tokens to every decoding sequence (`idx`).
+    fn emit(&mut self, idx: &[usize], n: u64) {
+        let version = self.version;
+        let vocab = self.cfg.vocab.max(2);
+        for &i in idx {
+            let s = &mut self.running[i];
+            for _ in 0..n {
+                let tok = s.rng.random_range(1..vocab);
+                s.tokens.push(tok);
+                s.logprobs.push(-(s.rng.random::<f32>() * 3.0));
+                if s.req.params.stop_tokens.contains(&tok) {
+                    break;
+                }
+            }
+            let added = n.min(s.tokens.len() as u64) as u32;
+            match s.versions.last_mut() {
+                Some(span) if span.version == version => span.tokens += added,
+                _ => s.versions.push(VersionSpan { version, tokens: added }),
+            }
+        }
+        self.decode_total += idx.len() as u64 * n;
+    }
+
+    /// Retires finished sequences; their context stays cached for the session's next turn.
+    fn retire(&mut self, report: &mut StepReport) {
+        let mut i = 0;
+        while i < self.running.len() {
+            let s = &self.running[i];
+            let stop = s.tokens.last().is_some_and(|t| s.req.params.stop_tokens.contains(t));
+            let prefill_only = s.target == 0 && s.to_prefill == 0;
+            if prefill_only || s.tokens.len() as u32 >= s.target || stop {
+                let s = self.running.swap_remove(i);
+                self.reserved = self.reserved.saturating_sub(s.reserved().min(self.kv_capacity));
+                self.cache.put(s.req.session, s.len());
+                let finish = if stop { FinishReason::Stop } else { FinishReason::Length };
+                report.finished.push((
+                    s.req.id,
+                    Ok(GenOutput { tokens: s.tokens, logprobs: s.logprobs, versions: s.versions, finish, prefill_tokens: s.prefilled_total }),
+                ));
+            } else {
+                i += 1;
+            }
+        }
+        // Keep completion order independent of swap_remove positions.
+        report.finished.sort_by_key(|(id, _)| *id);
+    }
+
+    fn decoding(&self) -> Vec<usize> {
+        (0..self.running.len()).filter(|&i| self.running[i].to_prefill == 0 && self.running[i].target > 0).collect()
+    }
+
+    fn decode_seconds(&self, batch: usize, kv: u64) -> f64 {
+        decode_step_seconds(&self.cfg.device, &self.cfg.model, self.cfg.efficiency, batch as f64, kv as f64)
+    }
+
+    /// Seconds of `j` fused iterations of `batch` sequences holding `kv0` tokens of KV at the
+    /// start (each iteration adds one token per sequence).
+    fn fused_seconds(&self, batch: usize, kv0: u64, j: u64) -> f64 {
+        if j == 0 || batch == 0 {
+            return 0.0;
+        }
+        let (dev, m, e) = (&self.cfg.device, &self.cfg.model, self.cfg.efficiency);
+        let b = batch as f64;
+        let touched = (m.active_params * b).min(m.params).max(m.active_params);
+        let a = touched * m.bytes_per_param / (dev.bandwidth * e.mbu);
+        let c = m.kv_bytes_per_token / (dev.bandwidth * e.mbu);
+        let compute = 2.0 * m.active_params * b / (dev.flops * e.mfu);
+        // Iteration i costs max(a + c·(kv0 + b·i), compute): compute-bound up to i*, then
+        // memory-bound (the KV only grows).
+        let mem = |i: f64| a + c * (kv0 as f64 + b * i);
+        let jf = j as f64;
+        let first_mem = if c * b > 0.0 { ((compute - a - c * kv0 as f64) / (c * b)).ceil().clamp(0.0, jf) } else if mem(0.0) >= compute { 0.0 } else { jf };
+        let sum_mem = |from: f64, to: f64| {
+            // Σ_{i=from}^{to-1} (a + c·kv0 + c·b·i)
+            let n = to - from;
+            n * (a + c * kv0 as f64) + c * b * (from + to - 1.0) * n / 2.0
+        };
+        compute * first_mem + if first_mem < jf { sum_mem(first_mem, jf) } else { 0.0 }
+    }
+
+    fn fused_plan(&self) -> (usize, u64) {
+        let idx = self.decoding();
+        let kv0: u64 = idx.iter().map(|&i| self.running[i].kv_tokens()).sum();
+        (idx.len(), kv0)
     }
 }
 
 impl GenerationEngine for SimEngine {
     fn add(&mut self, req: GenRequest) {
-        let cached = self.cache.get(&req.session).copied().unwrap_or(0).min(req.context.len() as u64);
-        let target = req.sim_response_len.unwrap_or(req.params.max_tokens).min(req.params.max_tokens).max(1);
+        let target = match req.sim_response_len {
+            _ if req.params.max_tokens == 0 => 0,
+            Some(n) => n.min(req.params.max_tokens).max(1),
+            None => req.params.max_tokens.max(1),
+        };
         let rng = SmallRng::seed_from_u64(req.params.seed);
-        let to_prefill = req.context.len() as u64 - cached;
+        let to_prefill = req.context.len() as u64;
         self.waiting.push_back(Seq { req, target, tokens: Vec::new(), logprobs: Vec::new(), versions: Vec::new(), to_prefill, prefilled_total: 0, rng });
     }
 
     fn abort(&mut self, id: u64) -> bool {
         let before = self.waiting.len() + self.running.len();
         self.waiting.retain(|s| s.req.id != id);
-        self.running.retain(|s| s.req.id != id);
+        let cap = self.kv_capacity;
+        let mut freed = 0;
+        self.running.retain(|s| {
+            let keep = s.req.id != id;
+            if !keep {
+                freed += s.reserved().min(cap);
+            }
+            keep
+        });
+        self.reserved = self.reserved.saturating_sub(freed);
         before != self.waiting.len() + self.running.len()
     }
 
     fn release(&mut self, session: u64) {
-        self.cache.remove(&session);
+        self.cache.take(session);
     }
 
     fn install(&mut self, version: PolicyVersion, weights: &Weights, policy: InFlightPolicy) -> Result<Duration, GenError> {
         self.version = version;
         // KV computed under the old weights is stale for every sequence and session.
         self.cache.clear();
-        for s in self.running.iter_mut().chain(self.waiting.iter_mut()) {
+        for s in self.running.iter_mut() {
             match policy {
                 InFlightPolicy::Abort => {
                     s.tokens.clear();
@@ -146,7 +357,7 @@ impl GenerationEngine for SimEngine {
             }
         }
         let bytes = if weights.modelled_bytes > 0.0 { weights.modelled_bytes } else { self.cfg.model.weight_bytes() };
-        Ok(Duration::from_secs_f64(bytes / self.cfg.weight_sync_bandwidth))
+        Ok(Duration::from_secs_f64(self.cfg.weight_sync.install_seconds(bytes)))
     }
 
     fn has_work(&self) -> bool {
@@ -160,19 +371,7 @@ impl GenerationEngine for SimEngine {
             self.hung = true;
             return report;
         }
-        // Admit waiting sequences while the batch and the KV cache have room.
-        let mut used = self.used_kv();
-        while self.running.len() < self.cfg.max_batch {
-            let Some(front) = self.waiting.front() else { break };
-            let need = (front.req.context.len() as u64 + front.target as u64).min(self.kv_capacity);
-            if used + need > self.kv_capacity && !self.running.is_empty() {
-                break;
-            }
-            used += need;
-            if let Some(s) = self.waiting.pop_front() {
-                self.running.push(s);
-            }
-        }
+        self.admit();
         // Chunked prefill: spend the step's prefill budget on sequences that need it.
         let mut budget = self.cfg.prefill_chunk;
         let mut prefill = 0u64;
@@ -187,47 +386,68 @@ impl GenerationEngine for SimEngine {
             prefill += n;
         }
         // One decode token for each sequence whose prefill is done.
-        let decoding: Vec<usize> = (0..self.running.len()).filter(|&i| self.running[i].to_prefill == 0).collect();
+        let decoding = self.decoding();
         let kv: u64 = decoding.iter().map(|&i| self.running[i].kv_tokens()).sum();
-        let secs = prefill_seconds(&self.cfg.device, &self.cfg.model, self.cfg.efficiency, prefill as f64)
-            + decode_step_seconds(&self.cfg.device, &self.cfg.model, self.cfg.efficiency, decoding.len() as f64, kv as f64);
-        let version = self.version;
-        let vocab = self.cfg.vocab.max(2);
-        for &i in &decoding {
-            let s = &mut self.running[i];
-            let tok = s.rng.random_range(1..vocab);
-            let lp = -(s.rng.random::<f32>() * 3.0);
-            s.tokens.push(tok);
-            s.logprobs.push(lp);
-            match s.versions.last_mut() {
-                Some(span) if span.version == version => span.tokens += 1,
-                _ => s.versions.push(VersionSpan { version, tokens: 1 }),
-            }
-        }
+        let secs = prefill_seconds(&self.cfg.device, &self.cfg.model, self.cfg.efficiency, prefill as f64) + self.decode_seconds(decoding.len(), kv);
+        self.emit(&decoding, 1);
         report.prefill_tokens = prefill;
         report.decode_tokens = decoding.len() as u64;
         self.prefill_total += prefill;
-        self.decode_total += decoding.len() as u64;
         report.modelled = Duration::from_secs_f64(secs);
-        // Retire finished sequences; their context stays cached for the session's next turn.
-        let mut i = 0;
-        while i < self.running.len() {
-            let s = &self.running[i];
-            let stop = s.tokens.last().is_some_and(|t| s.req.params.stop_tokens.contains(t));
-            if s.tokens.len() as u32 >= s.target || stop {
-                let s = self.running.swap_remove(i);
-                self.cache.insert(s.req.session, (s.req.context.len() + s.tokens.len()) as u64);
-                let finish = if stop { FinishReason::Stop } else { FinishReason::Length };
-                report.finished.push((
-                    s.req.id,
-                    Ok(GenOutput { tokens: s.tokens, logprobs: s.logprobs, versions: s.versions, finish, prefill_tokens: s.prefilled_total }),
-                ));
-            } else {
-                i += 1;
+        self.retire(&mut report);
+        report
+    }
+
+    fn fusable(&mut self) -> u64 {
+        if self.hung || self.cfg.max_fused_iterations < 2 {
+            return 0;
+        }
+        self.admit();
+        // Fusion needs a batch that only decodes and cannot stop early on a sampled token.
+        if self.running.is_empty() || self.running.iter().any(|s| s.to_prefill > 0 || s.target == 0 || !s.req.params.stop_tokens.is_empty()) {
+            return 0;
+        }
+        // Admission can only change when a sequence finishes (it frees a batch slot and KV).
+        let mut k = self.running.iter().map(Seq::remaining).min().unwrap_or(0).min(self.cfg.max_fused_iterations);
+        if k < 2 {
+            return 0;
+        }
+        let (b, kv0) = self.fused_plan();
+        // Cap the step's modelled length (binary search on the monotone duration).
+        if self.fused_seconds(b, kv0, k) > self.cfg.max_fused_s {
+            let (mut lo, mut hi) = (1, k);
+            while lo < hi {
+                let mid = (lo + hi).div_ceil(2);
+                if self.fused_seconds(b, kv0, mid) <= self.cfg.max_fused_s { lo = mid } else { hi = mid - 1 }
+            }
+            k = lo;
+        }
+        if k < 2 { 0 } else { k }
+    }
+
+    fn fused_time(&self, iterations: u64) -> Duration {
+        let (b, kv0) = self.fused_plan();
+        Duration::from_secs_f64(self.fused_seconds(b, kv0, iterations))
+    }
+
+    fn advance(&mut self, iterations: u64) -> StepReport {
+        let mut report = StepReport::default();
+        if iterations == 0 {
+            return report;
+        }
+        if self.cfg.hang_probability > 0.0 {
+            let p = 1.0 - (1.0 - self.cfg.hang_probability.min(1.0)).powf(iterations as f64);
+            if self.rng.random_bool(p.clamp(0.0, 1.0)) {
+                self.hung = true;
+                return report;
             }
         }
-        // Keep completion order independent of swap_remove positions.
-        report.finished.sort_by_key(|(id, _)| *id);
+        let (b, kv0) = self.fused_plan();
+        report.modelled = Duration::from_secs_f64(self.fused_seconds(b, kv0, iterations));
+        let idx = self.decoding();
+        self.emit(&idx, iterations);
+        report.decode_tokens = idx.len() as u64 * iterations;
+        self.retire(&mut report);
         report
     }
 
@@ -235,7 +455,7 @@ impl GenerationEngine for SimEngine {
         LoadReport {
             running: self.running.len(),
             waiting: self.waiting.len(),
-            kv_tokens: self.used_kv(),
+            kv_tokens: self.running.iter().map(Seq::kv_tokens).sum::<u64>() + self.cache.tokens,
             kv_capacity_tokens: self.kv_capacity,
             version: self.version,
             prefill_tokens: self.prefill_total,
@@ -244,3 +464,6 @@ impl GenerationEngine for SimEngine {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

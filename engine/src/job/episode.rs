@@ -38,18 +38,6 @@ pub struct EpisodeTask {
     pub max_tokens_per_turn: u32,
     /// Constrained decoding: the tokens the policy may sample.
     pub allowed_tokens: Option<Arc<[u32]>>,
-    /// Latency added after resets and steps (benchmarks).
-    pub inject_latency: Option<crate::spec::InjectLatency>,
-}
-
-/// Sleeps for a sample of `d` (if any), from the episode's own seeded RNG.
-async fn inject(d: Option<&actors::dist::Dist>, rng: &mut rand::rngs::SmallRng) {
-    if let Some(d) = d {
-        let s = d.sample(rng);
-        if s.is_finite() && s > 0.0 {
-            tokio::time::sleep(std::time::Duration::from_secs_f64(s.min(3600.0))).await;
-        }
-    }
 }
 
 /// One episode to drive.
@@ -152,9 +140,6 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
     traj.timings.wait_s += secs(wait0);
     let t = tokio::time::Instant::now();
     let first = env.reset(p.seed).instrument(tracing::trace_span!("env.reset")).await;
-    let mut inject_rng = <rand::rngs::SmallRng as rand::SeedableRng>::seed_from_u64(p.sample_seed ^ 0x1a7e_3c11);
-    let injected = task.inject_latency.as_ref();
-    inject(injected.and_then(|l| l.reset_s.as_ref()), &mut inject_rng).await;
     traj.timings.reset_s = secs(t);
     let mut obs = match first {
         Ok(o) => o,
@@ -219,7 +204,6 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
         traj.final_text.clone_from(&action);
         let t = tokio::time::Instant::now();
         let stepped = env.step(action, turn.response_tokens.clone()).instrument(tracing::trace_span!(parent: &turn_span, "env.step")).await;
-        inject(injected.and_then(|l| l.step_s.as_ref()), &mut inject_rng).await;
         traj.timings.env_step_s += secs(t);
         match stepped {
             Ok(s) => {

@@ -96,6 +96,10 @@ pub struct StepMetrics {
     pub env_timeouts: u64,
     pub shard_restarts: u64,
     pub actor_failures: u64,
+    /// Busy fraction over this step of every generation shard (`shard POOL/I`), environment
+    /// (`env TASK/SLOT`: held by a trajectory) and function instance (`fn DEPLOYMENT/ID`: a
+    /// request in flight); empty unless the run records a timeline.
+    pub timeline: BTreeMap<String, f64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -212,6 +216,24 @@ pub struct JobRun {
     /// The service's function hub (runtime + routers); none: the job starts its own when it
     /// names functions that run as processes, and stops it at the end.
     pub functions: Option<Arc<crate::functions::FunctionHub>>,
+    /// Record the per-resource utilisation timeline in the step metrics.
+    pub timeline: bool,
+}
+
+/// Cumulative busy seconds per resource at the previous step, for per-step busy fractions.
+#[derive(Default)]
+struct Timeline {
+    on: bool,
+    prev: BTreeMap<String, f64>,
+}
+
+impl Timeline {
+    /// Busy fractions over the last `interval_s` seconds, from cumulative busy seconds.
+    fn step(&mut self, now: BTreeMap<String, f64>, interval_s: f64) -> BTreeMap<String, f64> {
+        let out = now.iter().map(|(k, &b)| (k.clone(), ((b - self.prev.get(k).copied().unwrap_or(0.0)) / interval_s.max(1e-9)).clamp(0.0, 1.0))).collect();
+        self.prev = now;
+        out
+    }
 }
 
 struct Pools {
@@ -258,7 +280,7 @@ async fn run_inner(
     let cell = sup.get_cell();
     let start_version = job.start_step;
     let model_bytes = spec.pools.iter().find_map(|p| match &p.backend {
-        BackendSpec::Sim { model, .. } => ModelProfile::builtin(model).map(|m| m.weight_bytes()),
+        BackendSpec::Sim { model, .. } => spec.model_profile(model).map(|m| m.weight_bytes()),
         BackendSpec::Builtin { model, .. } => Some(model.config().params() as f64 * 4.0),
     });
     // The built-in trainer owns the real weights (resumed from its checkpoint if any).
@@ -313,13 +335,25 @@ async fn run_inner(
 
     let trainer_impl: Box<dyn actors::trainer::Trainer> = match (&spec.trainer, builtin) {
         (_, Some(b)) => Box::new(b.trainer),
-        (TrainerSpec::Sim { seconds_per_token, gpus, step_overhead_s }, None) => Box::new(SimTrainer {
-            seconds_per_token: *seconds_per_token,
-            gpus: *gpus,
-            step_overhead: Duration::from_secs_f64(*step_overhead_s),
-            modelled_weight_bytes: model_bytes.unwrap_or(0.0),
-            panic_at_step: spec.sim.trainer_panic_at_step.filter(|_| job.epoch < spec.sim.trainer_panic_runs.unwrap_or(1)),
-        }),
+        (TrainerSpec::Sim { seconds_per_token, gpus, step_overhead_s, device, model, mfu }, None) => {
+            // With a device class: the roofline's seconds per token on one GPU of it.
+            let pools_model = spec.pools.iter().find_map(|p| match &p.backend {
+                BackendSpec::Sim { model, .. } => Some(model.clone()),
+                BackendSpec::Builtin { .. } => None,
+            });
+            let roofline = device.as_deref().and_then(|d| spec.device_profile(d)).and_then(|d| {
+                let m = model.clone().or(pools_model).and_then(|m| spec.model_profile(&m))?;
+                Some(actors::device::train_seconds(&d, &m, 1, mfu.unwrap_or(0.35), 1.0))
+            });
+            let bytes = model_bytes.unwrap_or(0.0);
+            Box::new(SimTrainer {
+                seconds_per_token: roofline.unwrap_or(*seconds_per_token),
+                gpus: *gpus,
+                step_overhead: Duration::from_secs_f64(*step_overhead_s + spec.weight_sync().publish_seconds(bytes)),
+                modelled_weight_bytes: bytes,
+                panic_at_step: spec.sim.trainer_panic_at_step.filter(|_| job.epoch < spec.sim.trainer_panic_runs.unwrap_or(1)),
+            })
+        }
         (TrainerSpec::Builtin(_), None) => return Err(JobError::Observer("the built-in trainer needs built-in pools".into())),
     };
     let (trainer, _) = Actor::spawn_linked(None, TrainerActor, TrainerArgs { trainer: trainer_impl, weights: weights.clone(), start_version }, cell.clone())
@@ -360,7 +394,8 @@ async fn run_inner(
     let _ = sched_slot.set(sched.clone());
     report.set_critical(&[sched.get_id(), buffer.get_id(), trainer.get_id(), weights.get_id()]);
 
-    let env_counters: Vec<_> = tasks.iter().map(|t| t.envs.counters.clone()).collect();
+    let env_counters: Vec<_> = tasks.iter().map(|t| (t.domain.clone(), t.envs.counters.clone())).collect();
+    let mut timeline = Timeline { on: job.timeline, ..Timeline::default() };
     let shared = Arc::new(EpisodeShared {
         buffer: buffer.clone(),
         scheduler: sched.clone(),
@@ -429,6 +464,8 @@ async fn run_inner(
             &env_counters,
             &pools.restarts,
             report,
+            &mut timeline,
+            hub,
         )
         .await?;
         last_step_end = now;
@@ -459,11 +496,13 @@ fn prior_tokens(t: &crate::spec::TaskSpec) -> (f64, f64) {
         EnvSpec::Arithmetic { .. } => game(1.0, 8.0, 4.0),
         EnvSpec::Tictactoe { .. } => game(4.0, 20.0, 2.0),
         EnvSpec::External { .. } => game(8.0, 64.0, 8.0),
-        EnvSpec::Sim { turns, observation_tokens, response_tokens, .. } => {
+        EnvSpec::Sim { turns, observation_tokens, prompt_tokens, response_tokens, .. } => {
             let turns = turns.as_ref().map_or(1.0, |d| d.mean()).min(t.max_turns as f64).max(1.0);
             let obs = observation_tokens.as_ref().map_or(64.0, |d| d.mean());
+            let prompt = prompt_tokens.as_ref().map_or(obs, |d| d.mean());
             let resp = response_tokens.as_ref().map_or(64.0, |d| d.mean()).min(t.max_tokens_per_turn as f64);
-            (turns * obs, turns * resp)
+            // Prefill the prompt, then each later turn's observation (the history is cached).
+            (prompt + (turns - 1.0) * obs, turns * resp)
         }
     }
 }
@@ -472,13 +511,19 @@ async fn spawn_pools(spec: &JobSpec, knobs: &Knobs, epoch: u64, cell: &ractor::A
     let restarts = Arc::new(AtomicU64::new(0));
     let mut views = Vec::new();
     let mut all = Vec::new();
+    let sim_shards: u32 = spec.pools.iter().filter(|p| matches!(p.backend, BackendSpec::Sim { .. })).map(|p| p.count as u32).sum();
     for (pi, p) in spec.pools.iter().enumerate() {
-        let device = DeviceProfile::builtin(&p.device).unwrap_or_else(|| {
+        let device = spec.device_profile(&p.device).unwrap_or_else(|| {
             DeviceProfile::builtin("H20").unwrap_or(DeviceProfile { name: p.device.clone(), flops: 1e14, bandwidth: 1e12, memory: 8e10, cost: 1.0 })
         });
+        // A shard of a tensor-parallel pool is its whole group.
+        let device = match &p.backend {
+            BackendSpec::Sim { gpus_per_shard, tp_efficiency, .. } => device.group(*gpus_per_shard, tp_efficiency.unwrap_or(0.9)),
+            BackendSpec::Builtin { .. } => device,
+        };
         let (model, max_batch, make): (ModelProfile, usize, Box<dyn Fn(usize) -> (EngineFactory, EnginePlacement)>) = match &p.backend {
-            BackendSpec::Sim { model, max_batch, mfu, mbu, weight_sync_gbps, hang_probability } => {
-                let model = ModelProfile::builtin(model).unwrap_or_else(|| {
+            BackendSpec::Sim { model, max_batch, mfu, mbu, weight_sync_gbps, hang_probability, gpus_per_shard, .. } => {
+                let model = spec.model_profile(model).unwrap_or_else(|| {
                     ModelProfile::builtin("qwen3-8b").unwrap_or(ModelProfile {
                         name: model.clone(),
                         params: 8e9,
@@ -494,8 +539,11 @@ async fn spawn_pools(spec: &JobSpec, knobs: &Knobs, epoch: u64, cell: &ractor::A
                 if let Some(b) = max_batch {
                     cfg.max_batch = *b;
                 }
+                cfg.weight_sync = spec.weight_sync();
+                cfg.weight_sync.shards = sim_shards;
+                cfg.weight_sync.gpus_per_shard = *gpus_per_shard;
                 if let Some(g) = weight_sync_gbps {
-                    cfg.weight_sync_bandwidth = g * 1e9;
+                    cfg.weight_sync.intra_bandwidth = g * 1e9;
                 }
                 cfg.hang_probability = *hang_probability;
                 let mb = cfg.max_batch;
@@ -575,10 +623,16 @@ async fn build_tasks(
     let mut functions: BTreeMap<String, SharedScorer> = BTreeMap::new();
     for (name, f) in &spec.reward.functions {
         let scorer: SharedScorer = match f {
-            FunctionSpec::Sim { latency_s, cold_start_s, concurrency, scale_to_zero_after_s } => {
+            FunctionSpec::Sim { latency_s, cold_start_s, concurrency, scale_to_zero_after_s, scaling } => {
                 let latency = latency_s.clone().unwrap_or_default();
                 let seed = spec.seed ^ name.bytes().fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64));
                 match knobs.placement {
+                    Placement::Serverless if scaling.is_some() => Arc::new(actors::reward::SimFunction::new(
+                        latency,
+                        Duration::from_secs_f64(*cold_start_s),
+                        scaling.clone().unwrap_or_default(),
+                        seed,
+                    )),
                     Placement::Serverless => Arc::new(SimReward::new(
                         latency,
                         Duration::from_secs_f64(*cold_start_s),
@@ -601,7 +655,7 @@ async fn build_tasks(
         if let EnvSpec::External { sandbox: crate::spec::SandboxMode::Bwrap, .. } = &t.env {
             crate::envs::check_sandbox().map_err(|e| JobError::Observer(format!("tasks[{ti}] ({}): {e}", t.domain)))?;
         }
-        let factory: EnvFactory = crate::envs::factory(&t.env, spec.seed ^ ((ti as u64) << 32), &knobs_env(knobs));
+        let factory: EnvFactory = crate::envs::factory(&t.env, spec.seed ^ ((ti as u64) << 32), &knobs_env(knobs), t.inject_latency.as_ref());
         let size = t.envs.unwrap_or(knobs.max_concurrent_episodes).max(1);
         let envs = EnvPool::spawn(&t.domain, size, factory, Duration::from_secs_f64(knobs.env_call_timeout_s), Duration::from_millis(100), cell.clone())
             .await
@@ -624,7 +678,6 @@ async fn build_tasks(
             max_turns: t.max_turns,
             max_tokens_per_turn: t.max_tokens_per_turn,
             allowed_tokens: t.allowed_tokens().map(Arc::from),
-            inject_latency: t.inject_latency.clone(),
         });
     }
     Ok(out)
@@ -707,10 +760,13 @@ async fn step_metrics(
     meta: &[(String, String, usize)],
     buffer: &ActorRef<BufferMsg>,
     sched: &ActorRef<SchedMsg>,
-    env_counters: &[Arc<actors::env::EnvCounters>],
+    env_counters: &[(String, Arc<actors::env::EnvCounters>)],
     restarts: &Arc<AtomicU64>,
     report: &Arc<SupervisorReport>,
+    timeline: &mut Timeline,
+    hub: Option<&Arc<crate::functions::FunctionHub>>,
 ) -> Result<StepMetrics, JobError> {
+    let mut busy_now: BTreeMap<String, f64> = BTreeMap::new();
     let elapsed = started.elapsed().as_secs_f64().max(1e-9);
     let mut m = StepMetrics { step, version: stats.version, elapsed_s: elapsed, step_s, train_s, wait_batch_s, ..StepMetrics::default() };
     m.groups = batch.groups.len();
@@ -742,6 +798,11 @@ async fn step_metrics(
     for (pi, p) in pools.iter().enumerate() {
         let loads = futures::future::join_all(p.iter().map(|a| async move { ractor::call_t!(a, ShardMsg::Load, CONTROL_TIMEOUT.as_millis() as u64) })).await;
         let loads: Vec<LoadReport> = loads.into_iter().filter_map(Result::ok).collect();
+        if timeline.on {
+            for (i, l) in loads.iter().enumerate() {
+                busy_now.insert(format!("shard {}/{i}", meta[pi].0), l.busy_s);
+            }
+        }
         let busy: f64 = loads.iter().map(|l| l.busy_s.min(elapsed)).sum();
         busy_total += busy;
         shards_total += meta[pi].2;
@@ -763,8 +824,19 @@ async fn step_metrics(
     m.trajectories_per_s = stats_buf.committed as f64 / elapsed;
     m.buffer = stats_buf.into();
     m.scheduler = snap.into();
-    m.env_restarts = env_counters.iter().map(|c| c.restarts.load(Ordering::Relaxed)).sum();
-    m.env_timeouts = env_counters.iter().map(|c| c.timeouts.load(Ordering::Relaxed)).sum();
+    m.env_restarts = env_counters.iter().map(|(_, c)| c.restarts.load(Ordering::Relaxed)).sum();
+    m.env_timeouts = env_counters.iter().map(|(_, c)| c.timeouts.load(Ordering::Relaxed)).sum();
+    if timeline.on {
+        for (task, c) in env_counters {
+            for (slot, b) in c.slot_held_s().into_iter().enumerate() {
+                busy_now.insert(format!("env {task}/{slot}"), b);
+            }
+        }
+        for (name, b) in hub.map(|h| h.instance_busy()).unwrap_or_default() {
+            busy_now.insert(format!("fn {name}"), b);
+        }
+        m.timeline = timeline.step(busy_now, step_s);
+    }
     m.shard_restarts = restarts.load(Ordering::Relaxed);
     m.actor_failures = report.failures.load(Ordering::Relaxed);
     Ok(m)

@@ -33,6 +33,7 @@ fn presets_expand_to_their_knobs_and_explicit_knobs_win() {
         (Preset::SyncPlus, Barrier::Turn, 0, false, Placement::Serverless),
         (Preset::OneOff, Barrier::Turn, 1, true, Placement::Serverless),
         (Preset::Rollarc, Barrier::None, 1, true, Placement::Serverless),
+        (Preset::Areal, Barrier::None, 1, true, Placement::Local),
     ];
     for (p, barrier, alpha, overlap, placement) in cases {
         let body = format!("preset = \"{}\"\n{}", p.name(), minimal());
