@@ -11,6 +11,8 @@ pub mod envs;
 pub mod functions;
 pub mod job;
 pub mod report;
+pub mod scenario;
+pub mod simbench;
 pub mod server;
 pub mod service;
 pub mod simrun;

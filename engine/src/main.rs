@@ -68,6 +68,26 @@ enum Cmd {
         #[arg(long, value_delimiter = ',')]
         compare: Vec<String>,
     },
+    /// Run a scenario file (experiments on the simulated cluster) and check it against the paper.
+    Scenario {
+        file: PathBuf,
+        /// Write the results as JSON here.
+        #[arg(long)]
+        json_out: Option<PathBuf>,
+        /// Only the table (no line per run).
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Run every scenario (default: examples/sim/*.toml), print the table against the paper,
+    /// write summary.json and plots.
+    BenchSim {
+        files: Vec<PathBuf>,
+        #[arg(long, default_value = "report/sim")]
+        out: PathBuf,
+        /// Scenario processes at once.
+        #[arg(long, default_value_t = 2)]
+        parallel: usize,
+    },
     /// Serve a built-in environment over the environment protocol on stdin/stdout, e.g.
     /// `rollarc env-serve '{"kind":"frozenlake","size":4}'`.
     EnvServe { spec: String },
@@ -196,6 +216,49 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
         Cmd::Sim { file, preset, compare } => {
             let spec = read_spec(&file)?;
             engine::cli::sim(spec, preset.as_deref(), &compare)?;
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        Cmd::Scenario { file, json_out, quiet } => {
+            let sc = engine::scenario::Scenario::load(&file)?;
+            println!("{} — {} ({}): {} runs", sc.name, sc.title, sc.figure, sc.runs.len());
+            let res = engine::scenario::run(&sc, |r| {
+                if !quiet {
+                    println!(
+                        "  {:<28} step {:>9.1} s  bubble {:.3}  trainer busy {:.2}  ({} steps, {:.0} simulated s, {:.2} s wall, {} events)",
+                        r.name,
+                        r.metrics.get("step_s").copied().unwrap_or(0.0),
+                        r.metrics.get("bubble").copied().unwrap_or(0.0),
+                        r.metrics.get("trainer_busy").copied().unwrap_or(0.0),
+                        r.steps,
+                        r.simulated_s,
+                        r.wall_s,
+                        r.events
+                    );
+                }
+            })?;
+            print!("{}", engine::scenario::table(std::slice::from_ref(&res)));
+            if let Some(p) = json_out {
+                std::fs::write(&p, serde_json::to_string_pretty(&res)?).with_context(|| format!("cannot write {}", p.display()))?;
+            }
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        Cmd::BenchSim { files, out, parallel } => {
+            let files = if files.is_empty() {
+                let mut v: Vec<PathBuf> = std::fs::read_dir("examples/sim")
+                    .context("examples/sim")?
+                    .filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+                    .collect();
+                v.sort();
+                v
+            } else {
+                files
+            };
+            let exe = std::env::current_exe().context("cannot find this executable")?;
+            let res = engine::simbench::run_all(&exe, &files, &out, parallel)?;
+            // Checks outside the paper's band are reported (and explained in the scenario's
+            // notes), not a failure of the benchmark.
+            let _ = res;
             Ok(std::process::ExitCode::SUCCESS)
         }
         Cmd::EnvServe { spec } => {

@@ -85,7 +85,7 @@ pub fn summarise(job: &str, state: &str, steps: &[StepMetrics]) -> Summary {
 /// SVG text needs no font).
 static FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
 
-fn register_font() {
+pub(crate) fn register_font() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         if plotters::style::register_font("sans-serif", plotters::style::FontStyle::Normal, FONT).is_err() {

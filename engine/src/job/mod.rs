@@ -94,6 +94,8 @@ pub struct StepMetrics {
     pub scheduler: SchedMetrics,
     pub env_restarts: u64,
     pub env_timeouts: u64,
+    /// Environment resets and steps since the start.
+    pub env_calls: u64,
     pub shard_restarts: u64,
     pub actor_failures: u64,
     /// Busy fraction over this step of every generation shard (`shard POOL/I`), environment
@@ -120,6 +122,8 @@ pub struct PoolMetrics {
     pub prefill_tokens: u64,
     pub decode_tokens: u64,
     pub groups: u64,
+    /// Engine steps taken (a fused simulator step counts once), since the start.
+    pub engine_steps: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -813,6 +817,7 @@ async fn step_metrics(
             prefill_tokens: loads.iter().map(|l| l.prefill_tokens).sum(),
             decode_tokens: loads.iter().map(|l| l.decode_tokens).sum(),
             groups: snap.groups_per_pool.get(&meta[pi].0).copied().unwrap_or(0),
+            engine_steps: loads.iter().map(|l| l.steps).sum(),
         };
         m.prefill_tokens += pm.prefill_tokens;
         m.decode_tokens += pm.decode_tokens;
@@ -826,6 +831,7 @@ async fn step_metrics(
     m.scheduler = snap.into();
     m.env_restarts = env_counters.iter().map(|(_, c)| c.restarts.load(Ordering::Relaxed)).sum();
     m.env_timeouts = env_counters.iter().map(|(_, c)| c.timeouts.load(Ordering::Relaxed)).sum();
+    m.env_calls = env_counters.iter().map(|(_, c)| c.steps.load(Ordering::Relaxed) + c.resets.load(Ordering::Relaxed)).sum();
     if timeline.on {
         for (task, c) in env_counters {
             for (slot, b) in c.slot_held_s().into_iter().enumerate() {
