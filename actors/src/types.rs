@@ -155,7 +155,9 @@ impl Batch {
         self.groups.iter().flat_map(|g| g.trajectories.iter())
     }
 
+    /// Tokens the trainer processes: every trajectory's whole sequence (observations and
+    /// responses) once, however often generation had to prefill it.
     pub fn tokens(&self) -> usize {
-        self.trajectories().map(|t| t.response_tokens() + t.prefill_tokens()).sum()
+        self.trajectories().map(|t| t.turns.iter().map(|x| x.observation_tokens.len() + x.response_tokens.len()).sum::<usize>()).sum()
     }
 }

@@ -443,7 +443,13 @@ pub struct RunResult {
     /// Simulated events: engine steps (a fused step counts once), environment calls, finished
     /// trajectories (each a reward call and a buffer commit) and training steps.
     pub events: u64,
+    /// Utilisation of every pool over the run.
     pub pools: BTreeMap<String, f64>,
+    /// Groups admitted to every pool.
+    pub pool_groups: BTreeMap<String, u64>,
+    /// Tokens prefilled and decoded over the run (prefix-cache hits are not prefilled).
+    pub prefill_tokens: u64,
+    pub decode_tokens: u64,
 }
 
 /// A check's outcome.
@@ -504,6 +510,9 @@ pub fn run_one(name: &str, spec: JobSpec, warmup: u64) -> Result<RunResult, Stri
         wall_s,
         events: events_of(&s),
         pools: s.pools.iter().map(|(k, p)| (k.clone(), p.utilisation)).collect(),
+        pool_groups: s.pools.iter().map(|(k, p)| (k.clone(), p.groups)).collect(),
+        prefill_tokens: s.pools.values().map(|p| p.prefill_tokens).sum(),
+        decode_tokens: s.pools.values().map(|p| p.decode_tokens).sum(),
     })
 }
 

@@ -132,6 +132,19 @@ pub struct TaskSpec {
     /// environment delays on the built-in games).
     #[serde(default)]
     pub inject_latency: Option<InjectLatency>,
+    /// How the agent's context evolves between turns: `append` (the history grows and the
+    /// engine's prefix cache serves it) or `rewrite` (the framework re-renders the prompt each
+    /// turn — compacted or truncated history — so the whole context is prefilled every turn).
+    #[serde(default)]
+    pub context: ContextMode,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ContextMode {
+    #[default]
+    Append,
+    Rewrite,
 }
 
 /// Latency added after an environment call, in seconds (negative samples count as 0).

@@ -38,6 +38,8 @@ pub struct EpisodeTask {
     pub max_tokens_per_turn: u32,
     /// Constrained decoding: the tokens the policy may sample.
     pub allowed_tokens: Option<Arc<[u32]>>,
+    /// The prompt is re-rendered every turn: no prefix survives between turns.
+    pub rewrite_context: bool,
 }
 
 /// One episode to drive.
@@ -159,6 +161,9 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
             let w = tokio::time::Instant::now();
             b.turn().await;
             traj.timings.wait_s += secs(w);
+        }
+        if task.rewrite_context && turn_no > 0 {
+            p.shard.release(p.id);
         }
         let observation_tokens = encode(&obs, shared.framing.as_ref(), turn_no == 0);
         context.extend_from_slice(&observation_tokens);

@@ -505,8 +505,13 @@ fn prior_tokens(t: &crate::spec::TaskSpec) -> (f64, f64) {
             let obs = observation_tokens.as_ref().map_or(64.0, |d| d.mean());
             let prompt = prompt_tokens.as_ref().map_or(obs, |d| d.mean());
             let resp = response_tokens.as_ref().map_or(64.0, |d| d.mean()).min(t.max_tokens_per_turn as f64);
-            // Prefill the prompt, then each later turn's observation (the history is cached).
-            (prompt + (turns - 1.0) * obs, turns * resp)
+            if t.context == crate::spec::ContextMode::Rewrite {
+                // The whole context every turn: the prompt, then the grown history.
+                (turns * prompt + (obs + resp) * turns * (turns - 1.0) / 2.0, turns * resp)
+            } else {
+                // Prefill the prompt, then each later turn's observation (the history is cached).
+                (prompt + (turns - 1.0) * obs, turns * resp)
+            }
         }
     }
 }
@@ -682,6 +687,7 @@ async fn build_tasks(
             max_turns: t.max_turns,
             max_tokens_per_turn: t.max_tokens_per_turn,
             allowed_tokens: t.allowed_tokens().map(Arc::from),
+            rewrite_context: t.context == crate::spec::ContextMode::Rewrite,
         });
     }
     Ok(out)

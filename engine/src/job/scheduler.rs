@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use actors::buffer::{BufferEvent, BufferMsg};
-use actors::device::{DeviceProfile, Efficiency, ModelProfile, trajectory_seconds};
+use actors::device::{DeviceProfile, Efficiency, ModelProfile, decode_step_seconds, prefill_seconds};
 use actors::generation::shard::ShardHandle;
 use actors::types::PolicyVersion;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
@@ -99,9 +99,15 @@ struct GroupRun {
 
 struct EpisodeRun {
     pool: usize,
+    task: usize,
     shard: usize,
     handle: tokio::task::AbortHandle,
 }
+
+/// Finished trajectories between two re-plans of the cost model's split.
+const REPLAN_EVERY: u32 = 32;
+/// Finished trajectories per task the latency bound looks at.
+const TAIL_WINDOW: usize = 128;
 
 pub struct Scheduler;
 
@@ -123,6 +129,17 @@ pub struct SchedState {
     /// Observed (prefill, decode) tokens per trajectory, EWMA per task.
     observed: Vec<Option<(f64, f64)>>,
     shard_active: Vec<Vec<usize>>,
+    /// Active episodes per pool and task (the cost model's backlog).
+    pool_task_active: Vec<Vec<usize>>,
+    /// The cost model's split of each task over the pools ([task][pool], rows sum to 1), or
+    /// none when the search space is too large (then: earliest finish per group).
+    split: Option<Vec<Vec<f64>>>,
+    /// The last `TAIL_WINDOW` finished trajectories' (prefill, decode) tokens per task: the
+    /// latency bound uses their 95th percentile (a step waits for its slowest trajectories).
+    recent: Vec<std::collections::VecDeque<(f64, f64)>>,
+    /// Smooth weighted round-robin credit per task and pool, for following `split`.
+    pool_credit: Vec<Vec<f64>>,
+    ended_since_plan: u32,
     rng: SmallRng,
     snap: SchedSnapshot,
 }
@@ -135,6 +152,8 @@ impl Actor for Scheduler {
     async fn pre_start(&self, _me: ActorRef<Self::Msg>, a: SchedArgs) -> Result<Self::State, ActorProcessingErr> {
         let n_tasks = a.tasks.len();
         let shard_active = a.pools.iter().map(|p| vec![0; p.shards.len()]).collect();
+        let pool_task_active = vec![vec![0; n_tasks]; a.pools.len()];
+        let n_pools = a.pools.len();
         let rng = SmallRng::seed_from_u64(a.seed ^ 0x5eed_5c4e_d01e);
         let version = a.start_version;
         Ok(SchedState {
@@ -153,6 +172,11 @@ impl Actor for Scheduler {
             task_groups: vec![0; n_tasks],
             observed: vec![None; n_tasks],
             shard_active,
+            pool_task_active,
+            split: None,
+            recent: vec![std::collections::VecDeque::new(); n_tasks],
+            pool_credit: vec![vec![0.0; n_pools]; n_tasks],
+            ended_since_plan: u32::MAX,
             rng,
             snap: SchedSnapshot { version, consumed: version, ..SchedSnapshot::default() },
         })
@@ -173,6 +197,7 @@ impl Actor for Scheduler {
             SchedMsg::EpisodeEnded { episode, task, prefill, decode, failed } => {
                 if let Some(e) = st.episodes.remove(&episode) {
                     st.shard_active[e.pool][e.shard] -= 1;
+                    st.pool_task_active[e.pool][e.task] -= 1;
                 }
                 if failed {
                     st.snap.failed_episodes += 1;
@@ -180,6 +205,12 @@ impl Actor for Scheduler {
                     let o = st.observed[task].get_or_insert((prefill as f64, decode as f64));
                     o.0 = 0.9 * o.0 + 0.1 * prefill as f64;
                     o.1 = 0.9 * o.1 + 0.1 * decode as f64;
+                    st.ended_since_plan = st.ended_since_plan.saturating_add(1);
+                    let r = &mut st.recent[task];
+                    if r.len() == TAIL_WINDOW {
+                        r.pop_front();
+                    }
+                    r.push_back((prefill as f64, decode as f64));
                 }
                 st.try_admit();
             }
@@ -275,6 +306,7 @@ impl SchedState {
         let mut n = 0;
         for eid in std::mem::take(&mut g.episodes) {
             if let Some(e) = self.episodes.remove(&eid) {
+                self.pool_task_active[e.pool][e.task] -= 1;
                 e.handle.abort();
                 let sh = &self.a.pools[e.pool].shards[e.shard];
                 sh.abort(eid);
@@ -385,10 +417,10 @@ impl SchedState {
             Some((start, count)) => start + k % count.max(1),
             None => self.rng.random(),
         };
-        let (gs, red) = (tv.group_size, tv.redundancy);
+        let (gs, red, domain) = (tv.group_size, tv.redundancy, tv.domain.clone());
         let pool = self.choose_pool(task);
         let dispatched = gs + red;
-        let _ = self.a.buffer.cast(BufferMsg::Open { group: gid, task: tv.domain.clone(), seed, start_version: self.version, group_size: gs, dispatched });
+        let _ = self.a.buffer.cast(BufferMsg::Open { group: gid, task: domain, seed, start_version: self.version, group_size: gs, dispatched });
         self.groups.insert(gid, GroupRun { task, seed, start_version: self.version, pool, episodes: Vec::new(), closed: false });
         self.open_groups += 1;
         self.snap.admitted_groups += 1;
@@ -405,6 +437,7 @@ impl SchedState {
         // Least-loaded shard of the pool; the trajectory sticks to it for all its turns.
         let shard = (0..self.shard_active[pool].len()).min_by_key(|&i| (self.shard_active[pool][i], i)).unwrap_or(0);
         self.shard_active[pool][shard] += 1;
+        self.pool_task_active[pool][task] += 1;
         let params = EpisodeParams {
             id: eid,
             group: gid,
@@ -416,7 +449,7 @@ impl SchedState {
             barrier,
         };
         let handle = tokio::spawn(episode::run(shared, params)).abort_handle();
-        self.episodes.insert(eid, EpisodeRun { pool, shard, handle });
+        self.episodes.insert(eid, EpisodeRun { pool, task, shard, handle });
         if let Some(g) = self.groups.get_mut(&gid) {
             g.episodes.push(eid);
         }
@@ -424,32 +457,173 @@ impl SchedState {
         self.snap.peak_active = self.snap.peak_active.max(self.episodes.len());
     }
 
-    fn choose_pool(&self, task: usize) -> usize {
+    fn choose_pool(&mut self, task: usize) -> usize {
         match self.a.knobs.mapping {
             MappingMode::SinglePool => 0,
             MappingMode::Declared => self.a.tasks[task].declared_pool.unwrap_or(0),
-            MappingMode::CostModel => self.cost_model_pool(task),
+            MappingMode::CostModel => {
+                // Re-plan from fresh observations every few dozen finished trajectories.
+                if self.ended_since_plan >= REPLAN_EVERY {
+                    self.split = self.plan_split();
+                    self.ended_since_plan = 0;
+                    tracing::debug!(split = ?self.split, "cost model re-planned the split of tasks over pools");
+                }
+                match &self.split {
+                    Some(split) => {
+                        let row = &split[task];
+                        let credit = &mut self.pool_credit[task];
+                        for (c, x) in credit.iter_mut().zip(row) {
+                            *c += x;
+                        }
+                        let best = (0..row.len()).fold(0, |b, p| if credit[p] > credit[b] { p } else { b });
+                        credit[best] -= 1.0;
+                        best
+                    }
+                    None => self.earliest_finish_pool(task),
+                }
+            }
         }
     }
 
-    /// Estimated generation seconds of one trajectory of `task` on each pool's device, from
-    /// the observed prefill/decode token mix, scaled by the pool's current load and its
-    /// relative cost: the fastest per unit cost wins.
-    fn cost_model_pool(&self, task: usize) -> usize {
+    /// Seconds a slow (95th-percentile) trajectory of `task` takes on one shard of pool `p`:
+    /// prefill, then each decode token a whole step at the pool's batch.
+    fn task_latency_at(&self, task: usize, p: usize, batch: f64) -> f64 {
+        let tv = &self.a.tasks[task];
+        let r = &self.recent[task];
+        let (prefill, decode) = if r.len() >= 8 {
+            let q = |mut v: Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                v[(v.len() * 95 / 100).min(v.len() - 1)]
+            };
+            (q(r.iter().map(|x| x.0).collect()), q(r.iter().map(|x| x.1).collect()))
+        } else {
+            // No tail seen yet: assume the 95th percentile at twice the mean.
+            let (a, b) = self.observed[task].unwrap_or((tv.prefill_estimate, tv.decode_estimate));
+            (2.0 * a, 2.0 * b)
+        };
+        let pool = &self.a.pools[p];
+        let e = Efficiency::default();
+        let context = (prefill + decode) / 2.0;
+        prefill_seconds(&pool.device, &pool.model, e, prefill) + decode * decode_step_seconds(&pool.device, &pool.model, e, batch, batch * context)
+    }
+
+    fn pool_batch(&self, p: usize) -> f64 {
+        let pool = &self.a.pools[p];
+        let active: usize = self.shard_active[p].iter().sum();
+        (active as f64 / pool.shards.len().max(1) as f64).clamp(1.0, pool.max_batch.max(1) as f64)
+    }
+
+    /// The cost model's static split: every way of giving each task a pool, each improved by
+    /// splitting one task between two pools, scored by the estimated rollout time of a step:
+    /// the larger of the throughput bound (every pool's shard-seconds of work per step over its
+    /// shards) and the latency bound (the slowest task's single-trajectory time on a pool it
+    /// uses). The best split wins; a rule of thumb such as "multi-turn to compute-rich, math
+    /// to bandwidth-rich" is one of the candidates, so it is chosen only when it is best.
+    fn plan_split(&self) -> Option<Vec<Vec<f64>>> {
+        let (nt, np) = (self.a.tasks.len(), self.a.pools.len());
+        if np <= 1 {
+            return Some(vec![vec![1.0]; nt]);
+        }
+        if (np as f64).powi(nt as i32) > 4096.0 {
+            return None;
+        }
+        let total_w: f64 = self.a.tasks.iter().map(|t| t.weight).sum::<f64>().max(1e-9);
+        let batch = self.a.knobs.batch_size as f64;
+        let demand: Vec<f64> = self.a.tasks.iter().map(|t| batch * t.weight / total_w * (t.group_size + t.redundancy) as f64).collect();
+        let shards: Vec<f64> = self.a.pools.iter().map(|p| p.shards.len().max(1) as f64).collect();
+        // Trajectories in flight per step: up to α + 1 batches.
+        let in_flight = (self.a.knobs.alpha + 1) as f64;
+        let score = |x: &[Vec<f64>]| {
+            let mut worst: f64 = 0.0;
+            for p in 0..np {
+                // The decode batch this split gives the pool's shards.
+                let pool = &self.a.pools[p];
+                let batch = ((0..nt).map(|t| x[t][p] * demand[t]).sum::<f64>() * in_flight / shards[p]).clamp(1.0, pool.max_batch.max(1) as f64);
+                let load: f64 = (0..nt).filter(|&t| x[t][p] > 0.0).map(|t| x[t][p] * demand[t] * self.task_cost_at(t, p, batch)).sum::<f64>() / shards[p];
+                worst = worst.max(load);
+                for t in 0..nt {
+                    if x[t][p] > 1e-9 {
+                        worst = worst.max(self.task_latency_at(t, p, batch));
+                    }
+                }
+            }
+            worst
+        };
+        let cost: Vec<Vec<f64>> = (0..nt).map(|t| (0..np).map(|p| self.task_cost(t, p)).collect()).collect();
+        let mut best: Option<(f64, Vec<Vec<f64>>)> = None;
+        let mut consider = |x: Vec<Vec<f64>>| {
+            let s = score(&x);
+            if best.as_ref().is_none_or(|(b, _)| s < *b - 1e-12) {
+                best = Some((s, x));
+            }
+        };
+        for code in 0..np.pow(nt as u32) {
+            let mut x = vec![vec![0.0; np]; nt];
+            let mut c = code;
+            for row in x.iter_mut() {
+                row[c % np] = 1.0;
+                c /= np;
+            }
+            // One task split between its pool and another, balancing the two pools' loads.
+            for t in 0..nt {
+                let p = (0..np).find(|&p| x[t][p] == 1.0).unwrap_or(0);
+                for q in (0..np).filter(|&q| q != p) {
+                    let load = |x: &Vec<Vec<f64>>, r: usize| (0..nt).map(|u| x[u][r] * demand[u] * cost[u][r]).sum::<f64>() / shards[r];
+                    let (lp, lq) = (load(&x, p), load(&x, q));
+                    let (kp, kq) = (demand[t] * cost[t][p] / shards[p], demand[t] * cost[t][q] / shards[q]);
+                    let f = ((lp - lq) / (kp + kq).max(1e-12)).clamp(0.0, 1.0);
+                    if f > 1e-6 && f < 1.0 - 1e-6 {
+                        let mut y = x.clone();
+                        y[t][p] = 1.0 - f;
+                        y[t][q] = f;
+                        consider(y);
+                    }
+                }
+            }
+            consider(x);
+        }
+        if let Some((s, x)) = &best {
+            tracing::debug!(estimate_s = s, ?cost, ?demand, ?x, "cost model plan");
+        }
+        best.map(|(_, x)| x)
+    }
+
+    /// Shard-seconds one trajectory of `task` takes on pool `p`: its prefill at the device's
+    /// FLOP/s, and its decode tokens each costing a decode step's share at the pool's current
+    /// batch (a step serves every sequence of the batch). Token counts are observed (EWMA of
+    /// finished trajectories, re-prefills after weight updates included), or the spec's prior.
+    fn task_cost(&self, task: usize, p: usize) -> f64 {
+        self.task_cost_at(task, p, self.pool_batch(p))
+    }
+
+    fn task_cost_at(&self, task: usize, p: usize, batch: f64) -> f64 {
         let tv = &self.a.tasks[task];
         let (prefill, decode) = self.observed[task].unwrap_or((tv.prefill_estimate, tv.decode_estimate));
+        let pool = &self.a.pools[p];
+        let e = Efficiency::default();
+        let context = (prefill + decode) / 2.0;
+        prefill_seconds(&pool.device, &pool.model, e, prefill) + decode * decode_step_seconds(&pool.device, &pool.model, e, batch, batch * context) / batch
+    }
+
+    /// Without a split (too many tasks × pools to search): earliest estimated finish. Each pool's backlog is the shard-seconds of
+    /// the trajectories it runs (each counted half done), divided over its shards; a group's
+    /// trajectory finishes after that queue and its own time on one shard, and the group goes
+    /// where that is soonest. A pool that is faster for the task wins
+    /// until its queue makes another pool finish sooner, so declared rules of thumb come out
+    /// of the roofline and the load, and no pool idles while another is overloaded.
+    fn earliest_finish_pool(&self, task: usize) -> usize {
+        let group = (self.a.tasks[task].group_size + self.a.tasks[task].redundancy).max(1) as f64;
         let mut best = 0;
-        let mut best_score = f64::INFINITY;
-        for (i, p) in self.a.pools.iter().enumerate() {
-            let slots = (p.shards.len() * p.max_batch).max(1) as f64;
-            let active: usize = self.shard_active[i].iter().sum();
-            let load = active as f64 / slots;
-            let batch = (active as f64 / p.shards.len().max(1) as f64).clamp(1.0, p.max_batch as f64);
-            let secs = trajectory_seconds(&p.device, &p.model, Efficiency::default(), prefill, decode, batch, (prefill + decode) / 2.0);
-            let score = secs * (1.0 + load) * p.device.cost;
-            if score < best_score {
-                best_score = score;
-                best = i;
+        let mut best_finish = f64::INFINITY;
+        for (p, pool) in self.a.pools.iter().enumerate() {
+            let backlog: f64 = self.pool_task_active[p].iter().enumerate().filter(|(_, n)| **n > 0).map(|(t, n)| *n as f64 * 0.5 * self.task_cost(t, p)).sum();
+            // Queueing behind the backlog (spread over the shards), then the trajectory's own
+            // time on one shard.
+            let shards = pool.shards.len().max(1) as f64;
+            let finish = (backlog + group * self.task_cost(task, p)) / shards + self.task_cost(task, p);
+            if finish < best_finish {
+                best_finish = finish;
+                best = p;
             }
         }
         best

@@ -98,6 +98,9 @@ fn result(name: &str, step_s: f64) -> RunResult {
         wall_s: 0.0,
         events: 0,
         pools: BTreeMap::new(),
+        pool_groups: BTreeMap::new(),
+        prefill_tokens: 0,
+        decode_tokens: 0,
     }
 }
 
