@@ -224,7 +224,7 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             let res = engine::scenario::run(&sc, |r| {
                 if !quiet {
                     println!(
-                        "  {:<28} step {:>9.1} s  bubble {:.3}  trainer busy {:.2}  ({} steps, {:.0} simulated s, {:.2} s wall, {} events)  prefill/decode {:.1}  pools {}",
+                        "  {:<28} step {:>9.1} s  bubble {:.3}  trainer busy {:.2}  ({} steps, {:.0} simulated s, {:.2} s wall, {} events)  prefill/decode {:.1}  stale {}/{}  pools {}",
                         r.name,
                         r.metrics.get("step_s").copied().unwrap_or(0.0),
                         r.metrics.get("bubble").copied().unwrap_or(0.0),
@@ -234,6 +234,8 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                         r.wall_s,
                         r.events,
                         r.prefill_tokens as f64 / r.decode_tokens.max(1) as f64,
+                        r.stale_aborted,
+                        r.stale_evicted,
                         r.pools.iter().map(|(k, v)| format!("{k} {v:.2} ({} groups)", r.pool_groups.get(k).copied().unwrap_or(0))).collect::<Vec<_>>().join(", ")
                     );
                 }

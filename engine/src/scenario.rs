@@ -450,6 +450,10 @@ pub struct RunResult {
     /// Tokens prefilled and decoded over the run (prefix-cache hits are not prefilled).
     pub prefill_tokens: u64,
     pub decode_tokens: u64,
+    /// Groups aborted past the staleness bound, and groups evicted stale from the buffer
+    /// (work thrown away).
+    pub stale_aborted: u64,
+    pub stale_evicted: u64,
 }
 
 /// A check's outcome.
@@ -513,6 +517,8 @@ pub fn run_one(name: &str, spec: JobSpec, warmup: u64) -> Result<RunResult, Stri
         pool_groups: s.pools.iter().map(|(k, p)| (k.clone(), p.groups)).collect(),
         prefill_tokens: s.pools.values().map(|p| p.prefill_tokens).sum(),
         decode_tokens: s.pools.values().map(|p| p.decode_tokens).sum(),
+        stale_aborted: s.steps.last().map_or(0, |m| m.scheduler.aborted_stale),
+        stale_evicted: s.steps.last().map_or(0, |m| m.buffer.evicted_stale),
     })
 }
 

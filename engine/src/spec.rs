@@ -41,9 +41,11 @@ pub struct JobSpec {
 pub enum Preset {
     /// Synchronous: batch barrier, on-policy, no overlap, local reward, one pool.
     Sync,
-    /// Sync with asynchronous env interaction within a turn and serverless reward.
+    /// Sync with asynchronous environment interaction and reward (no turn barrier),
+    /// serverless reward, still synchronous training.
     SyncPlus,
-    /// Rollout one step ahead of training.
+    /// Rollout one step ahead of training: a batch is generated as a wave while the previous
+    /// one trains.
     OneOff,
     /// Trajectory-level asynchrony, α = 1, overlap, serverless reward, affinity mapping.
     Rollarc,
@@ -86,8 +88,8 @@ impl Preset {
         use OnWeightUpdate::{Abort, Recompute};
         match self {
             Self::Sync => k(Barrier::Batch, 0, false, Placement::Local, MappingMode::SinglePool, Abort),
-            Self::SyncPlus => k(Barrier::Turn, 0, false, Placement::Serverless, MappingMode::SinglePool, Abort),
-            Self::OneOff => k(Barrier::Turn, 1, true, Placement::Serverless, MappingMode::SinglePool, Abort),
+            Self::SyncPlus => k(Barrier::None, 0, false, Placement::Serverless, MappingMode::SinglePool, Abort),
+            Self::OneOff => k(Barrier::Wave, 1, true, Placement::Serverless, MappingMode::SinglePool, Abort),
             Self::Areal => k(Barrier::None, 1, true, Placement::Local, MappingMode::SinglePool, Recompute),
             Self::Rollarc => k(Barrier::None, 1, true, Placement::Serverless, MappingMode::Declared, Abort),
         }
@@ -483,6 +485,9 @@ pub struct MappingSpec {
 pub enum Barrier {
     /// Trajectory-level: every trajectory advances on its own.
     None,
+    /// Batch-level generation: groups are admitted in waves of `batch_size`, the next wave once
+    /// the previous one has ended; within a wave every trajectory advances on its own.
+    Wave,
     /// Every environment waits for the slowest each turn.
     Turn,
     /// Turn barrier, and rewards only after the whole batch is generated.

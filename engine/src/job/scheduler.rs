@@ -369,9 +369,10 @@ impl SchedState {
                 total += eps;
                 plan.push(t);
             }
-            let barrier = Arc::new(WaveBarrier::new(total));
+            // A plain wave has no barrier inside: its trajectories advance on their own.
+            let barrier = (self.a.knobs.barrier != Barrier::Wave).then(|| Arc::new(WaveBarrier::new(total)));
             for t in plan {
-                self.admit_task_group(t, Some(barrier.clone()));
+                self.admit_task_group(t, barrier.clone());
             }
         }
     }

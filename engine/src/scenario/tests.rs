@@ -101,6 +101,8 @@ fn result(name: &str, step_s: f64) -> RunResult {
         pool_groups: BTreeMap::new(),
         prefill_tokens: 0,
         decode_tokens: 0,
+        stale_aborted: 0,
+        stale_evicted: 0,
     }
 }
 

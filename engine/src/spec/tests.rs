@@ -30,8 +30,8 @@ fn a_minimal_spec_takes_the_rollarc_defaults() {
 fn presets_expand_to_their_knobs_and_explicit_knobs_win() {
     let cases = [
         (Preset::Sync, Barrier::Batch, 0, false, Placement::Local),
-        (Preset::SyncPlus, Barrier::Turn, 0, false, Placement::Serverless),
-        (Preset::OneOff, Barrier::Turn, 1, true, Placement::Serverless),
+        (Preset::SyncPlus, Barrier::None, 0, false, Placement::Serverless),
+        (Preset::OneOff, Barrier::Wave, 1, true, Placement::Serverless),
         (Preset::Rollarc, Barrier::None, 1, true, Placement::Serverless),
         (Preset::Areal, Barrier::None, 1, true, Placement::Local),
     ];
