@@ -329,11 +329,20 @@ fn write_report(service: &Arc<Service>, id: &str, dir: &std::path::Path) -> anyh
     let Some(j) = service.store.get(id)? else { return Ok(()) };
     let steps: Vec<engine::job::StepMetrics> =
         service.store.step_metrics(id)?.into_iter().map(serde_json::from_value).collect::<Result<_, _>>().context("stored step metrics")?;
-    let summary = engine::report::summarise(id, j.state.as_str(), &steps);
-    println!("{:<12} {:>14} {:>12} {:>10}", "task", "success start", "success end", "≥90% at");
+    let mut summary = engine::report::summarise(id, j.state.as_str(), &steps);
+    // The random-policy rate of each built-in game, measured on the environment itself.
+    if let Some(spec) = service.store.spec(id)? {
+        for t in &spec.tasks {
+            if let Some(s) = summary.tasks.get_mut(&t.domain) {
+                s.success_random = engine::report::random_policy_success(t, 4000, spec.seed);
+            }
+        }
+    }
+    println!("{:<12} {:>14} {:>12} {:>14} {:>10}", "task", "random policy", "success start", "success end", "≥90% at");
     for (name, t) in &summary.tasks {
         let at = t.first_step_at_90.map(|s| format!("step {s}")).unwrap_or_else(|| "-".into());
-        println!("{name:<12} {:>14.3} {:>12.3} {at:>10}", t.success_start, t.success_end);
+        let random = t.success_random.map(|r| format!("{r:.3}")).unwrap_or_else(|| "-".into());
+        println!("{name:<12} {random:>14} {:>12.3} {:>14.3} {at:>10}", t.success_start, t.success_end);
     }
     let path = engine::report::write(dir, &summary).with_context(|| format!("writing the report to {}", dir.display()))?;
     println!("report: {}", path.display());

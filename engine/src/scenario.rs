@@ -151,6 +151,9 @@ struct CheckFile {
     /// Runs expected in ascending order of the metric.
     #[serde(default)]
     order: Option<Vec<String>>,
+    /// One run's metric itself (against `band`).
+    #[serde(default)]
+    value: Option<String>,
     /// The paper's figure (one value, one per matrix row, or text).
     #[serde(default)]
     paper: Option<PaperValue>,
@@ -200,6 +203,7 @@ pub struct CheckDef {
 pub enum CheckKind {
     Ratio(Side, Side),
     Order(Vec<String>),
+    Value(String),
 }
 
 /// A parsed scenario.
@@ -378,14 +382,16 @@ impl Scenario {
             for (i, vars) in combinations(&c.matrix).into_iter().enumerate() {
                 let name = sub_str(&c.name, &vars);
                 let err = |message: String| ScenarioError::Check { file: file.to_string(), check: name.clone(), message };
-                let kind = match (&c.ratio, &c.order) {
-                    (Some((a, b)), None) => CheckKind::Ratio(sub_side(a, &vars), sub_side(b, &vars)),
-                    (None, Some(o)) => CheckKind::Order(o.iter().map(|r| sub_str(r, &vars)).collect()),
-                    _ => return Err(err("give exactly one of ratio or order".into())),
+                let kind = match (&c.ratio, &c.order, &c.value) {
+                    (Some((a, b)), None, None) => CheckKind::Ratio(sub_side(a, &vars), sub_side(b, &vars)),
+                    (None, Some(o), None) => CheckKind::Order(o.iter().map(|r| sub_str(r, &vars)).collect()),
+                    (None, None, Some(v)) => CheckKind::Value(sub_str(v, &vars)),
+                    _ => return Err(err("give exactly one of ratio, order or value".into())),
                 };
                 let referenced: Vec<String> = match &kind {
                     CheckKind::Ratio(a, b) => a.runs().into_iter().chain(b.runs()).map(String::from).collect(),
                     CheckKind::Order(o) => o.clone(),
+                    CheckKind::Value(v) => vec![v.clone()],
                 };
                 for r in referenced {
                     if !runs.iter().any(|x| x.name == r) {
@@ -407,8 +413,8 @@ impl Scenario {
                     (None, Some(_), None) => return Err(err("tolerance needs a numeric paper value".into())),
                     (None, None, _) => None,
                 };
-                if matches!(kind, CheckKind::Ratio(..)) && band.is_none() {
-                    return Err(err("a ratio check needs band or tolerance".into()));
+                if matches!(kind, CheckKind::Ratio(..) | CheckKind::Value(..)) && band.is_none() {
+                    return Err(err("a ratio or value check needs band or tolerance".into()));
                 }
                 checks.push(CheckDef { name, metric: c.metric.unwrap_or(f.scenario.metric), kind, paper, band, note: c.note.clone() });
             }
@@ -464,7 +470,7 @@ pub struct CheckResult {
     pub what: String,
     pub paper: Option<String>,
     pub band: Option<[f64; 2]>,
-    /// The ratio (ratio checks).
+    /// The ratio (ratio checks) or the value (value checks).
     pub ours: Option<f64>,
     /// The measured order (order checks).
     pub order: Option<Vec<String>>,
@@ -544,6 +550,11 @@ pub fn evaluate(checks: &[CheckDef], runs: &[RunResult]) -> Vec<CheckResult> {
                     };
                     (format!("{} / {}", a.label(), b.label()), r, None, pass)
                 }
+                CheckKind::Value(r) => {
+                    let v = metric_of(runs, &Side::One(r.clone()), c.metric);
+                    let pass = matches!((v, c.band), (Some(v), Some([lo, hi])) if v >= lo && v <= hi);
+                    (format!("{} of {r}", c.metric.name()), v, None, pass)
+                }
                 CheckKind::Order(o) => {
                     let mut got: Vec<(f64, String)> = o.iter().filter_map(|r| runs.iter().find(|x| &x.name == r).map(|x| (x.metrics.get(c.metric.name()).copied().unwrap_or(f64::NAN), r.clone()))).collect();
                     got.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -596,7 +607,8 @@ pub fn table(results: &[ScenarioResult]) -> String {
     for r in results {
         for c in &r.checks {
             let ours = match (&c.ours, &c.order) {
-                (Some(x), _) => format!("{x:.2}×"),
+                (Some(x), _) if c.what.contains(" / ") => format!("{x:.2}×"),
+                (Some(x), _) => format!("{x:.2}"),
                 (None, Some(o)) => o.join("<"),
                 _ => "-".into(),
             };

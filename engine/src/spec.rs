@@ -799,6 +799,18 @@ pub struct SimSpec {
     /// How weights reach the rollout shards (default: the relay, 1 GB buckets, 200/400 Gbit/s).
     #[serde(default)]
     pub weight_sync: Option<WeightSyncSpec>,
+    /// Injected shard failures: the shard's engine freezes after this many engine steps (once;
+    /// the watchdog restarts it and its requests are retried or masked).
+    #[serde(default)]
+    pub faults: Vec<FaultSpec>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FaultSpec {
+    pub pool: String,
+    pub shard: usize,
+    pub hang_after_steps: u64,
 }
 
 /// A device class for the simulator.
@@ -829,6 +841,13 @@ pub struct ModelSpec {
     pub layers: u32,
     pub kv_heads: u32,
     pub head_dim: u32,
+    /// Bytes per weight in the rollout engines (2 for BF16, 1 for FP8).
+    #[serde(default = "d_two")]
+    pub bytes_per_param: f64,
+}
+
+fn d_two() -> f64 {
+    2.0
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -1275,10 +1294,21 @@ pub fn validate(spec: &JobSpec) -> Vec<FieldError> {
         {
             err(format!("sim.models[{i}].active_b"), format!("must be in (0, params_b], got {a}"));
         }
+        if !(m.bytes_per_param > 0.0 && m.bytes_per_param <= 4.0) {
+            err(format!("sim.models[{i}].bytes_per_param"), format!("must be in (0, 4], got {}", m.bytes_per_param));
+        }
         for (k, v) in [("layers", m.layers), ("kv_heads", m.kv_heads), ("head_dim", m.head_dim)] {
             if v == 0 {
                 err(format!("sim.models[{i}].{k}"), "must be at least 1".into());
             }
+        }
+    }
+    for (i, f) in spec.sim.faults.iter().enumerate() {
+        match spec.pools.iter().find(|p| p.name == f.pool) {
+            None => err(format!("sim.faults[{i}].pool"), format!("no pool is named {:?}", f.pool)),
+            Some(p) if !matches!(p.backend, BackendSpec::Sim { .. }) => err(format!("sim.faults[{i}].pool"), "faults are injected into simulated pools only".into()),
+            Some(p) if f.shard >= p.count => err(format!("sim.faults[{i}].shard"), format!("pool {:?} has {} shards", f.pool, p.count)),
+            Some(_) => {}
         }
     }
     if let Some(w) = &spec.sim.weight_sync {
@@ -1468,7 +1498,7 @@ impl JobSpec {
                 active_params: m.active_b.unwrap_or(m.params_b) * 1e9,
                 layers: m.layers,
                 kv_bytes_per_token: 2.0 * m.layers as f64 * m.kv_heads as f64 * m.head_dim as f64 * 2.0,
-                bytes_per_param: 2.0,
+                bytes_per_param: m.bytes_per_param,
             }),
             None => ModelProfile::builtin(name),
         }

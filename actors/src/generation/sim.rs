@@ -46,6 +46,8 @@ pub struct SimEngineConfig {
     pub max_fused_iterations: u64,
     /// Longest fused step in modelled seconds (keeps progress visible to the shard watchdog).
     pub max_fused_s: f64,
+    /// Fault injection: the engine freezes after this many steps.
+    pub hang_after_steps: Option<u64>,
 }
 
 impl SimEngineConfig {
@@ -63,6 +65,7 @@ impl SimEngineConfig {
             vocab: 32_000,
             max_fused_iterations: 4096,
             max_fused_s: 20.0,
+            hang_after_steps: None,
         }
     }
 }
@@ -162,6 +165,7 @@ pub struct SimEngine {
     hung: bool,
     prefill_total: u64,
     decode_total: u64,
+    steps: u64,
 }
 
 impl SimEngine {
@@ -181,7 +185,17 @@ impl SimEngine {
             hung: false,
             prefill_total: 0,
             decode_total: 0,
+            steps: 0,
         }
+    }
+
+    /// Counts a step; true when the injected fault fires now.
+    fn faulted(&mut self) -> bool {
+        self.steps += 1;
+        if self.cfg.hang_after_steps.is_some_and(|n| self.steps > n) {
+            self.hung = true;
+        }
+        self.hung
     }
 
     /// KV capacity in tokens.
@@ -371,6 +385,9 @@ impl GenerationEngine for SimEngine {
             self.hung = true;
             return report;
         }
+        if self.faulted() {
+            return report;
+        }
         self.admit();
         // Chunked prefill: spend the step's prefill budget on sequences that need it.
         let mut budget = self.cfg.prefill_chunk;
@@ -432,7 +449,7 @@ impl GenerationEngine for SimEngine {
 
     fn advance(&mut self, iterations: u64) -> StepReport {
         let mut report = StepReport::default();
-        if iterations == 0 {
+        if iterations == 0 || self.faulted() {
             return report;
         }
         if self.cfg.hang_probability > 0.0 {

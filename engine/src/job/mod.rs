@@ -558,14 +558,18 @@ async fn spawn_pools(spec: &JobSpec, knobs: &Knobs, epoch: u64, cell: &ractor::A
                 let mb = cfg.max_batch;
                 let restarts = restarts.clone();
                 let seed = spec.seed;
+                let faults: Vec<(usize, u64)> = spec.sim.faults.iter().filter(|f| f.pool == p.name).map(|f| (f.shard, f.hang_after_steps)).collect();
                 let make = move |i: usize| -> (EngineFactory, EnginePlacement) {
                     let mut cfg = cfg.clone();
                     cfg.seed = seed ^ ((pi as u64) << 40) ^ ((i as u64) << 20) ^ epoch;
                     let counter = restarts.clone();
+                    // An injected fault fires in the shard's first engine only.
+                    let fault = std::sync::Mutex::new(faults.iter().find(|f| f.0 == i).map(|f| f.1));
                     let f: EngineFactory = Arc::new(move || {
                         let mut c = cfg.clone();
                         // A restarted engine gets a fresh RNG stream (and so does not hang again at once).
                         c.seed = c.seed.wrapping_add(counter.load(Ordering::Relaxed).wrapping_mul(0x9e37_79b9));
+                        c.hang_after_steps = fault.lock().map(|mut f| f.take()).unwrap_or(None);
                         Box::new(SimEngine::new(c))
                     });
                     (f, EnginePlacement::Task)

@@ -83,7 +83,7 @@ fn bad_runs_and_checks_are_reported_with_their_names_and_fields() {
     let e = parse("[[runs]]\nname = \"x\"\n[[checks]]\nname = \"c\"\nratio = [\"x\", \"y\"]\nband = [1, 2]\n").unwrap_err().to_string();
     assert!(e.contains("check \"c\"") && e.contains("no run is named \"y\""), "{e}");
     let e = parse("[[runs]]\nname = \"x\"\n[[checks]]\nname = \"c\"\nratio = [\"x\", \"x\"]\n").unwrap_err().to_string();
-    assert!(e.contains("band or tolerance"), "{e}");
+    assert!(e.contains("needs band or tolerance"), "{e}");
     let e = parse("[[runs]]\nname = \"x\"\nset = { \"pools[0].backend.kind\" = \"builtin\", \"trainer.kind\" = \"builtin\" }\n").unwrap_err().to_string();
     assert!(e.contains("simulated"), "{e}");
 }
@@ -117,10 +117,12 @@ fn checks_compare_ratios_with_bands_best_of_and_orders() {
             check(CheckKind::Ratio(Side::BestOf(vec!["a".into(), "b".into()]), Side::One("c".into())), Some([1.2, 1.3])),
             check(CheckKind::Order(vec!["c".into(), "b".into(), "a".into()]), None),
             check(CheckKind::Order(vec!["a".into(), "b".into(), "c".into()]), None),
+            check(CheckKind::Value("c".into()), Some([7.0, 9.0])),
+            check(CheckKind::Value("a".into()), Some([7.0, 9.0])),
         ],
         &runs,
     );
-    assert_eq!(out.iter().map(|c| c.pass).collect::<Vec<_>>(), [true, false, true, true, false]);
+    assert_eq!(out.iter().map(|c| c.pass).collect::<Vec<_>>(), [true, false, true, true, false, true, false]);
     assert_eq!(out[0].ours, Some(2.0));
     assert_eq!(out[2].ours, Some(1.25), "best of a, b is b's 10 s");
     assert_eq!(out[4].order.as_deref().unwrap(), ["c", "b", "a"]);
