@@ -10,6 +10,7 @@ pub mod cli;
 pub mod envs;
 pub mod functions;
 pub mod job;
+pub mod plan;
 pub mod report;
 pub mod scenario;
 pub mod simbench;

@@ -88,6 +88,16 @@ enum Cmd {
         #[arg(long, default_value_t = 2)]
         parallel: usize,
     },
+    /// Capacity planner: search trainer size and rollout hardware mix under a cost budget
+    /// (H20 = 1) with the simulator, and recommend the fastest.
+    Plan {
+        scenario: PathBuf,
+        #[arg(long)]
+        budget: f64,
+        /// Write the candidates as JSON here.
+        #[arg(long)]
+        json_out: Option<PathBuf>,
+    },
     /// Serve a built-in environment over the environment protocol on stdin/stdout, e.g.
     /// `rollarc env-serve '{"kind":"frozenlake","size":4}'`.
     EnvServe { spec: String },
@@ -263,6 +273,22 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             // Checks outside the paper's band are reported (and explained in the scenario's
             // notes), not a failure of the benchmark.
             let _ = res;
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        Cmd::Plan { scenario, budget, json_out } => {
+            if !(budget.is_finite() && budget > 0.0) {
+                bail!("--budget must be a positive cost (H20 = 1), got {budget}");
+            }
+            let sc = engine::scenario::Scenario::load(&scenario)?;
+            println!("planning {} under a budget of {budget:.0}", sc.name);
+            let p = engine::plan::plan(&sc, budget, |c| {
+                let roll: Vec<String> = c.rollout_gpus.iter().map(|(d, g)| format!("{g} {d}")).collect();
+                println!("  trainer {:>5} + {:<24} cost {:>7.0}: step {:>8.1} s", c.trainer_gpus, roll.join(" + "), c.cost, c.step_s);
+            })?;
+            print!("{}", engine::plan::render(&p));
+            if let Some(out) = json_out {
+                std::fs::write(&out, serde_json::to_string_pretty(&p)?).with_context(|| format!("cannot write {}", out.display()))?;
+            }
             Ok(std::process::ExitCode::SUCCESS)
         }
         Cmd::EnvServe { spec } => {

@@ -1251,7 +1251,18 @@ pub fn validate(spec: &JobSpec) -> Vec<FieldError> {
             }
         }
     }
+    let prefill_only: Vec<&str> = spec
+        .pools
+        .iter()
+        .filter_map(|p| match &p.backend {
+            BackendSpec::Sim { prefill_pool: Some(pp), .. } => Some(pp.as_str()),
+            _ => None,
+        })
+        .collect();
     for (domain, pool) in &spec.mapping.declared {
+        if prefill_only.contains(&pool.as_str()) {
+            err(format!("mapping.declared.{domain}"), format!("pool {pool:?} only prefills for another pool; map the task to the decoding pool"));
+        }
         if !domains.contains(domain.as_str()) {
             err(format!("mapping.declared.{domain}"), format!("no task has domain {domain:?}"));
         }

@@ -300,10 +300,62 @@ fn a_seed_fixes_the_whole_run() {
 fn trajectory_level_beats_the_turn_barrier_under_latency_variance() {
     let body = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/sim-sigma.toml")).expect("example");
     let spec = engine::spec::parse(&body, engine::spec::Format::Toml).expect("valid example");
-    let fast = engine::simrun::run_virtual(spec.with_preset(engine::spec::Preset::Rollarc)).expect("rollarc");
-    let slow = engine::simrun::run_virtual(spec.with_preset(engine::spec::Preset::SyncPlus)).expect("sync_plus");
+    let with_barrier = |b: engine::spec::Barrier| {
+        let mut s = spec.clone();
+        s.rollout.barrier = Some(b);
+        s.rollout.alpha = Some(0);
+        s.rollout.overlap_training = Some(false);
+        s
+    };
+    let fast = engine::simrun::run_virtual(with_barrier(engine::spec::Barrier::None)).expect("trajectory-level");
+    let slow = engine::simrun::run_virtual(with_barrier(engine::spec::Barrier::Turn)).expect("turn barrier");
     let ratio = slow.elapsed_s / fast.elapsed_s;
-    assert!(ratio > 1.3, "rollarc should be well ahead of sync_plus at sigma = 5 s, got {ratio:.2}");
+    assert!(ratio > 1.3, "trajectory-level should be well ahead of the turn barrier at sigma = 5 s, got {ratio:.2}");
+}
+
+fn disaggregated(kv_gbps: f64) -> SpecBuilder {
+    SpecBuilder::new()
+        .pool("prefill", "H800", 2, "")
+        .pool("decode", "H20", 2, &format!(", prefill_pool = \"prefill\", kv_transfer_gbps = {kv_gbps}"))
+        .raw_task(
+            r#"[[tasks]]
+domain = "agent"
+group_size = 4
+max_turns = 4
+max_tokens_per_turn = 64
+[tasks.env]
+kind = "sim"
+turns = { constant = 4 }
+prompt_tokens = { constant = 4000 }
+observation_tokens = { constant = 1000 }
+response_tokens = { constant = 32 }
+"#,
+        )
+        .rollout("batch_size = 4")
+        .rollout("steps = 3")
+        .extra("[mapping]\nmode = \"cost_model\"")
+}
+
+#[test]
+fn disaggregated_pools_prefill_on_one_decode_on_the_other_and_pay_the_kv_transfer() {
+    let fast = run_recorded(disaggregated(100.0).build());
+    let slow = run_recorded(disaggregated(0.05).build());
+    assert!(!fast.committed.is_empty());
+    assert!(fast.committed.iter().all(|t| t.pool == "decode"), "groups go to the decoding pool only");
+    let m = fast.summary.steps.last().expect("steps");
+    let (p, d) = (&m.pools["prefill"], &m.pools["decode"]);
+    assert!(p.prefill_tokens > 0 && p.decode_tokens == 0, "the prefill pool only prefills: {p:?}");
+    assert!(d.decode_tokens > 0 && d.prefill_tokens * 10 < p.prefill_tokens, "the decode pool only decodes (and recomputes after updates): {d:?}");
+    // Every turn's prefill is counted once, on the prefill side.
+    let turns_prefill: u64 = fast.committed.iter().map(|t| t.prefill_tokens() as u64).sum();
+    assert!(turns_prefill > 0 && turns_prefill <= p.prefill_tokens);
+    // A slow KV link costs time: 4,000 tokens × 144 KiB at 50 MB/s is seconds per turn.
+    assert!(slow.summary.elapsed_s > fast.summary.elapsed_s * 1.5, "{} vs {}", slow.summary.elapsed_s, fast.summary.elapsed_s);
+    // Declaring a task on the prefill-only pool is rejected with its field.
+    let bad = disaggregated(10.0).extra("[mapping]\nmode = \"declared\"\ndeclared = { agent = \"prefill\" }").toml();
+    let bad = bad.replacen("[mapping]\nmode = \"cost_model\"\n", "", 1);
+    let errs = engine::spec::parse(&bad, engine::spec::Format::Toml).expect_err("invalid");
+    assert!(errs.0.iter().any(|e| e.field == "mapping.declared.agent" && e.message.contains("only prefills")), "{errs:?}");
 }
 
 #[test]

@@ -58,7 +58,16 @@ impl SimEnv {
     fn observation(&mut self, first: bool) -> Observation {
         let d = if first { self.cfg.prompt_tokens.as_ref().unwrap_or(&self.cfg.observation_tokens) } else { &self.cfg.observation_tokens };
         let n = d.sample(&mut self.rng).round().max(1.0) as usize;
-        let tokens = (0..n).map(|_| self.rng.random_range(1..32_000u32)).collect();
+        // Token values do not matter to the simulator: a cheap xorshift stream.
+        let mut x = self.rng.random::<u64>() | 1;
+        let tokens = (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                1 + (x % 31_999) as u32
+            })
+            .collect();
         let len = self.cfg.response_tokens.sample(&mut self.rng).round().max(1.0) as u32;
         Observation { text: String::new(), tokens: Some(tokens), sim_response_len: Some(len), reference: None }
     }

@@ -58,6 +58,9 @@ pub struct GenRequest {
     pub params: SamplingParams,
     /// For simulators only: how many tokens the simulated policy answers with.
     pub sim_response_len: Option<u32>,
+    /// Prefill/decode disaggregation: the context's KV was computed on a prefill shard and
+    /// transferred here, so this engine only decodes.
+    pub prefilled: bool,
 }
 
 /// Why a sequence stopped.

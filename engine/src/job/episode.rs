@@ -52,6 +52,17 @@ pub struct EpisodeParams {
     pub start_version: PolicyVersion,
     pub shard: ShardHandle,
     pub barrier: Option<Arc<WaveBarrier>>,
+    /// Prefill/decode disaggregation: where each turn's prefill runs.
+    pub prefill: Option<PrefillRoute>,
+}
+
+/// The prefill side of a disaggregated pool for one trajectory.
+#[derive(Clone)]
+pub struct PrefillRoute {
+    pub shard: ShardHandle,
+    /// KV transfer bandwidth, bytes/s.
+    pub bandwidth: f64,
+    pub kv_bytes_per_token: f64,
 }
 
 /// Leaves the wave barrier if the episode is dropped (cancelled) before finishing.
@@ -152,7 +163,9 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
         }
     };
     traj.reference = obs.reference.take();
-    let mut context: Vec<u32> = Vec::new();
+    // Shared with the engine while a request is in flight; appended in place once the engine
+    // has let go of it (no copy of the whole history per turn).
+    let mut context: Arc<Vec<u32>> = Arc::new(Vec::new());
     for turn_no in 0..task.max_turns {
         let turn_span = tracing::trace_span!("turn", turn = turn_no);
         if let Some(b) = &p.barrier
@@ -164,13 +177,16 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
         }
         if task.rewrite_context && turn_no > 0 {
             p.shard.release(p.id);
+            if let Some(route) = &p.prefill {
+                route.shard.release(p.id);
+            }
         }
         let observation_tokens = encode(&obs, shared.framing.as_ref(), turn_no == 0);
-        context.extend_from_slice(&observation_tokens);
+        Arc::make_mut(&mut context).extend_from_slice(&observation_tokens);
         let req = GenRequest {
             id: p.id,
             session: p.id,
-            context: Arc::new(context.clone()),
+            context: context.clone(),
             params: SamplingParams {
                 temperature: 1.0,
                 top_p: 1.0,
@@ -180,10 +196,14 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
                 allowed_tokens: task.allowed_tokens.clone(),
             },
             sim_response_len: obs.sim_response_len,
+            prefilled: false,
         };
         let t = tokio::time::Instant::now();
         let started_at_s = t.duration_since(shared.started).as_secs_f64();
-        let out = p.shard.generate(req).instrument(tracing::trace_span!(parent: &turn_span, "generate")).await;
+        let out = match &p.prefill {
+            None => p.shard.generate(req).instrument(tracing::trace_span!(parent: &turn_span, "generate")).await,
+            Some(route) => disaggregated(route, &p.shard, req).instrument(tracing::trace_span!(parent: &turn_span, "generate")).await,
+        };
         traj.timings.generate_s += secs(t);
         let out = match out {
             Ok(o) => o,
@@ -195,7 +215,7 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
                 break;
             }
         };
-        context.extend_from_slice(&out.tokens);
+        Arc::make_mut(&mut context).extend_from_slice(&out.tokens);
         let mut turn = Turn {
             observation_tokens,
             response_tokens: out.tokens,
@@ -229,6 +249,9 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
         }
     }
     p.shard.release(p.id);
+    if let Some(route) = &p.prefill {
+        route.shard.release(p.id);
+    }
     drop(env);
     guard.finish();
     if shared.batch_barrier
@@ -257,6 +280,22 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
     }
     traj.timings.ended_at_s = tokio::time::Instant::now().duration_since(shared.started).as_secs_f64();
     traj
+}
+
+/// One turn on a disaggregated pool: the prefill shard computes the context's KV (a request
+/// with no tokens to generate), the KV travels to the decode shard at the link's bandwidth,
+/// and the decode shard generates from it. The prefill shard's count is the turn's.
+async fn disaggregated(route: &PrefillRoute, decode: &ShardHandle, req: GenRequest) -> Result<actors::generation::GenOutput, GenError> {
+    let mut pre = req.clone();
+    pre.params.max_tokens = 0;
+    let prefilled = route.shard.generate(pre).await?.prefill_tokens;
+    let bytes = prefilled as f64 * route.kv_bytes_per_token;
+    if bytes > 0.0 {
+        tokio::time::sleep(std::time::Duration::from_secs_f64(bytes / route.bandwidth.max(1.0))).await;
+    }
+    let mut out = decode.generate(GenRequest { prefilled: true, ..req }).await?;
+    out.prefill_tokens = prefilled;
+    Ok(out)
 }
 
 fn env_failure(e: EnvError) -> FailureReason {

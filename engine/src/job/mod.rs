@@ -620,8 +620,18 @@ async fn spawn_pools(spec: &JobSpec, knobs: &Knobs, epoch: u64, cell: &ractor::A
             handles.push(h);
             actors.push(a);
         }
-        views.push(PoolView { name: p.name.clone(), device, model, max_batch, shards: handles });
+        views.push(PoolView { name: p.name.clone(), device, model, max_batch, shards: handles, prefill_from: None, prefill_only: false });
         all.push(actors);
+    }
+    // Prefill/decode disaggregation links (validated: the named pool exists and is simulated).
+    for (pi, p) in spec.pools.iter().enumerate() {
+        if let BackendSpec::Sim { prefill_pool: Some(pp), kv_transfer_gbps, .. } = &p.backend
+            && let Some(qi) = spec.pools.iter().position(|q| &q.name == pp)
+        {
+            let kv = views[pi].model.kv_bytes_per_token;
+            views[pi].prefill_from = Some(scheduler::PrefillLink { pool: qi, bandwidth: kv_transfer_gbps.unwrap_or(50.0) * 1e9, kv_bytes_per_token: kv });
+            views[qi].prefill_only = true;
+        }
     }
     Ok(Pools { views, actors: all, restarts })
 }

@@ -64,6 +64,19 @@ pub struct PoolView {
     pub model: ModelProfile,
     pub max_batch: usize,
     pub shards: Vec<ShardHandle>,
+    /// Prefill/decode disaggregation: the pool that prefills for this one, and the KV link.
+    pub prefill_from: Option<PrefillLink>,
+    /// This pool only prefills for another; no group is mapped to it.
+    pub prefill_only: bool,
+}
+
+/// Where a disaggregated pool's prefills run and how its KV cache travels.
+#[derive(Clone, Copy, Debug)]
+pub struct PrefillLink {
+    pub pool: usize,
+    /// KV transfer bandwidth, bytes/s.
+    pub bandwidth: f64,
+    pub kv_bytes_per_token: f64,
 }
 
 /// A task as the scheduler sees it.
@@ -100,6 +113,8 @@ struct GroupRun {
 struct EpisodeRun {
     pool: usize,
     task: usize,
+    /// The prefill shard of a disaggregated pool.
+    prefill_shard: Option<usize>,
     shard: usize,
     handle: tokio::task::AbortHandle,
 }
@@ -196,8 +211,7 @@ impl Actor for Scheduler {
             SchedMsg::Buffer(ev) => st.on_buffer(ev)?,
             SchedMsg::EpisodeEnded { episode, task, prefill, decode, failed } => {
                 if let Some(e) = st.episodes.remove(&episode) {
-                    st.shard_active[e.pool][e.shard] -= 1;
-                    st.pool_task_active[e.pool][e.task] -= 1;
+                    st.release_shards(&e);
                 }
                 if failed {
                     st.snap.failed_episodes += 1;
@@ -306,12 +320,16 @@ impl SchedState {
         let mut n = 0;
         for eid in std::mem::take(&mut g.episodes) {
             if let Some(e) = self.episodes.remove(&eid) {
-                self.pool_task_active[e.pool][e.task] -= 1;
+                self.release_shards(&e);
                 e.handle.abort();
                 let sh = &self.a.pools[e.pool].shards[e.shard];
                 sh.abort(eid);
                 sh.release(eid);
-                self.shard_active[e.pool][e.shard] -= 1;
+                if let (Some(link), Some(ps)) = (self.a.pools[e.pool].prefill_from, e.prefill_shard) {
+                    let sh = &self.a.pools[link.pool].shards[ps];
+                    sh.abort(eid);
+                    sh.release(eid);
+                }
                 n += 1;
             }
         }
@@ -438,6 +456,13 @@ impl SchedState {
         // Least-loaded shard of the pool; the trajectory sticks to it for all its turns.
         let shard = (0..self.shard_active[pool].len()).min_by_key(|&i| (self.shard_active[pool][i], i)).unwrap_or(0);
         self.shard_active[pool][shard] += 1;
+        // Disaggregated: a prefill shard too (least loaded, sticky for the trajectory).
+        let prefill = self.a.pools[pool].prefill_from.map(|link| {
+            let p = link.pool;
+            let s = (0..self.shard_active[p].len()).min_by_key(|&i| (self.shard_active[p][i], i)).unwrap_or(0);
+            self.shard_active[p][s] += 1;
+            (s, episode::PrefillRoute { shard: self.a.pools[p].shards[s].clone(), bandwidth: link.bandwidth, kv_bytes_per_token: link.kv_bytes_per_token })
+        });
         self.pool_task_active[pool][task] += 1;
         let params = EpisodeParams {
             id: eid,
@@ -448,9 +473,10 @@ impl SchedState {
             start_version,
             shard: self.a.pools[pool].shards[shard].clone(),
             barrier,
+            prefill: prefill.as_ref().map(|p| p.1.clone()),
         };
         let handle = tokio::spawn(episode::run(shared, params)).abort_handle();
-        self.episodes.insert(eid, EpisodeRun { pool, task, shard, handle });
+        self.episodes.insert(eid, EpisodeRun { pool, task, shard, handle, prefill_shard: prefill.map(|p| p.0) });
         if let Some(g) = self.groups.get_mut(&gid) {
             g.episodes.push(eid);
         }
@@ -458,9 +484,18 @@ impl SchedState {
         self.snap.peak_active = self.snap.peak_active.max(self.episodes.len());
     }
 
+    /// Frees an ended episode's places: its shard, its prefill shard, its task count.
+    fn release_shards(&mut self, e: &EpisodeRun) {
+        self.shard_active[e.pool][e.shard] -= 1;
+        self.pool_task_active[e.pool][e.task] -= 1;
+        if let (Some(link), Some(ps)) = (self.a.pools[e.pool].prefill_from, e.prefill_shard) {
+            self.shard_active[link.pool][ps] -= 1;
+        }
+    }
+
     fn choose_pool(&mut self, task: usize) -> usize {
         match self.a.knobs.mapping {
-            MappingMode::SinglePool => 0,
+            MappingMode::SinglePool => self.a.pools.iter().position(|p| !p.prefill_only).unwrap_or(0),
             MappingMode::Declared => self.a.tasks[task].declared_pool.unwrap_or(0),
             MappingMode::CostModel => {
                 // Re-plan from fresh observations every few dozen finished trajectories.
@@ -505,7 +540,20 @@ impl SchedState {
         let pool = &self.a.pools[p];
         let e = Efficiency::default();
         let context = (prefill + decode) / 2.0;
-        prefill_seconds(&pool.device, &pool.model, e, prefill) + decode * decode_step_seconds(&pool.device, &pool.model, e, batch, batch * context)
+        self.prefill_part(p, prefill) + decode * decode_step_seconds(&pool.device, &pool.model, e, batch, batch * context)
+    }
+
+    /// Seconds to prefill `tokens` for pool `p`: on its own device, or, disaggregated, on its
+    /// prefill pool's device plus the KV transfer.
+    fn prefill_part(&self, p: usize, tokens: f64) -> f64 {
+        let e = Efficiency::default();
+        match self.a.pools[p].prefill_from {
+            None => prefill_seconds(&self.a.pools[p].device, &self.a.pools[p].model, e, tokens),
+            Some(link) => {
+                let pp = &self.a.pools[link.pool];
+                prefill_seconds(&pp.device, &pp.model, e, tokens) + tokens * link.kv_bytes_per_token / link.bandwidth.max(1.0)
+            }
+        }
     }
 
     fn pool_batch(&self, p: usize) -> f64 {
@@ -522,10 +570,10 @@ impl SchedState {
     /// to bandwidth-rich" is one of the candidates, so it is chosen only when it is best.
     fn plan_split(&self) -> Option<Vec<Vec<f64>>> {
         let (nt, np) = (self.a.tasks.len(), self.a.pools.len());
-        if np <= 1 {
-            return Some(vec![vec![1.0]; nt]);
-        }
-        if (np as f64).powi(nt as i32) > 4096.0 {
+        // Pools that only prefill for another take no groups.
+        let eligible: Vec<usize> = (0..np).filter(|&p| !self.a.pools[p].prefill_only).collect();
+        let ne = eligible.len().max(1);
+        if (ne as f64).powi(nt as i32) > 4096.0 {
             return None;
         }
         let total_w: f64 = self.a.tasks.iter().map(|t| t.weight).sum::<f64>().max(1e-9);
@@ -558,17 +606,17 @@ impl SchedState {
                 best = Some((s, x));
             }
         };
-        for code in 0..np.pow(nt as u32) {
+        for code in 0..ne.pow(nt as u32) {
             let mut x = vec![vec![0.0; np]; nt];
             let mut c = code;
             for row in x.iter_mut() {
-                row[c % np] = 1.0;
-                c /= np;
+                row[eligible.get(c % ne).copied().unwrap_or(0)] = 1.0;
+                c /= ne;
             }
             // One task split between its pool and another, balancing the two pools' loads.
             for t in 0..nt {
                 let p = (0..np).find(|&p| x[t][p] == 1.0).unwrap_or(0);
-                for q in (0..np).filter(|&q| q != p) {
+                for q in eligible.iter().copied().filter(|&q| q != p) {
                     let load = |x: &Vec<Vec<f64>>, r: usize| (0..nt).map(|u| x[u][r] * demand[u] * cost[u][r]).sum::<f64>() / shards[r];
                     let (lp, lq) = (load(&x, p), load(&x, q));
                     let (kp, kq) = (demand[t] * cost[t][p] / shards[p], demand[t] * cost[t][q] / shards[q]);
@@ -603,7 +651,7 @@ impl SchedState {
         let pool = &self.a.pools[p];
         let e = Efficiency::default();
         let context = (prefill + decode) / 2.0;
-        prefill_seconds(&pool.device, &pool.model, e, prefill) + decode * decode_step_seconds(&pool.device, &pool.model, e, batch, batch * context) / batch
+        self.prefill_part(p, prefill) + decode * decode_step_seconds(&pool.device, &pool.model, e, batch, batch * context) / batch
     }
 
     /// Without a split (too many tasks × pools to search): earliest estimated finish. Each pool's backlog is the shard-seconds of
@@ -616,7 +664,7 @@ impl SchedState {
         let group = (self.a.tasks[task].group_size + self.a.tasks[task].redundancy).max(1) as f64;
         let mut best = 0;
         let mut best_finish = f64::INFINITY;
-        for (p, pool) in self.a.pools.iter().enumerate() {
+        for (p, pool) in self.a.pools.iter().enumerate().filter(|(_, p)| !p.prefill_only) {
             let backlog: f64 = self.pool_task_active[p].iter().enumerate().filter(|(_, n)| **n > 0).map(|(t, n)| *n as f64 * 0.5 * self.task_cost(t, p)).sum();
             // Queueing behind the backlog (spread over the shards), then the trajectory's own
             // time on one shard.
