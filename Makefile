@@ -66,6 +66,6 @@ test: setup fmt-check clippy cuda-check
 	$(CARGO) nextest run --workspace --no-fail-fast
 
 bench: setup
-	$(CARGO) run --release -p engine --bin rollarc -- bench
+	$(CARGO) run --release -p engine --bin rollarc -- bench --preset-steps 40
 
 ci: test

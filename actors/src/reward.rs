@@ -11,9 +11,9 @@ use rand::rngs::SmallRng;
 use tokio::sync::{Mutex, Semaphore};
 
 use crate::dist::Dist;
+use crate::types::Trajectory;
 use infra::faas::Scaling;
 use infra::faas::kpa::{ConcurrencyMeter, Kpa};
-use crate::types::Trajectory;
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RewardError {
@@ -327,5 +327,70 @@ impl RewardScorer for FunctionReward {
                 Err(e) => Err(RewardError::Exhausted(e.to_string())),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use infra::faas::Dur;
+
+    fn traj() -> Trajectory {
+        Trajectory {
+            id: "t".into(),
+            group_id: 0,
+            task: "t".into(),
+            seed: 0,
+            start_version: 0,
+            pool: "p".into(),
+            shard: 0,
+            turns: vec![crate::types::Turn { env_reward: 1.0, ..Default::default() }],
+            reward: None,
+            success: false,
+            invalid_actions: 0,
+            failure: None,
+            timings: Default::default(),
+            reference: None,
+            final_text: String::new(),
+            allowed_tokens: None,
+        }
+    }
+
+    #[test]
+    fn a_simulated_serverless_function_scales_from_zero_with_cold_starts_and_back_to_zero() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+        rt.block_on(async {
+            let scaling = Scaling {
+                container_concurrency: 4,
+                initial_scale: 0,
+                stable_window: Dur::secs(10),
+                scale_to_zero_grace_period: Dur::secs(5),
+                ..Scaling::default()
+            };
+            let f = SimFunction::new(Dist::Constant(1.0), Duration::from_secs(3), scaling, 7);
+            assert_eq!(f.instances(), 0);
+            let t0 = tokio::time::Instant::now();
+            // A burst of 40 calls at zero: the first instance starts on the activator's poke,
+            // the autoscaler adds more; every call waits for a cold start, then 1 s of work.
+            let t = traj();
+            let calls = (0..40).map(|_| {
+                let f = f.clone();
+                let t = t.clone();
+                async move { (f.score(&t).await, t0.elapsed()) }
+            });
+            let out = futures::future::join_all(calls).await;
+            assert!(out.iter().all(|(r, _)| *r == Ok(1.0)));
+            let first = out.iter().map(|(_, d)| *d).min().unwrap();
+            let last = out.iter().map(|(_, d)| *d).max().unwrap();
+            assert!(first >= Duration::from_secs(4), "cold start (3 s) + latency (1 s) before any answer: {first:?}");
+            assert!(f.cold_starts.load(Ordering::Relaxed) >= 2, "scaled past one instance");
+            // 40 calls at concurrency 4 on one instance would take 10 s of work: scaling out
+            // must beat that.
+            assert!(last < Duration::from_secs(3 + 10), "{last:?}");
+            assert_eq!(f.calls.load(Ordering::Relaxed), 40);
+            // Idle: back to zero after the stable window and the grace period.
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            assert_eq!(f.instances(), 0, "scaled to zero when idle");
+        });
     }
 }

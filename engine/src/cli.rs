@@ -366,7 +366,8 @@ pub fn bench_model() -> anyhow::Result<()> {
             std::iter::once(BOS).chain((0..ctx_len.saturating_sub(2)).map(|i| 97 + (i as u32 + id as u32) % 26)).chain(std::iter::once(SEP)).collect(),
         ),
         params: SamplingParams { temperature: 1.0, top_p: 1.0, max_tokens, stop_tokens: vec![], seed: id, allowed_tokens: None },
-        sim_response_len: None, prefilled: false,
+        sim_response_len: None,
+        prefilled: false,
     };
     // Prefill: 32 sequences of 256 tokens, one new token each (so decode is negligible).
     let mut e = BuiltinEngine::new(cfg, &w, 32)?;

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use actors::dist::Dist;
 use actors::env::builtin::InvalidAction;
 use actors::env::builtin::arithmetic::{Arithmetic, ArithmeticConfig};
 use actors::env::builtin::frozenlake::{FrozenLake, FrozenLakeConfig};
@@ -11,7 +12,6 @@ use actors::env::builtin::sokoban::{Sokoban, SokobanConfig};
 use actors::env::builtin::tictactoe::{TicTacToe, TicTacToeConfig};
 use actors::env::external::{ExternalConfig, ExternalEnv};
 use actors::env::sim::{SimEnv, SimEnvConfig};
-use actors::dist::Dist;
 use actors::env::{DynEnvironment, EnvError, EnvFactory, Environment, Observation, StepOutcome};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;

@@ -246,7 +246,11 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                         r.prefill_tokens as f64 / r.decode_tokens.max(1) as f64,
                         r.stale_aborted,
                         r.stale_evicted,
-                        r.pools.iter().map(|(k, v)| format!("{k} {v:.2} ({} groups)", r.pool_groups.get(k).copied().unwrap_or(0))).collect::<Vec<_>>().join(", ")
+                        r.pools
+                            .iter()
+                            .map(|(k, v)| format!("{k} {v:.2} ({} groups)", r.pool_groups.get(k).copied().unwrap_or(0)))
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     );
                 }
             })?;

@@ -90,7 +90,8 @@ fn space(sc: &Scenario, base: &JobSpec) -> anyhow::Result<Space> {
         TrainerSpec::Builtin(_) => None,
     });
     let trainer_device = trainer_device.unwrap_or_else(|| "H800".into());
-    let trainer_cost = base.device_profile(&trainer_device).ok_or_else(|| anyhow::anyhow!("[plan].trainer_device: unknown device class {trainer_device:?}"))?.cost;
+    let trainer_cost =
+        base.device_profile(&trainer_device).ok_or_else(|| anyhow::anyhow!("[plan].trainer_device: unknown device class {trainer_device:?}"))?.cost;
     let fractions = if t.trainer_fractions.is_empty() { vec![0.08, 0.12, 0.17, 0.25, 0.33, 0.45] } else { t.trainer_fractions.clone() };
     if fractions.iter().any(|f| !(*f > 0.0 && *f < 1.0)) {
         anyhow::bail!("[plan].trainer_fractions: every share must be in (0, 1)");
@@ -130,7 +131,8 @@ fn simulate(base: &Value, sp: &Space, trainer_gpus: u32, shares: &[f64], budget:
     if rollout_budget <= 0.0 {
         return None;
     }
-    let shards: Vec<(usize, u32)> = shares.iter().enumerate().map(|(i, s)| (i, (s * rollout_budget / (sp.devices[i].2 * sp.devices[i].1 as f64)).floor() as u32)).collect();
+    let shards: Vec<(usize, u32)> =
+        shares.iter().enumerate().map(|(i, s)| (i, (s * rollout_budget / (sp.devices[i].2 * sp.devices[i].1 as f64)).floor() as u32)).collect();
     if shards.iter().all(|s| s.1 == 0) {
         return None;
     }
@@ -211,7 +213,8 @@ pub fn plan(sc: &Scenario, budget: f64, mut progress: impl FnMut(&Candidate)) ->
         }
     }
     run_batch(jobs, &mut candidates);
-    let best = candidates.iter().min_by(|a, b| a.step_s.total_cmp(&b.step_s)).cloned().ok_or_else(|| anyhow::anyhow!("no candidate fits the budget {budget}"))?;
+    let best =
+        candidates.iter().min_by(|a, b| a.step_s.total_cmp(&b.step_s)).cloned().ok_or_else(|| anyhow::anyhow!("no candidate fits the budget {budget}"))?;
     // Refine around the best: neighbouring trainer sizes and finer mixes.
     let rollout_cost: f64 = best.rollout_gpus.iter().map(|(d, g)| *g as f64 * sp.devices.iter().find(|x| &x.0 == d).map_or(1.0, |x| x.2)).sum();
     let share0 = sp.devices.first().map_or(1.0, |d| best.rollout_gpus.get(&d.0).copied().unwrap_or(0) as f64 * d.2 / rollout_cost.max(1e-9));

@@ -226,7 +226,8 @@ pub fn plots(dir: &Path, steps: &[StepMetrics]) -> Result<Vec<PathBuf>, String> 
 /// out (a pool sized for the peak has many).
 fn timeline_rows(steps: &[StepMetrics]) -> Vec<String> {
     let used = |k: &String| !k.starts_with("env ") || steps.iter().any(|m| m.timeline.get(k).is_some_and(|f| *f > 0.0));
-    let mut rows: Vec<String> = steps.iter().flat_map(|m| m.timeline.keys().cloned()).filter(used).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+    let mut rows: Vec<String> =
+        steps.iter().flat_map(|m| m.timeline.keys().cloned()).filter(used).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
     let kind = |k: &str| match k.split(' ').next() {
         Some("shard") => 0,
         Some("env") => 1,

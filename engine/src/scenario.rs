@@ -307,7 +307,9 @@ fn substitute(v: &Value, vars: &BTreeMap<String, Value>) -> Value {
             Value::String(t)
         }
         Value::Array(a) => Value::Array(a.iter().map(|x| substitute(x, vars)).collect()),
-        Value::Object(o) => Value::Object(o.iter().map(|(k, x)| (substitute(&Value::String(k.clone()), vars).as_str().unwrap_or(k).to_string(), substitute(x, vars))).collect()),
+        Value::Object(o) => {
+            Value::Object(o.iter().map(|(k, x)| (substitute(&Value::String(k.clone()), vars).as_str().unwrap_or(k).to_string(), substitute(x, vars))).collect())
+        }
         other => other.clone(),
     }
 }
@@ -556,14 +558,27 @@ pub fn evaluate(checks: &[CheckDef], runs: &[RunResult]) -> Vec<CheckResult> {
                     (format!("{} of {r}", c.metric.name()), v, None, pass)
                 }
                 CheckKind::Order(o) => {
-                    let mut got: Vec<(f64, String)> = o.iter().filter_map(|r| runs.iter().find(|x| &x.name == r).map(|x| (x.metrics.get(c.metric.name()).copied().unwrap_or(f64::NAN), r.clone()))).collect();
+                    let mut got: Vec<(f64, String)> = o
+                        .iter()
+                        .filter_map(|r| runs.iter().find(|x| &x.name == r).map(|x| (x.metrics.get(c.metric.name()).copied().unwrap_or(f64::NAN), r.clone())))
+                        .collect();
                     got.sort_by(|a, b| a.0.total_cmp(&b.0));
                     let measured: Vec<String> = got.into_iter().map(|x| x.1).collect();
                     let pass = &measured == o;
                     (format!("ascending {}: {}", c.metric.name(), o.join(" < ")), None, Some(measured), pass)
                 }
             };
-            CheckResult { name: c.name.clone(), metric: c.metric.name().into(), what, paper: c.paper.clone(), band: c.band, ours, order, pass, note: c.note.clone() }
+            CheckResult {
+                name: c.name.clone(),
+                metric: c.metric.name().into(),
+                what,
+                paper: c.paper.clone(),
+                band: c.band,
+                ours,
+                order,
+                pass,
+                note: c.note.clone(),
+            }
         })
         .collect()
 }
@@ -582,7 +597,8 @@ pub fn run(sc: &Scenario, mut progress: impl FnMut(&RunResult)) -> Result<Scenar
     let t = wall_now();
     let mut runs = Vec::new();
     for r in &sc.runs {
-        let res = run_one(&r.name, r.spec.clone(), sc.warmup_steps).map_err(|message| ScenarioError::Run { file: sc.name.clone(), run: r.name.clone(), message })?;
+        let res =
+            run_one(&r.name, r.spec.clone(), sc.warmup_steps).map_err(|message| ScenarioError::Run { file: sc.name.clone(), run: r.name.clone(), message })?;
         progress(&res);
         runs.push(res);
     }

@@ -30,13 +30,15 @@ pub fn run_all(exe: &Path, files: &[PathBuf], out: &Path, parallel: usize) -> an
         for (i, f, json, child) in children {
             let status = child.and_then(|mut c| c.wait());
             match status {
-                Ok(s) if s.success() => match std::fs::read_to_string(&json).map_err(anyhow::Error::from).and_then(|b| Ok(serde_json::from_str::<ScenarioResult>(&b)?)) {
-                    Ok(r) => {
-                        println!("  {}: {} runs, {:.1} s wall, {:.0} MiB peak", r.name, r.runs.len(), r.wall_s, r.peak_rss_mib);
-                        results[i] = Some(r);
+                Ok(s) if s.success() => {
+                    match std::fs::read_to_string(&json).map_err(anyhow::Error::from).and_then(|b| Ok(serde_json::from_str::<ScenarioResult>(&b)?)) {
+                        Ok(r) => {
+                            println!("  {}: {} runs, {:.1} s wall, {:.0} MiB peak", r.name, r.runs.len(), r.wall_s, r.peak_rss_mib);
+                            results[i] = Some(r);
+                        }
+                        Err(e) => errors.push(format!("{}: {e}", f.display())),
                     }
-                    Err(e) => errors.push(format!("{}: {e}", f.display())),
-                },
+                }
                 Ok(s) => errors.push(format!("{}: exited with {s}", f.display())),
                 Err(e) => errors.push(format!("{}: {e}", f.display())),
             }

@@ -45,6 +45,8 @@ pub fn run_blocking(
     observer: Arc<dyn StepObserver>,
     checkpoint_dir: Option<std::path::PathBuf>,
 ) -> Result<JobSummary, JobError> {
+    // Jobs on real hardware record the per-resource timeline (as the service does).
+    let timeline = spec.clock() == crate::spec::Clock::Real;
     let rt = match spec.clock() {
         crate::spec::Clock::Virtual => virtual_runtime(),
         crate::spec::Clock::Real => tokio::runtime::Builder::new_current_thread().enable_all().build(),
@@ -60,6 +62,6 @@ pub fn run_blocking(
         cancel: CancellationToken::new(),
         checkpoint_dir,
         functions: None,
-        timeline: false,
+        timeline,
     }))
 }

@@ -1179,15 +1179,32 @@ pub fn validate(spec: &JobSpec) -> Vec<FieldError> {
             err(format!("{p}.name"), format!("duplicate pool name {:?}", pl.name));
         }
         if spec.device_profile(&pl.device).is_none() {
-            err(format!("{p}.device"), format!("unknown device class {:?}, expected one of {} or one under sim.devices", pl.device, DeviceProfile::BUILTIN_NAMES.join(", ")));
+            err(
+                format!("{p}.device"),
+                format!("unknown device class {:?}, expected one of {} or one under sim.devices", pl.device, DeviceProfile::BUILTIN_NAMES.join(", ")),
+            );
         }
         if pl.count == 0 || pl.count > 4096 {
             err(format!("{p}.count"), format!("must be in 1..=4096, got {}", pl.count));
         }
         match &pl.backend {
-            BackendSpec::Sim { model, max_batch, mfu, mbu, weight_sync_gbps, hang_probability, gpus_per_shard, tp_efficiency, prefill_pool, kv_transfer_gbps } => {
+            BackendSpec::Sim {
+                model,
+                max_batch,
+                mfu,
+                mbu,
+                weight_sync_gbps,
+                hang_probability,
+                gpus_per_shard,
+                tp_efficiency,
+                prefill_pool,
+                kv_transfer_gbps,
+            } => {
                 if spec.model_profile(model).is_none() {
-                    err(format!("{p}.backend.model"), format!("unknown model {model:?}, expected one of {} or one under sim.models", ModelProfile::BUILTIN_NAMES.join(", ")));
+                    err(
+                        format!("{p}.backend.model"),
+                        format!("unknown model {model:?}, expected one of {} or one under sim.models", ModelProfile::BUILTIN_NAMES.join(", ")),
+                    );
                 }
                 if *gpus_per_shard == 0 || *gpus_per_shard > 64 {
                     err(format!("{p}.backend.gpus_per_shard"), format!("must be in 1..=64, got {gpus_per_shard}"));
@@ -1317,7 +1334,9 @@ pub fn validate(spec: &JobSpec) -> Vec<FieldError> {
     for (i, f) in spec.sim.faults.iter().enumerate() {
         match spec.pools.iter().find(|p| p.name == f.pool) {
             None => err(format!("sim.faults[{i}].pool"), format!("no pool is named {:?}", f.pool)),
-            Some(p) if !matches!(p.backend, BackendSpec::Sim { .. }) => err(format!("sim.faults[{i}].pool"), "faults are injected into simulated pools only".into()),
+            Some(p) if !matches!(p.backend, BackendSpec::Sim { .. }) => {
+                err(format!("sim.faults[{i}].pool"), "faults are injected into simulated pools only".into())
+            }
             Some(p) if f.shard >= p.count => err(format!("sim.faults[{i}].shard"), format!("pool {:?} has {} shards", f.pool, p.count)),
             Some(_) => {}
         }

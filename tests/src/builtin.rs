@@ -47,6 +47,15 @@ fn a_builtin_job_generates_trains_and_checkpoints() {
             }
         }
     }
+    // The utilisation timeline: every shard and environment, busy fractions in [0, 1], and the
+    // shards did work.
+    let (last, _) = batches.last().unwrap();
+    for k in ["shard cpu/0", "shard cpu/1", "env echo/0"] {
+        assert!(last.timeline.contains_key(k), "{k} missing: {:?}", last.timeline.keys().collect::<Vec<_>>());
+    }
+    assert!(last.timeline.values().all(|f| (0.0..=1.0).contains(f)));
+    assert!(batches.iter().any(|(m, _)| m.timeline.iter().any(|(k, f)| k.starts_with("shard ") && *f > 0.0)), "no shard was ever busy");
+    assert!(batches.iter().any(|(m, _)| m.timeline.iter().any(|(k, f)| k.starts_with("env ") && *f > 0.0)), "no environment was ever held");
     assert!(dir.path().join("v3.safetensors").exists() && dir.path().join("v2.safetensors").exists());
     assert!(!dir.path().join("v1.safetensors").exists(), "only the two newest checkpoints are kept");
 }

@@ -197,23 +197,6 @@ pub fn decode_step_seconds(dev: &DeviceProfile, model: &ModelProfile, eff: Effic
     memory_s.max(compute_s)
 }
 
-/// The cost model's estimate of one trajectory's generation time on a device, from the
-/// prefill and decode token counts observed for its task, assuming decode runs in batches of
-/// `batch` sequences with `avg_context` tokens each.
-pub fn trajectory_seconds(
-    dev: &DeviceProfile,
-    model: &ModelProfile,
-    eff: Efficiency,
-    prefill_tokens: f64,
-    decode_tokens: f64,
-    batch: f64,
-    avg_context: f64,
-) -> f64 {
-    let b = batch.max(1.0);
-    let per_token_decode = decode_step_seconds(dev, model, eff, b, b * avg_context) / b;
-    prefill_seconds(dev, model, eff, prefill_tokens) + decode_tokens * per_token_decode
-}
-
 #[cfg(feature = "cuda")]
 pub mod gpu;
 

@@ -14,7 +14,8 @@ pub fn request(id: u64, context: Vec<u32>, max_tokens: u32, seed: u64) -> GenReq
         session: id,
         context: Arc::new(context),
         params: SamplingParams { temperature: 1.0, top_p: 1.0, max_tokens, stop_tokens: vec![], seed, allowed_tokens: None },
-        sim_response_len: Some(max_tokens), prefilled: false,
+        sim_response_len: Some(max_tokens),
+        prefilled: false,
     }
 }
 

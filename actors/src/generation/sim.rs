@@ -322,7 +322,13 @@ impl SimEngine {
         // memory-bound (the KV only grows).
         let mem = |i: f64| a + c * (kv0 as f64 + b * i);
         let jf = j as f64;
-        let first_mem = if c * b > 0.0 { ((compute - a - c * kv0 as f64) / (c * b)).ceil().clamp(0.0, jf) } else if mem(0.0) >= compute { 0.0 } else { jf };
+        let first_mem = if c * b > 0.0 {
+            ((compute - a - c * kv0 as f64) / (c * b)).ceil().clamp(0.0, jf)
+        } else if mem(0.0) >= compute {
+            0.0
+        } else {
+            jf
+        };
         let sum_mem = |from: f64, to: f64| {
             // Σ_{i=from}^{to-1} (a + c·kv0 + c·b·i)
             let n = to - from;

@@ -158,7 +158,8 @@ fn req(id: u64, context: Vec<u32>, max_tokens: u32, seed: u64, temperature: f32)
         session: id,
         context: Arc::new(context),
         params: SamplingParams { temperature, top_p: 1.0, max_tokens, stop_tokens: vec![], seed, allowed_tokens: None },
-        sim_response_len: None, prefilled: false,
+        sim_response_len: None,
+        prefilled: false,
     }
 }
 

@@ -650,12 +650,9 @@ async fn build_tasks(
                 let latency = latency_s.clone().unwrap_or_default();
                 let seed = spec.seed ^ name.bytes().fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64));
                 match knobs.placement {
-                    Placement::Serverless if scaling.is_some() => Arc::new(actors::reward::SimFunction::new(
-                        latency,
-                        Duration::from_secs_f64(*cold_start_s),
-                        scaling.clone().unwrap_or_default(),
-                        seed,
-                    )),
+                    Placement::Serverless if scaling.is_some() => {
+                        Arc::new(actors::reward::SimFunction::new(latency, Duration::from_secs_f64(*cold_start_s), scaling.clone().unwrap_or_default(), seed))
+                    }
                     Placement::Serverless => Arc::new(SimReward::new(
                         latency,
                         Duration::from_secs_f64(*cold_start_s),

@@ -151,3 +151,61 @@ fn injected_latency_distributions_are_checked() {
     let errs = parse(&body, Format::Toml).unwrap_err();
     assert!(errs.0.iter().any(|e| e.field == "tasks[0].inject_latency.step_s"), "{:?}", errs.0);
 }
+
+#[test]
+fn cluster_simulation_fields_are_checked_with_their_paths() {
+    let body = r#"
+[[tasks]]
+domain = "lake"
+context = "rewrite"
+[tasks.env]
+kind = "sim"
+prompt_tokens = { normal = { mean = 10.0, std = -1.0 } }
+[[pools]]
+name = "p"
+device = "B200"
+backend = { kind = "sim", model = "moe", gpus_per_shard = 0, prefill_pool = "nope" }
+[trainer]
+kind = "sim"
+device = "H900"
+mfu = 1.5
+[sim]
+devices = [{ name = "B200", tflops = -1, hbm_gb = 192, hbm_tbps = 8, cost = 6 }]
+models = [{ name = "moe", params_b = 10, active_b = 20, layers = 0, kv_heads = 8, head_dim = 128 }]
+faults = [{ pool = "q", shard = 0, hang_after_steps = 10 }, { pool = "p", shard = 5, hang_after_steps = 10 }]
+weight_sync = { mode = "direct", bucket_gb = 0 }
+"#;
+    let errs = parse(body, Format::Toml).unwrap_err();
+    let fields: Vec<&str> = errs.0.iter().map(|e| e.field.as_str()).collect();
+    for f in [
+        "tasks[0].env.prompt_tokens",
+        "pools[0].backend.gpus_per_shard",
+        "pools[0].backend.prefill_pool",
+        "trainer.device",
+        "trainer.mfu",
+        "sim.devices[0].tflops",
+        "sim.models[0].active_b",
+        "sim.models[0].layers",
+        "sim.faults[0].pool",
+        "sim.faults[1].shard",
+        "sim.weight_sync.bucket_gb",
+    ] {
+        assert!(fields.contains(&f), "{f} not reported: {fields:?}");
+    }
+    // The custom device and model resolve (no error about them being unknown).
+    assert!(!fields.contains(&"pools[0].device") && !fields.contains(&"pools[0].backend.model"), "{fields:?}");
+}
+
+#[test]
+fn custom_profiles_resolve_before_the_catalogue() {
+    let body = format!(
+        "{}\n[sim]\ndevices = [{{ name = \"H20\", tflops = 100, hbm_gb = 96, hbm_tbps = 4, cost = 1 }}]\nmodels = [{{ name = \"m\", params_b = 480, active_b = 35, layers = 62, kv_heads = 8, head_dim = 128, bytes_per_param = 1 }}]\n",
+        minimal()
+    );
+    let s = parse(&body, Format::Toml).unwrap();
+    assert_eq!(s.device_profile("h20").unwrap().flops, 100e12, "sim.devices overrides the built-in H20");
+    let m = s.model_profile("m").unwrap();
+    assert_eq!((m.params, m.active_params, m.bytes_per_param), (480e9, 35e9, 1.0));
+    assert_eq!(m.kv_bytes_per_token, 2.0 * 62.0 * 8.0 * 128.0 * 2.0);
+    assert_eq!(s.device_profile("A100").unwrap().name, "A100");
+}

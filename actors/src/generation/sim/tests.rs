@@ -14,7 +14,8 @@ fn req(id: u64, session: u64, context: usize, answer: u32) -> GenRequest {
         session,
         context: Arc::new(vec![7; context]),
         params: SamplingParams { max_tokens: 4096, seed: id, ..SamplingParams::default() },
-        sim_response_len: Some(answer), prefilled: false,
+        sim_response_len: Some(answer),
+        prefilled: false,
     }
 }
 
