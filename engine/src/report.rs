@@ -267,7 +267,7 @@ fn draw_timeline<DB: plotters::prelude::DrawingBackend>(
         .y_labels(n.min(40) + 1)
         .y_label_formatter(&move |y| {
             let i = y.floor() as usize;
-            if i < names.len() && i % label_every == 0 { names[i].clone() } else { String::new() }
+            if i < names.len() && i.is_multiple_of(label_every) { names[i].clone() } else { String::new() }
         })
         .y_label_style(("sans-serif", 11))
         .draw()

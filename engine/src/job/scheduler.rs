@@ -590,8 +590,8 @@ impl SchedState {
                 let batch = ((0..nt).map(|t| x[t][p] * demand[t]).sum::<f64>() * in_flight / shards[p]).clamp(1.0, pool.max_batch.max(1) as f64);
                 let load: f64 = (0..nt).filter(|&t| x[t][p] > 0.0).map(|t| x[t][p] * demand[t] * self.task_cost_at(t, p, batch)).sum::<f64>() / shards[p];
                 worst = worst.max(load);
-                for t in 0..nt {
-                    if x[t][p] > 1e-9 {
+                for (t, row) in x.iter().enumerate() {
+                    if row[p] > 1e-9 {
                         worst = worst.max(self.task_latency_at(t, p, batch));
                     }
                 }

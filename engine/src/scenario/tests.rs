@@ -84,7 +84,7 @@ fn bad_runs_and_checks_are_reported_with_their_names_and_fields() {
     assert!(e.contains("check \"c\"") && e.contains("no run is named \"y\""), "{e}");
     let e = parse("[[runs]]\nname = \"x\"\n[[checks]]\nname = \"c\"\nratio = [\"x\", \"x\"]\n").unwrap_err().to_string();
     assert!(e.contains("needs band or tolerance"), "{e}");
-    let e = parse("[[runs]]\nname = \"x\"\nset = { \"pools[0].backend.kind\" = \"builtin\", \"trainer.kind\" = \"builtin\" }\n").unwrap_err().to_string();
+    let e = parse("[[runs]]\nname = \"x\"\nset = { \"pools[0]\" = { name = \"p\", device = \"CPU\", backend = { kind = \"builtin\" } }, \"trainer\" = { kind = \"builtin\" } }\n").unwrap_err().to_string();
     assert!(e.contains("simulated"), "{e}");
 }
 
