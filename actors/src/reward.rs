@@ -336,24 +336,7 @@ mod tests {
     use infra::faas::Dur;
 
     fn traj() -> Trajectory {
-        Trajectory {
-            id: "t".into(),
-            group_id: 0,
-            task: "t".into(),
-            seed: 0,
-            start_version: 0,
-            pool: "p".into(),
-            shard: 0,
-            turns: vec![crate::types::Turn { env_reward: 1.0, ..Default::default() }],
-            reward: None,
-            success: false,
-            invalid_actions: 0,
-            failure: None,
-            timings: Default::default(),
-            reference: None,
-            final_text: String::new(),
-            allowed_tokens: None,
-        }
+        Trajectory::for_test("t", crate::types::Turn { env_reward: 1.0, ..Default::default() }, None)
     }
 
     #[test]

@@ -124,6 +124,31 @@ impl Trajectory {
     }
 }
 
+#[cfg(test)]
+impl Trajectory {
+    /// A finished single-turn trajectory of task `t` on pool `p`, for unit tests.
+    pub(crate) fn for_test(id: &str, turn: Turn, reward: Option<f64>) -> Self {
+        Self {
+            id: id.into(),
+            group_id: 0,
+            task: "t".into(),
+            seed: 0,
+            start_version: 0,
+            pool: "p".into(),
+            shard: 0,
+            turns: vec![turn],
+            reward,
+            success: reward.is_some_and(|r| r > 0.0),
+            invalid_actions: 0,
+            failure: None,
+            timings: Timings::default(),
+            reference: None,
+            final_text: String::new(),
+            allowed_tokens: None,
+        }
+    }
+}
+
 /// A complete group of trajectories for one task seed (GRPO group).
 #[derive(Clone, Debug)]
 pub struct Group {

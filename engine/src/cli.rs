@@ -241,10 +241,7 @@ pub fn sim(spec: JobSpec, preset: Option<&str>, compare: &[String]) -> anyhow::R
 }
 
 fn peak_rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()))
-        .unwrap_or(0)
+    (crate::scenario::peak_rss_mib() * 1024.0) as u64
 }
 
 /// The scheduler-overhead benchmark: zero-latency environments and an ideal (infinitely fast)

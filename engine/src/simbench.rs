@@ -50,6 +50,16 @@ pub fn run_all(exe: &Path, files: &[PathBuf], out: &Path, parallel: usize) -> an
     let checks: usize = results.iter().map(|r| r.checks.len()).sum();
     let passed: usize = results.iter().map(|r| r.checks.iter().filter(|c| c.pass).count()).sum();
     println!("\n{passed}/{checks} checks within the paper's band; {:.1} s wall for {} scenarios", t.elapsed().as_secs_f64(), results.len());
+    for r in results.iter().filter(|r| r.checks.iter().any(|c| !c.pass)) {
+        if let Some(n) = &r.notes {
+            println!("  {} (outside the band, explained): {n}", r.name);
+        }
+        for c in r.checks.iter().filter(|c| !c.pass) {
+            if let Some(n) = &c.note {
+                println!("  {} / {}: {n}", r.name, c.name);
+            }
+        }
+    }
     for r in &results {
         let events: u64 = r.runs.iter().map(|x| x.events).sum();
         let wall: f64 = r.runs.iter().map(|x| x.wall_s).sum();
@@ -87,7 +97,8 @@ fn draw<DB: plotters::prelude::DrawingBackend>(root: plotters::prelude::DrawingA
     use plotters::prelude::*;
     let e = |x: plotters::drawing::DrawingAreaErrorKind<DB::ErrorType>| x.to_string();
     root.fill(&WHITE).map_err(e)?;
-    let checks: Vec<_> = r.checks.iter().filter(|c| c.ours.is_some()).collect();
+    // Ratio checks only (value checks have units of their own).
+    let checks: Vec<_> = r.checks.iter().filter(|c| c.ours.is_some() && c.what.contains(" / ")).collect();
     let n = checks.len().max(1);
     let y_max = checks.iter().flat_map(|c| [c.ours.unwrap_or(0.0), c.band.map_or(0.0, |b| b[1])]).fold(1.0f64, f64::max) * 1.15;
     let names: Vec<String> = checks.iter().map(|c| c.name.clone()).collect();
@@ -123,7 +134,7 @@ fn draw<DB: plotters::prelude::DrawingBackend>(root: plotters::prelude::DrawingA
 }
 
 /// `NAME.{png,svg}`: every ratio check of a scenario, ours (green in band, red outside) over the
-/// paper's band (blue).
+/// paper's band (blue). Value checks are in the table and `summary.json` only.
 pub fn plot(dir: &Path, r: &ScenarioResult) -> Result<Vec<PathBuf>, String> {
     use plotters::prelude::*;
     crate::report::register_font();

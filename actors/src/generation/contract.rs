@@ -134,23 +134,9 @@ mod tests {
     }
 
     fn batch() -> Batch {
-        let t = |r: f64, tok: u32| crate::types::Trajectory {
-            id: format!("t{tok}"),
-            group_id: 0,
-            task: "t".into(),
-            seed: 0,
-            start_version: 0,
-            pool: "p".into(),
-            shard: 0,
-            turns: vec![crate::types::Turn { observation_tokens: ctx(), response_tokens: vec![tok, tok], logprobs: vec![-5.0, -5.0], ..Default::default() }],
-            reward: Some(r),
-            success: r > 0.0,
-            invalid_actions: 0,
-            failure: None,
-            reference: None,
-            final_text: String::new(),
-            allowed_tokens: None,
-            timings: Default::default(),
+        let t = |r: f64, tok: u32| {
+            let turn = crate::types::Turn { observation_tokens: ctx(), response_tokens: vec![tok, tok], logprobs: vec![-5.0, -5.0], ..Default::default() };
+            crate::types::Trajectory::for_test(&format!("t{tok}"), turn, Some(r))
         };
         Batch {
             step: 0,
