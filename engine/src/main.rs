@@ -368,11 +368,11 @@ fn write_report(service: &Arc<Service>, id: &str, dir: &std::path::Path) -> anyh
             }
         }
     }
-    println!("{:<12} {:>14} {:>12} {:>14} {:>10}", "task", "random policy", "success start", "success end", "≥90% at");
+    println!("{:<12} {:>14} {:>14} {:>12} {:>10}", "task", "random policy", "success start", "success end", "≥90% at");
     for (name, t) in &summary.tasks {
         let at = t.first_step_at_90.map(|s| format!("step {s}")).unwrap_or_else(|| "-".into());
         let random = t.success_random.map(|r| format!("{r:.3}")).unwrap_or_else(|| "-".into());
-        println!("{name:<12} {random:>14} {:>12.3} {:>14.3} {at:>10}", t.success_start, t.success_end);
+        println!("{name:<12} {random:>14} {:>14.3} {:>12.3} {at:>10}", t.success_start, t.success_end);
     }
     let path = engine::report::write(dir, &summary).with_context(|| format!("writing the report to {}", dir.display()))?;
     println!("report: {}", path.display());

@@ -58,32 +58,42 @@ pub fn random_policy_success(task: &crate::spec::TaskSpec, episodes: usize, seed
     }
     let alphabet: Vec<char> = task.action_alphabet.clone().or_else(|| task.env.action_alphabet().map(str::to_string))?.chars().collect();
     let mut env = crate::envs::builtin(&task.env)?;
-    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().ok()?;
-    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
-    let mut wins = 0usize;
-    rt.block_on(async {
-        for e in 0..episodes {
-            let s = match task.seeds {
-                Some(r) => r.start + e as u64 % r.count.max(1),
-                None => rng.random(),
-            };
-            if env.reset_boxed(s).await.is_err() {
-                continue;
-            }
-            for _ in 0..task.max_turns {
-                let a = alphabet[rng.random_range(0..alphabet.len())];
-                let Ok(out) = env.step_boxed(&a.to_string(), &[a as u32]).await else { break };
-                if out.success {
-                    wins += 1;
-                    break;
+    // Its own runtime on its own thread: callers may be inside a runtime already.
+    let seeds = task.seeds;
+    let max_turns = task.max_turns;
+    std::thread::scope(|sc| {
+        sc.spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().ok()?;
+            let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+            let mut wins = 0usize;
+            rt.block_on(async {
+                for e in 0..episodes {
+                    let s = match seeds {
+                        Some(r) => r.start + e as u64 % r.count.max(1),
+                        None => rng.random(),
+                    };
+                    if env.reset_boxed(s).await.is_err() {
+                        continue;
+                    }
+                    for _ in 0..max_turns {
+                        let a = alphabet[rng.random_range(0..alphabet.len())];
+                        let Ok(out) = env.step_boxed(&a.to_string(), &[a as u32]).await else { break };
+                        if out.success {
+                            wins += 1;
+                            break;
+                        }
+                        if out.terminated || out.truncated {
+                            break;
+                        }
+                    }
                 }
-                if out.terminated || out.truncated {
-                    break;
-                }
-            }
-        }
-    });
-    Some(wins as f64 / episodes.max(1) as f64)
+            });
+            Some(wins as f64 / episodes.max(1) as f64)
+        })
+        .join()
+        .ok()
+        .flatten()
+    })
 }
 
 fn mean(v: impl Iterator<Item = f64>) -> f64 {
@@ -241,6 +251,12 @@ fn timeline_rows(steps: &[StepMetrics]) -> Vec<String> {
     rows
 }
 
+/// Height of a row in the timeline: shards and function instances are few and each matters,
+/// environments are many.
+fn row_weight(row: &str) -> f64 {
+    if row.starts_with("env ") { 1.0 } else { 8.0 }
+}
+
 fn draw_timeline<DB: plotters::prelude::DrawingBackend>(
     root: plotters::prelude::DrawingArea<DB, plotters::coord::Shift>,
     steps: &[StepMetrics],
@@ -250,24 +266,33 @@ fn draw_timeline<DB: plotters::prelude::DrawingBackend>(
     let e = |x: plotters::drawing::DrawingAreaErrorKind<DB::ErrorType>| x.to_string();
     root.fill(&WHITE).map_err(e)?;
     let x_max = steps.last().map_or(1.0, |m| m.elapsed_s).max(1.0);
-    let n = rows.len().max(1);
-    let label_every = n.div_ceil(40).max(1);
+    // Rows from the top: row i spans [top - (offset_i + weight_i), top - offset_i].
+    let mut bounds = Vec::with_capacity(rows.len());
+    let mut offset = 0.0;
+    for r in rows {
+        let w = row_weight(r);
+        bounds.push((offset, offset + w));
+        offset += w;
+    }
+    let total = offset.max(1.0);
     let mut chart = ChartBuilder::on(&root)
         .caption("Utilisation timeline: every shard, environment and function instance", ("sans-serif", 20))
         .margin(14)
         .x_label_area_size(40)
         .y_label_area_size(170)
-        .build_cartesian_2d(0f64..x_max, 0f64..n as f64)
+        .build_cartesian_2d(0f64..x_max, 0f64..total)
         .map_err(e)?;
-    let names: Vec<String> = rows.iter().rev().cloned().collect();
+    let names = rows.to_vec();
+    let label_bounds = bounds.clone();
     chart
         .configure_mesh()
         .disable_mesh()
         .x_desc("seconds since start · shards: stepping, environments: held by a trajectory, functions: serving · white idle, dark blue busy, grey not running")
-        .y_labels(n.min(40) + 1)
+        .y_labels(48)
         .y_label_formatter(&move |y| {
-            let i = y.floor() as usize;
-            if i < names.len() && i.is_multiple_of(label_every) { names[i].clone() } else { String::new() }
+            let from_top = total - y;
+            let i = label_bounds.partition_point(|b| b.1 <= from_top);
+            names.get(i).cloned().unwrap_or_default()
         })
         .y_label_style(("sans-serif", 11))
         .draw()
@@ -275,8 +300,7 @@ fn draw_timeline<DB: plotters::prelude::DrawingBackend>(
     for m in steps {
         let x0 = (m.elapsed_s - m.step_s).max(0.0);
         let x1 = m.elapsed_s;
-        for (i, row) in rows.iter().enumerate() {
-            let y0 = (n - 1 - i) as f64;
+        for (row, &(top, bottom)) in rows.iter().zip(&bounds) {
             let color = match m.timeline.get(row) {
                 None => RGBColor(225, 225, 225),
                 Some(f) if *f < 0.005 => continue,
@@ -286,7 +310,7 @@ fn draw_timeline<DB: plotters::prelude::DrawingBackend>(
                     RGBColor(mix(235.0, 8.0), mix(242.0, 48.0), mix(250.0, 140.0))
                 }
             };
-            chart.draw_series(std::iter::once(Rectangle::new([(x0, y0), (x1, y0 + 1.0)], color.filled()))).map_err(e)?;
+            chart.draw_series(std::iter::once(Rectangle::new([(x0, total - bottom), (x1, total - top)], color.filled()))).map_err(e)?;
         }
     }
     root.present().map_err(e)
@@ -298,8 +322,9 @@ fn timeline_plots(dir: &Path, steps: &[StepMetrics]) -> Result<Vec<PathBuf>, Str
     use plotters::prelude::*;
     register_font();
     let rows = timeline_rows(steps);
-    let px = (900 / rows.len().max(1)).clamp(2, 16) as u32;
-    let h = (rows.len() as u32 * px + 140).max(300);
+    let units: f64 = rows.iter().map(|r| row_weight(r)).sum();
+    let px = (1000.0 / units.max(1.0)).clamp(1.5, 16.0);
+    let h = ((units * px) as u32 + 140).max(300);
     let svg = dir.join("timeline.svg");
     let png = dir.join("timeline.png");
     draw_timeline(SVGBackend::new(&svg, (1100, h)).into_drawing_area(), steps, &rows)?;
@@ -349,6 +374,29 @@ mod tests {
         let png = std::fs::read(dir.path().join("success.png")).unwrap();
         assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
         assert!(png.len() > 10_000, "an almost empty PNG ({} bytes)", png.len());
+    }
+
+    #[test]
+    fn random_policy_rates_are_measured_on_the_games_even_inside_a_runtime() {
+        let task = |env: &str, alphabet: &str, turns: u32| {
+            let t = format!("domain = \"t\"\nmax_turns = {turns}\nmax_tokens_per_turn = 1\naction_alphabet = \"{alphabet}\"\nenv = {env}\n");
+            toml::from_str::<crate::spec::TaskSpec>(&t).unwrap()
+        };
+        // Called from inside a runtime, as `rollarc run` does.
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let (lake, sum, sim) = rt.block_on(async {
+            (
+                random_policy_success(&task("{ kind = \"frozenlake\", size = 4, end_on_invalid = true }", "LDRU", 8), 4000, 1),
+                random_policy_success(&task("{ kind = \"arithmetic\", max_operand = 4, ops = \"+\" }", "0123456789", 1), 4000, 1),
+                random_policy_success(&task("{ kind = \"sim\" }", "ab", 1), 10, 1),
+            )
+        });
+        // FrozenLake 4×4: a random walk of 8 moves rarely reaches the goal; a sum of two digits
+        // 0..=4 is one of 9 answers, a random digit one of 10.
+        let (lake, sum) = (lake.unwrap(), sum.unwrap());
+        assert!(lake < 0.05, "{lake}");
+        assert!((0.07..=0.13).contains(&sum), "{sum}");
+        assert_eq!(sim, None, "simulated environments have no random-policy rate");
     }
 
     #[test]
