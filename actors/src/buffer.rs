@@ -31,7 +31,10 @@ pub struct MemorySink {
 
 impl TrajectorySink for MemorySink {
     fn commit(&self, traj: &Trajectory) -> Result<u64, SinkError> {
-        let mut log = self.log.lock().map_err(|_| SinkError { id: traj.id.clone(), message: "poisoned".into() })?;
+        let mut log = self.log.lock().map_err(|_| SinkError {
+            id: traj.id.clone(),
+            message: "poisoned".into(),
+        })?;
         log.push(traj.clone());
         Ok(log.len() as u64)
     }
@@ -45,7 +48,10 @@ pub struct CountingSink {
 
 impl TrajectorySink for CountingSink {
     fn commit(&self, _traj: &Trajectory) -> Result<u64, SinkError> {
-        Ok(self.count.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1)
+        Ok(self
+            .count
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1)
     }
 }
 
@@ -95,8 +101,9 @@ pub enum BufferMsg {
         group_size: usize,
         dispatched: usize,
     },
-    /// A finished or failed trajectory; replies once it is durable (or dropped as redundant).
-    Record(Box<Trajectory>, Option<RpcReplyPort<RecordOutcome>>),
+    /// A finished or failed trajectory. The buffer commits it through the sink before it
+    /// counts towards a group (a redundant one, for a group already full, is discarded).
+    Record(Box<Trajectory>),
     /// The scheduler aborted the group (e.g. stale in flight).
     Abort {
         group: u64,
@@ -109,14 +116,9 @@ pub enum BufferMsg {
     Stats(RpcReplyPort<BufferStats>),
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RecordOutcome {
-    Committed(u64),
-    /// The group was already full or closed; the trajectory was discarded.
-    Redundant,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// Counters of the sample buffer since the run started (serialised in step metrics as is).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct BufferStats {
     pub committed: u64,
     pub redundant: u64,
@@ -157,27 +159,61 @@ impl Actor for SampleBuffer {
     type State = BufferState;
     type Arguments = BufferArgs;
 
-    async fn pre_start(&self, _me: ActorRef<Self::Msg>, args: BufferArgs) -> Result<Self::State, ActorProcessingErr> {
-        Ok(BufferState { args, open: BTreeMap::new(), ready: VecDeque::new(), waiting: None, stats: BufferStats::default() })
+    async fn pre_start(
+        &self,
+        _me: ActorRef<Self::Msg>,
+        args: BufferArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(BufferState {
+            args,
+            open: BTreeMap::new(),
+            ready: VecDeque::new(),
+            waiting: None,
+            stats: BufferStats::default(),
+        })
     }
 
-    async fn handle(&self, _me: ActorRef<Self::Msg>, msg: Self::Msg, st: &mut Self::State) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        _me: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
-            BufferMsg::Open { group, task, seed, start_version, group_size, dispatched } => {
+            BufferMsg::Open {
+                group,
+                task,
+                seed,
+                start_version,
+                group_size,
+                dispatched,
+            } => {
                 let retries_left = st.args.max_retries_per_group;
-                st.open.insert(group, OpenGroup { task, seed, start_version, group_size, dispatched, valid: Vec::new(), failed: 0, retries_left });
+                st.open.insert(
+                    group,
+                    OpenGroup {
+                        task,
+                        seed,
+                        start_version,
+                        group_size,
+                        dispatched,
+                        valid: Vec::new(),
+                        failed: 0,
+                        retries_left,
+                    },
+                );
             }
-            BufferMsg::Record(traj, reply) => {
-                let outcome = st.record(*traj)?;
-                if let Some(r) = reply {
-                    let _ = r.send(outcome);
-                }
+            BufferMsg::Record(traj) => {
+                st.record(*traj)?;
                 st.try_fulfil();
             }
             BufferMsg::Abort { group } => {
                 if st.open.remove(&group).is_some() {
                     st.stats.aborted += 1;
-                    (st.args.notify)(BufferEvent::Dropped { group, reason: DropReason::Aborted });
+                    (st.args.notify)(BufferEvent::Dropped {
+                        group,
+                        reason: DropReason::Aborted,
+                    });
                 }
             }
             BufferMsg::GetBatch { step, reply } => {
@@ -196,17 +232,18 @@ impl Actor for SampleBuffer {
 }
 
 impl BufferState {
-    fn record(&mut self, traj: Trajectory) -> Result<RecordOutcome, ActorProcessingErr> {
+    /// Commits a trajectory and counts it towards its group (a redundant one is discarded).
+    fn record(&mut self, traj: Trajectory) -> Result<(), ActorProcessingErr> {
         let gid = traj.group_id;
         let Some(g) = self.open.get_mut(&gid) else {
             self.stats.redundant += 1;
-            return Ok(RecordOutcome::Redundant);
+            return Ok(());
         };
         if g.valid.len() >= g.group_size {
             self.stats.redundant += 1;
-            return Ok(RecordOutcome::Redundant);
+            return Ok(());
         }
-        let seq = self.args.sink.commit(&traj)?;
+        self.args.sink.commit(&traj)?;
         self.stats.committed += 1;
         if traj.failure.is_some() {
             g.failed += 1;
@@ -228,30 +265,47 @@ impl BufferState {
             }
             self.close(gid);
         }
-        Ok(RecordOutcome::Committed(seq))
+        Ok(())
     }
 
     fn close(&mut self, gid: u64) {
-        let Some(g) = self.open.remove(&gid) else { return };
+        let Some(g) = self.open.remove(&gid) else {
+            return;
+        };
         let min_valid = g.group_size.min(2);
         if g.valid.len() < min_valid {
             self.stats.dropped_too_few += 1;
-            (self.args.notify)(BufferEvent::Dropped { group: gid, reason: DropReason::TooFewValid });
+            (self.args.notify)(BufferEvent::Dropped {
+                group: gid,
+                reason: DropReason::TooFewValid,
+            });
             return;
         }
         let rewards: Vec<f64> = g.valid.iter().map(|t| t.reward.unwrap_or(0.0)).collect();
         let all_equal = rewards.windows(2).all(|w| (w[0] - w[1]).abs() < 1e-12);
         if self.args.filter_all_equal && all_equal && rewards.len() > 1 {
             self.stats.filtered_all_equal += 1;
-            (self.args.notify)(BufferEvent::Dropped { group: gid, reason: DropReason::AllEqual });
+            (self.args.notify)(BufferEvent::Dropped {
+                group: gid,
+                reason: DropReason::AllEqual,
+            });
             return;
         }
-        self.ready.push_back(Group { id: gid, task: g.task, seed: g.seed, start_version: g.start_version, masked: g.failed as u32, trajectories: g.valid });
+        self.ready.push_back(Group {
+            id: gid,
+            task: g.task,
+            seed: g.seed,
+            start_version: g.start_version,
+            masked: g.failed as u32,
+            trajectories: g.valid,
+        });
         (self.args.notify)(BufferEvent::Ready { group: gid });
     }
 
     fn try_fulfil(&mut self) {
-        let Some((step, _)) = &self.waiting else { return };
+        let Some((step, _)) = &self.waiting else {
+            return;
+        };
         let step = *step;
         // Evict groups that would exceed the staleness bound at this step.
         let alpha = self.args.alpha;
@@ -259,7 +313,10 @@ impl BufferState {
         for g in self.ready.drain(..) {
             if step.saturating_sub(g.start_version) > alpha {
                 self.stats.evicted_stale += 1;
-                (self.args.notify)(BufferEvent::Dropped { group: g.id, reason: DropReason::Stale });
+                (self.args.notify)(BufferEvent::Dropped {
+                    group: g.id,
+                    reason: DropReason::Stale,
+                });
             } else {
                 kept.push_back(g);
             }

@@ -61,7 +61,10 @@ impl Dist {
             Self::Uniform { low, high } => (low + high) / 2.0,
             Self::Quantiles(points) => {
                 let n = 1000;
-                (0..n).map(|i| inverse_cdf(points, (i as f64 + 0.5) / n as f64)).sum::<f64>() / n as f64
+                (0..n)
+                    .map(|i| inverse_cdf(points, (i as f64 + 0.5) / n as f64))
+                    .sum::<f64>()
+                    / n as f64
             }
         }
     }
@@ -71,25 +74,38 @@ impl Dist {
         let mut out = Vec::new();
         let finite = |x: f64| x.is_finite();
         match self {
-            Self::Constant(c) if !finite(*c) || *c < 0.0 => out.push(format!("constant must be a finite non-negative number, got {c}")),
-            Self::Normal { mean, std } if !finite(*mean) || !finite(*std) || *std < 0.0 => {
-                out.push(format!("normal needs finite mean and std >= 0, got mean={mean} std={std}"))
-            }
-            Self::Lognormal { mu, sigma } if !finite(*mu) || !finite(*sigma) || *sigma < 0.0 => {
-                out.push(format!("lognormal needs finite mu and sigma >= 0, got mu={mu} sigma={sigma}"))
-            }
-            Self::Uniform { low, high } if !finite(*low) || !finite(*high) || high < low => {
-                out.push(format!("uniform needs low <= high, got low={low} high={high}"))
-            }
+            Self::Constant(c) if !finite(*c) || *c < 0.0 => out.push(format!(
+                "constant must be a finite non-negative number, got {c}"
+            )),
+            Self::Normal { mean, std } if !finite(*mean) || !finite(*std) || *std < 0.0 => out
+                .push(format!(
+                    "normal needs finite mean and std >= 0, got mean={mean} std={std}"
+                )),
+            Self::Lognormal { mu, sigma } if !finite(*mu) || !finite(*sigma) || *sigma < 0.0 => out
+                .push(format!(
+                    "lognormal needs finite mu and sigma >= 0, got mu={mu} sigma={sigma}"
+                )),
+            Self::Uniform { low, high } if !finite(*low) || !finite(*high) || high < low => out
+                .push(format!(
+                    "uniform needs low <= high, got low={low} high={high}"
+                )),
             Self::Quantiles(points) => {
                 if points.len() < 2 {
                     out.push("quantiles needs at least two [p, value] points".into());
                 }
-                if points.first().is_some_and(|p| p.0 != 0.0) || points.last().is_some_and(|p| p.0 != 1.0) {
+                if points.first().is_some_and(|p| p.0 != 0.0)
+                    || points.last().is_some_and(|p| p.0 != 1.0)
+                {
                     out.push("quantiles must start at p=0 and end at p=1".into());
                 }
-                if points.windows(2).any(|w| w[1].0 <= w[0].0 || w[1].1 < w[0].1) {
-                    out.push("quantiles must be strictly increasing in p and non-decreasing in value".into());
+                if points
+                    .windows(2)
+                    .any(|w| w[1].0 <= w[0].0 || w[1].1 < w[0].1)
+                {
+                    out.push(
+                        "quantiles must be strictly increasing in p and non-decreasing in value"
+                            .into(),
+                    );
                 }
             }
             _ => {}
@@ -99,7 +115,9 @@ impl Dist {
 }
 
 fn inverse_cdf(points: &[(f64, f64)], u: f64) -> f64 {
-    let Some(first) = points.first() else { return 0.0 };
+    let Some(first) = points.first() else {
+        return 0.0;
+    };
     if u <= first.0 {
         return first.1;
     }
@@ -124,23 +142,56 @@ mod tests {
     fn sample_means_are_close_to_analytic_means() {
         let cases = [
             Dist::Constant(2.0),
-            Dist::Normal { mean: 10.0, std: 1.0 },
-            Dist::Lognormal { mu: 0.0, sigma: 0.5 },
-            Dist::Uniform { low: 1.0, high: 3.0 },
+            Dist::Normal {
+                mean: 10.0,
+                std: 1.0,
+            },
+            Dist::Lognormal {
+                mu: 0.0,
+                sigma: 0.5,
+            },
+            Dist::Uniform {
+                low: 1.0,
+                high: 3.0,
+            },
             Dist::Quantiles(vec![(0.0, 0.0), (0.5, 1.0), (1.0, 3.0)]),
         ];
         for d in cases {
             let mut rng = SmallRng::seed_from_u64(1);
             let n = 20_000;
             let m = (0..n).map(|_| d.sample(&mut rng)).sum::<f64>() / n as f64;
-            assert!((m - d.mean()).abs() < 0.05 * d.mean().max(1.0), "{d:?}: {m} vs {}", d.mean());
+            assert!(
+                (m - d.mean()).abs() < 0.05 * d.mean().max(1.0),
+                "{d:?}: {m} vs {}",
+                d.mean()
+            );
         }
     }
 
     #[test]
     fn invalid_parameters_are_reported() {
-        assert!(Dist::Normal { mean: 1.0, std: -1.0 }.problems().len() == 1);
-        assert!(Dist::Quantiles(vec![(0.0, 2.0), (1.0, 1.0)]).problems().len() == 1);
-        assert!(Dist::Uniform { low: 1.0, high: 2.0 }.problems().is_empty());
+        assert!(
+            Dist::Normal {
+                mean: 1.0,
+                std: -1.0
+            }
+            .problems()
+            .len()
+                == 1
+        );
+        assert!(
+            Dist::Quantiles(vec![(0.0, 2.0), (1.0, 1.0)])
+                .problems()
+                .len()
+                == 1
+        );
+        assert!(
+            Dist::Uniform {
+                low: 1.0,
+                high: 2.0
+            }
+            .problems()
+            .is_empty()
+        );
     }
 }

@@ -10,9 +10,11 @@
 //! - [`generation`]: the generation-engine trait, the shard engine loop behind a flume seam,
 //!   the shard actor and the roofline simulator.
 //! - [`env`]: the environment trait, environment actors and pools, the latency simulator.
+//! - [`episode`]: the episode driver (reset → turns → reward → buffer) and wave barriers.
 //! - [`reward`], [`trainer`], [`weights`]: reward scoring, training and the weight store.
 //! - [`buffer`]: the sample buffer (group assembly, filters, staleness eviction, durable log).
 //! - [`supervisor`]: restart policies with intensity / window and counters.
+//! - [`call`]: request/reply calls with a timeout and their typed error.
 //!
 //! Architecture invariant: this crate knows nothing of HTTP, job specs or the storage schema.
 //! It sees storage only through [`buffer::TrajectorySink`]. Time is read only through
@@ -20,9 +22,11 @@
 //! deterministic discrete-event simulation.
 
 pub mod buffer;
+pub mod call;
 pub mod device;
 pub mod dist;
 pub mod env;
+pub mod episode;
 pub mod generation;
 pub mod model;
 pub mod reward;
@@ -31,6 +35,3 @@ pub mod supervisor;
 pub mod trainer;
 pub mod types;
 pub mod weights;
-
-/// How long a `call` to an actor of this crate may take before the caller gives up.
-pub const CALL_TIMEOUT_MS: u64 = 60_000;

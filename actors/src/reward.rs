@@ -15,12 +15,17 @@ use crate::types::Trajectory;
 use infra::faas::Scaling;
 use infra::faas::kpa::{ConcurrencyMeter, Kpa};
 
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum RewardError {
-    #[error("reward call failed after retries: {0}")]
-    Exhausted(String),
+    /// The function could not be reached or kept failing (the router's retries included).
+    #[error("reward call failed after retries")]
+    Exhausted(#[source] functions::client::ClientError),
+    /// The function answered with something that is not a valid score.
     #[error("reward function returned an invalid score: {0}")]
     InvalidScore(String),
+    /// A simulated function's call slots are gone (it is shutting down).
+    #[error("reward function is closed")]
+    Closed(#[source] tokio::sync::AcquireError),
 }
 
 /// Scores finished trajectories. Implementations are shared by all episodes of a job.
@@ -58,13 +63,23 @@ struct SimRewardState {
 
 impl SimReward {
     /// `idle_to_zero = None` models dedicated (always warm) instances.
-    pub fn new(latency: Dist, cold_start: Duration, concurrency: usize, idle_to_zero: Option<Duration>, seed: u64) -> Self {
+    pub fn new(
+        latency: Dist,
+        cold_start: Duration,
+        concurrency: usize,
+        idle_to_zero: Option<Duration>,
+        seed: u64,
+    ) -> Self {
         Self {
             latency,
             cold_start,
             idle_to_zero,
             slots: Semaphore::new(concurrency.max(1)),
-            state: Mutex::new(SimRewardState { rng: SmallRng::seed_from_u64(seed), last_call_end: None, warm: idle_to_zero.is_none() }),
+            state: Mutex::new(SimRewardState {
+                rng: SmallRng::seed_from_u64(seed),
+                last_call_end: None,
+                warm: idle_to_zero.is_none(),
+            }),
             calls: AtomicU64::new(0),
             cold_starts: AtomicU64::new(0),
         }
@@ -74,7 +89,7 @@ impl SimReward {
 impl RewardScorer for SimReward {
     fn score<'a>(&'a self, traj: &'a Trajectory) -> BoxFuture<'a, Result<f64, RewardError>> {
         Box::pin(async move {
-            let _permit = self.slots.acquire().await.map_err(|e| RewardError::Exhausted(e.to_string()))?;
+            let _permit = self.slots.acquire().await.map_err(RewardError::Closed)?;
             self.calls.fetch_add(1, Ordering::Relaxed);
             let delay = {
                 let mut st = self.state.lock().await;
@@ -138,7 +153,11 @@ impl FnState {
     }
 
     fn start(&mut self, ready_at: tokio::time::Instant) {
-        self.instances.push(SimInstance { id: self.next_id, ready_at, in_flight: 0 });
+        self.instances.push(SimInstance {
+            id: self.next_id,
+            ready_at,
+            in_flight: 0,
+        });
         self.next_id += 1;
     }
 }
@@ -164,7 +183,11 @@ impl SimFunction {
         Arc::new(Self {
             latency,
             cold_start,
-            concurrency: if concurrency == 0 { u32::MAX } else { concurrency },
+            concurrency: if concurrency == 0 {
+                u32::MAX
+            } else {
+                concurrency
+            },
             tick,
             state: std::sync::Mutex::new(st),
             changed: tokio::sync::Notify::new(),
@@ -190,8 +213,10 @@ impl SimFunction {
             for _ in have..desired {
                 st.start(now + self.cold_start);
             }
-            self.cold_starts.fetch_add(u64::from(desired - have), Ordering::Relaxed);
-            self.peak_instances.fetch_max(u64::from(desired), Ordering::Relaxed);
+            self.cold_starts
+                .fetch_add(u64::from(desired - have), Ordering::Relaxed);
+            self.peak_instances
+                .fetch_max(u64::from(desired), Ordering::Relaxed);
             let me = Arc::downgrade(self);
             let at = now + self.cold_start;
             tokio::spawn(async move {
@@ -203,7 +228,8 @@ impl SimFunction {
         } else if desired < have {
             // Stop idle instances, those still starting first.
             let mut excess = have - desired;
-            st.instances.sort_by_key(|i| (std::cmp::Reverse(i.ready_at), i.id));
+            st.instances
+                .sort_by_key(|i| (std::cmp::Reverse(i.ready_at), i.id));
             st.instances.retain(|i| {
                 if excess > 0 && i.in_flight == 0 {
                     excess -= 1;
@@ -256,7 +282,12 @@ impl SimFunction {
                 let mut st = self.lock();
                 let cc = self.concurrency;
                 // Least-loaded ready instance with room.
-                if let Some(i) = st.instances.iter_mut().filter(|i| i.ready_at <= now && i.in_flight < cc).min_by_key(|i| (i.in_flight, i.id)) {
+                if let Some(i) = st
+                    .instances
+                    .iter_mut()
+                    .filter(|i| i.ready_at <= now && i.in_flight < cc)
+                    .min_by_key(|i| (i.in_flight, i.id))
+                {
                     i.in_flight += 1;
                     return i.id;
                 }
@@ -317,14 +348,27 @@ impl RewardScorer for FunctionReward {
             let item = functions::protocol::ScoredItem {
                 trajectory_id: traj.id.clone(),
                 text: traj.final_text.clone(),
-                token_ids: traj.turns.last().map(|t| t.response_tokens.clone()).unwrap_or_default(),
+                token_ids: traj
+                    .turns
+                    .last()
+                    .map(|t| t.response_tokens.clone())
+                    .unwrap_or_default(),
                 env_reward: traj.turns.iter().map(|t| t.env_reward).sum(),
             };
             let key = format!("{}/{}", self.key_prefix, traj.id);
-            match self.client.score(&key, vec![item], traj.reference.clone()).await {
-                Ok(scores) => scores.first().map(|s| s.score).ok_or_else(|| RewardError::InvalidScore("no score".into())),
-                Err(functions::client::ClientError::Invalid { why, .. }) => Err(RewardError::InvalidScore(why)),
-                Err(e) => Err(RewardError::Exhausted(e.to_string())),
+            match self
+                .client
+                .score(&key, vec![item], traj.reference.clone())
+                .await
+            {
+                Ok(scores) => scores
+                    .first()
+                    .map(|s| s.score)
+                    .ok_or_else(|| RewardError::InvalidScore("no score".into())),
+                Err(functions::client::ClientError::Invalid { why, .. }) => {
+                    Err(RewardError::InvalidScore(why))
+                }
+                Err(e) => Err(RewardError::Exhausted(e)),
             }
         })
     }
@@ -336,12 +380,23 @@ mod tests {
     use infra::faas::Dur;
 
     fn traj() -> Trajectory {
-        Trajectory::for_test("t", crate::types::Turn { env_reward: 1.0, ..Default::default() }, None)
+        Trajectory::for_test(
+            "t",
+            crate::types::Turn {
+                env_reward: 1.0,
+                ..Default::default()
+            },
+            None,
+        )
     }
 
     #[test]
     fn a_simulated_serverless_function_scales_from_zero_with_cold_starts_and_back_to_zero() {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
         rt.block_on(async {
             let scaling = Scaling {
                 container_concurrency: 4,
@@ -362,11 +417,17 @@ mod tests {
                 async move { (f.score(&t).await, t0.elapsed()) }
             });
             let out = futures::future::join_all(calls).await;
-            assert!(out.iter().all(|(r, _)| *r == Ok(1.0)));
+            assert!(out.iter().all(|(r, _)| matches!(r, Ok(v) if *v == 1.0)));
             let first = out.iter().map(|(_, d)| *d).min().unwrap();
             let last = out.iter().map(|(_, d)| *d).max().unwrap();
-            assert!(first >= Duration::from_secs(4), "cold start (3 s) + latency (1 s) before any answer: {first:?}");
-            assert!(f.cold_starts.load(Ordering::Relaxed) >= 2, "scaled past one instance");
+            assert!(
+                first >= Duration::from_secs(4),
+                "cold start (3 s) + latency (1 s) before any answer: {first:?}"
+            );
+            assert!(
+                f.cold_starts.load(Ordering::Relaxed) >= 2,
+                "scaled past one instance"
+            );
             // 40 calls at concurrency 4 on one instance would take 10 s of work: scaling out
             // must beat that.
             assert!(last < Duration::from_secs(3 + 10), "{last:?}");

@@ -12,7 +12,10 @@ pub struct RestartPolicy {
 
 impl Default for RestartPolicy {
     fn default() -> Self {
-        Self { intensity: 3, window: Duration::from_secs(5) }
+        Self {
+            intensity: 3,
+            window: Duration::from_secs(5),
+        }
     }
 }
 
@@ -35,13 +38,23 @@ pub struct RestartTracker {
 
 impl RestartTracker {
     pub fn new(policy: RestartPolicy) -> Self {
-        Self { policy, recent: VecDeque::new(), restarts: 0, failures: 0, escalations: 0 }
+        Self {
+            policy,
+            recent: VecDeque::new(),
+            restarts: 0,
+            failures: 0,
+            escalations: 0,
+        }
     }
 
     /// Records a failure at `now` and decides.
     pub fn on_failure(&mut self, now: tokio::time::Instant) -> Decision {
         self.failures += 1;
-        while self.recent.front().is_some_and(|t| now.duration_since(*t) > self.policy.window) {
+        while self
+            .recent
+            .front()
+            .is_some_and(|t| now.duration_since(*t) > self.policy.window)
+        {
             self.recent.pop_front();
         }
         if self.recent.len() as u32 >= self.policy.intensity {
@@ -60,13 +73,25 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn escalates_past_intensity_and_forgets_old_failures() {
-        let mut t = RestartTracker::new(RestartPolicy { intensity: 2, window: Duration::from_secs(5) });
+        let mut t = RestartTracker::new(RestartPolicy {
+            intensity: 2,
+            window: Duration::from_secs(5),
+        });
         let now = tokio::time::Instant::now();
         assert_eq!(t.on_failure(now), Decision::Restart);
-        assert_eq!(t.on_failure(now + Duration::from_secs(1)), Decision::Restart);
-        assert_eq!(t.on_failure(now + Duration::from_secs(2)), Decision::Escalate);
+        assert_eq!(
+            t.on_failure(now + Duration::from_secs(1)),
+            Decision::Restart
+        );
+        assert_eq!(
+            t.on_failure(now + Duration::from_secs(2)),
+            Decision::Escalate
+        );
         // Both earlier failures are outside the window by now.
-        assert_eq!(t.on_failure(now + Duration::from_secs(9)), Decision::Restart);
+        assert_eq!(
+            t.on_failure(now + Duration::from_secs(9)),
+            Decision::Restart
+        );
         assert_eq!((t.restarts, t.escalations, t.failures), (3, 1, 4));
     }
 }

@@ -29,7 +29,11 @@ pub enum TrainError {
 
 /// A trainer: consumes one batch, produces the next policy version's weights.
 pub trait Trainer: Send + 'static {
-    fn train(&mut self, batch: &Batch, next_version: PolicyVersion) -> futures::future::BoxFuture<'_, Result<(TrainStats, Weights), TrainError>>;
+    fn train(
+        &mut self,
+        batch: &Batch,
+        next_version: PolicyVersion,
+    ) -> futures::future::BoxFuture<'_, Result<(TrainStats, Weights), TrainError>>;
 }
 
 /// Time model of a GPU trainer: seconds per trained token divided over GPUs, plus a fixed
@@ -44,19 +48,43 @@ pub struct SimTrainer {
 }
 
 impl Trainer for SimTrainer {
-    fn train(&mut self, batch: &Batch, next_version: PolicyVersion) -> futures::future::BoxFuture<'_, Result<(TrainStats, Weights), TrainError>> {
+    fn train(
+        &mut self,
+        batch: &Batch,
+        next_version: PolicyVersion,
+    ) -> futures::future::BoxFuture<'_, Result<(TrainStats, Weights), TrainError>> {
         let tokens = batch.tokens() as u64;
         let trajectories = batch.trajectories().count() as u64;
-        let mean_reward = if trajectories == 0 { 0.0 } else { batch.trajectories().map(|t| t.reward.unwrap_or(0.0)).sum::<f64>() / trajectories as f64 };
+        let mean_reward = if trajectories == 0 {
+            0.0
+        } else {
+            batch
+                .trajectories()
+                .map(|t| t.reward.unwrap_or(0.0))
+                .sum::<f64>()
+                / trajectories as f64
+        };
         let step = batch.step;
         if self.panic_at_step == Some(step) {
             panic!("injected trainer fault at step {step}");
         }
         Box::pin(async move {
-            let secs = self.seconds_per_token * tokens as f64 / self.gpus.max(1) as f64 + self.step_overhead.as_secs_f64();
+            let secs = self.seconds_per_token * tokens as f64 / self.gpus.max(1) as f64
+                + self.step_overhead.as_secs_f64();
             tokio::time::sleep(Duration::from_secs_f64(secs)).await;
-            let stats = TrainStats { step, version: next_version, loss: 0.0, tokens, trajectories, mean_reward, seconds: secs };
-            Ok((stats, Weights::simulated(next_version, self.modelled_weight_bytes)))
+            let stats = TrainStats {
+                step,
+                version: next_version,
+                loss: 0.0,
+                tokens,
+                trajectories,
+                mean_reward,
+                seconds: secs,
+            };
+            Ok((
+                stats,
+                Weights::simulated(next_version, self.modelled_weight_bytes),
+            ))
         })
     }
 }
@@ -85,11 +113,24 @@ impl Actor for TrainerActor {
     type State = TrainerState;
     type Arguments = TrainerArgs;
 
-    async fn pre_start(&self, _me: ActorRef<Self::Msg>, a: TrainerArgs) -> Result<Self::State, ActorProcessingErr> {
-        Ok(TrainerState { trainer: a.trainer, weights: a.weights, version: a.start_version })
+    async fn pre_start(
+        &self,
+        _me: ActorRef<Self::Msg>,
+        a: TrainerArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(TrainerState {
+            trainer: a.trainer,
+            weights: a.weights,
+            version: a.start_version,
+        })
     }
 
-    async fn handle(&self, _me: ActorRef<Self::Msg>, msg: Self::Msg, st: &mut Self::State) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        _me: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
             TrainerMsg::Train(batch, reply) => {
                 let next = st.version + 1;

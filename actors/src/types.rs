@@ -115,12 +115,17 @@ impl Trajectory {
 
     /// Every policy version that produced a token of this trajectory.
     pub fn versions(&self) -> impl Iterator<Item = PolicyVersion> + '_ {
-        self.turns.iter().flat_map(|t| t.versions.iter().map(|s| s.version))
+        self.turns
+            .iter()
+            .flat_map(|t| t.versions.iter().map(|s| s.version))
     }
 
     /// Oldest version that produced any token, or the start version for an empty trajectory.
     pub fn oldest_version(&self) -> PolicyVersion {
-        self.versions().min().unwrap_or(self.start_version).min(self.start_version)
+        self.versions()
+            .min()
+            .unwrap_or(self.start_version)
+            .min(self.start_version)
     }
 }
 
@@ -164,7 +169,10 @@ pub struct Group {
 
 impl Group {
     pub fn rewards(&self) -> Vec<f64> {
-        self.trajectories.iter().map(|t| t.reward.unwrap_or(0.0)).collect()
+        self.trajectories
+            .iter()
+            .map(|t| t.reward.unwrap_or(0.0))
+            .collect()
     }
 }
 
@@ -183,6 +191,13 @@ impl Batch {
     /// Tokens the trainer processes: every trajectory's whole sequence (observations and
     /// responses) once, however often generation had to prefill it.
     pub fn tokens(&self) -> usize {
-        self.trajectories().map(|t| t.turns.iter().map(|x| x.observation_tokens.len() + x.response_tokens.len()).sum::<usize>()).sum()
+        self.trajectories()
+            .map(|t| {
+                t.turns
+                    .iter()
+                    .map(|x| x.observation_tokens.len() + x.response_tokens.len())
+                    .sum::<usize>()
+            })
+            .sum()
     }
 }

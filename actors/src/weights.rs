@@ -27,7 +27,11 @@ pub struct Weights {
 
 impl Weights {
     pub fn simulated(version: PolicyVersion, modelled_bytes: f64) -> Self {
-        Self { version, tensors: Vec::new(), modelled_bytes }
+        Self {
+            version,
+            tensors: Vec::new(),
+            modelled_bytes,
+        }
     }
 }
 
@@ -56,13 +60,25 @@ impl Actor for WeightStore {
     type State = WeightStoreState;
     type Arguments = WeightStoreArgs;
 
-    async fn pre_start(&self, _me: ActorRef<Self::Msg>, args: WeightStoreArgs) -> Result<Self::State, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        _me: ActorRef<Self::Msg>,
+        args: WeightStoreArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
         let mut versions = BTreeMap::new();
         versions.insert(args.initial.version, args.initial);
-        Ok(WeightStoreState { keep: args.keep.max(1), versions })
+        Ok(WeightStoreState {
+            keep: args.keep.max(1),
+            versions,
+        })
     }
 
-    async fn handle(&self, _me: ActorRef<Self::Msg>, msg: Self::Msg, st: &mut Self::State) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        _me: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
             WeightStoreMsg::Publish(w) => {
                 st.versions.insert(w.version, w);

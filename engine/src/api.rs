@@ -52,7 +52,12 @@ pub struct ApiError {
 
 impl ApiError {
     fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into(), fields: Vec::new() }
+        Self {
+            status,
+            code,
+            message: message.into(),
+            fields: Vec::new(),
+        }
     }
 }
 
@@ -61,11 +66,20 @@ impl IntoResponse for ApiError {
         if self.status.is_server_error() {
             tracing::error!(code = self.code, error = %self.message, "request failed");
         }
-        let body = ErrorBody { error: ErrorDetail { code: self.code, message: self.message, fields: self.fields } };
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code,
+                message: self.message,
+                fields: self.fields,
+            },
+        };
         let mut r = (self.status, Json(body)).into_response();
         if self.status == StatusCode::PAYLOAD_TOO_LARGE {
             // The unread body makes the connection unusable: tell the client not to pool it.
-            r.headers_mut().insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+            r.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
         }
         r
     }
@@ -74,13 +88,27 @@ impl IntoResponse for ApiError {
 impl From<ServiceError> for ApiError {
     fn from(e: ServiceError) -> Self {
         match e {
-            ServiceError::NotFound(id) => Self::new(StatusCode::NOT_FOUND, "not_found", format!("job {id} not found")),
-            ServiceError::ShuttingDown => Self::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", e.to_string()),
-            ServiceError::Terminal { .. } => Self::new(StatusCode::CONFLICT, "conflict", e.to_string()),
+            ServiceError::NotFound(id) => Self::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("job {id} not found"),
+            ),
+            ServiceError::ShuttingDown => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shutting_down",
+                e.to_string(),
+            ),
+            ServiceError::Terminal { .. } => {
+                Self::new(StatusCode::CONFLICT, "conflict", e.to_string())
+            }
             // Internals are logged, not leaked.
             other => {
                 tracing::error!(error = ?other, "service error");
-                Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error")
+                Self::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "internal error",
+                )
             }
         }
     }
@@ -123,7 +151,7 @@ pub struct Cluster {
     /// Function deployments of the local runtime (shared by all jobs): instances by phase,
     /// autoscaler decision and panic state, requests now and at peak, router counters.
     #[schema(value_type = Vec<Object>)]
-    pub functions: Vec<crate::functions::FunctionView>,
+    pub functions: Vec<crate::hub::FunctionView>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -163,8 +191,22 @@ pub struct DeviceView {
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "rollarc", description = "Rollout engine for agentic RL: job API v1"),
-    paths(submit, list_jobs, get_job, cancel_job, job_events, trajectories, cluster, healthz, readyz, metrics),
+    info(
+        title = "rollarc",
+        description = "Rollout engine for agentic RL: job API v1"
+    ),
+    paths(
+        submit,
+        list_jobs,
+        get_job,
+        cancel_job,
+        job_events,
+        trajectories,
+        cluster,
+        healthz,
+        readyz,
+        metrics
+    ),
     components(schemas(
         Created,
         JobList,
@@ -205,7 +247,10 @@ pub fn router(service: Arc<Service>) -> Router {
 }
 
 fn body_format(headers: &HeaderMap, body: &str) -> Format {
-    let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
     if ct.contains("json") {
         Format::Json
     } else if ct.contains("toml") {
@@ -220,15 +265,24 @@ fn body_format(headers: &HeaderMap, body: &str) -> Format {
 /// Submit a job (JSON or TOML body).
 #[utoipa::path(post, path = "/v1/jobs", request_body(content = spec::JobSpec, description = "job spec as JSON or TOML"),
     responses((status = 201, body = Created), (status = 400, body = ErrorBody), (status = 413, body = ErrorBody), (status = 503, body = ErrorBody)))]
-async fn submit(State(s): State<Arc<Service>>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<(StatusCode, Json<Created>), ApiError> {
+async fn submit(
+    State(s): State<Arc<Service>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<Created>), ApiError> {
     let body = body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", format!("request body exceeds {MAX_BODY_BYTES} bytes"))
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                format!("request body exceeds {MAX_BODY_BYTES} bytes"),
+            )
         } else {
             ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text())
         }
     })?;
-    let text = std::str::from_utf8(&body).map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", "body is not UTF-8"))?;
+    let text = std::str::from_utf8(&body)
+        .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", "body is not UTF-8"))?;
     let spec = spec::parse(text, body_format(&headers, text)).map_err(|e| ApiError {
         status: StatusCode::BAD_REQUEST,
         code: "invalid_spec",
@@ -242,31 +296,51 @@ async fn submit(State(s): State<Arc<Service>>, headers: HeaderMap, body: Result<
 /// List jobs, oldest first.
 #[utoipa::path(get, path = "/v1/jobs", responses((status = 200, body = JobList)))]
 async fn list_jobs(State(s): State<Arc<Service>>) -> Result<Json<JobList>, ApiError> {
-    Ok(Json(JobList { jobs: s.store.list()? }))
+    Ok(Json(JobList {
+        jobs: s.store.list()?,
+    }))
 }
 
 /// One job: state, step, steps, latest metrics.
 #[utoipa::path(get, path = "/v1/jobs/{id}", responses((status = 200, body = JobRecord), (status = 404, body = ErrorBody)))]
-async fn get_job(State(s): State<Arc<Service>>, Path(id): Path<String>) -> Result<Json<JobRecord>, ApiError> {
-    s.store.get(&id)?.map(Json).ok_or_else(|| ServiceError::NotFound(id).into())
+async fn get_job(
+    State(s): State<Arc<Service>>,
+    Path(id): Path<String>,
+) -> Result<Json<JobRecord>, ApiError> {
+    s.store
+        .get(&id)?
+        .map(Json)
+        .ok_or_else(|| ServiceError::NotFound(id).into())
 }
 
 /// Cancel a queued or running job.
 #[utoipa::path(post, path = "/v1/jobs/{id}/cancel", responses((status = 202, body = JobRecord), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
-async fn cancel_job(State(s): State<Arc<Service>>, Path(id): Path<String>) -> Result<(StatusCode, Json<JobRecord>), ApiError> {
+async fn cancel_job(
+    State(s): State<Arc<Service>>,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Json<JobRecord>), ApiError> {
     s.cancel(&id)?;
-    let j = s.store.get(&id)?.ok_or_else(|| ServiceError::NotFound(id.clone()))?;
+    let j = s
+        .store
+        .get(&id)?
+        .ok_or_else(|| ServiceError::NotFound(id.clone()))?;
     Ok((StatusCode::ACCEPTED, Json(j)))
 }
 
 /// Server-sent events: `state` on every transition and `progress` after every step. The
 /// stream starts with the current state and ends after a terminal state.
 #[utoipa::path(get, path = "/v1/jobs/{id}/events", responses((status = 200, description = "text/event-stream of JobEvent"), (status = 404, body = ErrorBody)))]
-async fn job_events(State(s): State<Arc<Service>>, Path(id): Path<String>) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+async fn job_events(
+    State(s): State<Arc<Service>>,
+    Path(id): Path<String>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let mut rx = s.subscribe(&id);
-    let first = s.state_event(&id).ok_or_else(|| ServiceError::NotFound(id.clone()))?;
+    let first = s
+        .state_event(&id)
+        .ok_or_else(|| ServiceError::NotFound(id.clone()))?;
     let stream = async_stream(move |tx| async move {
-        let terminal = |e: &JobEvent| matches!(e, JobEvent::State { state, .. } if state.is_terminal());
+        let terminal =
+            |e: &JobEvent| matches!(e, JobEvent::State { state, .. } if state.is_terminal());
         let done = terminal(&first);
         if tx.send(to_event(&first)).await.is_err() || done {
             return;
@@ -280,7 +354,9 @@ async fn job_events(State(s): State<Arc<Service>>, Path(id): Path<String>) -> Re
                     }
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                    let ev = Event::default().event("lagged").data(format!("{{\"skipped\":{n}}}"));
+                    let ev = Event::default()
+                        .event("lagged")
+                        .data(format!("{{\"skipped\":{n}}}"));
                     if tx.send(ev).await.is_err() {
                         return;
                     }
@@ -297,7 +373,9 @@ fn to_event(e: &JobEvent) -> Event {
         JobEvent::State { .. } => "state",
         JobEvent::Progress { .. } => "progress",
     };
-    Event::default().event(name).data(serde_json::to_string(e).unwrap_or_default())
+    Event::default()
+        .event(name)
+        .data(serde_json::to_string(e).unwrap_or_default())
 }
 
 /// A stream fed by a task through a bounded channel (capacity 64: the producer waits for a
@@ -309,7 +387,10 @@ where
 {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     tokio::spawn(f(tx));
-    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (Ok(e), rx)) })
+    futures::stream::unfold(
+        rx,
+        |mut rx| async move { rx.recv().await.map(|e| (Ok(e), rx)) },
+    )
 }
 
 /// Trajectories after a cursor, as NDJSON in durable order.
@@ -319,18 +400,29 @@ async fn trajectories(
     Path(id): Path<String>,
     q: Result<Query<PageQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let Query(q) = q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
+    let Query(q) =
+        q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
     let limit = q.limit.unwrap_or(100);
     if limit == 0 || limit > MAX_PAGE {
         return Err(ApiError {
-            fields: vec![FieldError { field: "limit".into(), message: format!("must be in 1..={MAX_PAGE}") }],
-            ..ApiError::new(StatusCode::BAD_REQUEST, "bad_request", format!("limit {limit} out of range"))
+            fields: vec![FieldError {
+                field: "limit".into(),
+                message: format!("must be in 1..={MAX_PAGE}"),
+            }],
+            ..ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("limit {limit} out of range"),
+            )
         });
     }
     let after = q.after.unwrap_or(0);
     if after < 0 {
         return Err(ApiError {
-            fields: vec![FieldError { field: "after".into(), message: "must be >= 0".into() }],
+            fields: vec![FieldError {
+                field: "after".into(),
+                message: "must be >= 0".into(),
+            }],
             ..ApiError::new(StatusCode::BAD_REQUEST, "bad_request", "negative cursor")
         });
     }
@@ -344,7 +436,16 @@ async fn trajectories(
         out.push('\n');
     }
     let next = rows.last().map_or(after, |r| r.cursor);
-    Ok(([(header::CONTENT_TYPE, "application/x-ndjson".to_string()), (header::HeaderName::from_static("x-next-cursor"), next.to_string())], out)
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/x-ndjson".to_string()),
+            (
+                header::HeaderName::from_static("x-next-cursor"),
+                next.to_string(),
+            ),
+        ],
+        out,
+    )
         .into_response())
 }
 
@@ -353,7 +454,9 @@ async fn trajectories(
 async fn cluster(State(s): State<Arc<Service>>) -> Result<Json<Cluster>, ApiError> {
     let mut jobs = Vec::new();
     for id in s.running_ids() {
-        let Some(spec) = s.store.spec(&id)? else { continue };
+        let Some(spec) = s.store.spec(&id)? else {
+            continue;
+        };
         let rec = s.store.get(&id)?;
         let metrics = rec.map(|r| r.metrics).unwrap_or_default();
         let knobs = spec.knobs();
@@ -368,10 +471,16 @@ async fn cluster(State(s): State<Arc<Service>>) -> Result<Json<Cluster>, ApiErro
                     shards: p.count,
                     backend: match &p.backend {
                         spec::BackendSpec::Sim { model, .. } => format!("sim:{model}"),
-                        spec::BackendSpec::Builtin { model, .. } => format!("builtin:d{}-l{}", model.d_model, model.n_layers),
+                        spec::BackendSpec::Builtin { model, .. } => {
+                            format!("builtin:d{}-l{}", model.d_model, model.n_layers)
+                        }
                     },
-                    utilisation: metrics.pointer(&format!("/pools/{}/utilisation", p.name)).and_then(|v| v.as_f64()),
-                    groups: metrics.pointer(&format!("/pools/{}/groups", p.name)).and_then(|v| v.as_u64()),
+                    utilisation: metrics
+                        .pointer(&format!("/pools/{}/utilisation", p.name))
+                        .and_then(|v| v.as_f64()),
+                    groups: metrics
+                        .pointer(&format!("/pools/{}/groups", p.name))
+                        .and_then(|v| v.as_u64()),
                 })
                 .collect(),
             environments: spec
@@ -396,9 +505,19 @@ async fn cluster(State(s): State<Arc<Service>>) -> Result<Json<Cluster>, ApiErro
     let devices = actors::device::DeviceProfile::BUILTIN_NAMES
         .iter()
         .filter_map(|n| actors::device::DeviceProfile::builtin(n))
-        .map(|d| DeviceView { name: d.name, tflops: d.flops / 1e12, bandwidth_tb_s: d.bandwidth / 1e12, memory_gb: d.memory / 1e9, relative_cost: d.cost })
+        .map(|d| DeviceView {
+            name: d.name,
+            tflops: d.flops / 1e12,
+            bandwidth_tb_s: d.bandwidth / 1e12,
+            memory_gb: d.memory / 1e9,
+            relative_cost: d.cost,
+        })
         .collect();
-    Ok(Json(Cluster { jobs, devices, functions: s.functions.view() }))
+    Ok(Json(Cluster {
+        jobs,
+        devices,
+        functions: s.functions.view(),
+    }))
 }
 
 /// Liveness.
@@ -411,7 +530,12 @@ async fn healthz() -> Json<Health> {
 #[utoipa::path(get, path = "/readyz", responses((status = 200, body = Health), (status = 503, body = Health)))]
 async fn readyz(State(s): State<Arc<Service>>) -> (StatusCode, Json<Health>) {
     if s.intake.is_cancelled() {
-        (StatusCode::SERVICE_UNAVAILABLE, Json(Health { status: "shutting_down" }))
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(Health {
+                status: "shutting_down",
+            }),
+        )
     } else {
         (StatusCode::OK, Json(Health { status: "ready" }))
     }
@@ -420,16 +544,26 @@ async fn readyz(State(s): State<Arc<Service>>) -> (StatusCode, Json<Health>) {
 /// Prometheus text exposition, fed from the OpenTelemetry metrics pipeline.
 #[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text format")))]
 async fn metrics() -> Result<Response, ApiError> {
-    let text = infra::telemetry::Metrics::global().render().map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    let text = infra::telemetry::Metrics::global()
+        .render()
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
 
 async fn no_route(uri: axum::http::Uri) -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no route for {}", uri.path()))
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!("no route for {}", uri.path()),
+    )
 }
 
 async fn no_method(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
-    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", format!("{method} is not allowed on {}", uri.path()))
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{method} is not allowed on {}", uri.path()),
+    )
 }
 
 async fn openapi() -> Json<utoipa::openapi::OpenApi> {

@@ -6,9 +6,9 @@
 //! crate sees storage only through `TrajectorySink`.
 
 pub mod api;
+pub mod bench;
 pub mod cli;
-pub mod envs;
-pub mod functions;
+pub mod hub;
 pub mod job;
 pub mod plan;
 pub mod report;
@@ -20,3 +20,6 @@ pub mod simrun;
 pub mod spec;
 pub mod store;
 pub mod telemetry;
+pub mod wiring;
+
+pub use wiring::envs;

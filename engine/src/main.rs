@@ -4,16 +4,23 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::process::ExitCode;
+
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use engine::service::{JobEvent, Service, ServiceConfig};
-use engine::spec::{self, Format, JobSpec, Preset};
+use engine::spec::{self, Format, JobSpec};
 
 #[derive(Parser)]
 #[command(name = "rollarc", version, about = "Rollout engine for agentic RL")]
 struct Cli {
     /// Address of a running service (client commands).
-    #[arg(long, global = true, env = "ROLLARC_SERVER", default_value = "http://127.0.0.1:8080")]
+    #[arg(
+        long,
+        global = true,
+        env = "ROLLARC_SERVER",
+        default_value = "http://127.0.0.1:8080"
+    )]
     server: String,
     #[command(subcommand)]
     cmd: Cmd,
@@ -126,239 +133,368 @@ struct ServeConfig {
 }
 
 fn read_spec(file: &PathBuf) -> anyhow::Result<JobSpec> {
-    let body = std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
-    let fmt = if file.extension().is_some_and(|e| e == "json") { Format::Json } else { Format::Toml };
+    let body =
+        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let fmt = if file.extension().is_some_and(|e| e == "json") {
+        Format::Json
+    } else {
+        Format::Toml
+    };
     spec::parse(&body, fmt).map_err(|e| {
-        let lines: Vec<String> = e.0.iter().map(|f| format!("  {}: {}", if f.field.is_empty() { "(spec)" } else { &f.field }, f.message)).collect();
-        anyhow::anyhow!("{} is not a valid job spec:\n{}", file.display(), lines.join("\n"))
+        let lines: Vec<String> =
+            e.0.iter()
+                .map(|f| {
+                    format!(
+                        "  {}: {}",
+                        if f.field.is_empty() {
+                            "(spec)"
+                        } else {
+                            &f.field
+                        },
+                        f.message
+                    )
+                })
+                .collect();
+        anyhow::anyhow!(
+            "{} is not a valid job spec:\n{}",
+            file.display(),
+            lines.join("\n")
+        )
     })
 }
 
-fn main() -> std::process::ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
     let _guard = infra::telemetry::init_tracing(&infra::env::ProcessEnv);
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
+            ExitCode::FAILURE
         }
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
-    let rt = || tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("cannot start the runtime");
+fn exit_code(ok: bool) -> ExitCode {
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// The runtime of the client commands and of an in-process service.
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let server = cli.server;
     match cli.cmd {
-        Cmd::Serve { addr, data_dir, config } => {
-            let cfg: ServeConfig = match config {
-                Some(p) => toml::from_str(&std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?)
-                    .with_context(|| format!("invalid service config {}", p.display()))?,
-                None => ServeConfig::default(),
-            };
-            let addr = addr.or(cfg.addr).unwrap_or_else(|| "127.0.0.1:8080".into());
-            let data_dir = data_dir.or(cfg.data_dir).unwrap_or_else(|| PathBuf::from("data"));
-            let grace = Duration::from_secs_f64(cfg.grace_s.unwrap_or(10.0));
-            let max_running = cfg.max_running.unwrap_or(2);
-            rt()?.block_on(engine::server::serve(&addr, ServiceConfig { data_dir, max_running }, grace))?;
-            Ok(std::process::ExitCode::SUCCESS)
-        }
-        Cmd::Submit { file } => {
-            let body = std::fs::read_to_string(&file).with_context(|| format!("cannot read {}", file.display()))?;
-            let ct = if file.extension().is_some_and(|e| e == "json") { "application/json" } else { "application/toml" };
-            rt()?.block_on(async {
-                let r = reqwest::Client::new().post(format!("{}/v1/jobs", cli.server)).header("content-type", ct).body(body).send().await?;
-                let status = r.status();
-                let text = r.text().await?;
-                if !status.is_success() {
-                    bail!("{status}: {text}");
-                }
-                println!("{text}");
-                Ok(std::process::ExitCode::SUCCESS)
-            })
-        }
-        Cmd::Status { id } => rt()?.block_on(async {
-            let url = match id {
-                Some(id) => format!("{}/v1/jobs/{id}", cli.server),
-                None => format!("{}/v1/jobs", cli.server),
-            };
-            let r = reqwest::get(url).await?;
-            let status = r.status();
-            let v: serde_json::Value = r.json().await?;
-            println!("{}", serde_json::to_string_pretty(&v)?);
-            Ok(if status.is_success() { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::FAILURE })
-        }),
-        Cmd::Cancel { id } => rt()?.block_on(async {
-            let r = reqwest::Client::new().post(format!("{}/v1/jobs/{id}/cancel", cli.server)).send().await?;
-            let status = r.status();
-            println!("{}", r.text().await?);
-            Ok(if status.is_success() { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::FAILURE })
-        }),
-        Cmd::Watch { id } => rt()?.block_on(engine::cli::watch_remote(&cli.server, &id)),
-        Cmd::Run { file, data_dir, report } => {
-            let spec = read_spec(&file)?;
-            rt()?.block_on(async move {
-                let service = Service::open(&ServiceConfig { data_dir, max_running: 1 })?;
-                let id = service.submit(spec)?;
-                let rx = service.subscribe(&id);
-                let hub = service.functions.clone();
-                let functions = move || {
-                    let v = hub.view();
-                    if v.is_empty() {
-                        return String::new();
-                    }
-                    let list: Vec<String> = v.iter().map(|d| format!("{} {}/{}", d.deployment.name, d.deployment.ready, d.deployment.desired)).collect();
-                    format!(" · functions {}", list.join(", "))
-                };
-                let last = engine::cli::watch_events_with(rx, service.state_event(&id), functions).await;
-                print_summary(&service, &id)?;
-                write_report(&service, &id, &report)?;
-                Ok(match last {
-                    Some(JobEvent::State { state: engine::store::JobState::Succeeded, .. }) => std::process::ExitCode::SUCCESS,
-                    _ => std::process::ExitCode::FAILURE,
-                })
-            })
-        }
+        Cmd::Serve {
+            addr,
+            data_dir,
+            config,
+        } => serve(addr, data_dir, config),
+        Cmd::Submit { file } => submit(&server, &file),
+        Cmd::Status { id } => status(&server, id),
+        Cmd::Cancel { id } => cancel(&server, &id),
+        Cmd::Watch { id } => Ok(runtime()?.block_on(engine::cli::watch_remote(&server, &id))?),
+        Cmd::Run {
+            file,
+            data_dir,
+            report,
+        } => run_job(&file, data_dir, &report),
         Cmd::Report { job, data_dir, out } => {
-            let service = Service::open(&ServiceConfig { data_dir, max_running: 1 })?;
+            let service = Service::open(&ServiceConfig {
+                data_dir,
+                max_running: 1,
+            })?;
             write_report(&service, &job, &out)?;
-            Ok(std::process::ExitCode::SUCCESS)
+            Ok(ExitCode::SUCCESS)
         }
-        Cmd::Sim { file, preset, compare } => {
+        Cmd::Sim {
+            file,
+            preset,
+            compare,
+        } => {
             let spec = read_spec(&file)?;
             engine::cli::sim(spec, preset.as_deref(), &compare)?;
-            Ok(std::process::ExitCode::SUCCESS)
+            Ok(ExitCode::SUCCESS)
         }
-        Cmd::Scenario { file, json_out, quiet } => {
-            let sc = engine::scenario::Scenario::load(&file)?;
-            println!("{} — {} ({}): {} runs", sc.name, sc.title, sc.figure, sc.runs.len());
-            let res = engine::scenario::run(&sc, |r| {
-                if !quiet {
-                    println!(
-                        "  {:<28} step {:>9.1} s  bubble {:.3}  trainer busy {:.2}  ({} steps, {:.0} simulated s, {:.2} s wall, {} events)  prefill/decode {:.1}  stale {}/{}  pools {}",
-                        r.name,
-                        r.metrics.get("step_s").copied().unwrap_or(0.0),
-                        r.metrics.get("bubble").copied().unwrap_or(0.0),
-                        r.metrics.get("trainer_busy").copied().unwrap_or(0.0),
-                        r.steps,
-                        r.simulated_s,
-                        r.wall_s,
-                        r.events,
-                        r.prefill_tokens as f64 / r.decode_tokens.max(1) as f64,
-                        r.stale_aborted,
-                        r.stale_evicted,
-                        r.pools
-                            .iter()
-                            .map(|(k, v)| format!("{k} {v:.2} ({} groups)", r.pool_groups.get(k).copied().unwrap_or(0)))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    );
-                }
-            })?;
-            print!("{}", engine::scenario::table(std::slice::from_ref(&res)));
-            if let Some(p) = json_out {
-                std::fs::write(&p, serde_json::to_string_pretty(&res)?).with_context(|| format!("cannot write {}", p.display()))?;
-            }
-            Ok(std::process::ExitCode::SUCCESS)
-        }
-        Cmd::BenchSim { files, out, parallel } => {
-            let files = if files.is_empty() {
-                let mut v: Vec<PathBuf> = std::fs::read_dir("examples/sim")
-                    .context("examples/sim")?
-                    .filter_map(|e| e.ok().map(|e| e.path()))
-                    .filter(|p| p.extension().is_some_and(|e| e == "toml"))
-                    .collect();
-                v.sort();
-                v
-            } else {
-                files
-            };
-            let exe = std::env::current_exe().context("cannot find this executable")?;
-            let res = engine::simbench::run_all(&exe, &files, &out, parallel)?;
-            // Checks outside the paper's band are reported (and explained in the scenario's
-            // notes), not a failure of the benchmark.
-            let _ = res;
-            Ok(std::process::ExitCode::SUCCESS)
-        }
-        Cmd::Plan { scenario, budget, json_out } => {
-            if !(budget.is_finite() && budget > 0.0) {
-                bail!("--budget must be a positive cost (H20 = 1), got {budget}");
-            }
-            let sc = engine::scenario::Scenario::load(&scenario)?;
-            println!("planning {} under a budget of {budget:.0}", sc.name);
-            let p = engine::plan::plan(&sc, budget, |c| {
-                let roll: Vec<String> = c.rollout_gpus.iter().map(|(d, g)| format!("{g} {d}")).collect();
-                println!("  trainer {:>5} + {:<24} cost {:>7.0}: step {:>8.1} s", c.trainer_gpus, roll.join(" + "), c.cost, c.step_s);
-            })?;
-            print!("{}", engine::plan::render(&p));
-            if let Some(out) = json_out {
-                std::fs::write(&out, serde_json::to_string_pretty(&p)?).with_context(|| format!("cannot write {}", out.display()))?;
-            }
-            Ok(std::process::ExitCode::SUCCESS)
-        }
-        Cmd::EnvServe { spec } => {
-            let env: engine::spec::EnvSpec = serde_json::from_str(&spec).context("the environment spec is not valid JSON for an env table")?;
-            let Some(mut env) = engine::envs::builtin(&env) else { bail!("only built-in games can be served (frozenlake, sokoban, arithmetic, tictactoe)") };
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            rt.block_on(actors::env::protocol::serve(env.as_mut(), tokio::io::BufReader::new(tokio::io::stdin()), tokio::io::stdout()))?;
-            Ok(std::process::ExitCode::SUCCESS)
-        }
+        Cmd::Scenario {
+            file,
+            json_out,
+            quiet,
+        } => scenario(&file, json_out, quiet),
+        Cmd::BenchSim {
+            files,
+            out,
+            parallel,
+        } => bench_sim(files, &out, parallel),
+        Cmd::Plan {
+            scenario,
+            budget,
+            json_out,
+        } => plan(&scenario, budget, json_out),
+        Cmd::EnvServe { spec } => env_serve(&spec),
         Cmd::Devices => {
-            match actors::device::discover_gpus() {
-                Ok(gpus) if gpus.is_empty() => println!("no GPU found"),
-                Ok(gpus) => {
-                    for g in gpus {
-                        println!(
-                            "GPU {}: {} — {} SMs, {:.0} GB, {} MHz, mem {} MHz × {} bit → {:.0} TFLOP/s (est.), {:.2} TB/s",
-                            g.ordinal,
-                            g.name,
-                            g.sms,
-                            g.memory_bytes as f64 / 1e9,
-                            g.clock_mhz,
-                            g.memory_clock_mhz,
-                            g.bus_width_bits,
-                            g.profile.flops / 1e12,
-                            g.profile.bandwidth / 1e12
-                        );
-                    }
-                }
-                Err(e) => println!("{e}"),
-            }
-            println!("device classes known to the mapper:");
-            for n in actors::device::DeviceProfile::BUILTIN_NAMES {
-                if let Some(d) = actors::device::DeviceProfile::builtin(n) {
-                    println!("  {:5} {:8.1} TFLOP/s  {:5.2} TB/s  {:4.0} GB  cost ×{:.2}", d.name, d.flops / 1e12, d.bandwidth / 1e12, d.memory / 1e9, d.cost);
-                }
-            }
-            Ok(std::process::ExitCode::SUCCESS)
+            engine::cli::print_devices();
+            Ok(ExitCode::SUCCESS)
         }
-        Cmd::Bench { episodes, what, preset_steps } => {
-            if what == "scheduler" || what == "all" {
-                engine::cli::bench(episodes)?;
-            }
-            if what == "model" || what == "all" {
-                engine::cli::bench_model()?;
-            }
-            if what == "env" || what == "all" {
-                engine::cli::bench_env()?;
-            }
-            if what == "functions" || what == "all" {
-                engine::cli::bench_functions()?;
-            }
-            if what == "presets" || what == "all" {
-                engine::cli::bench_presets(std::path::Path::new("examples/quickstart.toml"), preset_steps)?;
-            }
-            if !["scheduler", "model", "env", "functions", "presets", "all"].contains(&what.as_str()) {
-                anyhow::bail!("unknown benchmark {what:?}: scheduler, model, env, functions, presets or all");
-            }
-            Ok(std::process::ExitCode::SUCCESS)
+        Cmd::Bench {
+            episodes,
+            what,
+            preset_steps,
+        } => {
+            let opts = engine::bench::BenchOptions {
+                episodes,
+                preset_file: std::path::Path::new("examples/quickstart.toml"),
+                preset_steps,
+            };
+            engine::bench::run(&what, &opts)?;
+            Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+fn serve(
+    addr: Option<String>,
+    data_dir: Option<PathBuf>,
+    config: Option<PathBuf>,
+) -> anyhow::Result<ExitCode> {
+    let cfg: ServeConfig = match config {
+        Some(p) => toml::from_str(
+            &std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?,
+        )
+        .with_context(|| format!("invalid service config {}", p.display()))?,
+        None => ServeConfig::default(),
+    };
+    let addr = addr.or(cfg.addr).unwrap_or_else(|| "127.0.0.1:8080".into());
+    let data_dir = data_dir
+        .or(cfg.data_dir)
+        .unwrap_or_else(|| PathBuf::from("data"));
+    let grace = Duration::from_secs_f64(cfg.grace_s.unwrap_or(10.0));
+    let max_running = cfg.max_running.unwrap_or(2);
+    runtime()?.block_on(engine::server::serve(
+        &addr,
+        ServiceConfig {
+            data_dir,
+            max_running,
+        },
+        grace,
+    ))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn submit(server: &str, file: &PathBuf) -> anyhow::Result<ExitCode> {
+    let body =
+        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let ct = if file.extension().is_some_and(|e| e == "json") {
+        "application/json"
+    } else {
+        "application/toml"
+    };
+    runtime()?.block_on(async {
+        let r = reqwest::Client::new()
+            .post(format!("{server}/v1/jobs"))
+            .header("content-type", ct)
+            .body(body)
+            .send()
+            .await?;
+        let status = r.status();
+        let text = r.text().await?;
+        if !status.is_success() {
+            bail!("{status}: {text}");
+        }
+        println!("{text}");
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+fn status(server: &str, id: Option<String>) -> anyhow::Result<ExitCode> {
+    runtime()?.block_on(async {
+        let url = match id {
+            Some(id) => format!("{server}/v1/jobs/{id}"),
+            None => format!("{server}/v1/jobs"),
+        };
+        let r = reqwest::get(url).await?;
+        let status = r.status();
+        let v: serde_json::Value = r.json().await?;
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        Ok(exit_code(status.is_success()))
+    })
+}
+
+fn cancel(server: &str, id: &str) -> anyhow::Result<ExitCode> {
+    runtime()?.block_on(async {
+        let r = reqwest::Client::new()
+            .post(format!("{server}/v1/jobs/{id}/cancel"))
+            .send()
+            .await?;
+        let status = r.status();
+        println!("{}", r.text().await?);
+        Ok(exit_code(status.is_success()))
+    })
+}
+
+/// `rollarc run`: the service in-process; submit, watch, summary and report.
+fn run_job(
+    file: &PathBuf,
+    data_dir: PathBuf,
+    report: &std::path::Path,
+) -> anyhow::Result<ExitCode> {
+    let spec = read_spec(file)?;
+    runtime()?.block_on(async move {
+        let service = Service::open(&ServiceConfig {
+            data_dir,
+            max_running: 1,
+        })?;
+        let id = service.submit(spec)?;
+        let rx = service.subscribe(&id);
+        let hub = service.functions.clone();
+        let functions = move || {
+            let v = hub.view();
+            if v.is_empty() {
+                return String::new();
+            }
+            let list: Vec<String> = v
+                .iter()
+                .map(|d| {
+                    format!(
+                        "{} {}/{}",
+                        d.deployment.name, d.deployment.ready, d.deployment.desired
+                    )
+                })
+                .collect();
+            format!(" · functions {}", list.join(", "))
+        };
+        let last = engine::cli::watch_events_with(rx, service.state_event(&id), functions).await;
+        print_summary(&service, &id)?;
+        write_report(&service, &id, report)?;
+        Ok(exit_code(matches!(
+            last,
+            Some(JobEvent::State {
+                state: engine::store::JobState::Succeeded,
+                ..
+            })
+        )))
+    })
+}
+
+fn scenario(
+    file: &std::path::Path,
+    json_out: Option<PathBuf>,
+    quiet: bool,
+) -> anyhow::Result<ExitCode> {
+    let sc = engine::scenario::Scenario::load(file)?;
+    println!(
+        "{} — {} ({}): {} runs",
+        sc.name,
+        sc.title,
+        sc.figure,
+        sc.runs.len()
+    );
+    let res = engine::scenario::run(&sc, |r| {
+        if !quiet {
+            engine::cli::print_run(r);
+        }
+    })?;
+    print!("{}", engine::scenario::table(std::slice::from_ref(&res)));
+    if let Some(p) = json_out {
+        std::fs::write(&p, serde_json::to_string_pretty(&res)?)
+            .with_context(|| format!("cannot write {}", p.display()))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn bench_sim(
+    files: Vec<PathBuf>,
+    out: &std::path::Path,
+    parallel: usize,
+) -> anyhow::Result<ExitCode> {
+    let files = if files.is_empty() {
+        let mut v: Vec<PathBuf> = std::fs::read_dir("examples/sim")
+            .context("examples/sim")?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+            .collect();
+        v.sort();
+        v
+    } else {
+        files
+    };
+    let exe = std::env::current_exe().context("cannot find this executable")?;
+    // Checks outside the paper's band are reported (and explained in the scenario's notes),
+    // not a failure of the benchmark.
+    engine::simbench::run_all(&exe, &files, out, parallel)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn plan(
+    scenario: &std::path::Path,
+    budget: f64,
+    json_out: Option<PathBuf>,
+) -> anyhow::Result<ExitCode> {
+    if !(budget.is_finite() && budget > 0.0) {
+        bail!("--budget must be a positive cost (H20 = 1), got {budget}");
+    }
+    let sc = engine::scenario::Scenario::load(scenario)?;
+    println!("planning {} under a budget of {budget:.0}", sc.name);
+    let p = engine::plan::plan(&sc, budget, |c| {
+        let roll: Vec<String> = c
+            .rollout_gpus
+            .iter()
+            .map(|(d, g)| format!("{g} {d}"))
+            .collect();
+        println!(
+            "  trainer {:>5} + {:<24} cost {:>7.0}: step {:>8.1} s",
+            c.trainer_gpus,
+            roll.join(" + "),
+            c.cost,
+            c.step_s
+        );
+    })?;
+    print!("{}", engine::plan::render(&p));
+    if let Some(out) = json_out {
+        std::fs::write(&out, serde_json::to_string_pretty(&p)?)
+            .with_context(|| format!("cannot write {}", out.display()))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn env_serve(spec: &str) -> anyhow::Result<ExitCode> {
+    let env: engine::spec::EnvSpec = serde_json::from_str(spec)
+        .context("the environment spec is not valid JSON for an env table")?;
+    let Some(mut env) = engine::wiring::envs::builtin(&env) else {
+        bail!("only built-in games can be served (frozenlake, sokoban, arithmetic, tictactoe)")
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(actors::env::protocol::serve(
+        env.as_mut(),
+        tokio::io::BufReader::new(tokio::io::stdin()),
+        tokio::io::stdout(),
+    ))?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn write_report(service: &Arc<Service>, id: &str, dir: &std::path::Path) -> anyhow::Result<()> {
-    let Some(j) = service.store.get(id)? else { return Ok(()) };
-    let steps: Vec<engine::job::StepMetrics> =
-        service.store.step_metrics(id)?.into_iter().map(serde_json::from_value).collect::<Result<_, _>>().context("stored step metrics")?;
+    let Some(j) = service.store.get(id)? else {
+        return Ok(());
+    };
+    let steps: Vec<engine::job::StepMetrics> = service
+        .store
+        .step_metrics(id)?
+        .into_iter()
+        .map(serde_json::from_value)
+        .collect::<Result<_, _>>()
+        .context("stored step metrics")?;
     let mut summary = engine::report::summarise(id, j.state.as_str(), &steps);
     // The random-policy rate of each built-in game, measured on the environment itself.
     if let Some(spec) = service.store.spec(id)? {
@@ -368,29 +504,42 @@ fn write_report(service: &Arc<Service>, id: &str, dir: &std::path::Path) -> anyh
             }
         }
     }
-    println!("{:<12} {:>14} {:>14} {:>12} {:>10}", "task", "random policy", "success start", "success end", "≥90% at");
-    for (name, t) in &summary.tasks {
-        let at = t.first_step_at_90.map(|s| format!("step {s}")).unwrap_or_else(|| "-".into());
-        let random = t.success_random.map(|r| format!("{r:.3}")).unwrap_or_else(|| "-".into());
-        println!("{name:<12} {random:>14} {:>14.3} {:>12.3} {at:>10}", t.success_start, t.success_end);
-    }
-    let path = engine::report::write(dir, &summary).with_context(|| format!("writing the report to {}", dir.display()))?;
+    engine::cli::print_task_table(&summary);
+    let path = engine::report::write(dir, &summary)
+        .with_context(|| format!("writing the report to {}", dir.display()))?;
     println!("report: {}", path.display());
     match engine::report::plots(dir, &steps) {
-        Ok(files) => println!("plots: {}", files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", ")),
-        Err(e) => eprintln!("plots not drawn: {e}"),
+        Ok(files) => println!(
+            "plots: {}",
+            files
+                .iter()
+                .map(|f| f.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        Err(e) => eprintln!("plots not drawn: {:#}", anyhow::Error::new(e)),
     }
     Ok(())
 }
 
 fn print_summary(service: &Arc<Service>, id: &str) -> anyhow::Result<()> {
-    let Some(j) = service.store.get(id)? else { return Ok(()) };
-    println!("job {} {} after {}/{} steps", j.id, j.state.as_str(), j.step, j.steps);
+    let Some(j) = service.store.get(id)? else {
+        return Ok(());
+    };
+    println!(
+        "job {} {} after {}/{} steps",
+        j.id,
+        j.state.as_str(),
+        j.step,
+        j.steps
+    );
     if let Some(e) = &j.error {
         println!("error: {e}");
     }
     engine::cli::print_metrics(&j.metrics);
-    println!("trajectories stored: {}", service.store.trajectory_count(id)?);
-    let _ = Preset::ALL;
+    println!(
+        "trajectories stored: {}",
+        service.store.trajectory_count(id)?
+    );
     Ok(())
 }

@@ -15,7 +15,7 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use utoipa::ToSchema;
 
-use crate::job::{self, JobError, JobRun, StepMetrics, StepObserver};
+use crate::job::{self, JobError, JobRun, ObserverError, StepMetrics, StepObserver};
 use crate::spec::{Clock, JobSpec};
 use crate::store::{JobSink, JobState, Store, StoreError};
 use crate::telemetry::Catalogue;
@@ -57,8 +57,8 @@ pub enum ServiceError {
     },
     #[error("the service is shutting down and accepts no new jobs")]
     ShuttingDown,
-    #[error("function runtime: {0}")]
-    Functions(String),
+    #[error("the function runtime could not be started")]
+    Functions(#[source] crate::hub::HubError),
     #[error("job {0} not found")]
     NotFound(String),
     #[error("job {id} is already {state}")]
@@ -83,32 +83,46 @@ pub struct Service {
     data_dir: PathBuf,
     max_running: usize,
     running: Mutex<BTreeMap<String, Running>>,
+    /// How many jobs run now (a drain waits for 0).
+    running_count: tokio::sync::watch::Sender<usize>,
     events: Mutex<BTreeMap<String, broadcast::Sender<JobEvent>>>,
     /// Cancelled when the service stops accepting jobs.
     pub intake: CancellationToken,
     metrics: Catalogue,
     job_restarts: Mutex<BTreeMap<String, RestartTracker>>,
     /// The function runtime and routers every job's reward functions go through.
-    pub functions: Arc<crate::functions::FunctionHub>,
+    pub functions: Arc<crate::hub::FunctionHub>,
 }
 
 /// Restart policy of the engine supervisor for failed jobs (actor escalation or panic).
-pub const JOB_RESTART_POLICY: RestartPolicy = RestartPolicy { intensity: 3, window: std::time::Duration::from_secs(600) };
+pub const JOB_RESTART_POLICY: RestartPolicy = RestartPolicy {
+    intensity: 3,
+    window: std::time::Duration::from_secs(600),
+};
 
 impl Service {
     pub fn open(cfg: &ServiceConfig) -> Result<Arc<Self>, ServiceError> {
-        std::fs::create_dir_all(&cfg.data_dir).map_err(|e| ServiceError::DataDir { dir: cfg.data_dir.clone(), source: e })?;
+        std::fs::create_dir_all(&cfg.data_dir).map_err(|e| ServiceError::DataDir {
+            dir: cfg.data_dir.clone(),
+            source: e,
+        })?;
         let store = Store::open(&cfg.data_dir.join("rollarc.db"))?;
         Self::with_store(store, cfg.data_dir.clone(), cfg.max_running)
     }
 
-    pub fn with_store(store: Store, data_dir: PathBuf, max_running: usize) -> Result<Arc<Self>, ServiceError> {
-        let functions = crate::functions::FunctionHub::new(crate::functions::default_fn_bin()).map_err(|e| ServiceError::Functions(e.to_string()))?;
+    pub fn with_store(
+        store: Store,
+        data_dir: PathBuf,
+        max_running: usize,
+    ) -> Result<Arc<Self>, ServiceError> {
+        let functions = crate::hub::FunctionHub::new(crate::hub::default_fn_bin())
+            .map_err(ServiceError::Functions)?;
         Ok(Arc::new(Self {
             store,
             data_dir,
             max_running: max_running.max(1),
             running: Mutex::new(BTreeMap::new()),
+            running_count: tokio::sync::watch::Sender::new(0),
             events: Mutex::new(BTreeMap::new()),
             intake: CancellationToken::new(),
             metrics: Catalogue::new(),
@@ -122,7 +136,11 @@ impl Service {
         let mut n = 0;
         for j in self.store.unfinished()? {
             if j.state == JobState::Running {
-                self.store.transition(&j.id, JobState::Queued, Some("service restarted; resuming from the last completed step"))?;
+                self.store.transition(
+                    &j.id,
+                    JobState::Queued,
+                    Some("service restarted; resuming from the last completed step"),
+                )?;
                 n += 1;
             }
         }
@@ -143,16 +161,30 @@ impl Service {
     }
 
     pub fn cancel(self: &Arc<Self>, id: &str) -> Result<JobState, ServiceError> {
-        let job = self.store.get(id)?.ok_or_else(|| ServiceError::NotFound(id.to_string()))?;
+        let job = self
+            .store
+            .get(id)?
+            .ok_or_else(|| ServiceError::NotFound(id.to_string()))?;
         if job.state.is_terminal() {
-            return Err(ServiceError::Terminal { id: id.into(), state: job.state.as_str() });
+            return Err(ServiceError::Terminal {
+                id: id.into(),
+                state: job.state.as_str(),
+            });
         }
-        let token = self.running.lock().ok().and_then(|r| r.get(id).map(|j| j.cancel.clone()));
+        let token = self
+            .running
+            .lock()
+            .ok()
+            .and_then(|r| r.get(id).map(|j| j.cancel.clone()));
         match token {
             // The job thread records the transition when the run returns.
             Some(t) => t.cancel(),
             None => {
-                self.store.transition(id, JobState::Cancelled, Some("cancelled before it started"))?;
+                self.store.transition(
+                    id,
+                    JobState::Cancelled,
+                    Some("cancelled before it started"),
+                )?;
                 self.emit_state(id);
             }
         }
@@ -161,18 +193,28 @@ impl Service {
 
     pub fn subscribe(&self, id: &str) -> broadcast::Receiver<JobEvent> {
         let mut ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
-        ev.entry(id.to_string()).or_insert_with(|| broadcast::channel(EVENT_CAPACITY).0).subscribe()
+        ev.entry(id.to_string())
+            .or_insert_with(|| broadcast::channel(EVENT_CAPACITY).0)
+            .subscribe()
     }
 
     fn send(&self, id: &str, e: JobEvent) {
         let mut ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
-        let tx = ev.entry(id.to_string()).or_insert_with(|| broadcast::channel(EVENT_CAPACITY).0);
+        let tx = ev
+            .entry(id.to_string())
+            .or_insert_with(|| broadcast::channel(EVENT_CAPACITY).0);
         let _ = tx.send(e);
     }
 
     pub fn state_event(&self, id: &str) -> Option<JobEvent> {
         let j = self.store.get(id).ok()??;
-        Some(JobEvent::State { id: j.id, state: j.state, step: j.step, steps: j.steps, error: j.error })
+        Some(JobEvent::State {
+            id: j.id,
+            state: j.state,
+            step: j.step,
+            steps: j.steps,
+            error: j.error,
+        })
     }
 
     fn emit_state(&self, id: &str) {
@@ -182,7 +224,10 @@ impl Service {
     }
 
     pub fn running_ids(&self) -> Vec<String> {
-        self.running.lock().map(|r| r.keys().cloned().collect()).unwrap_or_default()
+        self.running
+            .lock()
+            .map(|r| r.keys().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// Starts queued jobs while there is room.
@@ -190,25 +235,49 @@ impl Service {
         if self.intake.is_cancelled() {
             return;
         }
-        let Ok(unfinished) = self.store.unfinished() else { return };
-        let Ok(mut running) = self.running.lock() else { return };
-        for j in unfinished.into_iter().filter(|j| j.state == JobState::Queued) {
+        let Ok(unfinished) = self.store.unfinished() else {
+            return;
+        };
+        let Ok(mut running) = self.running.lock() else {
+            return;
+        };
+        for j in unfinished
+            .into_iter()
+            .filter(|j| j.state == JobState::Queued)
+        {
             if running.len() >= self.max_running {
                 break;
             }
             if running.contains_key(&j.id) {
                 continue;
             }
-            let Ok(Some(spec)) = self.store.spec(&j.id) else { continue };
+            let Ok(Some(spec)) = self.store.spec(&j.id) else {
+                continue;
+            };
             let epoch = self.store.resume_epoch(&j.id).unwrap_or(0);
-            if self.store.transition(&j.id, JobState::Running, None).unwrap_or(false) {
+            if self
+                .store
+                .transition(&j.id, JobState::Running, None)
+                .unwrap_or(false)
+            {
                 let cancel = CancellationToken::new();
                 let interrupted = Arc::new(std::sync::atomic::AtomicBool::new(false));
                 let me = self.clone();
                 let (id, c2, i2) = (j.id.clone(), cancel.clone(), interrupted.clone());
                 let start_step = j.step;
-                let thread = std::thread::Builder::new().name(format!("job-{}", j.id)).spawn(move || me.run_job(id, spec, start_step, epoch, c2, i2)).ok();
-                running.insert(j.id.clone(), Running { cancel, interrupted, thread });
+                let thread = std::thread::Builder::new()
+                    .name(format!("job-{}", j.id))
+                    .spawn(move || me.run_job(id, spec, start_step, epoch, c2, i2))
+                    .ok();
+                running.insert(
+                    j.id.clone(),
+                    Running {
+                        cancel,
+                        interrupted,
+                        thread,
+                    },
+                );
+                self.running_count.send_replace(running.len());
                 drop(running);
                 self.emit_state(&j.id);
                 running = match self.running.lock() {
@@ -233,12 +302,21 @@ impl Service {
         let timeline = spec.clock() == Clock::Real;
         let rt = match spec.clock() {
             Clock::Virtual => crate::simrun::virtual_runtime(),
-            Clock::Real => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+            Clock::Real => tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build(),
         };
         let result = match rt {
             Ok(rt) => {
-                let observer = Arc::new(ServiceObserver { service: self.clone(), id: id.clone(), steps: spec.knobs().steps });
-                let sink = Arc::new(JobSink { store: self.store.clone(), job: id.clone() });
+                let observer = Arc::new(ServiceObserver {
+                    service: self.clone(),
+                    id: id.clone(),
+                    steps: spec.knobs().steps,
+                });
+                let sink = Arc::new(JobSink {
+                    store: self.store.clone(),
+                    job: id.clone(),
+                });
                 let checkpoint_dir = Some(self.data_dir.join("checkpoints").join(&id));
                 let run = JobRun {
                     id: id.clone(),
@@ -253,7 +331,10 @@ impl Service {
                     timeline,
                 };
                 // A panic anywhere in the job's runtime fails (or restarts) this job only.
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.block_on(job::run(run)))).unwrap_or_else(|p| {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    rt.block_on(job::run(run))
+                }))
+                .unwrap_or_else(|p| {
                     let msg = p
                         .downcast_ref::<&str>()
                         .map(|s| s.to_string())
@@ -262,7 +343,7 @@ impl Service {
                     Err(JobError::Panicked(msg))
                 })
             }
-            Err(e) => Err(JobError::Observer(format!("could not build the job runtime: {e}"))),
+            Err(e) => Err(JobError::Runtime(e)),
         };
         let outcome = match &result {
             _ if interrupted.load(std::sync::atomic::Ordering::SeqCst) => None,
@@ -272,13 +353,17 @@ impl Service {
                 // An actor of the job died or the runtime panicked. The engine supervisor's
                 // policy: restart the job from its last completed step,
                 // at most JOB_RESTART_POLICY.intensity times within its window, then fail it.
-                let decision = self
-                    .job_restarts
-                    .lock()
-                    .map(|mut m| m.entry(id.clone()).or_insert_with(|| RestartTracker::new(JOB_RESTART_POLICY)).on_failure(tokio::time::Instant::now()));
+                let decision = self.job_restarts.lock().map(|mut m| {
+                    m.entry(id.clone())
+                        .or_insert_with(|| RestartTracker::new(JOB_RESTART_POLICY))
+                        .on_failure(tokio::time::Instant::now())
+                });
                 if decision.ok() == Some(Decision::Restart) {
                     self.metrics.job_restarts.add(1, &[]);
-                    Some((JobState::Queued, Some(format!("restarting after failure: {}", error_chain(e)))))
+                    Some((
+                        JobState::Queued,
+                        Some(format!("restarting after failure: {}", error_chain(e))),
+                    ))
                 } else {
                     Some((JobState::Failed, Some(error_chain(e))))
                 }
@@ -294,6 +379,7 @@ impl Service {
         }
         if let Ok(mut r) = self.running.lock() {
             r.remove(&id);
+            self.running_count.send_replace(r.len());
         }
         self.dispatch();
     }
@@ -301,18 +387,22 @@ impl Service {
     /// Stops intake; waits up to `grace` for running jobs; then interrupts the rest, which stay
     /// `running` in the store and resume at the next start. Returns the interrupted job ids.
     pub async fn shutdown(self: &Arc<Self>, grace: std::time::Duration) -> Vec<String> {
-        self.intake.cancel();
-        let deadline = tokio::time::Instant::now() + grace;
-        while !self.running_ids().is_empty() && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
+        let mut idle = self.running_count.subscribe();
+        let force = CancellationToken::new();
+        let drained = async move {
+            // The sender lives in `self`, so this ends only when no job runs.
+            let _ = idle.wait_for(|n| *n == 0).await;
+        };
+        let outcome = infra::shutdown::drain(&self.intake, &force, grace, drained).await;
+        tracing::info!(?outcome, "drained the running jobs");
         let mut forced = Vec::new();
         let threads: Vec<_> = match self.running.lock() {
             Ok(mut r) => r
                 .iter_mut()
                 .map(|(id, j)| {
                     forced.push(id.clone());
-                    j.interrupted.store(true, std::sync::atomic::Ordering::SeqCst);
+                    j.interrupted
+                        .store(true, std::sync::atomic::Ordering::SeqCst);
                     j.cancel.cancel();
                     j.thread.take()
                 })
@@ -338,11 +428,21 @@ struct ServiceObserver {
 }
 
 impl StepObserver for ServiceObserver {
-    fn on_step(&self, m: &StepMetrics, batch: &Batch) -> Result<(), String> {
-        let metrics = serde_json::to_value(m).map_err(|e| e.to_string())?;
-        self.service.store.complete_step(&self.id, m.step + 1, &metrics).map_err(|e| e.to_string())?;
+    fn on_step(&self, m: &StepMetrics, batch: &Batch) -> Result<(), ObserverError> {
+        let metrics = serde_json::to_value(m)?;
+        self.service
+            .store
+            .complete_step(&self.id, m.step + 1, &metrics)?;
         self.service.metrics.record_step(m, batch);
-        self.service.send(&self.id, JobEvent::Progress { id: self.id.clone(), step: m.step + 1, steps: self.steps, metrics });
+        self.service.send(
+            &self.id,
+            JobEvent::Progress {
+                id: self.id.clone(),
+                step: m.step + 1,
+                steps: self.steps,
+                metrics,
+            },
+        );
         Ok(())
     }
 }

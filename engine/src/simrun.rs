@@ -11,16 +11,27 @@ use crate::spec::JobSpec;
 
 /// A paused current-thread runtime (the clock jumps whenever every task is idle).
 pub fn virtual_runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build()
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
 }
 
 /// Runs a fully simulated job to completion in virtual time.
 pub fn run_virtual(spec: JobSpec) -> Result<JobSummary, JobError> {
-    run_virtual_with(spec, Arc::new(CountingSink::default()), Arc::new(NoObserver))
+    run_virtual_with(
+        spec,
+        Arc::new(CountingSink::default()),
+        Arc::new(NoObserver),
+    )
 }
 
-pub fn run_virtual_with(spec: JobSpec, sink: Arc<dyn TrajectorySink>, observer: Arc<dyn StepObserver>) -> Result<JobSummary, JobError> {
-    let rt = virtual_runtime().map_err(|e| JobError::Observer(format!("could not build the virtual-time runtime: {e}")))?;
+pub fn run_virtual_with(
+    spec: JobSpec,
+    sink: Arc<dyn TrajectorySink>,
+    observer: Arc<dyn StepObserver>,
+) -> Result<JobSummary, JobError> {
+    let rt = virtual_runtime().map_err(JobError::Runtime)?;
     rt.block_on(job::run(JobRun {
         id: "sim".into(),
         spec,
@@ -49,9 +60,11 @@ pub fn run_blocking(
     let timeline = spec.clock() == crate::spec::Clock::Real;
     let rt = match spec.clock() {
         crate::spec::Clock::Virtual => virtual_runtime(),
-        crate::spec::Clock::Real => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        crate::spec::Clock::Real => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
     }
-    .map_err(|e| JobError::Observer(format!("could not build the job runtime: {e}")))?;
+    .map_err(JobError::Runtime)?;
     rt.block_on(job::run(JobRun {
         id: "run".into(),
         spec,

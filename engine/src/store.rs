@@ -46,7 +46,15 @@ impl JobState {
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        [Self::Queued, Self::Running, Self::Succeeded, Self::Failed, Self::Cancelled].into_iter().find(|x| x.as_str() == s)
+        [
+            Self::Queued,
+            Self::Running,
+            Self::Succeeded,
+            Self::Failed,
+            Self::Cancelled,
+        ]
+        .into_iter()
+        .find(|x| x.as_str() == s)
     }
 
     pub fn is_terminal(self) -> bool {
@@ -92,7 +100,10 @@ pub struct Store {
 /// world, not about the simulated clock).
 #[allow(clippy::disallowed_methods)]
 fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }
 
 const SCHEMA: &str = "
@@ -143,16 +154,23 @@ impl Store {
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.execute_batch(SCHEMA)?;
-        Ok(Self { conn: Arc::new(Mutex::new(conn)) })
+        Ok(Self {
+            conn: Arc::new(Mutex::new(conn)),
+        })
     }
 
     pub fn in_memory() -> Result<Self, StoreError> {
         let conn = Connection::open_in_memory()?;
         conn.execute_batch(SCHEMA)?;
-        Ok(Self { conn: Arc::new(Mutex::new(conn)) })
+        Ok(Self {
+            conn: Arc::new(Mutex::new(conn)),
+        })
     }
 
-    fn with<T>(&self, f: impl FnOnce(&mut Connection) -> Result<T, StoreError>) -> Result<T, StoreError> {
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         let mut c = self.conn.lock().map_err(|_| StoreError::Poisoned)?;
         f(&mut c)
     }
@@ -177,13 +195,24 @@ impl Store {
     }
 
     pub fn spec(&self, id: &str) -> Result<Option<JobSpec>, StoreError> {
-        let s: Option<String> = self.with(|c| Ok(c.query_row("SELECT spec FROM jobs WHERE id = ?1", [id], |r| r.get(0)).optional()?))?;
-        s.map(|s| serde_json::from_str(&s).map_err(StoreError::from)).transpose()
+        let s: Option<String> = self.with(|c| {
+            Ok(
+                c.query_row("SELECT spec FROM jobs WHERE id = ?1", [id], |r| r.get(0))
+                    .optional()?,
+            )
+        })?;
+        s.map(|s| serde_json::from_str(&s).map_err(StoreError::from))
+            .transpose()
     }
 
     /// Moves a job to `to`, recording the transition; returns false if the job is unknown or
     /// already terminal.
-    pub fn transition(&self, id: &str, to: JobState, reason: Option<&str>) -> Result<bool, StoreError> {
+    pub fn transition(
+        &self,
+        id: &str,
+        to: JobState,
+        reason: Option<&str>,
+    ) -> Result<bool, StoreError> {
         self.with(|c| {
             let tx = c.transaction()?;
             let from: Option<String> = tx.query_row("SELECT state FROM jobs WHERE id = ?1", [id], |r| r.get(0)).optional()?;
@@ -204,7 +233,12 @@ impl Store {
     }
 
     /// Records a completed training step and its metrics.
-    pub fn complete_step(&self, id: &str, step: u64, metrics: &serde_json::Value) -> Result<(), StoreError> {
+    pub fn complete_step(
+        &self,
+        id: &str,
+        step: u64,
+        metrics: &serde_json::Value,
+    ) -> Result<(), StoreError> {
         let m = serde_json::to_string(metrics)?;
         self.with(|c| {
             let tx = c.transaction()?;
@@ -217,9 +251,14 @@ impl Store {
 
     pub fn step_metrics(&self, id: &str) -> Result<Vec<serde_json::Value>, StoreError> {
         self.with(|c| {
-            let mut st = c.prepare("SELECT metrics FROM step_metrics WHERE job_id = ?1 ORDER BY step")?;
-            let rows = st.query_map([id], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
-            rows.iter().map(|s| serde_json::from_str(s).map_err(StoreError::from)).collect()
+            let mut st =
+                c.prepare("SELECT metrics FROM step_metrics WHERE job_id = ?1 ORDER BY step")?;
+            let rows = st
+                .query_map([id], |r| r.get::<_, String>(0))?
+                .collect::<Result<Vec<_>, _>>()?;
+            rows.iter()
+                .map(|s| serde_json::from_str(s).map_err(StoreError::from))
+                .collect()
         })
     }
 
@@ -242,7 +281,11 @@ impl Store {
 
     /// Jobs that were queued or running when the service last stopped, oldest first.
     pub fn unfinished(&self) -> Result<Vec<JobRecord>, StoreError> {
-        Ok(self.list()?.into_iter().filter(|j| !j.state.is_terminal()).collect())
+        Ok(self
+            .list()?
+            .into_iter()
+            .filter(|j| !j.state.is_terminal())
+            .collect())
     }
 
     /// Appends a trajectory durably; returns its cursor. A trajectory id seen before for the
@@ -250,17 +293,29 @@ impl Store {
     pub fn append_trajectory(&self, job: &str, traj: &Trajectory) -> Result<i64, StoreError> {
         let body = serde_json::to_string(traj)?;
         self.with(|c| {
-            let n = c.execute("INSERT OR IGNORE INTO trajectories (job_id, traj_id, body) VALUES (?1, ?2, ?3)", params![job, traj.id, body])?;
+            let n = c.execute(
+                "INSERT OR IGNORE INTO trajectories (job_id, traj_id, body) VALUES (?1, ?2, ?3)",
+                params![job, traj.id, body],
+            )?;
             if n == 1 {
                 Ok(c.last_insert_rowid())
             } else {
-                Ok(c.query_row("SELECT seq FROM trajectories WHERE job_id = ?1 AND traj_id = ?2", params![job, traj.id], |r| r.get(0))?)
+                Ok(c.query_row(
+                    "SELECT seq FROM trajectories WHERE job_id = ?1 AND traj_id = ?2",
+                    params![job, traj.id],
+                    |r| r.get(0),
+                )?)
             }
         })
     }
 
     /// Trajectories of `job` after `cursor` in durable order.
-    pub fn trajectories(&self, job: &str, after: i64, limit: usize) -> Result<Vec<TrajectoryRow>, StoreError> {
+    pub fn trajectories(
+        &self,
+        job: &str,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<TrajectoryRow>, StoreError> {
         self.with(|c| {
             let mut st = c.prepare("SELECT seq, body FROM trajectories WHERE job_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3")?;
             let rows =
@@ -270,23 +325,57 @@ impl Store {
     }
 
     pub fn trajectory_count(&self, job: &str) -> Result<u64, StoreError> {
-        self.with(|c| Ok(c.query_row("SELECT COUNT(*) FROM trajectories WHERE job_id = ?1", [job], |r| r.get::<_, i64>(0))? as u64))
+        self.with(|c| {
+            Ok(c.query_row(
+                "SELECT COUNT(*) FROM trajectories WHERE job_id = ?1",
+                [job],
+                |r| r.get::<_, i64>(0),
+            )? as u64)
+        })
     }
 
     /// Rolls a job's trajectory ids into a per-run prefix on resume, so a resumed run never
     /// collides with ids committed before the restart.
     pub fn resume_epoch(&self, job: &str) -> Result<u64, StoreError> {
-        self.with(|c| Ok(c.query_row("SELECT COUNT(*) FROM transitions WHERE job_id = ?1 AND to_state = 'running'", [job], |r| r.get::<_, i64>(0))? as u64))
+        self.with(|c| {
+            Ok(c.query_row(
+                "SELECT COUNT(*) FROM transitions WHERE job_id = ?1 AND to_state = 'running'",
+                [job],
+                |r| r.get::<_, i64>(0),
+            )? as u64)
+        })
     }
 }
 
-type RawJob = (String, Option<String>, String, i64, i64, String, Option<String>, i64, i64);
+type RawJob = (
+    String,
+    Option<String>,
+    String,
+    i64,
+    i64,
+    String,
+    Option<String>,
+    i64,
+    i64,
+);
 
 fn row_to_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawJob> {
-    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?, r.get(8)?))
+    Ok((
+        r.get(0)?,
+        r.get(1)?,
+        r.get(2)?,
+        r.get(3)?,
+        r.get(4)?,
+        r.get(5)?,
+        r.get(6)?,
+        r.get(7)?,
+        r.get(8)?,
+    ))
 }
 
-fn finish_job((id, name, state, step, steps, metrics, error, created_at_ms, updated_at_ms): RawJob) -> Result<JobRecord, StoreError> {
+fn finish_job(
+    (id, name, state, step, steps, metrics, error, created_at_ms, updated_at_ms): RawJob,
+) -> Result<JobRecord, StoreError> {
     Ok(JobRecord {
         id,
         name,
@@ -308,6 +397,12 @@ pub struct JobSink {
 
 impl TrajectorySink for JobSink {
     fn commit(&self, traj: &Trajectory) -> Result<u64, SinkError> {
-        self.store.append_trajectory(&self.job, traj).map(|s| s as u64).map_err(|e| SinkError { id: traj.id.clone(), message: e.to_string() })
+        self.store
+            .append_trajectory(&self.job, traj)
+            .map(|s| s as u64)
+            .map_err(|e| SinkError {
+                id: traj.id.clone(),
+                message: e.to_string(),
+            })
     }
 }

@@ -7,9 +7,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use infra::router::{Call, Router, RouterError};
+use infra::router::{Call, CallFailure, Router, RouterError};
 
-use crate::protocol::{PROTOCOL_VERSION, ResponseError, Score, ScoreRequest, ScoreResponse, ScoredItem};
+use crate::protocol::{
+    PROTOCOL_VERSION, ResponseError, Score, ScoreRequest, ScoreResponse, ScoredItem,
+};
 
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum ClientError {
@@ -17,6 +19,12 @@ pub enum ClientError {
     Router(#[from] RouterError),
     #[error("function {function} returned an invalid response: {why}")]
     Invalid { function: String, why: String },
+    #[error("cannot encode a request for function {function}")]
+    Encode {
+        function: String,
+        #[source]
+        source: Arc<serde_json::Error>,
+    },
 }
 
 /// A reward function as the engine calls it.
@@ -31,7 +39,8 @@ pub struct FunctionClient {
 }
 
 fn rejected_counter() -> &'static opentelemetry::metrics::Counter<u64> {
-    static C: std::sync::OnceLock<opentelemetry::metrics::Counter<u64>> = std::sync::OnceLock::new();
+    static C: std::sync::OnceLock<opentelemetry::metrics::Counter<u64>> =
+        std::sync::OnceLock::new();
     C.get_or_init(|| {
         infra::telemetry::Metrics::global()
             .meter()
@@ -42,24 +51,45 @@ fn rejected_counter() -> &'static opentelemetry::metrics::Counter<u64> {
 }
 
 impl FunctionClient {
-    pub fn new(router: Arc<Router>, reward: impl Into<String>, range: (f64, f64), timeout: Duration) -> Self {
-        Self { router, reward: reward.into(), min: range.0, max: range.1, timeout, rejected: AtomicU64::new(0) }
-    }
-
-    pub fn router(&self) -> &Arc<Router> {
-        &self.router
+    pub fn new(
+        router: Arc<Router>,
+        reward: impl Into<String>,
+        range: (f64, f64),
+        timeout: Duration,
+    ) -> Self {
+        Self {
+            router,
+            reward: reward.into(),
+            min: range.0,
+            max: range.1,
+            timeout,
+            rejected: AtomicU64::new(0),
+        }
     }
 
     fn reject(&self, reason: &'static str, why: String) -> ClientError {
         self.rejected.fetch_add(1, Ordering::Relaxed);
-        rejected_counter()
-            .add(1, &[opentelemetry::KeyValue::new("function", self.router.function().to_string()), opentelemetry::KeyValue::new("reason", reason)]);
+        rejected_counter().add(
+            1,
+            &[
+                opentelemetry::KeyValue::new("function", self.router.function().to_string()),
+                opentelemetry::KeyValue::new("reason", reason),
+            ],
+        );
         tracing::warn!(function = self.router.function(), reason, %why, "function response rejected");
-        ClientError::Invalid { function: self.router.function().to_string(), why }
+        ClientError::Invalid {
+            function: self.router.function().to_string(),
+            why,
+        }
     }
 
     /// Scores items (one trajectory or a group) under the key `key@reward`.
-    pub async fn score(&self, key: &str, items: Vec<ScoredItem>, reference: Option<serde_json::Value>) -> Result<Vec<Score>, ClientError> {
+    pub async fn score(
+        &self,
+        key: &str,
+        items: Vec<ScoredItem>,
+        reference: Option<serde_json::Value>,
+    ) -> Result<Vec<Score>, ClientError> {
         let req = ScoreRequest {
             protocol: PROTOCOL_VERSION.into(),
             idempotency_key: format!("{key}@{}", self.reward),
@@ -68,15 +98,27 @@ impl FunctionClient {
             deadline_ms: self.timeout.as_millis() as u64,
             items,
         };
-        let body =
-            serde_json::to_vec(&req).map_err(|e| ClientError::Invalid { function: self.router.function().into(), why: format!("cannot encode: {e}") })?;
-        let call = Call { key: req.idempotency_key.clone(), body: Bytes::from(body), deadline: tokio::time::Instant::now() + self.timeout };
+        let body = serde_json::to_vec(&req).map_err(|e| ClientError::Encode {
+            function: self.router.function().into(),
+            source: Arc::new(e),
+        })?;
+        let call = Call {
+            key: req.idempotency_key.clone(),
+            body: Bytes::from(body),
+            deadline: tokio::time::Instant::now() + self.timeout,
+        };
         let reply = match self.router.call(call).await {
             Ok(r) => r,
-            Err(RouterError::Failed { last, .. }) if last.contains("response body over") => return Err(self.reject("oversized", last)),
+            Err(RouterError::Failed {
+                last: CallFailure::BodyTooLarge { limit },
+                ..
+            }) => {
+                return Err(self.reject("oversized", format!("response body over {limit} bytes")));
+            }
             Err(e) => return Err(e.into()),
         };
-        let resp: ScoreResponse = serde_json::from_slice(&reply.body).map_err(|e| self.reject("undecodable", format!("not a scoring response: {e}")))?;
+        let resp: ScoreResponse = serde_json::from_slice(&reply.body)
+            .map_err(|e| self.reject("undecodable", format!("not a scoring response: {e}")))?;
         resp.validate(&req, self.min, self.max).map_err(|e| {
             let reason = match e {
                 ResponseError::Protocol { .. } => "protocol",
@@ -90,9 +132,15 @@ impl FunctionClient {
         // In the order asked.
         let mut out = Vec::with_capacity(req.items.len());
         for it in &req.items {
-            match resp.scores.iter().find(|s| s.trajectory_id == it.trajectory_id) {
+            match resp
+                .scores
+                .iter()
+                .find(|s| s.trajectory_id == it.trajectory_id)
+            {
                 Some(s) => out.push(s.clone()),
-                None => return Err(self.reject("count", format!("no score for {}", it.trajectory_id))),
+                None => {
+                    return Err(self.reject("count", format!("no score for {}", it.trajectory_id)));
+                }
             }
         }
         Ok(out)

@@ -6,10 +6,13 @@
 //!
 //! Architecture invariant: nothing here knows about actors, GPUs or jobs.
 
+pub mod basic;
 pub mod client;
 pub mod code;
 pub mod judge;
 pub mod math;
 pub mod protocol;
+pub mod scorer;
 pub mod scorers;
 pub mod sdk;
+pub mod text;

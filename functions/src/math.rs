@@ -38,7 +38,10 @@ pub fn extract_answer(text: &str) -> Option<String> {
     }
     let lower = text.to_ascii_lowercase();
     if let Some(i) = lower.rfind("answer is") {
-        let rest = text[i + "answer is".len()..].trim().trim_start_matches(':').trim();
+        let rest = text[i + "answer is".len()..]
+            .trim()
+            .trim_start_matches(':')
+            .trim();
         let end = rest.find('\n').unwrap_or(rest.len());
         let ans = rest[..end].trim().trim_end_matches('.').trim();
         if !ans.is_empty() {
@@ -61,19 +64,37 @@ fn last_number(text: &str) -> Option<String> {
     }
     let end = end?;
     let mut start = end;
-    while start > 0 && (b[start - 1].is_ascii_digit() || b[start - 1] == b'.' || b[start - 1] == b'/' || b[start - 1] == b',') {
+    while start > 0
+        && (b[start - 1].is_ascii_digit()
+            || b[start - 1] == b'.'
+            || b[start - 1] == b'/'
+            || b[start - 1] == b',')
+    {
         start -= 1;
     }
     if start > 0 && b[start - 1] == b'-' {
         start -= 1;
     }
-    Some(text[start..end].trim_matches(|c| c == '.' || c == ',' || c == '/').to_string())
+    Some(
+        text[start..end]
+            .trim_matches(|c| c == '.' || c == ',' || c == '/')
+            .to_string(),
+    )
 }
 
 /// Removes formatting that does not change the value.
 pub fn normalise(ans: &str) -> String {
     let mut s = ans.trim().to_string();
-    for pat in ["$", "\\left", "\\right", "\\!", "\\,", "\\;", "\\displaystyle", " "] {
+    for pat in [
+        "$",
+        "\\left",
+        "\\right",
+        "\\!",
+        "\\,",
+        "\\;",
+        "\\displaystyle",
+        " ",
+    ] {
         s = s.replace(pat, "");
     }
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac");
@@ -86,7 +107,10 @@ pub fn normalise(ans: &str) -> String {
         s = s[1..s.len() - 1].to_string();
     }
     // Thousands separators: "1,234" → "1234" (only in an otherwise numeric answer).
-    if s.chars().all(|c| c.is_ascii_digit() || c == ',' || c == '.' || c == '-') && s.contains(',') {
+    if s.chars()
+        .all(|c| c.is_ascii_digit() || c == ',' || c == '.' || c == '-')
+        && s.contains(',')
+    {
         return s.replace(',', "");
     }
     s
@@ -112,7 +136,13 @@ pub fn value(s: &str) -> Option<f64> {
 
 /// Checks `response` against `reference`.
 pub fn check(response: &str, reference: &str) -> MathCheck {
-    let Some(extracted) = extract_answer(response) else { return MathCheck { correct: false, extracted: None, normalised: None } };
+    let Some(extracted) = extract_answer(response) else {
+        return MathCheck {
+            correct: false,
+            extracted: None,
+            normalised: None,
+        };
+    };
     let got = normalise(&extracted);
     // The reference is an answer already (a boxed one is unwrapped).
     let want = normalise(&last_boxed(reference).unwrap_or_else(|| reference.to_string()));
@@ -120,7 +150,11 @@ pub fn check(response: &str, reference: &str) -> MathCheck {
         (Some(a), Some(b)) => (a - b).abs() <= 1e-6 * b.abs().max(1.0),
         _ => !got.is_empty() && got == want,
     };
-    MathCheck { correct, extracted: Some(extracted), normalised: Some(got) }
+    MathCheck {
+        correct,
+        extracted: Some(extracted),
+        normalised: Some(got),
+    }
 }
 
 #[cfg(test)]
@@ -153,7 +187,10 @@ mod tests {
 
     #[test]
     fn boxed_extraction_balances_braces() {
-        assert_eq!(last_boxed("a \\boxed{1} b \\boxed{\\frac{2}{3}} c").as_deref(), Some("\\frac{2}{3}"));
+        assert_eq!(
+            last_boxed("a \\boxed{1} b \\boxed{\\frac{2}{3}} c").as_deref(),
+            Some("\\frac{2}{3}")
+        );
         assert_eq!(last_boxed("\\boxed{unclosed"), None);
     }
 }

@@ -62,7 +62,12 @@ pub enum ResponseError {
     #[error("score for {id} is not a finite number")]
     NotFinite { id: String },
     #[error("score for {id} is {score}, outside [{min}, {max}]")]
-    OutOfRange { id: String, score: f64, min: f64, max: f64 },
+    OutOfRange {
+        id: String,
+        score: f64,
+        min: f64,
+        max: f64,
+    },
     #[error("response scores trajectory {id}, which was not asked for")]
     UnknownTrajectory { id: String },
     #[error("response has {got} scores for {want} trajectories")]
@@ -74,20 +79,34 @@ impl ScoreResponse {
     /// no foreign trajectory ids.
     pub fn validate(&self, req: &ScoreRequest, min: f64, max: f64) -> Result<(), ResponseError> {
         if self.protocol != PROTOCOL_VERSION {
-            return Err(ResponseError::Protocol { got: self.protocol.clone() });
+            return Err(ResponseError::Protocol {
+                got: self.protocol.clone(),
+            });
         }
         if self.scores.len() != req.items.len() {
-            return Err(ResponseError::Count { got: self.scores.len(), want: req.items.len() });
+            return Err(ResponseError::Count {
+                got: self.scores.len(),
+                want: req.items.len(),
+            });
         }
         for s in &self.scores {
             if !req.items.iter().any(|i| i.trajectory_id == s.trajectory_id) {
-                return Err(ResponseError::UnknownTrajectory { id: s.trajectory_id.clone() });
+                return Err(ResponseError::UnknownTrajectory {
+                    id: s.trajectory_id.clone(),
+                });
             }
             if !s.score.is_finite() {
-                return Err(ResponseError::NotFinite { id: s.trajectory_id.clone() });
+                return Err(ResponseError::NotFinite {
+                    id: s.trajectory_id.clone(),
+                });
             }
             if s.score < min || s.score > max {
-                return Err(ResponseError::OutOfRange { id: s.trajectory_id.clone(), score: s.score, min, max });
+                return Err(ResponseError::OutOfRange {
+                    id: s.trajectory_id.clone(),
+                    score: s.score,
+                    min,
+                    max,
+                });
             }
         }
         Ok(())
@@ -105,12 +124,24 @@ mod tests {
             reward: "math@1".into(),
             reference: None,
             deadline_ms: 1000,
-            items: vec![ScoredItem { trajectory_id: "t1".into(), text: "4".into(), token_ids: vec![], env_reward: 0.0 }],
+            items: vec![ScoredItem {
+                trajectory_id: "t1".into(),
+                text: "4".into(),
+                token_ids: vec![],
+                env_reward: 0.0,
+            }],
         }
     }
 
     fn resp(id: &str, score: f64) -> ScoreResponse {
-        ScoreResponse { protocol: PROTOCOL_VERSION.into(), scores: vec![Score { trajectory_id: id.into(), score, details: serde_json::Value::Null }] }
+        ScoreResponse {
+            protocol: PROTOCOL_VERSION.into(),
+            scores: vec![Score {
+                trajectory_id: id.into(),
+                score,
+                details: serde_json::Value::Null,
+            }],
+        }
     }
 
     #[test]

@@ -4,8 +4,10 @@
 //!
 //! Architecture invariant: nothing here knows about RL, trajectories, models or jobs.
 
+pub mod clock;
 pub mod env;
 pub mod faas;
+pub mod process;
 pub mod router;
 pub mod sandbox;
 pub mod shutdown;

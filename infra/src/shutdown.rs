@@ -46,7 +46,12 @@ pub enum Drain {
 }
 
 /// Cancels `intake`, then waits for `drained` up to `grace`; past it, cancels `force`.
-pub async fn drain<F: Future<Output = ()>>(intake: &CancellationToken, force: &CancellationToken, grace: Duration, drained: F) -> Drain {
+pub async fn drain<F: Future<Output = ()>>(
+    intake: &CancellationToken,
+    force: &CancellationToken,
+    grace: Duration,
+    drained: F,
+) -> Drain {
     intake.cancel();
     match tokio::time::timeout(grace, drained).await {
         Ok(()) => Drain::Clean,

@@ -40,17 +40,27 @@ impl Metrics {
         METRICS.get_or_init(|| {
             Self::build(&crate::env::ProcessEnv).unwrap_or_else(|e| {
                 tracing::error!(error = %e, "metrics pipeline failed; serving an empty registry");
-                Self { registry: prometheus::Registry::new(), provider: SdkMeterProvider::builder().build() }
+                Self {
+                    registry: prometheus::Registry::new(),
+                    provider: SdkMeterProvider::builder().build(),
+                }
             })
         })
     }
 
     fn build(env: &dyn EnvSource) -> Result<Self, TelemetryError> {
         let registry = prometheus::Registry::new();
-        let prom = opentelemetry_prometheus::exporter().with_registry(registry.clone()).without_target_info().build().map_err(TelemetryError::Prometheus)?;
+        let prom = opentelemetry_prometheus::exporter()
+            .with_registry(registry.clone())
+            .without_target_info()
+            .build()
+            .map_err(TelemetryError::Prometheus)?;
         let mut builder = SdkMeterProvider::builder().with_reader(prom);
         if env.var("OTEL_EXPORTER_OTLP_ENDPOINT").is_some() {
-            let exporter = opentelemetry_otlp::MetricExporter::builder().with_http().build().map_err(TelemetryError::Otlp)?;
+            let exporter = opentelemetry_otlp::MetricExporter::builder()
+                .with_http()
+                .build()
+                .map_err(TelemetryError::Otlp)?;
             builder = builder.with_periodic_exporter(exporter);
         }
         let provider = builder.build();
@@ -66,7 +76,9 @@ impl Metrics {
     pub fn render(&self) -> Result<String, TelemetryError> {
         use prometheus::Encoder;
         let mut buf = Vec::new();
-        prometheus::TextEncoder::new().encode(&self.registry.gather(), &mut buf).map_err(TelemetryError::Encode)?;
+        prometheus::TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .map_err(TelemetryError::Encode)?;
         Ok(String::from_utf8_lossy(&buf).into_owned())
     }
 }
@@ -87,14 +99,23 @@ impl Drop for TracingGuard {
 /// Installs the log subscriber (`RUST_LOG`, default `info`) and, when
 /// `OTEL_EXPORTER_OTLP_ENDPOINT` is set, an OTLP span exporter. Safe to call more than once.
 pub fn init_tracing(env: &dyn EnvSource) -> TracingGuard {
-    let filter = EnvFilter::try_new(env.var("RUST_LOG").unwrap_or_else(|| "info".into())).unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_new(env.var("RUST_LOG").unwrap_or_else(|| "info".into()))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let fmt = tracing_subscriber::fmt::layer().with_target(false).with_ansi(ansi).with_writer(std::io::stderr);
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_target(false)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr);
     let mut tracer = None;
     let otel = if env.var("OTEL_EXPORTER_OTLP_ENDPOINT").is_some() {
-        match opentelemetry_otlp::SpanExporter::builder().with_http().build() {
+        match opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .build()
+        {
             Ok(exp) => {
-                let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().with_batch_exporter(exp).build();
+                let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+                    .with_batch_exporter(exp)
+                    .build();
                 let t = opentelemetry::trace::TracerProvider::tracer(&provider, "rollarc");
                 tracer = Some(provider);
                 Some(tracing_opentelemetry::layer().with_tracer(t))
@@ -107,6 +128,10 @@ pub fn init_tracing(env: &dyn EnvSource) -> TracingGuard {
     } else {
         None
     };
-    let _ = tracing_subscriber::registry().with(filter).with(fmt).with(otel).try_init();
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(fmt)
+        .with(otel)
+        .try_init();
     TracingGuard { tracer }
 }

@@ -23,21 +23,61 @@ fn slow_job(steps: u64) -> String {
 fn invalid_cases() -> Vec<(String, u16, &'static str, Vec<&'static str>)> {
     let good = small_job().toml();
     vec![
-        (format!("bogus = 1\n{good}"), 400, "invalid_spec", vec!["bogus"]),
-        (good.replace("group_size = 4", "group_size = 0"), 400, "invalid_spec", vec!["tasks[0].group_size", "tasks[1].group_size"]),
-        (good.replace("device = \"H20\"", "device = \"TPU\""), 400, "invalid_spec", vec!["pools[1].device"]),
-        (good.replace("max_turns = 6", "max_turns = \"six\""), 400, "invalid_spec", vec!["tasks[0].max_turns"]),
-        (good.replace("steps = 3", "steps = 0\nalpha = 5000"), 400, "invalid_spec", vec!["rollout.steps", "rollout.alpha"]),
+        (
+            format!("bogus = 1\n{good}"),
+            400,
+            "invalid_spec",
+            vec!["bogus"],
+        ),
+        (
+            good.replace("group_size = 4", "group_size = 0"),
+            400,
+            "invalid_spec",
+            vec!["tasks[0].group_size", "tasks[1].group_size"],
+        ),
+        (
+            good.replace("device = \"H20\"", "device = \"TPU\""),
+            400,
+            "invalid_spec",
+            vec!["pools[1].device"],
+        ),
+        (
+            good.replace("max_turns = 6", "max_turns = \"six\""),
+            400,
+            "invalid_spec",
+            vec!["tasks[0].max_turns"],
+        ),
+        (
+            good.replace("steps = 3", "steps = 0\nalpha = 5000"),
+            400,
+            "invalid_spec",
+            vec!["rollout.steps", "rollout.alpha"],
+        ),
         (
             format!("{good}\n[mapping]\ndeclared = {{ lake = \"nowhere\", ghost = \"h800\" }}"),
             400,
             "invalid_spec",
             vec!["mapping.declared.lake", "mapping.declared.ghost"],
         ),
-        (good.replace("success_rate = 0.5", "success_rate = 1.5"), 400, "invalid_spec", vec!["tasks[0].env.success_rate", "tasks[1].env.success_rate"]),
-        (good.replace("[rollout]", "[rollout]\nbarrier = \"sometimes\""), 400, "invalid_spec", vec!["rollout.barrier"]),
+        (
+            good.replace("success_rate = 0.5", "success_rate = 1.5"),
+            400,
+            "invalid_spec",
+            vec!["tasks[0].env.success_rate", "tasks[1].env.success_rate"],
+        ),
+        (
+            good.replace("[rollout]", "[rollout]\nbarrier = \"sometimes\""),
+            400,
+            "invalid_spec",
+            vec!["rollout.barrier"],
+        ),
         ("this is = = not toml".into(), 400, "invalid_spec", vec![""]),
-        ("{\"tasks\": 3}".into(), 400, "invalid_spec", vec!["tasks", "pools"]),
+        (
+            "{\"tasks\": 3}".into(),
+            400,
+            "invalid_spec",
+            vec!["tasks", "pools"],
+        ),
     ]
 }
 
@@ -45,14 +85,29 @@ fn invalid_cases() -> Vec<(String, u16, &'static str, Vec<&'static str>)> {
 async fn invalid_specs_report_every_problem_with_its_field_path() {
     let s = TestServer::start().await;
     for (body, status, code, fields) in invalid_cases() {
-        let r = s.client.post(s.url("/v1/jobs")).body(body.clone()).send().await.unwrap();
+        let r = s
+            .client
+            .post(s.url("/v1/jobs"))
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status().as_u16(), status, "{body}");
         let v: serde_json::Value = r.json().await.unwrap();
         assert_eq!(v["error"]["code"], code);
-        let got: Vec<String> =
-            v["error"]["fields"].as_array().map(|a| a.iter().map(|f| f["field"].as_str().unwrap_or("").to_string()).collect()).unwrap_or_default();
+        let got: Vec<String> = v["error"]["fields"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|f| f["field"].as_str().unwrap_or("").to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
         for f in fields {
-            assert!(got.iter().any(|g| g == f), "field {f:?} not reported; got {got:?}");
+            assert!(
+                got.iter().any(|g| g == f),
+                "field {f:?} not reported; got {got:?}"
+            );
         }
     }
     // Nothing was accepted.
@@ -63,62 +118,164 @@ async fn invalid_specs_report_every_problem_with_its_field_path() {
 async fn oversized_bodies_unknown_jobs_and_bad_queries_are_4xx_json() {
     let s = TestServer::start().await;
     let big = "#".repeat(engine::api::MAX_BODY_BYTES + 10);
-    let r = s.client.post(s.url("/v1/jobs")).body(big).send().await.unwrap();
+    let r = s
+        .client
+        .post(s.url("/v1/jobs"))
+        .body(big)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 413);
-    assert_eq!(r.json::<serde_json::Value>().await.unwrap()["error"]["code"], "body_too_large");
-    let r = s.client.get(s.url("/v1/jobs/job-999")).send().await.unwrap();
+    assert_eq!(
+        r.json::<serde_json::Value>().await.unwrap()["error"]["code"],
+        "body_too_large"
+    );
+    let r = s
+        .client
+        .get(s.url("/v1/jobs/job-999"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 404);
-    assert_eq!(r.json::<serde_json::Value>().await.unwrap()["error"]["code"], "not_found");
-    let r = s.client.post(s.url("/v1/jobs/job-999/cancel")).send().await.unwrap();
+    assert_eq!(
+        r.json::<serde_json::Value>().await.unwrap()["error"]["code"],
+        "not_found"
+    );
+    let r = s
+        .client
+        .post(s.url("/v1/jobs/job-999/cancel"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 404);
     let r = s.client.get(s.url("/v2/nothing")).send().await.unwrap();
     assert_eq!(r.status(), 404);
-    assert_eq!(r.json::<serde_json::Value>().await.unwrap()["error"]["code"], "not_found");
+    assert_eq!(
+        r.json::<serde_json::Value>().await.unwrap()["error"]["code"],
+        "not_found"
+    );
     let r = s.client.delete(s.url("/v1/jobs")).send().await.unwrap();
     assert_eq!(r.status(), 405);
-    assert_eq!(r.json::<serde_json::Value>().await.unwrap()["error"]["code"], "method_not_allowed");
-    let id = s.client.post(s.url("/v1/jobs")).body(small_job().toml()).send().await.unwrap().json::<serde_json::Value>().await.unwrap()["id"]
+    assert_eq!(
+        r.json::<serde_json::Value>().await.unwrap()["error"]["code"],
+        "method_not_allowed"
+    );
+    let id = s
+        .client
+        .post(s.url("/v1/jobs"))
+        .body(small_job().toml())
+        .send()
+        .await
+        .unwrap()
+        .json::<serde_json::Value>()
+        .await
+        .unwrap()["id"]
         .as_str()
         .unwrap()
         .to_string();
     for q in ["limit=0", "limit=5000", "after=-3", "limit=abc"] {
-        let r = s.client.get(s.url(&format!("/v1/jobs/{id}/trajectories?{q}"))).send().await.unwrap();
+        let r = s
+            .client
+            .get(s.url(&format!("/v1/jobs/{id}/trajectories?{q}")))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 400, "{q}");
-        assert_eq!(r.json::<serde_json::Value>().await.unwrap()["error"]["code"], "bad_request");
+        assert_eq!(
+            r.json::<serde_json::Value>().await.unwrap()["error"]["code"],
+            "bad_request"
+        );
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_stops_a_running_job_and_a_second_cancel_conflicts() {
     let s = TestServer::start().await;
-    let id = s.client.post(s.url("/v1/jobs")).body(slow_job(1000)).send().await.unwrap().json::<serde_json::Value>().await.unwrap()["id"]
+    let id = s
+        .client
+        .post(s.url("/v1/jobs"))
+        .body(slow_job(1000))
+        .send()
+        .await
+        .unwrap()
+        .json::<serde_json::Value>()
+        .await
+        .unwrap()["id"]
         .as_str()
         .unwrap()
         .to_string();
-    wait_job(&s.client, &s.url(""), &id, Duration::from_secs(30), |v| v["step"].as_u64().unwrap_or(0) >= 1).await;
+    wait_job(&s.client, &s.url(""), &id, Duration::from_secs(30), |v| {
+        v["step"].as_u64().unwrap_or(0) >= 1
+    })
+    .await;
     // The cluster view shows the running job's pools.
-    let c: serde_json::Value = s.client.get(s.url("/v1/cluster")).send().await.unwrap().json().await.unwrap();
+    let c: serde_json::Value = s
+        .client
+        .get(s.url("/v1/cluster"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(c["jobs"][0]["id"], id.as_str());
     assert_eq!(c["jobs"][0]["pools"][0]["device"], "H800");
     assert!(c["devices"].as_array().unwrap().len() >= 5);
-    let r = s.client.post(s.url(&format!("/v1/jobs/{id}/cancel"))).send().await.unwrap();
+    let r = s
+        .client
+        .post(s.url(&format!("/v1/jobs/{id}/cancel")))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 202);
-    let job = wait_job(&s.client, &s.url(""), &id, Duration::from_secs(30), |v| v["state"] == "cancelled").await;
+    let job = wait_job(&s.client, &s.url(""), &id, Duration::from_secs(30), |v| {
+        v["state"] == "cancelled"
+    })
+    .await;
     assert!(job["step"].as_u64().unwrap() < 1000);
-    let r = s.client.post(s.url(&format!("/v1/jobs/{id}/cancel"))).send().await.unwrap();
+    let r = s
+        .client
+        .post(s.url(&format!("/v1/jobs/{id}/cancel")))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 409);
-    assert_eq!(r.json::<serde_json::Value>().await.unwrap()["error"]["code"], "conflict");
+    assert_eq!(
+        r.json::<serde_json::Value>().await.unwrap()["error"]["code"],
+        "conflict"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn event_stream_reports_state_changes_and_every_step() {
     use futures::StreamExt;
     let s = TestServer::start().await;
-    let id =
-        s.client.post(s.url("/v1/jobs")).body(slow_job(4)).send().await.unwrap().json::<serde_json::Value>().await.unwrap()["id"].as_str().unwrap().to_string();
-    let r = s.client.get(s.url(&format!("/v1/jobs/{id}/events"))).send().await.unwrap();
+    let id = s
+        .client
+        .post(s.url("/v1/jobs"))
+        .body(slow_job(4))
+        .send()
+        .await
+        .unwrap()
+        .json::<serde_json::Value>()
+        .await
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let r = s
+        .client
+        .get(s.url(&format!("/v1/jobs/{id}/events")))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
-    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    assert!(
+        r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
     let mut stream = r.bytes_stream();
     let mut text = String::new();
     let read = async {
@@ -126,11 +283,25 @@ async fn event_stream_reports_state_changes_and_every_step() {
             text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
         }
     };
-    tokio::time::timeout(Duration::from_secs(60), read).await.expect("stream ends after the terminal state");
-    let events: Vec<serde_json::Value> = text.lines().filter_map(|l| l.strip_prefix("data:")).map(|d| serde_json::from_str(d.trim()).unwrap()).collect();
-    let steps: Vec<u64> = events.iter().filter(|e| e["type"] == "progress").map(|e| e["step"].as_u64().unwrap()).collect();
+    tokio::time::timeout(Duration::from_secs(60), read)
+        .await
+        .expect("stream ends after the terminal state");
+    let events: Vec<serde_json::Value> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(|d| serde_json::from_str(d.trim()).unwrap())
+        .collect();
+    let steps: Vec<u64> = events
+        .iter()
+        .filter(|e| e["type"] == "progress")
+        .map(|e| e["step"].as_u64().unwrap())
+        .collect();
     assert_eq!(steps, vec![1, 2, 3, 4]);
-    let states: Vec<&str> = events.iter().filter(|e| e["type"] == "state").map(|e| e["state"].as_str().unwrap()).collect();
+    let states: Vec<&str> = events
+        .iter()
+        .filter(|e| e["type"] == "state")
+        .map(|e| e["state"].as_str().unwrap())
+        .collect();
     assert_eq!(states.last(), Some(&"succeeded"));
     assert!(states.contains(&"running") || states[0] == "running" || states[0] == "queued");
 }
@@ -138,61 +309,187 @@ async fn event_stream_reports_state_changes_and_every_step() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_readiness_metrics_and_openapi() {
     let s = TestServer::start().await;
-    assert_eq!(s.client.get(s.url("/healthz")).send().await.unwrap().status(), 200);
-    assert_eq!(s.client.get(s.url("/readyz")).send().await.unwrap().status(), 200);
-    let id = s.client.post(s.url("/v1/jobs")).body(small_job().toml()).send().await.unwrap().json::<serde_json::Value>().await.unwrap()["id"]
+    assert_eq!(
+        s.client
+            .get(s.url("/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        s.client
+            .get(s.url("/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let id = s
+        .client
+        .post(s.url("/v1/jobs"))
+        .body(small_job().toml())
+        .send()
+        .await
+        .unwrap()
+        .json::<serde_json::Value>()
+        .await
+        .unwrap()["id"]
         .as_str()
         .unwrap()
         .to_string();
-    wait_job(&s.client, &s.url(""), &id, Duration::from_secs(60), |v| v["state"] == "succeeded").await;
-    let m = s.client.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    wait_job(&s.client, &s.url(""), &id, Duration::from_secs(60), |v| {
+        v["state"] == "succeeded"
+    })
+    .await;
+    let m = s
+        .client
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(m.contains("rollarc_trainer_steps_total"), "{m}");
     assert!(m.contains("rollarc_pool_utilisation_ratio"), "{m}");
-    let api: serde_json::Value = s.client.get(s.url("/openapi.json")).send().await.unwrap().json().await.unwrap();
-    for p in ["/v1/jobs", "/v1/jobs/{id}", "/v1/jobs/{id}/cancel", "/v1/jobs/{id}/events", "/v1/jobs/{id}/trajectories", "/v1/cluster"] {
+    let api: serde_json::Value = s
+        .client
+        .get(s.url("/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    for p in [
+        "/v1/jobs",
+        "/v1/jobs/{id}",
+        "/v1/jobs/{id}/cancel",
+        "/v1/jobs/{id}/events",
+        "/v1/jobs/{id}/trajectories",
+        "/v1/cluster",
+    ] {
         assert!(api["paths"].get(p).is_some(), "openapi lacks {p}");
     }
     assert!(api["components"]["schemas"].get("JobSpec").is_some());
     // Shutdown: readiness flips and intake stops.
     s.service.intake.cancel();
-    assert_eq!(s.client.get(s.url("/readyz")).send().await.unwrap().status(), 503);
-    let r = s.client.post(s.url("/v1/jobs")).body(small_job().toml()).send().await.unwrap();
+    assert_eq!(
+        s.client
+            .get(s.url("/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        503
+    );
+    let r = s
+        .client
+        .post(s.url("/v1/jobs"))
+        .body(small_job().toml())
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 503);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_whose_trainer_dies_is_restarted_from_its_last_step() {
     let s = TestServer::start().await;
-    let once = small_job().rollout("steps = 5").extra("[sim]\ntrainer_panic_at_step = 2");
+    let once = small_job()
+        .rollout("steps = 5")
+        .extra("[sim]\ntrainer_panic_at_step = 2");
     let body = once.toml().replacen("steps = 3\n", "", 1);
-    let id = s.client.post(s.url("/v1/jobs")).body(body).send().await.unwrap().json::<serde_json::Value>().await.unwrap()["id"].as_str().unwrap().to_string();
-    let job = wait_job(&s.client, &s.url(""), &id, Duration::from_secs(60), |v| v["state"] == "succeeded" || v["state"] == "failed").await;
-    assert_eq!(job["state"], "succeeded", "{job}");
-    assert_eq!(job["step"], 5);
-    let rows = page_all(&s.client, &s.url(""), &id, 100).await;
-    assert!(rows.iter().any(|r| r.1.starts_with("r0-")) && rows.iter().any(|r| r.1.starts_with("r1-")), "the job ran twice");
-    // A fault in every run exhausts the restart policy: the job fails with the reason.
-    let always = small_job().extra("[sim]\ntrainer_panic_at_step = 1\ntrainer_panic_runs = 100");
-    let id = s.client.post(s.url("/v1/jobs")).body(always.toml()).send().await.unwrap().json::<serde_json::Value>().await.unwrap()["id"]
+    let id = s
+        .client
+        .post(s.url("/v1/jobs"))
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+        .json::<serde_json::Value>()
+        .await
+        .unwrap()["id"]
         .as_str()
         .unwrap()
         .to_string();
-    let job = wait_job(&s.client, &s.url(""), &id, Duration::from_secs(60), |v| v["state"] == "failed" || v["state"] == "succeeded").await;
+    let job = wait_job(&s.client, &s.url(""), &id, Duration::from_secs(60), |v| {
+        v["state"] == "succeeded" || v["state"] == "failed"
+    })
+    .await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(job["step"], 5);
+    let rows = page_all(&s.client, &s.url(""), &id, 100).await;
+    assert!(
+        rows.iter().any(|r| r.1.starts_with("r0-")) && rows.iter().any(|r| r.1.starts_with("r1-")),
+        "the job ran twice"
+    );
+    // A fault in every run exhausts the restart policy: the job fails with the reason.
+    let always = small_job().extra("[sim]\ntrainer_panic_at_step = 1\ntrainer_panic_runs = 100");
+    let id = s
+        .client
+        .post(s.url("/v1/jobs"))
+        .body(always.toml())
+        .send()
+        .await
+        .unwrap()
+        .json::<serde_json::Value>()
+        .await
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let job = wait_job(&s.client, &s.url(""), &id, Duration::from_secs(60), |v| {
+        v["state"] == "failed" || v["state"] == "succeeded"
+    })
+    .await;
     assert_eq!(job["state"], "failed");
-    assert_eq!(job["step"], 1, "every run resumed from the last completed step");
-    assert!(job["error"].as_str().unwrap_or("").contains("trainer"), "{job}");
+    assert_eq!(
+        job["step"], 1,
+        "every run resumed from the last completed step"
+    );
+    assert!(
+        job["error"].as_str().unwrap_or("").contains("trainer"),
+        "{job}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shipped_example_succeeds_and_pages() {
     let s = TestServer::start().await;
-    let body = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/sim-small.toml")).unwrap();
-    let r = s.client.post(s.url("/v1/jobs")).header("content-type", "application/toml").body(body).send().await.unwrap();
+    let body = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/sim-small.toml"
+    ))
+    .unwrap();
+    let r = s
+        .client
+        .post(s.url("/v1/jobs"))
+        .header("content-type", "application/toml")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 201);
-    let id = r.json::<serde_json::Value>().await.unwrap()["id"].as_str().unwrap().to_string();
-    let job = wait_job(&s.client, &s.url(""), &id, Duration::from_secs(120), |v| v["state"] == "succeeded" || v["state"] == "failed").await;
+    let id = r.json::<serde_json::Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let job = wait_job(&s.client, &s.url(""), &id, Duration::from_secs(120), |v| {
+        v["state"] == "succeeded" || v["state"] == "failed"
+    })
+    .await;
     assert_eq!(job["state"], "succeeded", "{job}");
     let rows = page_all(&s.client, &s.url(""), &id, 250).await;
-    assert_eq!(rows.len() as u64, s.service.store.trajectory_count(&id).unwrap());
-    assert!(rows.len() >= 8 * 8 * 8, "8 steps × 8 groups × 8 trajectories at least");
+    assert_eq!(
+        rows.len() as u64,
+        s.service.store.trajectory_count(&id).unwrap()
+    );
+    assert!(
+        rows.len() >= 8 * 8 * 8,
+        "8 steps × 8 groups × 8 trajectories at least"
+    );
 }

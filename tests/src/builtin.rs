@@ -30,7 +30,15 @@ fn a_builtin_job_generates_trains_and_checkpoints() {
     let dir = tempfile::tempdir().unwrap();
     let sink = Arc::new(MemorySink::default());
     let log = Arc::new(BatchLog::default());
-    let s = engine::simrun::run_blocking(builtin_spec(3), 0, 0, sink.clone(), log.clone(), Some(dir.path().to_path_buf())).expect("job runs");
+    let s = engine::simrun::run_blocking(
+        builtin_spec(3),
+        0,
+        0,
+        sink.clone(),
+        log.clone(),
+        Some(dir.path().to_path_buf()),
+    )
+    .expect("job runs");
     assert_eq!(s.steps_done, 3);
     let batches = log.batches.lock().unwrap();
     assert_eq!(batches.len(), 3);
@@ -38,7 +46,11 @@ fn a_builtin_job_generates_trains_and_checkpoints() {
         assert!(m.version == b.step + 1);
         for t in b.trajectories() {
             let first = &t.turns[0];
-            assert_eq!(first.observation_tokens.first(), Some(&actors::model::tokenizer::BOS), "observations are framed for the built-in tokenizer");
+            assert_eq!(
+                first.observation_tokens.first(),
+                Some(&actors::model::tokenizer::BOS),
+                "observations are framed for the built-in tokenizer"
+            );
             for u in &t.turns {
                 assert!(!u.response_tokens.is_empty() && u.response_tokens.len() <= 6);
                 assert_eq!(u.logprobs.len(), u.response_tokens.len());
@@ -51,13 +63,34 @@ fn a_builtin_job_generates_trains_and_checkpoints() {
     // shards did work.
     let (last, _) = batches.last().unwrap();
     for k in ["shard cpu/0", "shard cpu/1", "env echo/0"] {
-        assert!(last.timeline.contains_key(k), "{k} missing: {:?}", last.timeline.keys().collect::<Vec<_>>());
+        assert!(
+            last.timeline.contains_key(k),
+            "{k} missing: {:?}",
+            last.timeline.keys().collect::<Vec<_>>()
+        );
     }
     assert!(last.timeline.values().all(|f| (0.0..=1.0).contains(f)));
-    assert!(batches.iter().any(|(m, _)| m.timeline.iter().any(|(k, f)| k.starts_with("shard ") && *f > 0.0)), "no shard was ever busy");
-    assert!(batches.iter().any(|(m, _)| m.timeline.iter().any(|(k, f)| k.starts_with("env ") && *f > 0.0)), "no environment was ever held");
-    assert!(dir.path().join("v3.safetensors").exists() && dir.path().join("v2.safetensors").exists());
-    assert!(!dir.path().join("v1.safetensors").exists(), "only the two newest checkpoints are kept");
+    assert!(
+        batches.iter().any(|(m, _)| m
+            .timeline
+            .iter()
+            .any(|(k, f)| k.starts_with("shard ") && *f > 0.0)),
+        "no shard was ever busy"
+    );
+    assert!(
+        batches.iter().any(|(m, _)| m
+            .timeline
+            .iter()
+            .any(|(k, f)| k.starts_with("env ") && *f > 0.0)),
+        "no environment was ever held"
+    );
+    assert!(
+        dir.path().join("v3.safetensors").exists() && dir.path().join("v2.safetensors").exists()
+    );
+    assert!(
+        !dir.path().join("v1.safetensors").exists(),
+        "only the two newest checkpoints are kept"
+    );
 }
 
 #[test]
@@ -76,13 +109,24 @@ fn a_builtin_job_resumes_from_its_checkpoint() {
     run(2, 0, 0).expect("first run");
     let s = run(4, 2, 1).expect("resumed run");
     assert_eq!(s.steps_done, 4);
-    assert_eq!(s.steps.first().map(|m| m.version), Some(3), "the resumed run trains from version 2");
+    assert_eq!(
+        s.steps.first().map(|m| m.version),
+        Some(3),
+        "the resumed run trains from version 2"
+    );
     // Without its checkpoint a resume fails clearly instead of restarting from scratch.
     let empty = tempfile::tempdir().unwrap();
-    let err =
-        engine::simrun::run_blocking(builtin_spec(4), 2, 1, Arc::new(MemorySink::default()), Arc::new(BatchLog::default()), Some(empty.path().to_path_buf()))
-            .unwrap_err();
-    assert!(err.to_string().contains("checkpoint"), "{err}");
+    let err = engine::simrun::run_blocking(
+        builtin_spec(4),
+        2,
+        1,
+        Arc::new(MemorySink::default()),
+        Arc::new(BatchLog::default()),
+        Some(empty.path().to_path_buf()),
+    )
+    .unwrap_err();
+    let chain = infra::error_chain(&err);
+    assert!(chain.contains("checkpoint"), "{chain}");
 }
 
 #[test]
@@ -98,7 +142,15 @@ fn builtin_games_drive_the_builtin_model_end_to_end() {
         .extra("[trainer]\nkind = \"builtin\"")
         .build();
     let sink = Arc::new(MemorySink::default());
-    let s = engine::simrun::run_blocking(spec, 0, 0, sink.clone(), Arc::new(BatchLog::default()), None).expect("job runs");
+    let s = engine::simrun::run_blocking(
+        spec,
+        0,
+        0,
+        sink.clone(),
+        Arc::new(BatchLog::default()),
+        None,
+    )
+    .expect("job runs");
     assert_eq!(s.steps_done, 2);
     let log = sink.log.lock().unwrap();
     let tok = actors::model::tokenizer::ByteTokenizer;

@@ -8,7 +8,12 @@ use actors::env::external::{ExternalConfig, ExternalEnv};
 use tests::rollarc_bin;
 
 fn external(command: Vec<String>, timeout_ms: u64, max_bytes: usize) -> ExternalEnv {
-    ExternalEnv::new(ExternalConfig { command, call_timeout: Duration::from_millis(timeout_ms), max_message_bytes: max_bytes, workdir: None })
+    ExternalEnv::new(ExternalConfig {
+        command,
+        call_timeout: Duration::from_millis(timeout_ms),
+        max_message_bytes: max_bytes,
+        workdir: None,
+    })
 }
 
 fn sh(script: &str) -> Vec<String> {
@@ -18,14 +23,40 @@ fn sh(script: &str) -> Vec<String> {
 #[tokio::test]
 async fn the_protocol_round_trips_a_builtin_game() {
     let spec = r#"{"kind":"frozenlake","size":4}"#;
-    let mut remote = external(vec![rollarc_bin().display().to_string(), "env-serve".into(), spec.into()], 10_000, 1 << 20);
+    let mut remote = external(
+        vec![
+            rollarc_bin().display().to_string(),
+            "env-serve".into(),
+            spec.into(),
+        ],
+        10_000,
+        1 << 20,
+    );
     let mut local = engine::envs::builtin(&serde_json::from_str(spec).unwrap()).unwrap();
-    assert_eq!(remote.reset(3).await.unwrap().text, local.reset_boxed(3).await.unwrap().text);
+    assert_eq!(
+        remote.reset(3).await.unwrap().text,
+        local.reset_boxed(3).await.unwrap().text
+    );
     for a in ["down", "down", "jump", "right", "right", "down", "right"] {
-        let (r, l) = (remote.step(a, &[]).await.unwrap(), local.step_boxed(a, &[]).await.unwrap());
+        let (r, l) = (
+            remote.step(a, &[]).await.unwrap(),
+            local.step_boxed(a, &[]).await.unwrap(),
+        );
         assert_eq!(
-            (r.observation.text, r.reward, r.terminated, r.success, r.invalid_action),
-            (l.observation.text, l.reward, l.terminated, l.success, l.invalid_action),
+            (
+                r.observation.text,
+                r.reward,
+                r.terminated,
+                r.success,
+                r.invalid_action
+            ),
+            (
+                l.observation.text,
+                l.reward,
+                l.terminated,
+                l.success,
+                l.invalid_action
+            ),
             "action {a}"
         );
     }
@@ -34,18 +65,54 @@ async fn the_protocol_round_trips_a_builtin_game() {
 
 #[tokio::test]
 async fn malformed_and_oversized_replies_are_errors_with_the_line() {
-    let mut e = external(sh("read l; echo 'this is not json'; sleep 5"), 5_000, 1 << 20);
+    let mut e = external(
+        sh("read l; echo 'this is not json'; sleep 5"),
+        5_000,
+        1 << 20,
+    );
     let err = e.reset(0).await.unwrap_err().to_string();
-    assert!(err.contains("malformed") && err.contains("this is not json"), "{err}");
-    let mut e = external(sh("read l; head -c 300000 /dev/zero | tr '\\0' a; echo"), 5_000, 100_000);
+    assert!(
+        err.contains("malformed") && err.contains("this is not json"),
+        "{err}"
+    );
+    let mut e = external(
+        sh("read l; head -c 300000 /dev/zero | tr '\\0' a; echo"),
+        5_000,
+        100_000,
+    );
     let err = e.reset(0).await.unwrap_err().to_string();
-    assert!(err.contains("more than 100000 bytes") && err.contains("aaaa"), "{err}");
+    assert!(
+        err.contains("more than 100000 bytes") && err.contains("aaaa"),
+        "{err}"
+    );
     let mut e = external(sh(r#"read l; echo '{"v":7,"ok":true}'"#), 5_000, 1 << 20);
-    assert!(e.reset(0).await.unwrap_err().to_string().contains("version 7"));
-    let mut e = external(sh(r#"read l; echo '{"v":1,"ok":false,"error":"no such level"}'"#), 5_000, 1 << 20);
-    assert!(e.reset(0).await.unwrap_err().to_string().contains("no such level"));
+    assert!(
+        e.reset(0)
+            .await
+            .unwrap_err()
+            .to_string()
+            .contains("version 7")
+    );
+    let mut e = external(
+        sh(r#"read l; echo '{"v":1,"ok":false,"error":"no such level"}'"#),
+        5_000,
+        1 << 20,
+    );
+    assert!(
+        e.reset(0)
+            .await
+            .unwrap_err()
+            .to_string()
+            .contains("no such level")
+    );
     let mut e = external(vec!["/nonexistent/program".into()], 5_000, 1 << 20);
-    assert!(e.reset(0).await.unwrap_err().to_string().contains("cannot start"));
+    assert!(
+        e.reset(0)
+            .await
+            .unwrap_err()
+            .to_string()
+            .contains("cannot start")
+    );
 }
 
 #[tokio::test]
@@ -53,27 +120,48 @@ async fn a_hanging_program_times_out_and_its_process_group_is_killed() {
     let dir = tempfile::tempdir().unwrap();
     let pidfile = dir.path().join("pids");
     // The program starts a grandchild, records both pids, then hangs.
-    let script = format!("sleep 1000 & echo $! > {p}; echo $$ >> {p}; read l; sleep 1000", p = pidfile.display());
+    let script = format!(
+        "sleep 1000 & echo $! > {p}; echo $$ >> {p}; read l; sleep 1000",
+        p = pidfile.display()
+    );
     let mut e = external(sh(&script), 300, 1 << 20);
     let err = e.reset(0).await.unwrap_err();
     assert_eq!(err, actors::env::EnvError::Timeout);
-    let pids: Vec<i32> = std::fs::read_to_string(&pidfile).unwrap().split_whitespace().map(|p| p.parse().unwrap()).collect();
+    let pids: Vec<i32> = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
     assert_eq!(pids.len(), 2);
     // Both the program and its grandchild are gone (reaped or killed) within a second.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     loop {
-        let alive: Vec<_> = pids.iter().filter(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).map(|s| !s.contains(") Z ")).unwrap_or(false)).collect();
+        let alive: Vec<_> = pids
+            .iter()
+            .filter(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/stat"))
+                    .map(|s| !s.contains(") Z "))
+                    .unwrap_or(false)
+            })
+            .collect();
         if alive.is_empty() {
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "processes {alive:?} survived the kill");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "processes {alive:?} survived the kill"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
 fn bridge(env_id: &str, kwargs: Option<&str>) -> ExternalEnv {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../envs/gymnasium_bridge.py");
-    let mut cmd = vec!["python3".to_string(), script.to_string(), env_id.to_string()];
+    let mut cmd = vec![
+        "python3".to_string(),
+        script.to_string(),
+        env_id.to_string(),
+    ];
     if let Some(k) = kwargs {
         cmd.extend(["--kwargs".to_string(), k.to_string()]);
     }
@@ -103,7 +191,11 @@ async fn the_gymnasium_bridge_serves_four_real_environments() {
     let mut e = bridge("CliffWalking-v0", None);
     e.reset(0).await.unwrap();
     assert_eq!(e.step("right", &[]).await.unwrap().reward, -100.0);
-    assert_eq!(e.step("1", &[]).await.unwrap().reward, -100.0, "indices work too");
+    assert_eq!(
+        e.step("1", &[]).await.unwrap().reward,
+        -100.0,
+        "indices work too"
+    );
     e.close().await;
     // Blackjack (no text rendering: the raw observation), one decision ends it.
     let mut e = bridge("Blackjack-v1", None);
@@ -126,14 +218,23 @@ fn a_job_runs_on_an_external_environment() {
         .extra("[sim]\nclock = \"real\"")
         .build();
     let sink = std::sync::Arc::new(actors::buffer::MemorySink::default());
-    let s = engine::simrun::run_blocking(spec, 0, 0, sink.clone(), std::sync::Arc::new(tests::BatchLog::default()), None).expect("job runs");
+    let s = engine::simrun::run_blocking(
+        spec,
+        0,
+        0,
+        sink.clone(),
+        std::sync::Arc::new(tests::BatchLog::default()),
+        None,
+    )
+    .expect("job runs");
     assert_eq!(s.steps_done, 2);
     assert!(sink.log.lock().unwrap().iter().any(|t| t.failure.is_none()));
 }
 
 #[tokio::test]
 async fn a_sandboxed_program_is_contained() {
-    engine::envs::check_sandbox().expect("make setup installs bubblewrap; the sandbox must work here");
+    engine::envs::check_sandbox()
+        .expect("make setup installs bubblewrap; the sandbox must work here");
     // A listener on the host's loopback: reachable from outside the sandbox only.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -154,9 +255,16 @@ echo "{\"v\":1,\"ok\":true,\"observation\":\"contained:$r\"}""#
     assert_eq!(e.reset(0).await.unwrap().text, "contained:");
     e.close().await;
     // The same probe outside the sandbox sees everything (so the checks can fail).
-    let mut bare = external(vec!["bash".to_string(), "-c".to_string(), probe], 10_000, 1 << 20);
+    let mut bare = external(
+        vec!["bash".to_string(), "-c".to_string(), probe],
+        10_000,
+        1 << 20,
+    );
     let seen = bare.reset(0).await.unwrap().text;
-    assert!(seen.contains("network") && seen.contains("host-pids") && seen.contains("home-read"), "{seen}");
+    assert!(
+        seen.contains("network") && seen.contains("host-pids") && seen.contains("home-read"),
+        "{seen}"
+    );
     bare.close().await;
     assert!(seen.contains("wrote-outside"), "{seen}");
     let _ = std::fs::remove_file(format!("/var/tmp/rollarc-escape-{port}"));
@@ -164,8 +272,14 @@ echo "{\"v\":1,\"ok\":true,\"observation\":\"contained:$r\"}""#
 }
 
 /// Runs `script` (bash) in the sandbox as an environment program and returns the reset result.
-async fn sandboxed_reset(script: &str, timeout_ms: u64) -> (Result<String, actors::env::EnvError>, ExternalEnv) {
-    let cmd = engine::envs::sandboxed(&["bash".to_string(), "-c".to_string(), script.to_string()], &[]);
+async fn sandboxed_reset(
+    script: &str,
+    timeout_ms: u64,
+) -> (Result<String, actors::env::EnvError>, ExternalEnv) {
+    let cmd = engine::envs::sandboxed(
+        &["bash".to_string(), "-c".to_string(), script.to_string()],
+        &[],
+    );
     let mut e = external(cmd, timeout_ms, 1 << 20);
     let r = e.reset(0).await.map(|o| o.text);
     (r, e)
@@ -185,7 +299,9 @@ fn processes_with(marker: &str) -> Vec<String> {
         }
         if let Ok(cmd) = std::fs::read(entry.path().join("cmdline"))
             && String::from_utf8_lossy(&cmd).contains(marker)
-            && !std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default().contains(") Z ")
+            && !std::fs::read_to_string(entry.path().join("stat"))
+                .unwrap_or_default()
+                .contains(") Z ")
         {
             out.push(name);
         }
@@ -198,14 +314,27 @@ async fn containment_matrix() {
     engine::envs::check_sandbox().expect("the sandbox must work here");
     // Fork bomb: process creation stops at the rlimit (512 per sandbox uid); the count uses
     // shell builtins only, since nothing more can fork.
-    let bomb = format!("read l; (b() {{ b | b & }}; b) 2>/dev/null & sleep 2; c=0; for p in /proc/[0-9]*; do c=$((c+1)); done; {}", reply("procs:$c"));
+    let bomb = format!(
+        "read l; (b() {{ b | b & }}; b) 2>/dev/null & sleep 2; c=0; for p in /proc/[0-9]*; do c=$((c+1)); done; {}",
+        reply("procs:$c")
+    );
     let (r, mut e) = sandboxed_reset(&bomb, 20_000).await;
     let procs: usize = r.unwrap().trim_start_matches("procs:").parse().unwrap();
     eprintln!("fork bomb: {procs} processes in the sandbox after 2 s");
-    assert!(procs > 50 && procs <= 520, "fork bomb not capped (or never ran): {procs} processes");
+    assert!(
+        procs > 50 && procs <= 520,
+        "fork bomb not capped (or never ran): {procs} processes"
+    );
     e.close().await;
     // Memory hog: the address-space limit stops it; it cannot take the machine's memory.
-    let (r, mut e) = sandboxed_reset(&format!("read l; awk 'BEGIN{{s=\"x\"; while (1) s = s s}}' 2>/dev/null; {}", reply("awk-exit:$?")), 20_000).await;
+    let (r, mut e) = sandboxed_reset(
+        &format!(
+            "read l; awk 'BEGIN{{s=\"x\"; while (1) s = s s}}' 2>/dev/null; {}",
+            reply("awk-exit:$?")
+        ),
+        20_000,
+    )
+    .await;
     let r = r.unwrap();
     eprintln!("memory hog: {r}");
     assert_ne!(r, "awk-exit:0", "unbounded allocation did not fail");
@@ -215,12 +344,26 @@ async fn containment_matrix() {
     assert_eq!(r.unwrap_err(), actors::env::EnvError::Timeout);
     e.close().await;
     // A gigabyte of output: cut at the message cap, not buffered.
-    let (r, mut e) = sandboxed_reset("read l; head -c 1000000000 /dev/zero | tr '\\0' x; echo", 20_000).await;
-    assert!(r.unwrap_err().to_string().contains("more than 1048576 bytes"));
+    let (r, mut e) = sandboxed_reset(
+        "read l; head -c 1000000000 /dev/zero | tr '\\0' x; echo",
+        20_000,
+    )
+    .await;
+    assert!(
+        r.unwrap_err()
+            .to_string()
+            .contains("more than 1048576 bytes")
+    );
     e.close().await;
     // Writing a large file: the file-size limit stops it at 100 MB.
-    let (r, mut e) =
-        sandboxed_reset(&format!("read l; head -c 200000000 /dev/zero > /tmp/big 2>/dev/null; {}", reply("size:$(stat -c %s /tmp/big)")), 20_000).await;
+    let (r, mut e) = sandboxed_reset(
+        &format!(
+            "read l; head -c 200000000 /dev/zero > /tmp/big 2>/dev/null; {}",
+            reply("size:$(stat -c %s /tmp/big)")
+        ),
+        20_000,
+    )
+    .await;
     assert_eq!(r.unwrap(), "size:104857600");
     e.close().await;
 }
@@ -229,13 +372,24 @@ async fn containment_matrix() {
 async fn a_thousand_sandboxes_leave_no_process_behind() {
     engine::envs::check_sandbox().expect("the sandbox must work here");
     let marker = format!("rollarc-leak-check-{}", std::process::id());
-    let script = format!("read l; sleep 300 & {}; read l; echo '{{\"v\":1,\"ok\":true}}'; sleep 300", reply("up"));
+    let script = format!(
+        "read l; sleep 300 & {}; read l; echo '{{\"v\":1,\"ok\":true}}'; sleep 300",
+        reply("up")
+    );
     let mut tasks = tokio::task::JoinSet::new();
     for worker in 0..8 {
         let (script, marker) = (script.clone(), marker.clone());
         tasks.spawn(async move {
             for _ in 0..125 {
-                let cmd = engine::envs::sandboxed(&["bash".to_string(), "-c".to_string(), script.clone(), marker.clone()], &[]);
+                let cmd = engine::envs::sandboxed(
+                    &[
+                        "bash".to_string(),
+                        "-c".to_string(),
+                        script.clone(),
+                        marker.clone(),
+                    ],
+                    &[],
+                );
                 let mut e = external(cmd, 10_000, 1 << 20);
                 assert_eq!(e.reset(worker).await.unwrap().text, "up");
                 e.close().await;
@@ -251,7 +405,11 @@ async fn a_thousand_sandboxes_leave_no_process_behind() {
         if left.is_empty() {
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "{} processes left behind: {left:?}", left.len());
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} processes left behind: {left:?}",
+            left.len()
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -276,12 +434,26 @@ done"#;
         .build();
     let sink = std::sync::Arc::new(actors::buffer::MemorySink::default());
     let log = std::sync::Arc::new(tests::BatchLog::default());
-    let s = engine::simrun::run_blocking(spec, 0, 0, sink.clone(), log.clone(), None).expect("job completes despite crashes");
+    let s = engine::simrun::run_blocking(spec, 0, 0, sink.clone(), log.clone(), None)
+        .expect("job completes despite crashes");
     let last = s.steps.last().unwrap();
-    assert!(last.env_restarts > 0, "crashed environments were not replaced");
+    assert!(
+        last.env_restarts > 0,
+        "crashed environments were not replaced"
+    );
     assert!(last.buffer.masked > 0 && last.buffer.retried > 0);
     for (_, b) in log.batches.lock().unwrap().iter() {
-        assert!(b.trajectories().all(|t| t.failure.is_none() && t.reward == Some(1.0)), "a crashed trajectory was scored");
+        assert!(
+            b.trajectories()
+                .all(|t| t.failure.is_none() && t.reward == Some(1.0)),
+            "a crashed trajectory was scored"
+        );
     }
-    assert!(sink.log.lock().unwrap().iter().any(|t| matches!(t.failure, Some(actors::types::FailureReason::EnvFailed(_)))));
+    assert!(
+        sink.log
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|t| matches!(t.failure, Some(actors::types::FailureReason::EnvFailed(_))))
+    );
 }

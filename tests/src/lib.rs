@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actors::types::{Batch, Trajectory};
-use engine::job::{StepMetrics, StepObserver};
+use engine::job::{ObserverError, StepMetrics, StepObserver};
 use engine::service::Service;
 use engine::spec::JobSpec;
 
@@ -23,7 +23,14 @@ pub struct SpecBuilder {
 
 impl Default for SpecBuilder {
     fn default() -> Self {
-        Self { tasks: Vec::new(), pools: Vec::new(), rollout: Vec::new(), extra: Vec::new(), seed: 1, preset: None }
+        Self {
+            tasks: Vec::new(),
+            pools: Vec::new(),
+            rollout: Vec::new(),
+            extra: Vec::new(),
+            seed: 1,
+            preset: None,
+        }
     }
 }
 
@@ -158,8 +165,11 @@ pub struct BatchLog {
 }
 
 impl StepObserver for BatchLog {
-    fn on_step(&self, m: &StepMetrics, batch: &Batch) -> Result<(), String> {
-        self.batches.lock().map_err(|e| e.to_string())?.push((m.clone(), batch.clone()));
+    fn on_step(&self, m: &StepMetrics, batch: &Batch) -> Result<(), ObserverError> {
+        self.batches
+            .lock()
+            .map_err(|_| "the batch log's lock is poisoned")?
+            .push((m.clone(), batch.clone()));
         Ok(())
     }
 }
@@ -180,7 +190,11 @@ pub fn run_recorded(spec: JobSpec) -> Recorded {
     };
     let batches = std::mem::take(&mut *log.batches.lock().unwrap_or_else(|p| p.into_inner()));
     let committed = std::mem::take(&mut *sink.log.lock().unwrap_or_else(|p| p.into_inner()));
-    Recorded { summary, batches, committed }
+    Recorded {
+        summary,
+        batches,
+        committed,
+    }
 }
 
 /// An in-process service on 127.0.0.1:0 (the listener is kept: no rebind race).
@@ -195,14 +209,26 @@ pub struct TestServer {
 impl TestServer {
     pub async fn start() -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
-        let service = Service::open(&engine::service::ServiceConfig { data_dir: dir.path().to_path_buf(), max_running: 2 }).expect("service");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let service = Service::open(&engine::service::ServiceConfig {
+            data_dir: dir.path().to_path_buf(),
+            max_running: 2,
+        })
+        .expect("service");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let app = engine::api::router(service.clone());
         let task = tokio::spawn(async move {
             let _ = axum_serve(listener, app).await;
         });
-        Self { addr, service, dir, client: reqwest::Client::new(), _task: task }
+        Self {
+            addr,
+            service,
+            dir,
+            client: reqwest::Client::new(),
+            _task: task,
+        }
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -215,7 +241,13 @@ async fn axum_serve(listener: tokio::net::TcpListener, app: axum::Router) -> std
 }
 
 /// Polls `GET /v1/jobs/{id}` until `pred` holds or `timeout` passes.
-pub async fn wait_job(client: &reqwest::Client, base: &str, id: &str, timeout: Duration, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+pub async fn wait_job(
+    client: &reqwest::Client,
+    base: &str,
+    id: &str,
+    timeout: Duration,
+    pred: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         if let Ok(r) = client.get(format!("{base}/v1/jobs/{id}")).send().await
@@ -232,14 +264,28 @@ pub async fn wait_job(client: &reqwest::Client, base: &str, id: &str, timeout: D
 }
 
 /// Pages through all trajectories of a job; returns (cursor, trajectory id) pairs.
-pub async fn page_all(client: &reqwest::Client, base: &str, id: &str, limit: usize) -> Vec<(i64, String)> {
+pub async fn page_all(
+    client: &reqwest::Client,
+    base: &str,
+    id: &str,
+    limit: usize,
+) -> Vec<(i64, String)> {
     let mut out = Vec::new();
     let mut after = 0i64;
     loop {
-        let r = client.get(format!("{base}/v1/jobs/{id}/trajectories?after={after}&limit={limit}")).send().await.expect("page");
+        let r = client
+            .get(format!(
+                "{base}/v1/jobs/{id}/trajectories?after={after}&limit={limit}"
+            ))
+            .send()
+            .await
+            .expect("page");
         assert_eq!(r.status(), 200);
         let text = r.text().await.expect("body");
-        let rows: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).expect("ndjson line")).collect();
+        let rows: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("ndjson line"))
+            .collect();
         if rows.is_empty() {
             return out;
         }
@@ -259,7 +305,11 @@ pub fn rollarc_bin() -> PathBuf {
         dir.pop();
     }
     let bin = dir.join("rollarc");
-    assert!(bin.exists(), "{} not found: build the workspace binaries first (cargo build --workspace)", bin.display());
+    assert!(
+        bin.exists(),
+        "{} not found: build the workspace binaries first (cargo build --workspace)",
+        bin.display()
+    );
     bin
 }
 
@@ -288,7 +338,12 @@ pub fn start_function(name: &str, config: Option<&str>, env: &[(&str, &str)]) ->
     use std::io::{BufRead, BufReader};
     use std::process::{Command, Stdio};
     let mut cmd = Command::new(fn_bin());
-    cmd.arg(name).env("PORT", "0").env("HOST", "127.0.0.1").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+    cmd.arg(name)
+        .env("PORT", "0")
+        .env("HOST", "127.0.0.1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
     if let Some(c) = config {
         cmd.args(["--config", c]);
     }
@@ -305,6 +360,11 @@ pub fn start_function(name: &str, config: Option<&str>, env: &[(&str, &str)]) ->
             }
         }
     });
-    let addr = rx.recv_timeout(Duration::from_secs(20)).expect("the function reports its address");
-    FunctionProcess { child, base: format!("http://{addr}") }
+    let addr = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the function reports its address");
+    FunctionProcess {
+        child,
+        base: format!("http://{addr}"),
+    }
 }

@@ -34,13 +34,21 @@ fn start(dir: &std::path::Path) -> Server {
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             if let Some(i) = line.find("addr=") {
-                let addr: String = line[i + 5..].chars().take_while(|c| !c.is_whitespace()).collect();
+                let addr: String = line[i + 5..]
+                    .chars()
+                    .take_while(|c| !c.is_whitespace())
+                    .collect();
                 let _ = tx.send(addr);
             }
         }
     });
-    let addr = rx.recv_timeout(Duration::from_secs(30)).expect("the server logs its address");
-    Server { child, base: format!("http://{addr}") }
+    let addr = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the server logs its address");
+    Server {
+        child,
+        base: format!("http://{addr}"),
+    }
 }
 
 fn slow_spec(steps: u64) -> String {
@@ -53,33 +61,68 @@ async fn sigkill_mid_job_loses_and_duplicates_nothing_and_the_job_resumes() {
     let client = reqwest::Client::new();
     let steps = 25u64;
     let first = start(dir.path());
-    let id = client.post(format!("{}/v1/jobs", first.base)).body(slow_spec(steps)).send().await.unwrap().json::<serde_json::Value>().await.unwrap()["id"]
+    let id = client
+        .post(format!("{}/v1/jobs", first.base))
+        .body(slow_spec(steps))
+        .send()
+        .await
+        .unwrap()
+        .json::<serde_json::Value>()
+        .await
+        .unwrap()["id"]
         .as_str()
         .unwrap()
         .to_string();
-    wait_job(&client, &first.base, &id, Duration::from_secs(60), |v| v["step"].as_u64().unwrap_or(0) >= 3).await;
+    wait_job(&client, &first.base, &id, Duration::from_secs(60), |v| {
+        v["step"].as_u64().unwrap_or(0) >= 3
+    })
+    .await;
     let before = page_all(&client, &first.base, &id, 50).await;
     assert!(!before.is_empty());
     // SIGKILL: no chance to clean up.
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(first.child.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first.child.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
     drop(first);
 
     let second = start(dir.path());
-    let listed: serde_json::Value = client.get(format!("{}/v1/jobs", second.base)).send().await.unwrap().json().await.unwrap();
-    assert_eq!(listed["jobs"][0]["id"], id.as_str(), "the job is still listed after the restart");
-    let job = wait_job(&client, &second.base, &id, Duration::from_secs(120), |v| v["state"] == "succeeded" || v["state"] == "failed").await;
+    let listed: serde_json::Value = client
+        .get(format!("{}/v1/jobs", second.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        listed["jobs"][0]["id"],
+        id.as_str(),
+        "the job is still listed after the restart"
+    );
+    let job = wait_job(&client, &second.base, &id, Duration::from_secs(120), |v| {
+        v["state"] == "succeeded" || v["state"] == "failed"
+    })
+    .await;
     assert_eq!(job["state"], "succeeded", "{job}");
     assert_eq!(job["step"], steps);
     let after = page_all(&client, &second.base, &id, 50).await;
     // Every trajectory committed before the kill is still there, at the same cursor.
     for row in &before {
-        assert!(after.contains(row), "trajectory {row:?} lost or moved after the restart");
+        assert!(
+            after.contains(row),
+            "trajectory {row:?} lost or moved after the restart"
+        );
     }
     let ids: std::collections::BTreeSet<_> = after.iter().map(|r| r.1.clone()).collect();
     assert_eq!(ids.len(), after.len(), "a trajectory is returned twice");
     assert!(after.windows(2).all(|w| w[0].0 < w[1].0));
     // The resumed run (epoch 1) produced the remaining steps' trajectories.
-    assert!(after.iter().any(|r| r.1.starts_with("r1-")), "no trajectory from the resumed run");
+    assert!(
+        after.iter().any(|r| r.1.starts_with("r1-")),
+        "no trajectory from the resumed run"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -87,12 +130,27 @@ async fn sigterm_stops_intake_and_leaves_running_jobs_resumable() {
     let dir = tempfile::tempdir().unwrap();
     let client = reqwest::Client::new();
     let mut s = start(dir.path());
-    let id = client.post(format!("{}/v1/jobs", s.base)).body(slow_spec(1000)).send().await.unwrap().json::<serde_json::Value>().await.unwrap()["id"]
+    let id = client
+        .post(format!("{}/v1/jobs", s.base))
+        .body(slow_spec(1000))
+        .send()
+        .await
+        .unwrap()
+        .json::<serde_json::Value>()
+        .await
+        .unwrap()["id"]
         .as_str()
         .unwrap()
         .to_string();
-    wait_job(&client, &s.base, &id, Duration::from_secs(60), |v| v["step"].as_u64().unwrap_or(0) >= 1).await;
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(s.child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    wait_job(&client, &s.base, &id, Duration::from_secs(60), |v| {
+        v["step"].as_u64().unwrap_or(0) >= 1
+    })
+    .await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(s.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
     // Default grace is 10 s; the job cannot finish 1000 steps, so it is interrupted.
     let status = tokio::task::spawn_blocking(move || {
         let st = s.child.wait();
@@ -103,5 +161,9 @@ async fn sigterm_stops_intake_and_leaves_running_jobs_resumable() {
     assert!(status.0.unwrap().success(), "serve exits 0 after a signal");
     let store = engine::store::Store::open(&dir.path().join("rollarc.db")).unwrap();
     let j = store.get(&id).unwrap().unwrap();
-    assert_eq!(j.state, engine::store::JobState::Running, "an interrupted job stays running, to resume at the next start");
+    assert_eq!(
+        j.state,
+        engine::store::JobState::Running,
+        "an interrupted job stays running, to resume at the next start"
+    );
 }

@@ -18,7 +18,12 @@ fn request(items: &[&str], reference: &str) -> ScoreRequest {
         items: items
             .iter()
             .enumerate()
-            .map(|(i, t)| ScoredItem { trajectory_id: format!("t{i}"), text: t.to_string(), token_ids: vec![], env_reward: 0.0 })
+            .map(|(i, t)| ScoredItem {
+                trajectory_id: format!("t{i}"),
+                text: t.to_string(),
+                token_ids: vec![],
+                env_reward: 0.0,
+            })
             .collect(),
     }
 }
@@ -27,29 +32,60 @@ fn request(items: &[&str], reference: &str) -> ScoreRequest {
 async fn the_math_function_scores_a_group_and_rejects_bad_requests() {
     let f = start("math", None);
     let c = reqwest::Client::new();
-    let health: serde_json::Value = c.get(format!("{}/healthz", f.base)).send().await.unwrap().json().await.unwrap();
+    let health: serde_json::Value = c
+        .get(format!("{}/healthz", f.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(health["function"], "math");
     let req = request(&["\\boxed{42}", "41", "the answer is 42."], "42");
     let r = c.post(&f.base).json(&req).send().await.unwrap();
     assert_eq!(r.status(), 200);
     let resp: ScoreResponse = r.json().await.unwrap();
     resp.validate(&req, 0.0, 1.0).unwrap();
-    assert_eq!(resp.scores.iter().map(|s| s.score).collect::<Vec<_>>(), vec![1.0, 0.0, 1.0]);
+    assert_eq!(
+        resp.scores.iter().map(|s| s.score).collect::<Vec<_>>(),
+        vec![1.0, 0.0, 1.0]
+    );
     // Bad input: 4xx JSON, never a crash.
-    for (body, status) in [("{}".to_string(), 400), ("not json".to_string(), 400), (serde_json::to_string(&request(&[], "1")).unwrap(), 400)] {
+    for (body, status) in [
+        ("{}".to_string(), 400),
+        ("not json".to_string(), 400),
+        (serde_json::to_string(&request(&[], "1")).unwrap(), 400),
+    ] {
         let r = c.post(&f.base).body(body).send().await.unwrap();
         assert_eq!(r.status().as_u16(), status);
         assert!(r.json::<serde_json::Value>().await.unwrap()["error"]["code"].is_string());
     }
     let mut wrong = request(&["1"], "1");
     wrong.protocol = "rollarc.reward/v0".into();
-    assert_eq!(c.post(&f.base).json(&wrong).send().await.unwrap().status(), 400);
+    assert_eq!(
+        c.post(&f.base).json(&wrong).send().await.unwrap().status(),
+        400
+    );
     // Oversized: 413 JSON and `Connection: close`, on a connection of its own (the server stops reading the body).
-    let fresh = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
-    let r = fresh.post(&f.base).body("x".repeat(9 << 20)).send().await.unwrap();
+    let fresh = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let r = fresh
+        .post(&f.base)
+        .body("x".repeat(9 << 20))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status().as_u16(), 413);
-    assert_eq!(r.headers().get("connection").map(|v| v.as_bytes()), Some(&b"close"[..]));
-    assert_eq!(r.json::<serde_json::Value>().await.unwrap()["error"]["code"], "body_too_large");
+    assert_eq!(
+        r.headers().get("connection").map(|v| v.as_bytes()),
+        Some(&b"close"[..])
+    );
+    assert_eq!(
+        r.json::<serde_json::Value>().await.unwrap()["error"]["code"],
+        "body_too_large"
+    );
 }
 
 #[tokio::test]
@@ -63,7 +99,10 @@ async fn sigterm_ends_the_function_cleanly() {
             assert!(status.success(), "exit status {status}");
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "the function did not exit on SIGTERM");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the function did not exit on SIGTERM"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

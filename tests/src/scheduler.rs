@@ -6,7 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use tests::{SpecBuilder, run_recorded};
 
 fn two_pools() -> SpecBuilder {
-    SpecBuilder::new().pool("h800", "H800", 2, "").pool("h20", "H20", 2, "")
+    SpecBuilder::new()
+        .pool("h800", "H800", 2, "")
+        .pool("h20", "H20", 2, "")
 }
 
 #[test]
@@ -29,15 +31,28 @@ fn staleness_never_exceeds_alpha() {
             assert_eq!(b.groups.len(), 4, "a batch holds batch_size groups");
             for t in b.trajectories() {
                 let age = b.step - t.start_version;
-                assert!(age <= alpha, "alpha {alpha}: trajectory {} started at v{} trained at step {}", t.id, t.start_version, b.step);
-                assert!(b.step - t.oldest_version() <= alpha, "a token older than alpha in {}", t.id);
+                assert!(
+                    age <= alpha,
+                    "alpha {alpha}: trajectory {} started at v{} trained at step {}",
+                    t.id,
+                    t.start_version,
+                    b.step
+                );
+                assert!(
+                    b.step - t.oldest_version() <= alpha,
+                    "a token older than alpha in {}",
+                    t.id
+                );
                 max_seen = max_seen.max(age);
             }
             assert!(m.staleness_max <= alpha);
         }
         // With overlap the bound is used, not just respected.
         if alpha > 0 {
-            assert!(max_seen >= 1, "alpha {alpha}: rollout never ran ahead of training");
+            assert!(
+                max_seen >= 1,
+                "alpha {alpha}: rollout never ran ahead of training"
+            );
         }
     }
 }
@@ -71,7 +86,16 @@ response_tokens = { constant = 32 }
     let none = run_recorded(base().rollout("barrier = \"none\"").build());
     let turn = run_recorded(base().rollout("barrier = \"turn\"").build());
     let batch = run_recorded(base().rollout("barrier = \"batch\"").build());
-    let waits = |r: &tests::Recorded| r.batches.iter().flat_map(|(_, b)| b.trajectories().map(|t| t.timings.wait_s).collect::<Vec<_>>()).sum::<f64>();
+    let waits = |r: &tests::Recorded| {
+        r.batches
+            .iter()
+            .flat_map(|(_, b)| {
+                b.trajectories()
+                    .map(|t| t.timings.wait_s)
+                    .collect::<Vec<_>>()
+            })
+            .sum::<f64>()
+    };
     // Trajectory-level: nobody waits for anybody.
     assert_eq!(waits(&none), 0.0);
     // Turn barrier: episodes wait for the slowest each turn, so a group ends together.
@@ -81,35 +105,68 @@ response_tokens = { constant = 32 }
     for r in [&turn, &batch] {
         for (_, b) in &r.batches {
             for k in 1..5 {
-                let starts: Vec<f64> = b.trajectories().filter_map(|t| t.turns.get(k).map(|u| u.started_at_s)).collect();
+                let starts: Vec<f64> = b
+                    .trajectories()
+                    .filter_map(|t| t.turns.get(k).map(|u| u.started_at_s))
+                    .collect();
                 assert!(starts.len() > 1);
-                assert!(starts.iter().all(|s| (s - starts[0]).abs() < 1e-9), "turn {k} did not start together: {starts:?}");
+                assert!(
+                    starts.iter().all(|s| (s - starts[0]).abs() < 1e-9),
+                    "turn {k} did not start together: {starts:?}"
+                );
             }
         }
     }
     // Trajectory level: turns start whenever each episode is ready.
     let unsynchronised = none.batches.iter().any(|(_, b)| {
-        let starts: Vec<f64> = b.trajectories().filter_map(|t| t.turns.get(2).map(|u| u.started_at_s)).collect();
+        let starts: Vec<f64> = b
+            .trajectories()
+            .filter_map(|t| t.turns.get(2).map(|u| u.started_at_s))
+            .collect();
         starts.iter().any(|s| (s - starts[0]).abs() > 1e-3)
     });
-    assert!(unsynchronised, "trajectory-level turns should not be synchronised");
+    assert!(
+        unsynchronised,
+        "trajectory-level turns should not be synchronised"
+    );
     // Batch barrier: no reward before the whole wave finished stepping, so every trajectory of
     // a batch is rewarded after the last one's env interaction ended.
     for (_, b) in &batch.batches {
-        let last_env_end = b.trajectories().map(|t| t.timings.ended_at_s - t.timings.reward_s).fold(f64::MIN, f64::max);
+        let last_env_end = b
+            .trajectories()
+            .map(|t| t.timings.ended_at_s - t.timings.reward_s)
+            .fold(f64::MIN, f64::max);
         for t in b.trajectories() {
             let reward_start = t.timings.ended_at_s - t.timings.reward_s;
-            assert!(reward_start + 1e-6 >= last_env_end, "reward of {} fired at {reward_start} before the batch finished at {last_env_end}", t.id);
+            assert!(
+                reward_start + 1e-6 >= last_env_end,
+                "reward of {} fired at {reward_start} before the batch finished at {last_env_end}",
+                t.id
+            );
         }
     }
     // Under the turn barrier rewards are not held: some fire before the batch's last env step.
     let early = turn.batches.iter().any(|(_, b)| {
-        let last_env_end = b.trajectories().map(|t| t.timings.ended_at_s - t.timings.reward_s).fold(f64::MIN, f64::max);
-        b.trajectories().any(|t| t.timings.ended_at_s - t.timings.reward_s + 1e-6 < last_env_end)
+        let last_env_end = b
+            .trajectories()
+            .map(|t| t.timings.ended_at_s - t.timings.reward_s)
+            .fold(f64::MIN, f64::max);
+        b.trajectories()
+            .any(|t| t.timings.ended_at_s - t.timings.reward_s + 1e-6 < last_env_end)
     });
-    assert!(early, "turn barrier: rewards should fire as each trajectory ends");
-    let (tn, tt, tb) = (none.summary.elapsed_s, turn.summary.elapsed_s, batch.summary.elapsed_s);
-    assert!(tn < tt && tt <= tb + 1e-9, "virtual time none {tn} < turn {tt} <= batch {tb}");
+    assert!(
+        early,
+        "turn barrier: rewards should fire as each trajectory ends"
+    );
+    let (tn, tt, tb) = (
+        none.summary.elapsed_s,
+        turn.summary.elapsed_s,
+        batch.summary.elapsed_s,
+    );
+    assert!(
+        tn < tt && tt <= tb + 1e-9,
+        "virtual time none {tn} < turn {tt} <= batch {tb}"
+    );
 }
 
 fn long_generation(policy: &str) -> tests::Recorded {
@@ -145,15 +202,32 @@ response_tokens = { uniform = { low = 1000, high = 8000 } }
 fn abort_regenerates_and_recompute_keeps_tokens_across_updates() {
     let abort = long_generation("abort");
     let recompute = long_generation("recompute");
-    let spans = |r: &tests::Recorded| r.committed.iter().flat_map(|t| t.turns.iter().map(|u| u.versions.len())).max().unwrap_or(0);
+    let spans = |r: &tests::Recorded| {
+        r.committed
+            .iter()
+            .flat_map(|t| t.turns.iter().map(|u| u.versions.len()))
+            .max()
+            .unwrap_or(0)
+    };
     // abort: the partial turn is dropped and regenerated under one version.
-    assert_eq!(spans(&abort), 1, "abort must never mix versions within a turn");
+    assert_eq!(
+        spans(&abort),
+        1,
+        "abort must never mix versions within a turn"
+    );
     // recompute: tokens survive the update, so some turn spans two versions.
-    assert!(spans(&recompute) >= 2, "recompute must keep tokens generated before the update");
+    assert!(
+        spans(&recompute) >= 2,
+        "recompute must keep tokens generated before the update"
+    );
     for t in &recompute.committed {
         for u in &t.turns {
             let n: u32 = u.versions.iter().map(|s| s.tokens).sum();
-            assert_eq!(n as usize, u.response_tokens.len(), "version spans cover every token");
+            assert_eq!(
+                n as usize,
+                u.response_tokens.len(),
+                "version spans cover every token"
+            );
             assert!(u.versions.windows(2).all(|w| w[0].version < w[1].version));
         }
     }
@@ -161,13 +235,21 @@ fn abort_regenerates_and_recompute_keeps_tokens_across_updates() {
 
 #[test]
 fn redundancy_cancels_extras_once_a_group_is_full() {
-    let spec = two_pools().multi_turn("lake", "redundancy = 2").rollout("batch_size = 4").rollout("steps = 4").build();
+    let spec = two_pools()
+        .multi_turn("lake", "redundancy = 2")
+        .rollout("batch_size = 4")
+        .rollout("steps = 4")
+        .build();
     let r = run_recorded(spec);
     let last = &r.summary.steps.last().expect("steps").scheduler;
     assert!(last.cancelled_extras > 0, "extras were never cancelled");
     for (_, b) in &r.batches {
         for g in &b.groups {
-            assert_eq!(g.trajectories.len(), 4, "a group keeps exactly group_size trajectories");
+            assert_eq!(
+                g.trajectories.len(),
+                4,
+                "a group keeps exactly group_size trajectories"
+            );
         }
     }
     // No group ever committed more than group_size valid trajectories.
@@ -190,15 +272,27 @@ step_latency_s = { constant = 1.0 }
 turns = { constant = 3 }
 failure_probability = 0.1
 "#;
-    let spec = SpecBuilder::new().pool("h800", "H800", 1, "").raw_task(task).rollout("batch_size = 4").rollout("steps = 5").build();
+    let spec = SpecBuilder::new()
+        .pool("h800", "H800", 1, "")
+        .raw_task(task)
+        .rollout("batch_size = 4")
+        .rollout("steps = 5")
+        .build();
     let r = run_recorded(spec);
     let m = &r.summary.steps.last().expect("steps");
-    assert!(m.buffer.masked > 0 && m.buffer.retried > 0, "failures were injected: {:?}", m.buffer);
+    assert!(
+        m.buffer.masked > 0 && m.buffer.retried > 0,
+        "failures were injected: {:?}",
+        m.buffer
+    );
     for (_, b) in &r.batches {
         for g in &b.groups {
             assert!(g.trajectories.len() >= 2);
             for t in &g.trajectories {
-                assert!(t.failure.is_none(), "a failed trajectory reached the trainer");
+                assert!(
+                    t.failure.is_none(),
+                    "a failed trajectory reached the trainer"
+                );
                 assert!(t.reward.is_some());
             }
         }
@@ -218,14 +312,30 @@ kind = "sim"
 turns = { constant = 1 }
 success_rate = 0.5
 "#;
-    let spec =
-        SpecBuilder::new().pool("h20", "H20", 1, "").raw_task(task).rollout("batch_size = 4").rollout("steps = 4").rollout("filter_all_equal = true").build();
+    let spec = SpecBuilder::new()
+        .pool("h20", "H20", 1, "")
+        .raw_task(task)
+        .rollout("batch_size = 4")
+        .rollout("steps = 4")
+        .rollout("filter_all_equal = true")
+        .build();
     let r = run_recorded(spec);
-    assert!(r.summary.steps.last().expect("steps").buffer.filtered_all_equal > 0);
+    assert!(
+        r.summary
+            .steps
+            .last()
+            .expect("steps")
+            .buffer
+            .filtered_all_equal
+            > 0
+    );
     for (_, b) in &r.batches {
         for g in &b.groups {
             let rw = g.rewards();
-            assert!(rw.iter().any(|x| (x - rw[0]).abs() > 1e-12), "an all-equal group reached the trainer");
+            assert!(
+                rw.iter().any(|x| (x - rw[0]).abs() > 1e-12),
+                "an all-equal group reached the trainer"
+            );
         }
     }
 }
@@ -249,7 +359,9 @@ response_tokens = { constant = 16 }
         b = b.single_turn("math", "");
         b = b.rollout("batch_size = 4").rollout("steps = 4");
         if mode == "declared" {
-            b = b.extra("[mapping]\nmode = \"declared\"\ndeclared = { lake = \"h800\", math = \"h20\" }");
+            b = b.extra(
+                "[mapping]\nmode = \"declared\"\ndeclared = { lake = \"h800\", math = \"h20\" }",
+            );
         } else {
             b = b.extra("[mapping]\nmode = \"cost_model\"");
         }
@@ -263,8 +375,14 @@ response_tokens = { constant = 16 }
     assert_eq!(share(&d, "lake", "h800"), 1.0);
     assert_eq!(share(&d, "math", "h20"), 1.0);
     let c = build("cost_model");
-    assert!(share(&c, "lake", "h800") > 0.7, "prefill-heavy task should go to the compute-rich pool");
-    assert!(share(&c, "math", "h20") > 0.7, "decode-heavy task should go to the bandwidth-rich pool");
+    assert!(
+        share(&c, "lake", "h800") > 0.7,
+        "prefill-heavy task should go to the compute-rich pool"
+    );
+    assert!(
+        share(&c, "math", "h20") > 0.7,
+        "decode-heavy task should go to the bandwidth-rich pool"
+    );
 }
 
 #[test]
@@ -279,26 +397,48 @@ fn a_frozen_shard_is_detected_and_restarted() {
     let r = run_recorded(spec);
     let m = r.summary.steps.last().expect("steps");
     assert!(m.shard_restarts > 0, "no frozen shard was restarted");
-    assert_eq!(r.summary.steps_done, 4, "the job completes despite frozen shards");
+    assert_eq!(
+        r.summary.steps_done, 4,
+        "the job completes despite frozen shards"
+    );
 }
 
 #[test]
 fn a_seed_fixes_the_whole_run() {
-    let spec = || two_pools().multi_turn("lake", "redundancy = 1").single_turn("math", "").rollout("batch_size = 4").rollout("steps = 4").seed(42).build();
+    let spec = || {
+        two_pools()
+            .multi_turn("lake", "redundancy = 1")
+            .single_turn("math", "")
+            .rollout("batch_size = 4")
+            .rollout("steps = 4")
+            .seed(42)
+            .build()
+    };
     let a = run_recorded(spec());
     let b = run_recorded(spec());
     assert_eq!(a.summary, b.summary);
     assert_eq!(a.committed, b.committed);
     let ids: BTreeSet<_> = a.committed.iter().map(|t| t.id.clone()).collect();
     assert_eq!(ids.len(), a.committed.len(), "trajectory ids are unique");
-    let c =
-        run_recorded(two_pools().multi_turn("lake", "redundancy = 1").single_turn("math", "").rollout("batch_size = 4").rollout("steps = 4").seed(43).build());
+    let c = run_recorded(
+        two_pools()
+            .multi_turn("lake", "redundancy = 1")
+            .single_turn("math", "")
+            .rollout("batch_size = 4")
+            .rollout("steps = 4")
+            .seed(43)
+            .build(),
+    );
     assert_ne!(a.committed, c.committed, "another seed gives another run");
 }
 
 #[test]
 fn trajectory_level_beats_the_turn_barrier_under_latency_variance() {
-    let body = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/sim-sigma.toml")).expect("example");
+    let body = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/sim-sigma.toml"
+    ))
+    .expect("example");
     let spec = engine::spec::parse(&body, engine::spec::Format::Toml).expect("valid example");
     let with_barrier = |b: engine::spec::Barrier| {
         let mut s = spec.clone();
@@ -307,16 +447,26 @@ fn trajectory_level_beats_the_turn_barrier_under_latency_variance() {
         s.rollout.overlap_training = Some(false);
         s
     };
-    let fast = engine::simrun::run_virtual(with_barrier(engine::spec::Barrier::None)).expect("trajectory-level");
-    let slow = engine::simrun::run_virtual(with_barrier(engine::spec::Barrier::Turn)).expect("turn barrier");
+    let fast = engine::simrun::run_virtual(with_barrier(engine::spec::Barrier::None))
+        .expect("trajectory-level");
+    let slow = engine::simrun::run_virtual(with_barrier(engine::spec::Barrier::Turn))
+        .expect("turn barrier");
     let ratio = slow.elapsed_s / fast.elapsed_s;
-    assert!(ratio > 1.3, "trajectory-level should be well ahead of the turn barrier at sigma = 5 s, got {ratio:.2}");
+    assert!(
+        ratio > 1.3,
+        "trajectory-level should be well ahead of the turn barrier at sigma = 5 s, got {ratio:.2}"
+    );
 }
 
 fn disaggregated(kv_gbps: f64) -> SpecBuilder {
     SpecBuilder::new()
         .pool("prefill", "H800", 2, "")
-        .pool("decode", "H20", 2, &format!(", prefill_pool = \"prefill\", kv_transfer_gbps = {kv_gbps}"))
+        .pool(
+            "decode",
+            "H20",
+            2,
+            &format!(", prefill_pool = \"prefill\", kv_transfer_gbps = {kv_gbps}"),
+        )
         .raw_task(
             r#"[[tasks]]
 domain = "agent"
@@ -341,21 +491,46 @@ fn disaggregated_pools_prefill_on_one_decode_on_the_other_and_pay_the_kv_transfe
     let fast = run_recorded(disaggregated(100.0).build());
     let slow = run_recorded(disaggregated(0.05).build());
     assert!(!fast.committed.is_empty());
-    assert!(fast.committed.iter().all(|t| t.pool == "decode"), "groups go to the decoding pool only");
+    assert!(
+        fast.committed.iter().all(|t| t.pool == "decode"),
+        "groups go to the decoding pool only"
+    );
     let m = fast.summary.steps.last().expect("steps");
     let (p, d) = (&m.pools["prefill"], &m.pools["decode"]);
-    assert!(p.prefill_tokens > 0 && p.decode_tokens == 0, "the prefill pool only prefills: {p:?}");
-    assert!(d.decode_tokens > 0 && d.prefill_tokens * 10 < p.prefill_tokens, "the decode pool only decodes (and recomputes after updates): {d:?}");
+    assert!(
+        p.prefill_tokens > 0 && p.decode_tokens == 0,
+        "the prefill pool only prefills: {p:?}"
+    );
+    assert!(
+        d.decode_tokens > 0 && d.prefill_tokens * 10 < p.prefill_tokens,
+        "the decode pool only decodes (and recomputes after updates): {d:?}"
+    );
     // Every turn's prefill is counted once, on the prefill side.
-    let turns_prefill: u64 = fast.committed.iter().map(|t| t.prefill_tokens() as u64).sum();
+    let turns_prefill: u64 = fast
+        .committed
+        .iter()
+        .map(|t| t.prefill_tokens() as u64)
+        .sum();
     assert!(turns_prefill > 0 && turns_prefill <= p.prefill_tokens);
     // A slow KV link costs time: 4,000 tokens × 144 KiB at 50 MB/s is seconds per turn.
-    assert!(slow.summary.elapsed_s > fast.summary.elapsed_s * 1.5, "{} vs {}", slow.summary.elapsed_s, fast.summary.elapsed_s);
+    assert!(
+        slow.summary.elapsed_s > fast.summary.elapsed_s * 1.5,
+        "{} vs {}",
+        slow.summary.elapsed_s,
+        fast.summary.elapsed_s
+    );
     // Declaring a task on the prefill-only pool is rejected with its field.
-    let bad = disaggregated(10.0).extra("[mapping]\nmode = \"declared\"\ndeclared = { agent = \"prefill\" }").toml();
+    let bad = disaggregated(10.0)
+        .extra("[mapping]\nmode = \"declared\"\ndeclared = { agent = \"prefill\" }")
+        .toml();
     let bad = bad.replacen("[mapping]\nmode = \"cost_model\"\n", "", 1);
     let errs = engine::spec::parse(&bad, engine::spec::Format::Toml).expect_err("invalid");
-    assert!(errs.0.iter().any(|e| e.field == "mapping.declared.agent" && e.message.contains("only prefills")), "{errs:?}");
+    assert!(
+        errs.0
+            .iter()
+            .any(|e| e.field == "mapping.declared.agent" && e.message.contains("only prefills")),
+        "{errs:?}"
+    );
 }
 
 #[test]
@@ -369,10 +544,21 @@ kind = "sim"
 turns = { constant = 1 }
 success_rate = 0.0
 "#;
-    let spec =
-        SpecBuilder::new().pool("h20", "H20", 1, "").raw_task(task).rollout("batch_size = 2").rollout("steps = 2").rollout("filter_all_equal = true").build();
+    let spec = SpecBuilder::new()
+        .pool("h20", "H20", 1, "")
+        .raw_task(task)
+        .rollout("batch_size = 2")
+        .rollout("steps = 2")
+        .rollout("filter_all_equal = true")
+        .build();
     match engine::simrun::run_virtual(spec) {
-        Err(e) => assert!(matches!(e, engine::job::JobError::Escalated(_) | engine::job::JobError::Call { .. }), "{e}"),
+        Err(e) => assert!(
+            matches!(
+                e,
+                engine::job::JobError::Escalated(_) | engine::job::JobError::Call { .. }
+            ),
+            "{e}"
+        ),
         Ok(s) => panic!("the job cannot succeed: {s:?}"),
     }
 }
@@ -389,7 +575,16 @@ fn injected_environment_latency_delays_every_call_in_virtual_time() {
     assert!(!r.committed.is_empty());
     for t in &r.committed {
         // Virtual time: the injected seconds are exact (the games themselves take none).
-        assert!((t.timings.reset_s - 2.0).abs() < 1e-6, "reset {}", t.timings.reset_s);
-        assert!((t.timings.env_step_s - t.turns.len() as f64).abs() < 1e-6, "{} s for {} steps", t.timings.env_step_s, t.turns.len());
+        assert!(
+            (t.timings.reset_s - 2.0).abs() < 1e-6,
+            "reset {}",
+            t.timings.reset_s
+        );
+        assert!(
+            (t.timings.env_step_s - t.turns.len() as f64).abs() < 1e-6,
+            "{} s for {} steps",
+            t.timings.env_step_s,
+            t.turns.len()
+        );
     }
 }

@@ -88,27 +88,45 @@ async fn fake(b: Behaviour) -> Fake {
 }
 
 fn endpoints(urls: &[&str]) -> (watch::Sender<Vec<Endpoint>>, Target) {
-    let eps = urls.iter().enumerate().map(|(i, u)| Endpoint { id: i as u64 + 1, url: u.to_string() }).collect();
+    let eps = urls
+        .iter()
+        .enumerate()
+        .map(|(i, u)| Endpoint {
+            id: i as u64 + 1,
+            url: u.to_string(),
+        })
+        .collect();
     let (tx, rx) = watch::channel(eps);
     (tx, Target::Endpoints(rx))
 }
 
 fn item(id: &str) -> ScoredItem {
-    ScoredItem { trajectory_id: id.into(), text: "42".into(), token_ids: vec![], env_reward: 0.0 }
+    ScoredItem {
+        trajectory_id: id.into(),
+        text: "42".into(),
+        token_ids: vec![],
+        env_reward: 0.0,
+    }
 }
 
 fn client(router: Arc<Router>) -> FunctionClient {
     FunctionClient::new(router, "test@1", (0.0, 1.0), Duration::from_secs(10))
 }
 
-async fn run_calls(c: &Arc<FunctionClient>, n: usize, concurrency: usize, tag: &str) -> Vec<Result<Vec<Score>, ClientError>> {
+async fn run_calls(
+    c: &Arc<FunctionClient>,
+    n: usize,
+    concurrency: usize,
+    tag: &str,
+) -> Vec<Result<Vec<Score>, ClientError>> {
     let sem = Arc::new(tokio::sync::Semaphore::new(concurrency));
     let mut hs = Vec::new();
     for i in 0..n {
         let (c, sem, key) = (c.clone(), sem.clone(), format!("{tag}-{i}"));
         hs.push(tokio::spawn(async move {
             let _p = sem.acquire().await.unwrap();
-            c.score(&key, vec![item(&key)], Some(serde_json::json!("42"))).await
+            c.score(&key, vec![item(&key)], Some(serde_json::json!("42")))
+                .await
         }));
     }
     let mut out = Vec::new();
@@ -137,18 +155,34 @@ async fn slow_and_half_failing_instances_are_ejected_and_no_call_is_lost() {
     let router = Router::new("t", target, cfg);
     let c = Arc::new(client(router.clone()));
     let results = run_calls(&c, 300, 8, "a").await;
-    assert!(results.iter().all(|r| r.is_ok()), "{:?}", results.iter().find(|r| r.is_err()));
+    assert!(
+        results.iter().all(|r| r.is_ok()),
+        "{:?}",
+        results.iter().find(|r| r.is_err())
+    );
     let st = router.stats().snapshot();
-    assert!(st.ejections >= 2, "slow and flaky must both be ejected: {st:?}");
+    assert!(
+        st.ejections >= 2,
+        "slow and flaky must both be ejected: {st:?}"
+    );
     // After the ejections the good instance carries the traffic.
-    let before = (slow.hits.load(Ordering::SeqCst), flaky.hits.load(Ordering::SeqCst));
+    let before = (
+        slow.hits.load(Ordering::SeqCst),
+        flaky.hits.load(Ordering::SeqCst),
+    );
     let results = run_calls(&c, 100, 8, "b").await;
     assert!(results.iter().all(|r| r.is_ok()));
-    let after = (slow.hits.load(Ordering::SeqCst), flaky.hits.load(Ordering::SeqCst));
+    let after = (
+        slow.hits.load(Ordering::SeqCst),
+        flaky.hits.load(Ordering::SeqCst),
+    );
     assert_eq!(after, before, "ejected instances still got traffic");
     // Retries stayed within the budget: amplification well under 2×.
     let st = router.stats().snapshot();
-    assert!((st.tries as f64) / (st.calls as f64) < 1.5, "amplification {st:?}");
+    assert!(
+        (st.tries as f64) / (st.calls as f64) < 1.5,
+        "amplification {st:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -156,11 +190,21 @@ async fn a_fast_429_instance_does_not_attract_traffic() {
     let good = fake(Behaviour::Ok { delay_ms: 20 }).await;
     let shed = fake(Behaviour::Shed).await;
     let (_tx, target) = endpoints(&[&good.url, &shed.url]);
-    let router = Router::new("t", target, RouterConfig { backoff_base: Duration::from_millis(5), ..RouterConfig::default() });
+    let router = Router::new(
+        "t",
+        target,
+        RouterConfig {
+            backoff_base: Duration::from_millis(5),
+            ..RouterConfig::default()
+        },
+    );
     let c = Arc::new(client(router.clone()));
     let results = run_calls(&c, 200, 4, "s").await;
     assert!(results.iter().all(|r| r.is_ok()));
-    let (g, s) = (good.hits.load(Ordering::SeqCst), shed.hits.load(Ordering::SeqCst));
+    let (g, s) = (
+        good.hits.load(Ordering::SeqCst),
+        shed.hits.load(Ordering::SeqCst),
+    );
     // A shedding instance answers 20× faster than the good one; measured by latency alone it
     // would take most calls. Held as slow for its Retry-After, it gets a small share.
     assert!(s * 10 < g, "the 429 instance got {s} tries against {g}");
@@ -176,11 +220,21 @@ async fn malicious_responses_are_rejected_and_counted() {
     ] {
         let f = fake(b).await;
         let (_tx, target) = endpoints(&[&f.url]);
-        let router = Router::new("t", target, RouterConfig { max_attempts: 1, ..RouterConfig::default() });
+        let router = Router::new(
+            "t",
+            target,
+            RouterConfig {
+                max_attempts: 1,
+                ..RouterConfig::default()
+            },
+        );
         let c = client(router);
         let r = c.score("k", vec![item("t1")], None).await;
         match r {
-            Err(ClientError::Invalid { why, .. }) => assert!(why.contains(reason) || reason == "oversized", "{b:?}: {why}"),
+            Err(ClientError::Invalid { why, .. }) => assert!(
+                why.contains(reason) || reason == "oversized",
+                "{b:?}: {why}"
+            ),
             other => panic!("{b:?} was accepted: {other:?}"),
         }
         assert_eq!(c.rejected.load(Ordering::SeqCst), 1, "{b:?} not counted");
@@ -191,15 +245,29 @@ async fn malicious_responses_are_rejected_and_counted() {
 async fn one_key_one_result_even_with_concurrent_retried_and_hedged_calls() {
     let f = fake(Behaviour::Ok { delay_ms: 100 }).await;
     let (_tx, target) = endpoints(&[&f.url]);
-    let router = Router::new("t", target, RouterConfig { hedge_percentile: Some(0.5), hedge_min_samples: 1, ..RouterConfig::default() });
-    let call =
-        |k: &str| Call { key: k.into(), body: RawBytes::from(serde_json::to_vec(&req_for(k)).unwrap()), deadline: Instant::now() + Duration::from_secs(5) };
+    let router = Router::new(
+        "t",
+        target,
+        RouterConfig {
+            hedge_percentile: Some(0.5),
+            hedge_min_samples: 1,
+            ..RouterConfig::default()
+        },
+    );
+    let call = |k: &str| Call {
+        key: k.into(),
+        body: RawBytes::from(serde_json::to_vec(&req_for(k)).unwrap()),
+        deadline: Instant::now() + Duration::from_secs(5),
+    };
     let (a, b) = tokio::join!(router.call(call("same")), router.call(call("same")));
     let (a, b) = (a.unwrap(), b.unwrap());
     assert_eq!(a.body, b.body);
     assert_eq!(router.call(call("same")).await.unwrap().body, a.body);
     let st = router.stats().snapshot();
-    assert_eq!(st.calls, 1, "three calls with one key dispatched once: {st:?}");
+    assert_eq!(
+        st.calls, 1,
+        "three calls with one key dispatched once: {st:?}"
+    );
     assert_eq!(st.deduplicated, 2);
     // Hedged calls (p50 hedge after warm-up) still give one result per key.
     for i in 0..20 {
@@ -234,16 +302,29 @@ async fn a_blackholed_instance_times_out_per_try_and_calls_still_finish() {
         }
     });
     let (_tx, target) = endpoints(&[&good.url, &hole_url]);
-    let router = Router::new("t", target, RouterConfig { per_try_timeout: Duration::from_millis(200), eject_max_percent: 50, ..RouterConfig::default() });
+    let router = Router::new(
+        "t",
+        target,
+        RouterConfig {
+            per_try_timeout: Duration::from_millis(200),
+            eject_max_percent: 50,
+            ..RouterConfig::default()
+        },
+    );
     let c = Arc::new(client(router.clone()));
     let t = Instant::now();
-    let results = tokio::time::timeout(Duration::from_secs(30), run_calls(&c, 60, 6, "x")).await.expect("no hung call");
+    let results = tokio::time::timeout(Duration::from_secs(30), run_calls(&c, 60, 6, "x"))
+        .await
+        .expect("no hung call");
     assert!(results.iter().all(|r| r.is_ok()));
     let st = router.stats().snapshot();
     // The hole was tried (the per-try timeout fired and the call went elsewhere), then ejected
     // or avoided by the balancer.
     let hole_tries = st.per_instance.get(&2).copied().unwrap_or(0);
-    assert!(hole_tries >= 1, "the blackholed instance was never tried: {st:?}");
+    assert!(
+        hole_tries >= 1,
+        "the blackholed instance was never tried: {st:?}"
+    );
     assert!(st.retries >= 1, "{st:?}");
     assert!(st.ejections >= 1 || hole_tries <= 5, "{st:?}");
     assert!(t.elapsed() < Duration::from_secs(20));
@@ -254,7 +335,14 @@ async fn the_activator_absorbs_up_to_its_bound_and_sheds_past_it_fast() {
     let f = fake(Behaviour::Ok { delay_ms: 2 }).await;
     // One instance with container concurrency 1: 200 simultaneous calls all succeed.
     let (_tx, target) = endpoints(&[&f.url]);
-    let router = Router::new("t", target, RouterConfig { container_concurrency: 1, ..RouterConfig::default() });
+    let router = Router::new(
+        "t",
+        target,
+        RouterConfig {
+            container_concurrency: 1,
+            ..RouterConfig::default()
+        },
+    );
     let c = Arc::new(client(router.clone()));
     let results = run_calls(&c, 200, 200, "o").await;
     assert!(results.iter().all(|r| r.is_ok()));
@@ -262,18 +350,34 @@ async fn the_activator_absorbs_up_to_its_bound_and_sheds_past_it_fast() {
     // A bound of 8 with a slow instance: the excess fails at once with Overloaded.
     let slow = fake(Behaviour::Ok { delay_ms: 500 }).await;
     let (_tx2, target) = endpoints(&[&slow.url]);
-    let router = Router::new("t", target, RouterConfig { container_concurrency: 1, buffer: 8, ..RouterConfig::default() });
+    let router = Router::new(
+        "t",
+        target,
+        RouterConfig {
+            container_concurrency: 1,
+            buffer: 8,
+            ..RouterConfig::default()
+        },
+    );
     let c = Arc::new(client(router.clone()));
     let t = Instant::now();
     let results = run_calls(&c, 40, 40, "p").await;
-    let overloaded = results.iter().filter(|r| matches!(r, Err(ClientError::Router(RouterError::Overloaded { .. })))).count();
+    let overloaded = results
+        .iter()
+        .filter(|r| matches!(r, Err(ClientError::Router(RouterError::Overloaded { .. }))))
+        .count();
     assert!(overloaded >= 20, "only {overloaded} shed");
-    assert!(results.iter().all(|r| r.is_ok() || matches!(r, Err(ClientError::Router(RouterError::Overloaded { .. })))));
+    assert!(results.iter().all(
+        |r| r.is_ok() || matches!(r, Err(ClientError::Router(RouterError::Overloaded { .. })))
+    ));
     assert!(t.elapsed() < Duration::from_secs(10));
 }
 
 fn fn_bin() -> String {
-    tests::rollarc_bin().with_file_name("rollarc-fn").to_string_lossy().into_owned()
+    tests::rollarc_bin()
+        .with_file_name("rollarc-fn")
+        .to_string_lossy()
+        .into_owned()
 }
 
 fn fast_scaling() -> Scaling {
@@ -302,14 +406,32 @@ async fn scales_from_zero_with_buffered_requests_and_back_to_zero() {
     let mut cfg = DeploymentConfig::new("math", fn_bin(), vec!["math".into()]);
     cfg.scaling = fast_scaling();
     let dep = rt.deploy(cfg).unwrap();
-    assert_eq!(dep.status().ready + dep.status().starting, 0, "initial-scale 0 starts at zero");
-    let router = Router::new("math", Target::Local(dep.clone()), RouterConfig { container_concurrency: 2, ..RouterConfig::default() });
+    assert_eq!(
+        dep.status().ready + dep.status().starting,
+        0,
+        "initial-scale 0 starts at zero"
+    );
+    let router = Router::new(
+        "math",
+        Target::Local(dep.clone()),
+        RouterConfig {
+            container_concurrency: 2,
+            ..RouterConfig::default()
+        },
+    );
     let c = Arc::new(client(router.clone()));
     // 24 requests at zero: all wait in the activator, all succeed once instances are ready.
     let results = run_calls(&c, 24, 24, "z").await;
-    assert!(results.iter().all(|r| r.is_ok()), "{:?}", results.iter().find(|r| r.is_err()));
+    assert!(
+        results.iter().all(|r| r.is_ok()),
+        "{:?}",
+        results.iter().find(|r| r.is_err())
+    );
     let st = dep.status();
-    assert!(st.instances_started >= 2, "24 waiting at concurrency 2 × 0.7 needs several instances: {st:?}");
+    assert!(
+        st.instances_started >= 2,
+        "24 waiting at concurrency 2 × 0.7 needs several instances: {st:?}"
+    );
     assert!(st.peak_requests >= 20);
     // No traffic: stable window (3 s) + grace (1 s) → zero, processes gone.
     let pids: Vec<u32> = dep.ready_pids();
@@ -319,7 +441,10 @@ async fn scales_from_zero_with_buffered_requests_and_back_to_zero() {
     })
     .await;
     for p in pids {
-        assert!(nix::sys::signal::kill(nix::unistd::Pid::from_raw(p as i32), None).is_err(), "instance {p} still alive");
+        assert!(
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(p as i32), None).is_err(),
+            "instance {p} still alive"
+        );
     }
     rt.shutdown().await;
 }
@@ -328,13 +453,24 @@ async fn scales_from_zero_with_buffered_requests_and_back_to_zero() {
 async fn sigkill_of_random_instances_under_load_loses_no_request() {
     let rt = FunctionRuntime::new();
     let mut cfg = DeploymentConfig::new("env", fn_bin(), vec!["env".into()]);
-    cfg.scaling = Scaling { min_scale: 3, initial_scale: 3, ..fast_scaling() };
+    cfg.scaling = Scaling {
+        min_scale: 3,
+        initial_scale: 3,
+        ..fast_scaling()
+    };
     let dep = rt.deploy(cfg).unwrap();
-    wait_until("3 ready", Duration::from_secs(20), || dep.status().ready == 3).await;
+    wait_until("3 ready", Duration::from_secs(20), || {
+        dep.status().ready == 3
+    })
+    .await;
     let router = Router::new(
         "env",
         Target::Local(dep.clone()),
-        RouterConfig { container_concurrency: 2, backoff_base: Duration::from_millis(10), ..RouterConfig::default() },
+        RouterConfig {
+            container_concurrency: 2,
+            backoff_base: Duration::from_millis(10),
+            ..RouterConfig::default()
+        },
     );
     let c = Arc::new(client(router.clone()));
     let killer = {
@@ -349,7 +485,10 @@ async fn sigkill_of_random_instances_under_load_loses_no_request() {
                     continue;
                 }
                 let p = pids[rng.random_range(0..pids.len())];
-                let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(p as i32), nix::sys::signal::Signal::SIGKILL);
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(p as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
                 kills += 1;
             }
             kills
@@ -359,15 +498,25 @@ async fn sigkill_of_random_instances_under_load_loses_no_request() {
     let kills = killer.await.unwrap();
     let ok = results.iter().filter(|r| r.is_ok()).count();
     assert!(kills >= 4, "only {kills} kills");
-    assert_eq!(ok, results.len(), "lost {}: {:?}", results.len() - ok, results.iter().find(|r| r.is_err()));
+    assert_eq!(
+        ok,
+        results.len(),
+        "lost {}: {:?}",
+        results.len() - ok,
+        results.iter().find(|r| r.is_err())
+    );
     let st = router.stats().snapshot();
     let amp = st.tries as f64 / st.calls as f64;
     assert!(amp <= 1.2, "retry amplification {amp:.3}: {st:?}");
     // Every kill was seen as a crash and the instance replaced.
-    wait_until("crashes counted and replacements ready", Duration::from_secs(20), || {
-        let s = dep.status();
-        s.instances_crashed >= kills as u64 && s.ready >= 3
-    })
+    wait_until(
+        "crashes counted and replacements ready",
+        Duration::from_secs(20),
+        || {
+            let s = dep.status();
+            s.instances_crashed >= kills as u64 && s.ready >= 3
+        },
+    )
     .await;
     rt.shutdown().await;
 }
@@ -382,18 +531,46 @@ async fn a_job_scores_every_trajectory_once_through_the_runtime_which_scales_to_
         .rollout("steps = 3")
         .extra("[sim]\nclock = \"real\"\n[reward]\nplacement = \"serverless\"\n[reward.functions.math]\nkind = \"builtin\"\nfunction = \"math\"\n[reward.functions.math.scaling]\ninitial-scale = 0\ncontainer-concurrency = 2\nstable-window = \"3s\"\nscale-to-zero-grace-period = \"1s\"\ntick-interval = \"200ms\"\npanic-window-percentage = 20\n")
         .toml();
-    let r = s.client.post(s.url("/v1/jobs")).body(spec).send().await.unwrap();
+    let r = s
+        .client
+        .post(s.url("/v1/jobs"))
+        .body(spec)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
-    let id = r.json::<serde_json::Value>().await.unwrap()["id"].as_str().unwrap().to_string();
+    let id = r.json::<serde_json::Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     // While it runs, the function shows up in /v1/cluster with instances.
     let mut saw_instances = false;
     let t = Instant::now();
     loop {
-        let c: serde_json::Value = s.client.get(s.url("/v1/cluster")).send().await.unwrap().json().await.unwrap();
-        if c["functions"].as_array().is_some_and(|f| f.iter().any(|d| d["ready"].as_u64().unwrap_or(0) > 0)) {
+        let c: serde_json::Value = s
+            .client
+            .get(s.url("/v1/cluster"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if c["functions"]
+            .as_array()
+            .is_some_and(|f| f.iter().any(|d| d["ready"].as_u64().unwrap_or(0) > 0))
+        {
             saw_instances = true;
         }
-        let j: serde_json::Value = s.client.get(s.url(&format!("/v1/jobs/{id}"))).send().await.unwrap().json().await.unwrap();
+        let j: serde_json::Value = s
+            .client
+            .get(s.url(&format!("/v1/jobs/{id}")))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
         if j["state"] != "running" && j["state"] != "queued" {
             assert_eq!(j["state"], "succeeded", "{j}");
             break;
@@ -401,24 +578,71 @@ async fn a_job_scores_every_trajectory_once_through_the_runtime_which_scales_to_
         assert!(t.elapsed() < Duration::from_secs(120), "job did not finish");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(saw_instances, "the function never had a ready instance in /v1/cluster");
-    let text = s.client.get(s.url(&format!("/v1/jobs/{id}/trajectories?limit=1000"))).send().await.unwrap().text().await.unwrap();
-    let trajs: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["trajectory"].clone()).collect();
-    assert!(trajs.len() >= 12, "3 steps × 4 trajectories, got {}", trajs.len());
+    assert!(
+        saw_instances,
+        "the function never had a ready instance in /v1/cluster"
+    );
+    let text = s
+        .client
+        .get(s.url(&format!("/v1/jobs/{id}/trajectories?limit=1000")))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let trajs: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["trajectory"].clone())
+        .collect();
+    assert!(
+        trajs.len() >= 12,
+        "3 steps × 4 trajectories, got {}",
+        trajs.len()
+    );
     let view = s.service.functions.view();
-    let f = view.iter().find(|v| v.deployment.name.starts_with("math-")).expect("math deployment");
+    let f = view
+        .iter()
+        .find(|v| v.deployment.name.starts_with("math-"))
+        .expect("math deployment");
     let router = f.router.as_ref().unwrap();
     // Every scored trajectory is one call, none deduplicated or lost; kept trajectories all carry a reward.
-    assert!(trajs.iter().all(|t| t["reward"].is_number()), "a trajectory without reward");
-    assert!(router.calls as usize >= trajs.len(), "calls {} < trajectories {}", router.calls, trajs.len());
+    assert!(
+        trajs.iter().all(|t| t["reward"].is_number()),
+        "a trajectory without reward"
+    );
+    assert!(
+        router.calls as usize >= trajs.len(),
+        "calls {} < trajectories {}",
+        router.calls,
+        trajs.len()
+    );
     assert_eq!(router.deduplicated, 0);
     assert_eq!(router.failures, 0);
     // And back to zero once idle.
-    wait_until("scale to zero", Duration::from_secs(20), || s.service.functions.view().iter().all(|v| v.deployment.ready + v.deployment.starting == 0)).await;
+    wait_until("scale to zero", Duration::from_secs(20), || {
+        s.service
+            .functions
+            .view()
+            .iter()
+            .all(|v| v.deployment.ready + v.deployment.starting == 0)
+    })
+    .await;
     // Scored exactly once: one HTTP try per call, one call per key.
     assert_eq!(router.tries, router.calls, "{router:?}");
-    let metrics = s.client.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
-    assert!(metrics.contains("rollarc_function_instances"), "instances gauge not exported");
+    let metrics = s
+        .client
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("rollarc_function_instances"),
+        "instances gauge not exported"
+    );
     assert!(metrics.contains("rollarc_router_calls_total"));
 }
 
@@ -432,16 +656,39 @@ async fn local_placement_gives_the_job_dedicated_warm_instances_removed_at_its_e
         .rollout("steps = 3")
         .extra("[sim]\nclock = \"real\"\n[reward]\nplacement = \"local\"\n[reward.functions.shaped]\nkind = \"builtin\"\nfunction = \"env\"\nconfig = { scale = 0.5, offset = 0.25 }\n")
         .toml();
-    let r = s.client.post(s.url("/v1/jobs")).body(spec).send().await.unwrap();
+    let r = s
+        .client
+        .post(s.url("/v1/jobs"))
+        .body(spec)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
-    let id = r.json::<serde_json::Value>().await.unwrap()["id"].as_str().unwrap().to_string();
+    let id = r.json::<serde_json::Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let mut dedicated = None;
     let t = Instant::now();
     loop {
-        if let Some(v) = s.service.functions.view().into_iter().find(|v| v.deployment.name.starts_with(&id)) {
+        if let Some(v) = s
+            .service
+            .functions
+            .view()
+            .into_iter()
+            .find(|v| v.deployment.name.starts_with(&id))
+        {
             dedicated = Some(v.deployment.name.clone());
         }
-        let j: serde_json::Value = s.client.get(s.url(&format!("/v1/jobs/{id}"))).send().await.unwrap().json().await.unwrap();
+        let j: serde_json::Value = s
+            .client
+            .get(s.url(&format!("/v1/jobs/{id}")))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
         if j["state"] != "running" && j["state"] != "queued" {
             assert_eq!(j["state"], "succeeded", "{j}");
             break;
@@ -451,10 +698,34 @@ async fn local_placement_gives_the_job_dedicated_warm_instances_removed_at_its_e
     }
     let name = dedicated.expect("no deployment named after the job");
     // Shaped pass-through: env reward r ∈ {0, 1} → 0.5·r + 0.25.
-    let text = s.client.get(s.url(&format!("/v1/jobs/{id}/trajectories?limit=1000"))).send().await.unwrap().text().await.unwrap();
+    let text = s
+        .client
+        .get(s.url(&format!("/v1/jobs/{id}/trajectories?limit=1000")))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     for l in text.lines() {
-        let r = serde_json::from_str::<serde_json::Value>(l).unwrap()["trajectory"]["reward"].as_f64().unwrap();
-        assert!(r == 0.25 || r == 0.75, "reward {r} is not a shaped env reward");
+        let r = serde_json::from_str::<serde_json::Value>(l).unwrap()["trajectory"]["reward"]
+            .as_f64()
+            .unwrap();
+        assert!(
+            r == 0.25 || r == 0.75,
+            "reward {r} is not a shaped env reward"
+        );
     }
-    wait_until("dedicated deployment removed", Duration::from_secs(20), || s.service.functions.view().iter().all(|v| v.deployment.name != name)).await;
+    wait_until(
+        "dedicated deployment removed",
+        Duration::from_secs(20),
+        || {
+            s.service
+                .functions
+                .view()
+                .iter()
+                .all(|v| v.deployment.name != name)
+        },
+    )
+    .await;
 }

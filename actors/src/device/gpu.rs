@@ -13,19 +13,44 @@ pub(super) fn discover() -> Result<Vec<GpuInfo>, DiscoveryError> {
     if !present {
         return Err(DiscoveryError::NoDriver);
     }
-    let n = cudarc::driver::CudaContext::device_count().map_err(|e| DiscoveryError::Driver(e.to_string()))?;
+    let n = cudarc::driver::CudaContext::device_count()
+        .map_err(|e| DiscoveryError::Driver(e.to_string()))?;
     let mut out = Vec::new();
     for ordinal in 0..n.max(0) as usize {
-        let ctx = cudarc::driver::CudaContext::new(ordinal).map_err(|e| DiscoveryError::Driver(e.to_string()))?;
-        let attr = |a: Attr| ctx.attribute(a).map_err(|e| DiscoveryError::Driver(e.to_string()));
+        let ctx = cudarc::driver::CudaContext::new(ordinal)
+            .map_err(|e| DiscoveryError::Driver(e.to_string()))?;
+        let attr = |a: Attr| {
+            ctx.attribute(a)
+                .map_err(|e| DiscoveryError::Driver(e.to_string()))
+        };
         let sms = attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
         let clock_khz = attr(Attr::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)? as u32;
         let mem_khz = attr(Attr::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)? as u32;
         let bus = attr(Attr::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH)? as u32;
-        let name = ctx.name().map_err(|e| DiscoveryError::Driver(e.to_string()))?;
-        let memory_bytes = ctx.total_mem().map_err(|e| DiscoveryError::Driver(e.to_string()))? as u64;
-        let profile = profile_from_attributes(&short_name(&name), sms, clock_khz / 1000, mem_khz / 1000, bus, memory_bytes);
-        out.push(GpuInfo { ordinal, name, sms, memory_bytes, clock_mhz: clock_khz / 1000, memory_clock_mhz: mem_khz / 1000, bus_width_bits: bus, profile });
+        let name = ctx
+            .name()
+            .map_err(|e| DiscoveryError::Driver(e.to_string()))?;
+        let memory_bytes = ctx
+            .total_mem()
+            .map_err(|e| DiscoveryError::Driver(e.to_string()))? as u64;
+        let profile = profile_from_attributes(
+            &short_name(&name),
+            sms,
+            clock_khz / 1000,
+            mem_khz / 1000,
+            bus,
+            memory_bytes,
+        );
+        out.push(GpuInfo {
+            ordinal,
+            name,
+            sms,
+            memory_bytes,
+            clock_mhz: clock_khz / 1000,
+            memory_clock_mhz: mem_khz / 1000,
+            bus_width_bits: bus,
+            profile,
+        });
     }
     Ok(out)
 }

@@ -30,7 +30,13 @@ impl DeviceProfile {
             "IDEAL" => (1.0e30, 1.0e30, 1.0e15, 1.0),
             _ => return None,
         };
-        Some(Self { name: name.to_ascii_uppercase(), flops, bandwidth: bw, memory: mem, cost })
+        Some(Self {
+            name: name.to_ascii_uppercase(),
+            flops,
+            bandwidth: bw,
+            memory: mem,
+            cost,
+        })
     }
 
     pub const BUILTIN_NAMES: [&'static str; 5] = ["H800", "H20", "H100", "A100", "CPU"];
@@ -45,10 +51,18 @@ impl DeviceProfile {
     /// between layers (ignored for `n = 1`).
     pub fn group(&self, n: u32, efficiency: f64) -> Self {
         let n = n.max(1);
-        let eff = if n == 1 { 1.0 } else { efficiency.clamp(0.05, 1.0) };
+        let eff = if n == 1 {
+            1.0
+        } else {
+            efficiency.clamp(0.05, 1.0)
+        };
         let k = n as f64;
         Self {
-            name: if n == 1 { self.name.clone() } else { format!("{}x{n}", self.name) },
+            name: if n == 1 {
+                self.name.clone()
+            } else {
+                format!("{}x{n}", self.name)
+            },
             flops: self.flops * k * eff,
             bandwidth: self.bandwidth * k * eff,
             memory: self.memory * k,
@@ -87,7 +101,14 @@ pub enum SyncMode {
 impl Default for WeightSync {
     fn default() -> Self {
         // RollArt: 1 GB buckets, 200 Gbit/s between clusters, 400 Gbit/s InfiniBand inside.
-        Self { mode: SyncMode::Relay, bucket_bytes: 1e9, inter_bandwidth: 25e9, intra_bandwidth: 50e9, shards: 1, gpus_per_shard: 1 }
+        Self {
+            mode: SyncMode::Relay,
+            bucket_bytes: 1e9,
+            inter_bandwidth: 25e9,
+            intra_bandwidth: 50e9,
+            shards: 1,
+            gpus_per_shard: 1,
+        }
     }
 }
 
@@ -96,8 +117,13 @@ impl WeightSync {
     pub fn install_seconds(&self, bytes: f64) -> f64 {
         let per_gpu = bytes / self.gpus_per_shard.max(1) as f64;
         match self.mode {
-            SyncMode::Direct => per_gpu * self.shards.max(1) as f64 * self.gpus_per_shard.max(1) as f64 / self.inter_bandwidth.max(1.0),
-            SyncMode::Relay => (per_gpu + self.bucket_bytes.min(per_gpu)) / self.intra_bandwidth.max(1.0),
+            SyncMode::Direct => {
+                per_gpu * self.shards.max(1) as f64 * self.gpus_per_shard.max(1) as f64
+                    / self.inter_bandwidth.max(1.0)
+            }
+            SyncMode::Relay => {
+                (per_gpu + self.bucket_bytes.min(per_gpu)) / self.intra_bandwidth.max(1.0)
+            }
         }
     }
 
@@ -114,7 +140,13 @@ impl WeightSync {
 /// Seconds of one training step over `tokens` tokens on `gpus` devices: forward + backward
 /// (6 FLOPs per active parameter per token) plus recomputing the behaviour log-probabilities
 /// (2 more), at model FLOP utilisation `mfu`.
-pub fn train_seconds(dev: &DeviceProfile, model: &ModelProfile, gpus: u32, mfu: f64, tokens: f64) -> f64 {
+pub fn train_seconds(
+    dev: &DeviceProfile,
+    model: &ModelProfile,
+    gpus: u32,
+    mfu: f64,
+    tokens: f64,
+) -> f64 {
     8.0 * model.active_params * tokens / (dev.flops * gpus.max(1) as f64 * mfu.max(1e-3))
 }
 
@@ -155,7 +187,13 @@ impl ModelProfile {
         })
     }
 
-    pub const BUILTIN_NAMES: [&'static str; 5] = ["qwen3-8b", "qwen3-14b", "qwen3-32b", "qwen3-30b-a3b", "tiny"];
+    pub const BUILTIN_NAMES: [&'static str; 5] = [
+        "qwen3-8b",
+        "qwen3-14b",
+        "qwen3-32b",
+        "qwen3-30b-a3b",
+        "tiny",
+    ];
 
     pub fn weight_bytes(&self) -> f64 {
         self.params * self.bytes_per_param
@@ -178,19 +216,32 @@ impl Default for Efficiency {
 }
 
 /// Seconds to prefill `tokens` tokens.
-pub fn prefill_seconds(dev: &DeviceProfile, model: &ModelProfile, eff: Efficiency, tokens: f64) -> f64 {
+pub fn prefill_seconds(
+    dev: &DeviceProfile,
+    model: &ModelProfile,
+    eff: Efficiency,
+    tokens: f64,
+) -> f64 {
     2.0 * model.active_params * tokens / (dev.flops * eff.mfu)
 }
 
 /// Seconds for one decode step of `batch` sequences holding `kv_tokens` tokens of KV in all.
 /// The step reads the weights touched by the batch plus every sequence's KV, or is limited by
 /// compute when the batch is large enough to pass the ridge point.
-pub fn decode_step_seconds(dev: &DeviceProfile, model: &ModelProfile, eff: Efficiency, batch: f64, kv_tokens: f64) -> f64 {
+pub fn decode_step_seconds(
+    dev: &DeviceProfile,
+    model: &ModelProfile,
+    eff: Efficiency,
+    batch: f64,
+    kv_tokens: f64,
+) -> f64 {
     if batch <= 0.0 {
         return 0.0;
     }
     // MoE: a small batch touches only the active experts; a large one touches all of them.
-    let touched = (model.active_params * batch).min(model.params).max(model.active_params);
+    let touched = (model.active_params * batch)
+        .min(model.params)
+        .max(model.active_params);
     let bytes = touched * model.bytes_per_param + kv_tokens * model.kv_bytes_per_token;
     let memory_s = bytes / (dev.bandwidth * eff.mbu);
     let compute_s = 2.0 * model.active_params * batch / (dev.flops * eff.mfu);
@@ -216,9 +267,13 @@ pub struct GpuInfo {
 /// Why no GPU could be listed.
 #[derive(Debug, thiserror::Error)]
 pub enum DiscoveryError {
-    #[error("rollarc was built without the `cuda` feature; rebuild with `--features cuda` to list GPUs")]
+    #[error(
+        "rollarc was built without the `cuda` feature; rebuild with `--features cuda` to list GPUs"
+    )]
     NotBuilt,
-    #[error("no CUDA driver found (libcuda could not be loaded); generation runs on CPU or simulated devices")]
+    #[error(
+        "no CUDA driver found (libcuda could not be loaded); generation runs on CPU or simulated devices"
+    )]
     NoDriver,
     #[error("the CUDA driver failed: {0}")]
     Driver(String),
@@ -239,11 +294,24 @@ pub fn discover_gpus() -> Result<Vec<GpuInfo>, DiscoveryError> {
 /// Peak figures estimated from what the driver reports: FP16/BF16 tensor FLOP/s from SM count
 /// and clock (Hopper-class: 1024 dense FMA per SM per clock on tensor cores = 2048 FLOP), and
 /// bandwidth from memory clock and bus width (DDR: ×2).
-pub fn profile_from_attributes(name: &str, sms: u32, clock_mhz: u32, mem_clock_mhz: u32, bus_bits: u32, memory_bytes: u64) -> DeviceProfile {
+pub fn profile_from_attributes(
+    name: &str,
+    sms: u32,
+    clock_mhz: u32,
+    mem_clock_mhz: u32,
+    bus_bits: u32,
+    memory_bytes: u64,
+) -> DeviceProfile {
     let flops = sms as f64 * clock_mhz as f64 * 1e6 * 2048.0;
     let bandwidth = mem_clock_mhz as f64 * 1e6 * 2.0 * bus_bits as f64 / 8.0;
     let cost = DeviceProfile::builtin(name).map_or(1.0, |d| d.cost);
-    DeviceProfile { name: name.to_string(), flops, bandwidth, memory: memory_bytes as f64, cost }
+    DeviceProfile {
+        name: name.to_string(),
+        flops,
+        bandwidth,
+        memory: memory_bytes as f64,
+        cost,
+    }
 }
 
 #[cfg(test)]
@@ -257,7 +325,10 @@ mod tests {
         let m = ModelProfile::builtin("qwen3-8b").unwrap();
         let e = Efficiency::default();
         assert!(prefill_seconds(&h800, &m, e, 4096.0) * 5.0 < prefill_seconds(&h20, &m, e, 4096.0));
-        assert!(decode_step_seconds(&h20, &m, e, 8.0, 8.0 * 2048.0) < decode_step_seconds(&h800, &m, e, 8.0, 8.0 * 2048.0));
+        assert!(
+            decode_step_seconds(&h20, &m, e, 8.0, 8.0 * 2048.0)
+                < decode_step_seconds(&h800, &m, e, 8.0, 8.0 * 2048.0)
+        );
         // Ridge points quoted in the design notes: ~37 (H20), ~295 (H800).
         assert!((h20.ridge_point() - 37.0).abs() < 1.0);
         assert!((h800.ridge_point() - 295.0).abs() < 1.0);
@@ -268,6 +339,9 @@ mod tests {
         let dev = DeviceProfile::builtin("H20").unwrap();
         let moe = ModelProfile::builtin("qwen3-30b-a3b").unwrap();
         let e = Efficiency::default();
-        assert!(decode_step_seconds(&dev, &moe, e, 1.0, 0.0) * 5.0 < decode_step_seconds(&dev, &moe, e, 64.0, 0.0));
+        assert!(
+            decode_step_seconds(&dev, &moe, e, 1.0, 0.0) * 5.0
+                < decode_step_seconds(&dev, &moe, e, 64.0, 0.0)
+        );
     }
 }

@@ -5,8 +5,9 @@
 use std::process::Stdio;
 use std::time::Duration;
 
+use infra::process::Spawned;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::process::{ChildStdin, ChildStdout};
 
 use super::protocol::{self, PROTOCOL_VERSION, ProtocolError, Request, Response};
 use super::{EnvError, Environment, Observation, StepOutcome};
@@ -22,13 +23,15 @@ pub struct ExternalConfig {
     pub workdir: Option<std::path::PathBuf>,
 }
 
+/// An external environment; its program (and everything it started, its whole process group)
+/// is killed when this is dropped.
 pub struct ExternalEnv {
     cfg: ExternalConfig,
     proc: Option<Running>,
 }
 
 struct Running {
-    child: Child,
+    child: Spawned,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
 }
@@ -40,33 +43,39 @@ impl ExternalEnv {
 
     fn start(&mut self) -> Result<&mut Running, EnvError> {
         if self.proc.is_none() {
-            let (prog, args) = self.cfg.command.split_first().ok_or_else(|| EnvError::Failed("empty environment command".into()))?;
-            let mut cmd = Command::new(prog);
-            cmd.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null()).kill_on_drop(true);
-            // Its own process group, so a kill reaches every process it started.
-            cmd.process_group(0);
+            let Ok(mut cmd) = infra::process::command(&self.cfg.command) else {
+                return Err(EnvError::Failed("empty environment command".into()));
+            };
+            cmd.stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null());
             if let Some(d) = &self.cfg.workdir {
                 cmd.current_dir(d);
             }
-            let mut child = cmd.spawn().map_err(|e| EnvError::Failed(format!("cannot start {prog}: {e}")))?;
-            let stdin = child.stdin.take().ok_or_else(|| EnvError::Failed("no stdin".into()))?;
-            let stdout = BufReader::new(child.stdout.take().ok_or_else(|| EnvError::Failed("no stdout".into()))?);
-            self.proc = Some(Running { child, stdin, stdout });
+            // Its own process group, so a kill reaches every process it started.
+            let mut child =
+                infra::process::spawn(cmd).map_err(|e| EnvError::Failed(infra::error_chain(&e)))?;
+            let stdin = child
+                .take_stdin()
+                .ok_or_else(|| EnvError::Failed("no stdin".into()))?;
+            let stdout = BufReader::new(
+                child
+                    .take_stdout()
+                    .ok_or_else(|| EnvError::Failed("no stdout".into()))?,
+            );
+            self.proc = Some(Running {
+                child,
+                stdin,
+                stdout,
+            });
         }
         self.proc.as_mut().ok_or(EnvError::Closed)
     }
 
-    /// Kills the program and everything it started.
+    /// Kills the program and everything it started (and reaps it in the background).
     pub fn kill(&mut self) {
-        if let Some(mut p) = self.proc.take() {
-            if let Some(pid) = p.child.id() {
-                let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL);
-            }
-            let _ = p.child.start_kill();
-            // Reap it so no zombie is left.
-            tokio::spawn(async move {
-                let _ = p.child.wait().await;
-            });
+        if let Some(p) = self.proc.take() {
+            p.child.kill_in_background();
         }
     }
 
@@ -86,11 +95,16 @@ impl ExternalEnv {
             Ok(Err(e)) => Err(EnvError::Failed(format!("environment I/O: {e}"))),
             Ok(Ok(Err(pe))) => Err(EnvError::Failed(pe.to_string())),
             Ok(Ok(Ok(None))) => Err(EnvError::Failed("environment exited".into())),
-            Ok(Ok(Ok(Some(reply)))) => protocol::parse_response(&reply).map_err(|e| EnvError::Failed(e.to_string())),
+            Ok(Ok(Ok(Some(reply)))) => {
+                protocol::parse_response(&reply).map_err(|e| EnvError::Failed(e.to_string()))
+            }
         };
         match r {
             Ok(resp) if resp.ok => Ok(resp),
-            Ok(resp) => Err(EnvError::Failed(format!("environment error: {}", resp.error.unwrap_or_default()))),
+            Ok(resp) => Err(EnvError::Failed(format!(
+                "environment error: {}",
+                resp.error.unwrap_or_default()
+            ))),
             Err(e) => {
                 // Timeouts and protocol violations leave the stream in an unknown state.
                 self.kill();
@@ -101,18 +115,28 @@ impl ExternalEnv {
 }
 
 /// Reads one line of at most `limit` bytes; `None` at end of stream.
-async fn read_line_capped(r: &mut BufReader<ChildStdout>, limit: usize) -> std::io::Result<Result<Option<String>, ProtocolError>> {
+async fn read_line_capped(
+    r: &mut BufReader<ChildStdout>,
+    limit: usize,
+) -> std::io::Result<Result<Option<String>, ProtocolError>> {
     let mut buf = Vec::new();
     loop {
         let chunk = r.fill_buf().await?;
         if chunk.is_empty() {
-            return Ok(if buf.is_empty() { Ok(None) } else { Ok(Some(String::from_utf8_lossy(&buf).into_owned())) });
+            return Ok(if buf.is_empty() {
+                Ok(None)
+            } else {
+                Ok(Some(String::from_utf8_lossy(&buf).into_owned()))
+            });
         }
         if let Some(pos) = chunk.iter().position(|&b| b == b'\n') {
             buf.extend_from_slice(&chunk[..pos]);
             r.consume(pos + 1);
             if buf.len() > limit {
-                return Ok(Err(ProtocolError::Oversized { limit, start: protocol::excerpt(&String::from_utf8_lossy(&buf[..200.min(buf.len())])) }));
+                return Ok(Err(ProtocolError::Oversized {
+                    limit,
+                    start: protocol::excerpt(&String::from_utf8_lossy(&buf[..200.min(buf.len())])),
+                }));
             }
             return Ok(Ok(Some(String::from_utf8_lossy(&buf).into_owned())));
         }
@@ -120,24 +144,46 @@ async fn read_line_capped(r: &mut BufReader<ChildStdout>, limit: usize) -> std::
         buf.extend_from_slice(chunk);
         r.consume(n);
         if buf.len() > limit {
-            return Ok(Err(ProtocolError::Oversized { limit, start: protocol::excerpt(&String::from_utf8_lossy(&buf[..200.min(buf.len())])) }));
+            return Ok(Err(ProtocolError::Oversized {
+                limit,
+                start: protocol::excerpt(&String::from_utf8_lossy(&buf[..200.min(buf.len())])),
+            }));
         }
     }
 }
 
 fn info_flag(r: &Response, key: &str) -> bool {
-    r.info.as_ref().and_then(|i| i.get(key)).and_then(|v| v.as_bool()).unwrap_or(false)
+    r.info
+        .as_ref()
+        .and_then(|i| i.get(key))
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false)
 }
 
 impl Environment for ExternalEnv {
     async fn reset(&mut self, seed: u64) -> Result<Observation, EnvError> {
-        let r = self.call(&Request::Reset { v: PROTOCOL_VERSION, seed }).await?;
+        let r = self
+            .call(&Request::Reset {
+                v: PROTOCOL_VERSION,
+                seed,
+            })
+            .await?;
         let reference = r.info.as_ref().and_then(|i| i.get("reference")).cloned();
-        Ok(Observation { text: r.observation.unwrap_or_default(), tokens: None, sim_response_len: None, reference })
+        Ok(Observation {
+            text: r.observation.unwrap_or_default(),
+            tokens: None,
+            sim_response_len: None,
+            reference,
+        })
     }
 
     async fn step(&mut self, action: &str, _tokens: &[u32]) -> Result<StepOutcome, EnvError> {
-        let r = self.call(&Request::Step { v: PROTOCOL_VERSION, action: action.to_string() }).await?;
+        let r = self
+            .call(&Request::Step {
+                v: PROTOCOL_VERSION,
+                action: action.to_string(),
+            })
+            .await?;
         let reward = r.reward.unwrap_or(0.0);
         if !reward.is_finite() {
             return Err(EnvError::Failed(format!("non-finite reward {reward}")));
@@ -145,7 +191,12 @@ impl Environment for ExternalEnv {
         Ok(StepOutcome {
             success: info_flag(&r, "success"),
             invalid_action: info_flag(&r, "invalid_action"),
-            observation: Observation { text: r.observation.clone().unwrap_or_default(), tokens: None, sim_response_len: None, reference: None },
+            observation: Observation {
+                text: r.observation.clone().unwrap_or_default(),
+                tokens: None,
+                sim_response_len: None,
+                reference: None,
+            },
             reward,
             terminated: r.terminated.unwrap_or(false),
             truncated: r.truncated.unwrap_or(false),
@@ -154,19 +205,14 @@ impl Environment for ExternalEnv {
 
     async fn close(&mut self) {
         if self.proc.is_some() {
-            let _ = tokio::time::timeout(Duration::from_secs(1), self.call(&Request::Close { v: PROTOCOL_VERSION })).await;
+            let _ = tokio::time::timeout(
+                Duration::from_secs(1),
+                self.call(&Request::Close {
+                    v: PROTOCOL_VERSION,
+                }),
+            )
+            .await;
         }
         self.kill();
-    }
-}
-
-impl Drop for ExternalEnv {
-    fn drop(&mut self) {
-        if let Some(mut p) = self.proc.take() {
-            if let Some(pid) = p.child.id() {
-                let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL);
-            }
-            let _ = p.child.start_kill();
-        }
     }
 }

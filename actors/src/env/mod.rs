@@ -3,6 +3,7 @@
 //! pool episodes lease them from.
 
 pub mod builtin;
+pub mod delayed;
 pub mod external;
 pub mod protocol;
 pub mod sim;
@@ -51,22 +52,40 @@ pub enum EnvError {
 /// CPU-heavy built-ins simply do their work inline.
 pub trait Environment: Send + 'static {
     fn reset(&mut self, seed: u64) -> impl Future<Output = Result<Observation, EnvError>> + Send;
-    fn step(&mut self, action: &str, action_tokens: &[u32]) -> impl Future<Output = Result<StepOutcome, EnvError>> + Send;
+    fn step(
+        &mut self,
+        action: &str,
+        action_tokens: &[u32],
+    ) -> impl Future<Output = Result<StepOutcome, EnvError>> + Send;
     fn close(&mut self) -> impl Future<Output = ()> + Send;
 }
 
 /// Object-safe form of [`Environment`], so an actor can own any of them.
 pub trait DynEnvironment: Send + 'static {
-    fn reset_boxed(&mut self, seed: u64) -> futures::future::BoxFuture<'_, Result<Observation, EnvError>>;
-    fn step_boxed<'a>(&'a mut self, action: &'a str, tokens: &'a [u32]) -> futures::future::BoxFuture<'a, Result<StepOutcome, EnvError>>;
+    fn reset_boxed(
+        &mut self,
+        seed: u64,
+    ) -> futures::future::BoxFuture<'_, Result<Observation, EnvError>>;
+    fn step_boxed<'a>(
+        &'a mut self,
+        action: &'a str,
+        tokens: &'a [u32],
+    ) -> futures::future::BoxFuture<'a, Result<StepOutcome, EnvError>>;
     fn close_boxed(&mut self) -> futures::future::BoxFuture<'_, ()>;
 }
 
 impl<E: Environment> DynEnvironment for E {
-    fn reset_boxed(&mut self, seed: u64) -> futures::future::BoxFuture<'_, Result<Observation, EnvError>> {
+    fn reset_boxed(
+        &mut self,
+        seed: u64,
+    ) -> futures::future::BoxFuture<'_, Result<Observation, EnvError>> {
         Box::pin(self.reset(seed))
     }
-    fn step_boxed<'a>(&'a mut self, action: &'a str, tokens: &'a [u32]) -> futures::future::BoxFuture<'a, Result<StepOutcome, EnvError>> {
+    fn step_boxed<'a>(
+        &'a mut self,
+        action: &'a str,
+        tokens: &'a [u32],
+    ) -> futures::future::BoxFuture<'a, Result<StepOutcome, EnvError>> {
         Box::pin(self.step(action, tokens))
     }
     fn close_boxed(&mut self) -> futures::future::BoxFuture<'_, ()> {
@@ -79,7 +98,11 @@ pub type EnvFactory = Arc<dyn Fn(u64) -> Box<dyn DynEnvironment> + Send + Sync>;
 
 pub enum EnvMsg {
     Reset(u64, RpcReplyPort<Result<Observation, EnvError>>),
-    Step(String, Vec<u32>, RpcReplyPort<Result<StepOutcome, EnvError>>),
+    Step(
+        String,
+        Vec<u32>,
+        RpcReplyPort<Result<StepOutcome, EnvError>>,
+    ),
     Close,
 }
 
@@ -89,8 +112,7 @@ pub struct EnvActor;
 pub struct EnvArgs {
     pub task: String,
     pub index: u64,
-    /// Place in the pool (a replacement takes the slot of the actor it replaces); its busy
-    /// time is counted in `counters.slot_busy_us[slot]`.
+    /// Place in the pool (a replacement takes the slot of the actor it replaces).
     pub slot: usize,
     pub factory: EnvFactory,
     pub counters: Arc<EnvCounters>,
@@ -109,10 +131,6 @@ pub struct EnvCounters {
     pub resets: AtomicU64,
     pub failures: AtomicU64,
     pub timeouts: AtomicU64,
-    /// Seconds × 1e6 spent inside environment calls.
-    pub busy_us: AtomicU64,
-    /// The same, per pool slot (empty for a lone actor).
-    pub slot_busy_us: Vec<AtomicU64>,
     /// Per pool slot: time held by an episode's lease.
     held: std::sync::Mutex<Vec<Held>>,
 }
@@ -125,19 +143,24 @@ struct Held {
 
 impl EnvCounters {
     pub fn with_slots(n: usize) -> Self {
-        Self { slot_busy_us: (0..n).map(|_| AtomicU64::new(0)).collect(), held: std::sync::Mutex::new(vec![Held::default(); n]), ..Self::default() }
-    }
-
-    /// Seconds each slot's environment has spent inside calls.
-    pub fn slot_busy_s(&self) -> Vec<f64> {
-        self.slot_busy_us.iter().map(|b| b.load(Ordering::Relaxed) as f64 * 1e-6).collect()
+        Self {
+            held: std::sync::Mutex::new(vec![Held::default(); n]),
+            ..Self::default()
+        }
     }
 
     /// Seconds each slot's environment has been held by an episode, up to now.
     pub fn slot_held_s(&self) -> Vec<f64> {
         let now = tokio::time::Instant::now();
         let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        held.iter().map(|h| (h.total + h.since.map_or(Duration::ZERO, |s| now.saturating_duration_since(s))).as_secs_f64()).collect()
+        held.iter()
+            .map(|h| {
+                (h.total
+                    + h.since
+                        .map_or(Duration::ZERO, |s| now.saturating_duration_since(s)))
+                .as_secs_f64()
+            })
+            .collect()
     }
 
     fn hold(&self, slot: usize, on: bool) {
@@ -159,18 +182,30 @@ impl Actor for EnvActor {
     type State = EnvState;
     type Arguments = EnvArgs;
 
-    async fn pre_start(&self, _me: ActorRef<Self::Msg>, args: EnvArgs) -> Result<Self::State, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        _me: ActorRef<Self::Msg>,
+        args: EnvArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
         let env = (args.factory)(args.index);
         Ok(EnvState { args, env })
     }
 
-    async fn post_stop(&self, _me: ActorRef<Self::Msg>, st: &mut Self::State) -> Result<(), ActorProcessingErr> {
+    async fn post_stop(
+        &self,
+        _me: ActorRef<Self::Msg>,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
         st.env.close_boxed().await;
         Ok(())
     }
 
-    async fn handle(&self, me: ActorRef<Self::Msg>, msg: Self::Msg, st: &mut Self::State) -> Result<(), ActorProcessingErr> {
-        let started = tokio::time::Instant::now();
+    async fn handle(
+        &self,
+        me: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
             EnvMsg::Reset(seed, reply) => {
                 st.args.counters.resets.fetch_add(1, Ordering::Relaxed);
@@ -189,11 +224,6 @@ impl Actor for EnvActor {
                 let _ = reply.send(r);
             }
             EnvMsg::Close => me.stop(None),
-        }
-        let us = started.elapsed().as_micros() as u64;
-        st.args.counters.busy_us.fetch_add(us, Ordering::Relaxed);
-        if let Some(b) = st.args.counters.slot_busy_us.get(st.args.slot) {
-            b.fetch_add(us, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -240,7 +270,13 @@ impl EnvPool {
         let (free_tx, free_rx) = flume::bounded(size.max(1));
         let counters = Arc::new(EnvCounters::with_slots(size));
         for i in 0..size {
-            let args = EnvArgs { task: task.to_string(), index: i as u64, slot: i, factory: factory.clone(), counters: counters.clone() };
+            let args = EnvArgs {
+                task: task.to_string(),
+                index: i as u64,
+                slot: i,
+                factory: factory.clone(),
+                counters: counters.clone(),
+            };
             let (a, _) = Actor::spawn_linked(None, EnvActor, args, supervisor.clone()).await?;
             let _ = free_tx.send((i, a));
         }
@@ -261,7 +297,12 @@ impl EnvPool {
     pub async fn lease(&self) -> Option<EnvLease> {
         let (slot, env) = self.free_rx.recv_async().await.ok()?;
         self.counters.hold(slot, true);
-        Some(EnvLease { pool: self.clone(), slot, env: Some(env), failed: false })
+        Some(EnvLease {
+            pool: self.clone(),
+            slot,
+            env: Some(env),
+            failed: false,
+        })
     }
 
     pub fn available(&self) -> usize {
@@ -285,15 +326,23 @@ impl EnvLease {
     pub async fn reset(&mut self, seed: u64) -> Result<Observation, EnvError> {
         let t = self.pool.call_timeout;
         let a = self.actor()?.clone();
-        let r = call_env(&a, t, |p| EnvMsg::Reset(seed, p)).await.and_then(|r| r);
+        let r = call_env(&a, t, |p| EnvMsg::Reset(seed, p))
+            .await
+            .and_then(|r| r);
         self.note(&r);
         r
     }
 
-    pub async fn step(&mut self, action: String, tokens: Vec<u32>) -> Result<StepOutcome, EnvError> {
+    pub async fn step(
+        &mut self,
+        action: String,
+        tokens: Vec<u32>,
+    ) -> Result<StepOutcome, EnvError> {
         let t = self.pool.call_timeout;
         let a = self.actor()?.clone();
-        let r = call_env(&a, t, |p| EnvMsg::Step(action, tokens, p)).await.and_then(|r| r);
+        let r = call_env(&a, t, |p| EnvMsg::Step(action, tokens, p))
+            .await
+            .and_then(|r| r);
         self.note(&r);
         r
     }
@@ -308,7 +357,11 @@ impl EnvLease {
     }
 }
 
-async fn call_env<T: Send + 'static>(a: &ActorRef<EnvMsg>, timeout: Duration, msg: impl FnOnce(RpcReplyPort<T>) -> EnvMsg) -> Result<T, EnvError> {
+async fn call_env<T: Send + 'static>(
+    a: &ActorRef<EnvMsg>,
+    timeout: Duration,
+    msg: impl FnOnce(RpcReplyPort<T>) -> EnvMsg,
+) -> Result<T, EnvError> {
     let (tx, rx) = ractor::concurrency::oneshot();
     a.cast(msg(tx.into())).map_err(|_| EnvError::Closed)?;
     match tokio::time::timeout(timeout, rx).await {
@@ -343,7 +396,13 @@ impl Drop for EnvLease {
 async fn respawn(old: &ActorRef<EnvMsg>, slot: usize, pool: &EnvPool) -> Option<ActorRef<EnvMsg>> {
     old.kill();
     let index = pool.next_index.fetch_add(1, Ordering::Relaxed);
-    let args = EnvArgs { task: pool.task.clone(), index, slot, factory: pool.factory.clone(), counters: pool.counters.clone() };
+    let args = EnvArgs {
+        task: pool.task.clone(),
+        index,
+        slot,
+        factory: pool.factory.clone(),
+        counters: pool.counters.clone(),
+    };
     match Actor::spawn_linked(None, EnvActor, args, pool.supervisor.clone()).await {
         Ok((a, _)) => Some(a),
         Err(e) => {

@@ -74,46 +74,86 @@ pub fn excerpt(line: &str) -> String {
 
 /// Parses one response line.
 pub fn parse_response(line: &str) -> Result<Response, ProtocolError> {
-    let r: Response = serde_json::from_str(line.trim_end()).map_err(|e| ProtocolError::Malformed { line: excerpt(line), reason: e.to_string() })?;
+    let r: Response =
+        serde_json::from_str(line.trim_end()).map_err(|e| ProtocolError::Malformed {
+            line: excerpt(line),
+            reason: e.to_string(),
+        })?;
     if r.v != PROTOCOL_VERSION {
-        return Err(ProtocolError::Version { got: r.v, line: excerpt(line) });
+        return Err(ProtocolError::Version {
+            got: r.v,
+            line: excerpt(line),
+        });
     }
     Ok(r)
 }
 
 /// Parses one request line (the serving side).
 pub fn parse_request(line: &str) -> Result<Request, ProtocolError> {
-    let r: Request = serde_json::from_str(line.trim_end()).map_err(|e| ProtocolError::Malformed { line: excerpt(line), reason: e.to_string() })?;
+    let r: Request =
+        serde_json::from_str(line.trim_end()).map_err(|e| ProtocolError::Malformed {
+            line: excerpt(line),
+            reason: e.to_string(),
+        })?;
     let v = match &r {
         Request::Reset { v, .. } | Request::Step { v, .. } | Request::Close { v } => *v,
     };
     if v != PROTOCOL_VERSION {
-        return Err(ProtocolError::Version { got: v, line: excerpt(line) });
+        return Err(ProtocolError::Version {
+            got: v,
+            line: excerpt(line),
+        });
     }
     Ok(r)
 }
 
 /// Serves `env` over the protocol on `input` / `output` until `close` or end of input. Used by
 /// `rollarc env-serve` to expose the built-in environments to any client (and by the tests).
-pub async fn serve<R, W>(env: &mut dyn super::DynEnvironment, input: R, mut output: W) -> std::io::Result<()>
+pub async fn serve<R, W>(
+    env: &mut dyn super::DynEnvironment,
+    input: R,
+    mut output: W,
+) -> std::io::Result<()>
 where
     R: tokio::io::AsyncBufRead + Unpin,
     W: tokio::io::AsyncWrite + Unpin,
 {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
     let mut lines = input.lines();
-    let fail = |e: String| Response { v: PROTOCOL_VERSION, ok: false, error: Some(e), ..Response::default() };
+    let fail = |e: String| Response {
+        v: PROTOCOL_VERSION,
+        ok: false,
+        error: Some(e),
+        ..Response::default()
+    };
     while let Some(line) = lines.next_line().await? {
         if line.trim().is_empty() {
             continue;
         }
         let (resp, stop) = if line.len() > MAX_MESSAGE_BYTES {
-            (fail(ProtocolError::Oversized { limit: MAX_MESSAGE_BYTES, start: excerpt(&line) }.to_string()), false)
+            (
+                fail(
+                    ProtocolError::Oversized {
+                        limit: MAX_MESSAGE_BYTES,
+                        start: excerpt(&line),
+                    }
+                    .to_string(),
+                ),
+                false,
+            )
         } else {
             match parse_request(&line) {
                 Err(e) => (fail(e.to_string()), false),
                 Ok(Request::Reset { seed, .. }) => match env.reset_boxed(seed).await {
-                    Ok(o) => (Response { v: PROTOCOL_VERSION, ok: true, observation: Some(o.text), ..Response::default() }, false),
+                    Ok(o) => (
+                        Response {
+                            v: PROTOCOL_VERSION,
+                            ok: true,
+                            observation: Some(o.text),
+                            ..Response::default()
+                        },
+                        false,
+                    ),
                     Err(e) => (fail(e.to_string()), false),
                 },
                 Ok(Request::Step { action, .. }) => match env.step_boxed(&action, &[]).await {
@@ -125,7 +165,9 @@ where
                             reward: Some(s.reward),
                             terminated: Some(s.terminated),
                             truncated: Some(s.truncated),
-                            info: Some(serde_json::json!({ "success": s.success, "invalid_action": s.invalid_action })),
+                            info: Some(
+                                serde_json::json!({ "success": s.success, "invalid_action": s.invalid_action }),
+                            ),
                             error: None,
                         },
                         false,
@@ -134,7 +176,14 @@ where
                 },
                 Ok(Request::Close { .. }) => {
                     env.close_boxed().await;
-                    (Response { v: PROTOCOL_VERSION, ok: true, ..Response::default() }, true)
+                    (
+                        Response {
+                            v: PROTOCOL_VERSION,
+                            ok: true,
+                            ..Response::default()
+                        },
+                        true,
+                    )
                 }
             }
         };
@@ -155,17 +204,27 @@ mod tests {
 
     #[test]
     fn round_trip_and_malformed_lines() {
-        let req = Request::Step { v: 1, action: "left".into() };
+        let req = Request::Step {
+            v: 1,
+            action: "left".into(),
+        };
         let line = serde_json::to_string(&req).unwrap();
         assert_eq!(line, r#"{"op":"step","v":1,"action":"left"}"#);
         assert_eq!(parse_request(&line).unwrap(), req);
         let ok = parse_response(r#"{"v":1,"ok":true,"observation":"x","reward":1.0,"terminated":true,"truncated":false,"info":{"success":true}}"#).unwrap();
         assert_eq!(ok.reward, Some(1.0));
-        let cases: [(&str, &str); 4] =
-            [("not json", "malformed"), (r#"{"v":2,"ok":true}"#, "version 2"), (r#"{"v":1,"ok":true,"surprise":1}"#, "malformed"), (r#"{"v":1}"#, "malformed")];
+        let cases: [(&str, &str); 4] = [
+            ("not json", "malformed"),
+            (r#"{"v":2,"ok":true}"#, "version 2"),
+            (r#"{"v":1,"ok":true,"surprise":1}"#, "malformed"),
+            (r#"{"v":1}"#, "malformed"),
+        ];
         for (line, want) in cases {
             let e = parse_response(line).unwrap_err().to_string();
-            assert!(e.contains(want) && e.contains(&format!("{:?}", excerpt(line))), "{line}: {e}");
+            assert!(
+                e.contains(want) && e.contains(&format!("{:?}", excerpt(line))),
+                "{line}: {e}"
+            );
         }
         assert!(parse_request(r#"{"op":"dance","v":1}"#).is_err());
     }

@@ -52,11 +52,23 @@ pub struct SimEnv {
 
 impl SimEnv {
     pub fn new(cfg: SimEnvConfig, seed: u64) -> Self {
-        Self { cfg, rng: SmallRng::seed_from_u64(seed), turns_left: 0, success: false }
+        Self {
+            cfg,
+            rng: SmallRng::seed_from_u64(seed),
+            turns_left: 0,
+            success: false,
+        }
     }
 
     fn observation(&mut self, first: bool) -> Observation {
-        let d = if first { self.cfg.prompt_tokens.as_ref().unwrap_or(&self.cfg.observation_tokens) } else { &self.cfg.observation_tokens };
+        let d = if first {
+            self.cfg
+                .prompt_tokens
+                .as_ref()
+                .unwrap_or(&self.cfg.observation_tokens)
+        } else {
+            &self.cfg.observation_tokens
+        };
         let n = d.sample(&mut self.rng).round().max(1.0) as usize;
         // Token values do not matter to the simulator: a cheap xorshift stream.
         let mut x = self.rng.random::<u64>() | 1;
@@ -68,19 +80,33 @@ impl SimEnv {
                 1 + (x % 31_999) as u32
             })
             .collect();
-        let len = self.cfg.response_tokens.sample(&mut self.rng).round().max(1.0) as u32;
-        Observation { text: String::new(), tokens: Some(tokens), sim_response_len: Some(len), reference: None }
+        let len = self
+            .cfg
+            .response_tokens
+            .sample(&mut self.rng)
+            .round()
+            .max(1.0) as u32;
+        Observation {
+            text: String::new(),
+            tokens: Some(tokens),
+            sim_response_len: Some(len),
+            reference: None,
+        }
     }
 
     async fn latency(&mut self, d: &Dist) -> Result<(), EnvError> {
-        if self.cfg.hang_probability > 0.0 && self.rng.random_bool(self.cfg.hang_probability.min(1.0)) {
+        if self.cfg.hang_probability > 0.0
+            && self.rng.random_bool(self.cfg.hang_probability.min(1.0))
+        {
             std::future::pending::<()>().await;
         }
         let s = d.sample(&mut self.rng);
         if s > 0.0 {
             tokio::time::sleep(std::time::Duration::from_secs_f64(s)).await;
         }
-        if self.cfg.failure_probability > 0.0 && self.rng.random_bool(self.cfg.failure_probability.min(1.0)) {
+        if self.cfg.failure_probability > 0.0
+            && self.rng.random_bool(self.cfg.failure_probability.min(1.0))
+        {
             return Err(EnvError::Failed("injected failure".into()));
         }
         Ok(())
@@ -105,7 +131,11 @@ impl Environment for SimEnv {
         let terminated = self.turns_left == 0;
         let success = terminated && self.success;
         Ok(StepOutcome {
-            observation: if terminated { Observation::default() } else { self.observation(false) },
+            observation: if terminated {
+                Observation::default()
+            } else {
+                self.observation(false)
+            },
             reward: if success { 1.0 } else { 0.0 },
             terminated,
             truncated: false,

@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use super::{FinishReason, GenError, GenOutput, GenRequest, GenerationEngine, InFlightPolicy, SamplingParams};
+use super::{
+    FinishReason, GenError, GenOutput, GenRequest, GenerationEngine, InFlightPolicy, SamplingParams,
+};
 use crate::trainer::Trainer;
 use crate::types::{Batch, PolicyVersion};
 use crate::weights::Weights;
@@ -13,7 +15,14 @@ pub fn request(id: u64, context: Vec<u32>, max_tokens: u32, seed: u64) -> GenReq
         id,
         session: id,
         context: Arc::new(context),
-        params: SamplingParams { temperature: 1.0, top_p: 1.0, max_tokens, stop_tokens: vec![], seed, allowed_tokens: None },
+        params: SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            max_tokens,
+            stop_tokens: vec![],
+            seed,
+            allowed_tokens: None,
+        },
         sim_response_len: Some(max_tokens),
         prefilled: false,
     }
@@ -34,7 +43,8 @@ pub fn drain(e: &mut dyn GenerationEngine) -> Vec<(u64, Result<GenOutput, GenErr
 }
 
 fn tokens_covered(o: &GenOutput) -> bool {
-    o.versions.iter().map(|s| s.tokens as usize).sum::<usize>() == o.tokens.len() && o.logprobs.len() == o.tokens.len()
+    o.versions.iter().map(|s| s.tokens as usize).sum::<usize>() == o.tokens.len()
+        && o.logprobs.len() == o.tokens.len()
 }
 
 /// Every added request finishes once, within max_tokens, with a log-probability and a version
@@ -61,19 +71,37 @@ pub fn check_add_abort(e: &mut dyn GenerationEngine, ctx: Vec<u32>) {
 
 /// Weights installed mid-generation: under `Abort` every token comes from the new version;
 /// under `Recompute` the tokens before the swap keep the old version.
-pub fn check_install(e: &mut dyn GenerationEngine, ctx: Vec<u32>, new: &Weights, policy: InFlightPolicy) {
+pub fn check_install(
+    e: &mut dyn GenerationEngine,
+    ctx: Vec<u32>,
+    new: &Weights,
+    policy: InFlightPolicy,
+) {
     e.add(request(7, ctx, 12, 7));
     for _ in 0..4 {
         e.step();
     }
     e.install(new.version, new, policy).expect("install");
     let out = drain(e);
-    let o = out.into_iter().find(|(id, _)| *id == 7).expect("finished").1.expect("ok");
+    let o = out
+        .into_iter()
+        .find(|(id, _)| *id == 7)
+        .expect("finished")
+        .1
+        .expect("ok");
     assert!(tokens_covered(&o));
     match policy {
-        InFlightPolicy::Abort => assert!(o.versions.iter().all(|s| s.version == new.version), "{:?}", o.versions),
+        InFlightPolicy::Abort => assert!(
+            o.versions.iter().all(|s| s.version == new.version),
+            "{:?}",
+            o.versions
+        ),
         InFlightPolicy::Recompute => {
-            assert!(o.versions.len() == 2 && o.versions[1].version == new.version, "{:?}", o.versions);
+            assert!(
+                o.versions.len() == 2 && o.versions[1].version == new.version,
+                "{:?}",
+                o.versions
+            );
         }
     }
     assert_eq!(e.load().version, new.version);
@@ -81,7 +109,11 @@ pub fn check_install(e: &mut dyn GenerationEngine, ctx: Vec<u32>, new: &Weights,
 
 /// A trainer turns a batch into the next version's weights and reports it.
 pub fn check_trainer(t: &mut dyn Trainer, batch: &Batch, next: PolicyVersion) {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().expect("runtime");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
     let (stats, w) = rt.block_on(t.train(batch, next)).expect("train");
     assert_eq!(stats.version, next);
     assert_eq!(w.version, next);
@@ -100,13 +132,23 @@ mod tests {
     use candle_core::{DType, Device};
 
     fn sim() -> SimEngine {
-        SimEngine::new(SimEngineConfig::new(DeviceProfile::builtin("H20").unwrap(), ModelProfile::builtin("qwen3-8b").unwrap()))
+        SimEngine::new(SimEngineConfig::new(
+            DeviceProfile::builtin("H20").unwrap(),
+            ModelProfile::builtin("qwen3-8b").unwrap(),
+        ))
     }
 
     fn builtin() -> (BuiltinEngine, Params, ModelConfig) {
-        let cfg = ModelConfig { max_seq: 64, ..ModelConfig::default() };
+        let cfg = ModelConfig {
+            max_seq: 64,
+            ..ModelConfig::default()
+        };
         let p = Params::init(&cfg, 1, DType::F32, &Device::Cpu).unwrap();
-        (BuiltinEngine::new(cfg, &p.to_weights(0).unwrap(), 8).unwrap(), p, cfg)
+        (
+            BuiltinEngine::new(cfg, &p.to_weights(0).unwrap(), 8).unwrap(),
+            p,
+            cfg,
+        )
     }
 
     fn ctx() -> Vec<u32> {
@@ -126,7 +168,10 @@ mod tests {
         check_add_abort(&mut builtin().0, ctx());
         for policy in [InFlightPolicy::Abort, InFlightPolicy::Recompute] {
             let (mut e, _, cfg) = builtin();
-            let w = Params::init(&cfg, 2, DType::F32, &Device::Cpu).unwrap().to_weights(1).unwrap();
+            let w = Params::init(&cfg, 2, DType::F32, &Device::Cpu)
+                .unwrap()
+                .to_weights(1)
+                .unwrap();
             // A long enough answer that the swap lands mid-generation (EOT may stop it early).
             e.add(request(100, ctx(), 40, 3));
             check_install(&mut e, ctx(), &w, policy);
@@ -135,12 +180,24 @@ mod tests {
 
     fn batch() -> Batch {
         let t = |r: f64, tok: u32| {
-            let turn = crate::types::Turn { observation_tokens: ctx(), response_tokens: vec![tok, tok], logprobs: vec![-5.0, -5.0], ..Default::default() };
+            let turn = crate::types::Turn {
+                observation_tokens: ctx(),
+                response_tokens: vec![tok, tok],
+                logprobs: vec![-5.0, -5.0],
+                ..Default::default()
+            };
             crate::types::Trajectory::for_test(&format!("t{tok}"), turn, Some(r))
         };
         Batch {
             step: 0,
-            groups: vec![crate::types::Group { id: 0, task: "t".into(), seed: 0, start_version: 0, masked: 0, trajectories: vec![t(1.0, 70), t(0.0, 71)] }],
+            groups: vec![crate::types::Group {
+                id: 0,
+                task: "t".into(),
+                seed: 0,
+                start_version: 0,
+                masked: 0,
+                trajectories: vec![t(1.0, 70), t(0.0, 71)],
+            }],
         }
     }
 
@@ -155,7 +212,8 @@ mod tests {
         };
         check_trainer(&mut s, &batch(), 1);
         let (_, p, cfg) = builtin();
-        let mut b = crate::model::trainer::BuiltinTrainer::new(cfg, &p, Default::default()).unwrap();
+        let mut b =
+            crate::model::trainer::BuiltinTrainer::new(cfg, &p, Default::default()).unwrap();
         check_trainer(&mut b, &batch(), 1);
     }
 }

@@ -44,7 +44,14 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        Self { temperature: 1.0, top_p: 1.0, max_tokens: 64, stop_tokens: Vec::new(), seed: 0, allowed_tokens: None }
+        Self {
+            temperature: 1.0,
+            top_p: 1.0,
+            max_tokens: 64,
+            stop_tokens: Vec::new(),
+            seed: 0,
+            allowed_tokens: None,
+        }
     }
 }
 
@@ -122,7 +129,7 @@ pub struct LoadReport {
 }
 
 /// A generation backend as seen by the engine loop. Implementations do not block on I/O in
-/// `step` unless they run on their own thread (see [`Placement`]).
+/// `step` unless they run on their own thread (see [`LoopPlacement`]).
 pub trait GenerationEngine: Send + 'static {
     fn add(&mut self, req: GenRequest);
     /// Drops a request; returns whether it was known.
@@ -131,7 +138,12 @@ pub trait GenerationEngine: Send + 'static {
     fn release(&mut self, session: u64);
     /// Installs weights of `version`; in-flight sequences follow `policy`. Returns the
     /// modelled duration of the swap (zero for real backends).
-    fn install(&mut self, version: PolicyVersion, weights: &Weights, policy: InFlightPolicy) -> Result<Duration, GenError>;
+    fn install(
+        &mut self,
+        version: PolicyVersion,
+        weights: &Weights,
+        policy: InFlightPolicy,
+    ) -> Result<Duration, GenError>;
     fn has_work(&self) -> bool;
     fn step(&mut self) -> StepReport;
     fn load(&self) -> LoadReport;
@@ -156,7 +168,7 @@ pub trait GenerationEngine: Send + 'static {
 
 /// Where the engine loop runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Placement {
+pub enum LoopPlacement {
     /// As a task on the caller's runtime: for simulators on the virtual clock.
     Task,
     /// On its own OS thread: for compute-heavy real backends.
@@ -169,7 +181,12 @@ pub enum EngineCommand {
     Abort(u64),
     Release(u64),
     Suspend(tokio::sync::oneshot::Sender<()>),
-    Install(PolicyVersion, Arc<Weights>, InFlightPolicy, tokio::sync::oneshot::Sender<Result<(), GenError>>),
+    Install(
+        PolicyVersion,
+        Arc<Weights>,
+        InFlightPolicy,
+        tokio::sync::oneshot::Sender<Result<(), GenError>>,
+    ),
     Resume,
     Load(tokio::sync::oneshot::Sender<LoadReport>),
     Stop,
@@ -185,8 +202,13 @@ impl EngineHandle {
     /// Submits a request and waits for its result.
     pub async fn generate(&self, req: GenRequest) -> Result<GenOutput, GenError> {
         let (rtx, rrx) = flume::bounded(1);
-        self.tx.send_async(EngineCommand::Add(req, rtx)).await.map_err(|_| GenError::ShardStopped)?;
-        rrx.recv_async().await.unwrap_or(Err(GenError::ShardStopped))
+        self.tx
+            .send_async(EngineCommand::Add(req, rtx))
+            .await
+            .map_err(|_| GenError::ShardStopped)?;
+        rrx.recv_async()
+            .await
+            .unwrap_or(Err(GenError::ShardStopped))
     }
 
     pub fn abort(&self, id: u64) {
@@ -211,18 +233,25 @@ impl EngineHandle {
 pub const ENGINE_QUEUE_CAPACITY: usize = 16_384;
 
 /// Starts an engine loop for `engine`.
-pub fn spawn_engine(engine: Box<dyn GenerationEngine>, placement: Placement) -> (EngineHandle, EngineLoopJoin) {
+pub fn spawn_engine(
+    engine: Box<dyn GenerationEngine>,
+    placement: LoopPlacement,
+) -> (EngineHandle, EngineLoopJoin) {
     let (tx, rx) = flume::bounded(ENGINE_QUEUE_CAPACITY);
     let join = match placement {
-        Placement::Task => EngineLoopJoin::Task(tokio::spawn(engine_loop(engine, rx))),
-        Placement::Thread => EngineLoopJoin::Thread(
+        LoopPlacement::Task => EngineLoopJoin::Task(tokio::spawn(engine_loop(engine, rx))),
+        LoopPlacement::Thread => EngineLoopJoin::Thread(
             std::thread::Builder::new()
                 .name("rollarc-engine".into())
                 .spawn(move || {
-                    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build();
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_time()
+                        .build();
                     match rt {
                         Ok(rt) => rt.block_on(engine_loop(engine, rx)),
-                        Err(e) => tracing::error!(error = %e, "engine thread could not build its runtime"),
+                        Err(e) => {
+                            tracing::error!(error = %e, "engine thread could not build its runtime")
+                        }
                     }
                 })
                 .ok(),
@@ -298,7 +327,14 @@ impl LoopState {
 }
 
 async fn engine_loop(engine: Box<dyn GenerationEngine>, rx: flume::Receiver<EngineCommand>) {
-    let mut st = LoopState { engine, replies: HashMap::new(), suspended: false, busy: Duration::ZERO, steps: 0, pending_install: Vec::new() };
+    let mut st = LoopState {
+        engine,
+        replies: HashMap::new(),
+        suspended: false,
+        busy: Duration::ZERO,
+        steps: 0,
+        pending_install: Vec::new(),
+    };
     loop {
         // Drain every pending command between engine steps.
         while let Ok(cmd) = rx.try_recv() {

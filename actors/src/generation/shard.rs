@@ -8,7 +8,8 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use super::{
-    EngineCommand, EngineHandle, EngineLoopJoin, GenError, GenOutput, GenRequest, GenerationEngine, InFlightPolicy, LoadReport, Placement, spawn_engine,
+    EngineCommand, EngineHandle, EngineLoopJoin, GenError, GenOutput, GenRequest, GenerationEngine,
+    InFlightPolicy, LoadReport, LoopPlacement, spawn_engine,
 };
 use crate::device::DeviceProfile;
 use crate::types::PolicyVersion;
@@ -49,12 +50,15 @@ impl ShardHandle {
 
 pub enum ShardMsg {
     Suspend(RpcReplyPort<()>),
-    Install(Arc<Weights>, InFlightPolicy, RpcReplyPort<Result<(), GenError>>),
+    Install(
+        Arc<Weights>,
+        InFlightPolicy,
+        RpcReplyPort<Result<(), GenError>>,
+    ),
     Resume,
     Load(RpcReplyPort<LoadReport>),
     /// Periodic frozen-engine check.
     Watchdog,
-    Stop,
 }
 
 pub struct ShardArgs {
@@ -62,7 +66,7 @@ pub struct ShardArgs {
     pub index: usize,
     pub device: DeviceProfile,
     pub factory: EngineFactory,
-    pub placement: Placement,
+    pub placement: LoopPlacement,
     /// An engine with work that takes no step for this long is frozen and restarted.
     pub frozen_after: Duration,
     /// Shared restart counter (exported as a metric by the job).
@@ -91,7 +95,10 @@ async fn query_load(h: &EngineHandle) -> Option<LoadReport> {
     if !h.send(EngineCommand::Load(tx)) {
         return None;
     }
-    tokio::time::timeout(Duration::from_secs(5), rx).await.ok()?.ok()
+    tokio::time::timeout(Duration::from_secs(5), rx)
+        .await
+        .ok()?
+        .ok()
 }
 
 impl Actor for ShardActor {
@@ -99,9 +106,17 @@ impl Actor for ShardActor {
     type State = ShardState;
     type Arguments = (ShardArgs, tokio::sync::oneshot::Sender<ShardHandle>);
 
-    async fn pre_start(&self, me: ActorRef<Self::Msg>, (args, handle_tx): Self::Arguments) -> Result<Self::State, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        me: ActorRef<Self::Msg>,
+        (args, handle_tx): Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
         let (h, join) = spawn_engine((args.factory)(), args.placement);
-        let handle = ShardHandle { pool: args.pool.clone(), index: args.index, inner: Arc::new(RwLock::new(h)) };
+        let handle = ShardHandle {
+            pool: args.pool.clone(),
+            index: args.index,
+            inner: Arc::new(RwLock::new(h)),
+        };
         let _ = handle_tx.send(handle.clone());
         if !args.frozen_after.is_zero() {
             me.send_interval(args.frozen_after / 2, || ShardMsg::Watchdog);
@@ -121,13 +136,22 @@ impl Actor for ShardActor {
         })
     }
 
-    async fn post_stop(&self, _me: ActorRef<Self::Msg>, st: &mut Self::State) -> Result<(), ActorProcessingErr> {
+    async fn post_stop(
+        &self,
+        _me: ActorRef<Self::Msg>,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
         st.handle.current().send(EngineCommand::Stop);
         st.join.kill();
         Ok(())
     }
 
-    async fn handle(&self, me: ActorRef<Self::Msg>, msg: Self::Msg, st: &mut Self::State) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        _me: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
             ShardMsg::Suspend(reply) => {
                 let (tx, rx) = tokio::sync::oneshot::channel();
@@ -139,7 +163,12 @@ impl Actor for ShardActor {
             }
             ShardMsg::Install(w, policy, reply) => {
                 let (tx, rx) = tokio::sync::oneshot::channel();
-                let r = if st.handle.current().send(EngineCommand::Install(w.version, w.clone(), policy, tx)) {
+                let r = if st.handle.current().send(EngineCommand::Install(
+                    w.version,
+                    w.clone(),
+                    policy,
+                    tx,
+                )) {
                     rx.await.unwrap_or(Err(GenError::ShardStopped))
                 } else {
                     Err(GenError::ShardStopped)
@@ -155,14 +184,18 @@ impl Actor for ShardActor {
                 st.suspended = false;
             }
             ShardMsg::Load(reply) => {
-                let mut l = query_load(&st.handle.current()).await.unwrap_or_else(|| st.last_load.clone());
+                let mut l = query_load(&st.handle.current())
+                    .await
+                    .unwrap_or_else(|| st.last_load.clone());
                 l.busy_s += st.busy_before;
                 l.prefill_tokens += st.tokens_before.0;
                 l.decode_tokens += st.tokens_before.1;
                 let _ = reply.send(l);
             }
             ShardMsg::Watchdog => {
-                let Some(l) = query_load(&st.handle.current()).await else { return Ok(()) };
+                let Some(l) = query_load(&st.handle.current()).await else {
+                    return Ok(());
+                };
                 let has_work = l.running + l.waiting > 0 && !l.suspended;
                 if has_work && l.steps == st.last_steps {
                     let now = tokio::time::Instant::now();
@@ -177,7 +210,6 @@ impl Actor for ShardActor {
                 st.last_steps = l.steps;
                 st.last_load = l;
             }
-            ShardMsg::Stop => me.stop(None),
         }
         Ok(())
     }
@@ -194,7 +226,12 @@ async fn restart_engine(st: &mut ShardState) {
     let (h, join) = spawn_engine((st.args.factory)(), st.args.placement);
     if let Some(w) = st.weights.clone() {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        if h.send(EngineCommand::Install(w.version, w, InFlightPolicy::Abort, tx)) {
+        if h.send(EngineCommand::Install(
+            w.version,
+            w,
+            InFlightPolicy::Abort,
+            tx,
+        )) {
             let _ = rx.await;
         }
     }
@@ -212,5 +249,7 @@ async fn restart_engine(st: &mut ShardState) {
     st.stalled_since = None;
     st.last_steps = 0;
     st.last_load = LoadReport::default();
-    st.args.restarts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    st.args
+        .restarts
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 }

@@ -16,8 +16,13 @@ use std::time::Duration;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use super::{FinishReason, GenError, GenOutput, GenRequest, GenerationEngine, InFlightPolicy, LoadReport, StepReport};
-use crate::device::{DeviceProfile, Efficiency, ModelProfile, WeightSync, decode_step_seconds, prefill_seconds};
+use super::{
+    FinishReason, GenError, GenOutput, GenRequest, GenerationEngine, InFlightPolicy, LoadReport,
+    StepReport,
+};
+use crate::device::{
+    DeviceProfile, Efficiency, ModelProfile, WeightSync, decode_step_seconds, prefill_seconds,
+};
 use crate::types::{PolicyVersion, VersionSpan};
 use crate::weights::Weights;
 
@@ -136,7 +141,9 @@ impl PrefixCache {
     }
 
     fn evict_oldest(&mut self) -> bool {
-        let Some((_, session)) = self.lru.pop_first() else { return false };
+        let Some((_, session)) = self.lru.pop_first() else {
+            return false;
+        };
         if let Some((t, _)) = self.entries.remove(&session) {
             self.tokens -= t;
         }
@@ -170,7 +177,8 @@ pub struct SimEngine {
 
 impl SimEngine {
     pub fn new(cfg: SimEngineConfig) -> Self {
-        let free = (cfg.device.memory - cfg.model.weight_bytes()).max(cfg.device.memory * 0.05) * cfg.kv_memory_fraction;
+        let free = (cfg.device.memory - cfg.model.weight_bytes()).max(cfg.device.memory * 0.05)
+            * cfg.kv_memory_fraction;
         let kv_capacity = (free / cfg.model.kv_bytes_per_token).max(1.0) as u64;
         let rng = SmallRng::seed_from_u64(cfg.seed);
         Self {
@@ -212,20 +220,30 @@ impl SimEngine {
     /// prefixes (least recently used first) to make it; the head of the queue waits otherwise.
     fn admit(&mut self) {
         while self.running.len() < self.cfg.max_batch {
-            let Some(front) = self.waiting.front() else { break };
+            let Some(front) = self.waiting.front() else {
+                break;
+            };
             let (session, need) = (front.req.session, front.reserved().min(self.kv_capacity));
             // The sequence's own cached prefix becomes part of its reservation.
             let own = self.cache.take(session);
-            while self.reserved + need + self.cache.tokens > self.kv_capacity && self.cache.evict_oldest() {}
+            while self.reserved + need + self.cache.tokens > self.kv_capacity
+                && self.cache.evict_oldest()
+            {}
             if self.reserved + need > self.kv_capacity && !self.running.is_empty() {
                 if own > 0 {
                     self.cache.put(session, own);
                 }
                 break;
             }
-            let Some(mut s) = self.waiting.pop_front() else { break };
+            let Some(mut s) = self.waiting.pop_front() else {
+                break;
+            };
             // A disaggregated request arrives with its KV: nothing to prefill here.
-            let cached = if s.req.prefilled { s.req.context.len() as u64 } else { own.min(s.req.context.len() as u64) };
+            let cached = if s.req.prefilled {
+                s.req.context.len() as u64
+            } else {
+                own.min(s.req.context.len() as u64)
+            };
             if cached > 0 {
                 self.cache.hits += 1;
             }
@@ -253,7 +271,8 @@ impl SimEngine {
                     x ^= x >> 7;
                     x ^= x << 17;
                     s.tokens.push(1 + (x % u64::from(vocab - 1)) as u32);
-                    s.logprobs.push(-((x >> 40) as f32) * (3.0 / (1u64 << 24) as f32));
+                    s.logprobs
+                        .push(-((x >> 40) as f32) * (3.0 / (1u64 << 24) as f32));
                 }
             } else {
                 for _ in 0..n {
@@ -268,7 +287,10 @@ impl SimEngine {
             let added = (s.tokens.len() - before) as u32;
             match s.versions.last_mut() {
                 Some(span) if span.version == version => span.tokens += added,
-                _ => s.versions.push(VersionSpan { version, tokens: added }),
+                _ => s.versions.push(VersionSpan {
+                    version,
+                    tokens: added,
+                }),
             }
         }
         self.decode_total += idx.len() as u64 * n;
@@ -279,16 +301,31 @@ impl SimEngine {
         let mut i = 0;
         while i < self.running.len() {
             let s = &self.running[i];
-            let stop = s.tokens.last().is_some_and(|t| s.req.params.stop_tokens.contains(t));
+            let stop = s
+                .tokens
+                .last()
+                .is_some_and(|t| s.req.params.stop_tokens.contains(t));
             let prefill_only = s.target == 0 && s.to_prefill == 0;
             if prefill_only || s.tokens.len() as u32 >= s.target || stop {
                 let s = self.running.swap_remove(i);
-                self.reserved = self.reserved.saturating_sub(s.reserved().min(self.kv_capacity));
+                self.reserved = self
+                    .reserved
+                    .saturating_sub(s.reserved().min(self.kv_capacity));
                 self.cache.put(s.req.session, s.len());
-                let finish = if stop { FinishReason::Stop } else { FinishReason::Length };
+                let finish = if stop {
+                    FinishReason::Stop
+                } else {
+                    FinishReason::Length
+                };
                 report.finished.push((
                     s.req.id,
-                    Ok(GenOutput { tokens: s.tokens, logprobs: s.logprobs, versions: s.versions, finish, prefill_tokens: s.prefilled_total }),
+                    Ok(GenOutput {
+                        tokens: s.tokens,
+                        logprobs: s.logprobs,
+                        versions: s.versions,
+                        finish,
+                        prefill_tokens: s.prefilled_total,
+                    }),
                 ));
             } else {
                 i += 1;
@@ -299,11 +336,19 @@ impl SimEngine {
     }
 
     fn decoding(&self) -> Vec<usize> {
-        (0..self.running.len()).filter(|&i| self.running[i].to_prefill == 0 && self.running[i].target > 0).collect()
+        (0..self.running.len())
+            .filter(|&i| self.running[i].to_prefill == 0 && self.running[i].target > 0)
+            .collect()
     }
 
     fn decode_seconds(&self, batch: usize, kv: u64) -> f64 {
-        decode_step_seconds(&self.cfg.device, &self.cfg.model, self.cfg.efficiency, batch as f64, kv as f64)
+        decode_step_seconds(
+            &self.cfg.device,
+            &self.cfg.model,
+            self.cfg.efficiency,
+            batch as f64,
+            kv as f64,
+        )
     }
 
     /// Seconds of `j` fused iterations of `batch` sequences holding `kv0` tokens of KV at the
@@ -323,7 +368,9 @@ impl SimEngine {
         let mem = |i: f64| a + c * (kv0 as f64 + b * i);
         let jf = j as f64;
         let first_mem = if c * b > 0.0 {
-            ((compute - a - c * kv0 as f64) / (c * b)).ceil().clamp(0.0, jf)
+            ((compute - a - c * kv0 as f64) / (c * b))
+                .ceil()
+                .clamp(0.0, jf)
         } else if mem(0.0) >= compute {
             0.0
         } else {
@@ -334,7 +381,12 @@ impl SimEngine {
             let n = to - from;
             n * (a + c * kv0 as f64) + c * b * (from + to - 1.0) * n / 2.0
         };
-        compute * first_mem + if first_mem < jf { sum_mem(first_mem, jf) } else { 0.0 }
+        compute * first_mem
+            + if first_mem < jf {
+                sum_mem(first_mem, jf)
+            } else {
+                0.0
+            }
     }
 
     fn fused_plan(&self) -> (usize, u64) {
@@ -353,7 +405,16 @@ impl GenerationEngine for SimEngine {
         };
         let rng = SmallRng::seed_from_u64(req.params.seed);
         let to_prefill = req.context.len() as u64;
-        self.waiting.push_back(Seq { req, target, tokens: Vec::new(), logprobs: Vec::new(), versions: Vec::new(), to_prefill, prefilled_total: 0, rng });
+        self.waiting.push_back(Seq {
+            req,
+            target,
+            tokens: Vec::new(),
+            logprobs: Vec::new(),
+            versions: Vec::new(),
+            to_prefill,
+            prefilled_total: 0,
+            rng,
+        });
     }
 
     fn abort(&mut self, id: u64) -> bool {
@@ -376,7 +437,12 @@ impl GenerationEngine for SimEngine {
         self.cache.take(session);
     }
 
-    fn install(&mut self, version: PolicyVersion, weights: &Weights, policy: InFlightPolicy) -> Result<Duration, GenError> {
+    fn install(
+        &mut self,
+        version: PolicyVersion,
+        weights: &Weights,
+        policy: InFlightPolicy,
+    ) -> Result<Duration, GenError> {
         self.version = version;
         // KV computed under the old weights is stale for every sequence and session.
         self.cache.clear();
@@ -393,8 +459,14 @@ impl GenerationEngine for SimEngine {
                 }
             }
         }
-        let bytes = if weights.modelled_bytes > 0.0 { weights.modelled_bytes } else { self.cfg.model.weight_bytes() };
-        Ok(Duration::from_secs_f64(self.cfg.weight_sync.install_seconds(bytes)))
+        let bytes = if weights.modelled_bytes > 0.0 {
+            weights.modelled_bytes
+        } else {
+            self.cfg.model.weight_bytes()
+        };
+        Ok(Duration::from_secs_f64(
+            self.cfg.weight_sync.install_seconds(bytes),
+        ))
     }
 
     fn has_work(&self) -> bool {
@@ -403,7 +475,9 @@ impl GenerationEngine for SimEngine {
 
     fn step(&mut self) -> StepReport {
         let mut report = StepReport::default();
-        if self.cfg.hang_probability > 0.0 && self.rng.random_bool(self.cfg.hang_probability.min(1.0)) {
+        if self.cfg.hang_probability > 0.0
+            && self.rng.random_bool(self.cfg.hang_probability.min(1.0))
+        {
             // A frozen engine: never steps again; the supervisor's watchdog must notice.
             self.hung = true;
             return report;
@@ -428,7 +502,12 @@ impl GenerationEngine for SimEngine {
         // One decode token for each sequence whose prefill is done.
         let decoding = self.decoding();
         let kv: u64 = decoding.iter().map(|&i| self.running[i].kv_tokens()).sum();
-        let secs = prefill_seconds(&self.cfg.device, &self.cfg.model, self.cfg.efficiency, prefill as f64) + self.decode_seconds(decoding.len(), kv);
+        let secs = prefill_seconds(
+            &self.cfg.device,
+            &self.cfg.model,
+            self.cfg.efficiency,
+            prefill as f64,
+        ) + self.decode_seconds(decoding.len(), kv);
         self.emit(&decoding, 1);
         report.prefill_tokens = prefill;
         report.decode_tokens = decoding.len() as u64;
@@ -444,11 +523,22 @@ impl GenerationEngine for SimEngine {
         }
         self.admit();
         // Fusion needs a batch that only decodes and cannot stop early on a sampled token.
-        if self.running.is_empty() || self.running.iter().any(|s| s.to_prefill > 0 || s.target == 0 || !s.req.params.stop_tokens.is_empty()) {
+        if self.running.is_empty()
+            || self
+                .running
+                .iter()
+                .any(|s| s.to_prefill > 0 || s.target == 0 || !s.req.params.stop_tokens.is_empty())
+        {
             return 0;
         }
         // Admission can only change when a sequence finishes (it frees a batch slot and KV).
-        let mut k = self.running.iter().map(Seq::remaining).min().unwrap_or(0).min(self.cfg.max_fused_iterations);
+        let mut k = self
+            .running
+            .iter()
+            .map(Seq::remaining)
+            .min()
+            .unwrap_or(0)
+            .min(self.cfg.max_fused_iterations);
         if k < 2 {
             return 0;
         }
@@ -458,7 +548,11 @@ impl GenerationEngine for SimEngine {
             let (mut lo, mut hi) = (1, k);
             while lo < hi {
                 let mid = (lo + hi).div_ceil(2);
-                if self.fused_seconds(b, kv0, mid) <= self.cfg.max_fused_s { lo = mid } else { hi = mid - 1 }
+                if self.fused_seconds(b, kv0, mid) <= self.cfg.max_fused_s {
+                    lo = mid
+                } else {
+                    hi = mid - 1
+                }
             }
             k = lo;
         }

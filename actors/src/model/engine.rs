@@ -2,7 +2,7 @@
 //! continuous batching (prefill of newly added sequences, then one batched decode step for
 //! every running sequence), per-request seeded sampling (temperature, top-p, max tokens, stop
 //! tokens), a prefix cache per session, and weight swaps under the abort / recompute policies.
-//! Runs on its own thread (`Placement::Thread`): its steps are real compute.
+//! Runs on its own thread (`LoopPlacement::Thread`): its steps are real compute.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
@@ -13,7 +13,10 @@ use rand::{Rng, SeedableRng};
 
 use super::tokenizer::EOT;
 use super::transformer::{ModelConfig, Params, SeqCache, Transformer};
-use crate::generation::{FinishReason, GenError, GenOutput, GenRequest, GenerationEngine, InFlightPolicy, LoadReport, StepReport};
+use crate::generation::{
+    FinishReason, GenError, GenOutput, GenRequest, GenerationEngine, InFlightPolicy, LoadReport,
+    StepReport,
+};
 use crate::types::{PolicyVersion, VersionSpan};
 use crate::weights::Weights;
 
@@ -59,7 +62,8 @@ pub struct BuiltinEngine {
 
 impl BuiltinEngine {
     pub fn new(cfg: ModelConfig, weights: &Weights, max_batch: usize) -> Result<Self, GenError> {
-        let params = Params::from_weights(&cfg, weights, &Device::Cpu).map_err(|e| GenError::Backend(e.to_string()))?;
+        let params = Params::from_weights(&cfg, weights, &Device::Cpu)
+            .map_err(|e| GenError::Backend(e.to_string()))?;
         Ok(Self {
             model: Transformer::new(cfg),
             params,
@@ -74,7 +78,13 @@ impl BuiltinEngine {
 
     /// Samples from `logits` [V] with the request's temperature and top-p; returns the token
     /// and its log-probability under the (temperature-scaled) distribution.
-    fn sample(logits: &[f32], temperature: f32, top_p: f32, allowed: Option<&[u32]>, rng: &mut SmallRng) -> (u32, f32) {
+    fn sample(
+        logits: &[f32],
+        temperature: f32,
+        top_p: f32,
+        allowed: Option<&[u32]>,
+        rng: &mut SmallRng,
+    ) -> (u32, f32) {
         let masked: Vec<f32>;
         let logits = match allowed {
             Some(a) if !a.is_empty() => {
@@ -130,7 +140,8 @@ impl BuiltinEngine {
         if *last == EOT || s.req.params.stop_tokens.contains(last) {
             return Some(FinishReason::Stop);
         }
-        let at_limit = s.tokens.len() as u32 >= s.req.params.max_tokens || s.cache.len() + 1 >= self.model.cfg.max_seq;
+        let at_limit = s.tokens.len() as u32 >= s.req.params.max_tokens
+            || s.cache.len() + 1 >= self.model.cfg.max_seq;
         at_limit.then_some(FinishReason::Length)
     }
 }
@@ -172,8 +183,14 @@ impl GenerationEngine for BuiltinEngine {
         self.sessions.remove(&session);
     }
 
-    fn install(&mut self, version: PolicyVersion, weights: &Weights, policy: InFlightPolicy) -> Result<Duration, GenError> {
-        self.params = Params::from_weights(&self.model.cfg, weights, &Device::Cpu).map_err(|e| GenError::Backend(e.to_string()))?;
+    fn install(
+        &mut self,
+        version: PolicyVersion,
+        weights: &Weights,
+        policy: InFlightPolicy,
+    ) -> Result<Duration, GenError> {
+        self.params = Params::from_weights(&self.model.cfg, weights, &Device::Cpu)
+            .map_err(|e| GenError::Backend(e.to_string()))?;
         self.version = version;
         // KV computed under the old weights is stale.
         self.sessions.clear();
@@ -188,7 +205,9 @@ impl GenerationEngine for BuiltinEngine {
                     s.pending_context = s.req.context.len();
                 }
                 // Keep the tokens; their KV is rebuilt by prefilling context + tokens.
-                InFlightPolicy::Recompute => s.pending_context = s.req.context.len() + s.tokens.len(),
+                InFlightPolicy::Recompute => {
+                    s.pending_context = s.req.context.len() + s.tokens.len()
+                }
             }
         }
         Ok(Duration::ZERO)
@@ -198,20 +217,27 @@ impl GenerationEngine for BuiltinEngine {
         !self.waiting.is_empty() || !self.running.is_empty()
     }
 
-    #[allow(clippy::disallowed_methods)] // real compute: phase times are wall time
     fn step(&mut self) -> StepReport {
         let mut report = StepReport::default();
         while self.running.len() < self.max_batch {
-            let Some(s) = self.waiting.pop_front() else { break };
+            let Some(s) = self.waiting.pop_front() else {
+                break;
+            };
             if s.req.context.is_empty() || s.req.context.len() >= self.model.cfg.max_seq {
                 let len = s.req.context.len();
-                report.finished.push((s.req.id, Err(GenError::ContextTooLong { len, limit: self.model.cfg.max_seq - 1 })));
+                report.finished.push((
+                    s.req.id,
+                    Err(GenError::ContextTooLong {
+                        len,
+                        limit: self.model.cfg.max_seq - 1,
+                    }),
+                ));
                 continue;
             }
             self.running.push(s);
         }
         // Prefill: feed pending context, sample the first (next) token.
-        let t0 = std::time::Instant::now();
+        let t0 = infra::clock::wall_now(); // real compute: phase times are wall time
         let mut failed = Vec::new();
         for i in 0..self.running.len() {
             if self.running[i].pending_context == 0 {
@@ -222,13 +248,23 @@ impl GenerationEngine for BuiltinEngine {
             full.extend_from_slice(&s.tokens);
             let start = full.len() - s.pending_context;
             let feed = &full[start..];
-            match self.model.prefill(&self.params, feed, &mut s.cache).and_then(|l| l.to_dtype(DType::F32)?.to_vec1::<f32>()) {
+            match self
+                .model
+                .prefill(&self.params, feed, &mut s.cache)
+                .and_then(|l| l.to_dtype(DType::F32)?.to_vec1::<f32>())
+            {
                 Ok(logits) => {
                     report.prefill_tokens += feed.len() as u64;
                     s.prefilled += feed.len() as u32;
                     s.pending_context = 0;
                     let (temp, top_p) = (s.req.params.temperature, s.req.params.top_p);
-                    let (tok, lp) = Self::sample(&logits, temp, top_p, s.req.params.allowed_tokens.as_deref(), &mut s.rng);
+                    let (tok, lp) = Self::sample(
+                        &logits,
+                        temp,
+                        top_p,
+                        s.req.params.allowed_tokens.as_deref(),
+                        &mut s.rng,
+                    );
                     push_token(s, self.version, tok, lp);
                 }
                 Err(e) => failed.push((i, e.to_string())),
@@ -237,16 +273,29 @@ impl GenerationEngine for BuiltinEngine {
         self.times.prefill += t0.elapsed();
         self.times.prefill_tokens += report.prefill_tokens;
         // Decode: one token for every sequence that has a sampled token to feed and is not done.
-        let t1 = std::time::Instant::now();
+        let t1 = infra::clock::wall_now();
         let ready: Vec<usize> = (0..self.running.len())
-            .filter(|&i| self.running[i].last.is_some() && self.done(&self.running[i]).is_none() && !failed.iter().any(|f| f.0 == i))
+            .filter(|&i| {
+                self.running[i].last.is_some()
+                    && self.done(&self.running[i]).is_none()
+                    && !failed.iter().any(|f| f.0 == i)
+            })
             .collect();
         if !ready.is_empty() {
-            let toks: Vec<u32> = ready.iter().map(|&i| self.running[i].last.unwrap_or(EOT)).collect();
+            let toks: Vec<u32> = ready
+                .iter()
+                .map(|&i| self.running[i].last.unwrap_or(EOT))
+                .collect();
             // Take the ready sequences' caches out for the batched step, then put them back.
-            let mut taken: Vec<SeqCache> = ready.iter().map(|&i| std::mem::replace(&mut self.running[i].cache, SeqCache::empty())).collect();
+            let mut taken: Vec<SeqCache> = ready
+                .iter()
+                .map(|&i| std::mem::replace(&mut self.running[i].cache, SeqCache::empty()))
+                .collect();
             let mut caches: Vec<&mut SeqCache> = taken.iter_mut().collect();
-            let out = self.model.decode(&self.params, &toks, &mut caches).and_then(|l| l.to_dtype(DType::F32)?.to_vec2::<f32>());
+            let out = self
+                .model
+                .decode(&self.params, &toks, &mut caches)
+                .and_then(|l| l.to_dtype(DType::F32)?.to_vec2::<f32>());
             for (&i, c) in ready.iter().zip(taken) {
                 self.running[i].cache = c;
             }
@@ -256,8 +305,13 @@ impl GenerationEngine for BuiltinEngine {
                     for (k, &i) in ready.iter().enumerate() {
                         let version = self.version;
                         let s = &mut self.running[i];
-                        let (tok, lp) =
-                            Self::sample(&rows[k], s.req.params.temperature, s.req.params.top_p, s.req.params.allowed_tokens.as_deref(), &mut s.rng);
+                        let (tok, lp) = Self::sample(
+                            &rows[k],
+                            s.req.params.temperature,
+                            s.req.params.top_p,
+                            s.req.params.allowed_tokens.as_deref(),
+                            &mut s.rng,
+                        );
                         push_token(s, version, tok, lp);
                     }
                 }
@@ -275,18 +329,32 @@ impl GenerationEngine for BuiltinEngine {
             if fail.is_some() || finish.is_some() {
                 let s = self.running.remove(i);
                 match fail {
-                    Some(msg) => report.finished.push((s.req.id, Err(GenError::Backend(msg)))),
+                    Some(msg) => report
+                        .finished
+                        .push((s.req.id, Err(GenError::Backend(msg)))),
                     None => {
                         let finish = finish.unwrap_or(FinishReason::Length);
                         // The cache holds the context and every token but the last sampled one.
                         let mut held: Vec<u32> = s.req.context.to_vec();
                         held.extend_from_slice(&s.tokens[..s.tokens.len().saturating_sub(1)]);
                         if held.len() == s.cache.len() {
-                            self.sessions.insert(s.req.session, Cached { tokens: held, cache: s.cache });
+                            self.sessions.insert(
+                                s.req.session,
+                                Cached {
+                                    tokens: held,
+                                    cache: s.cache,
+                                },
+                            );
                         }
                         report.finished.push((
                             s.req.id,
-                            Ok(GenOutput { tokens: s.tokens, logprobs: s.logprobs, versions: s.versions, finish, prefill_tokens: s.prefilled }),
+                            Ok(GenOutput {
+                                tokens: s.tokens,
+                                logprobs: s.logprobs,
+                                versions: s.versions,
+                                finish,
+                                prefill_tokens: s.prefilled,
+                            }),
                         ));
                     }
                 }
@@ -323,7 +391,11 @@ fn push_token(s: &mut Seq, version: PolicyVersion, tok: u32, lp: f32) {
 }
 
 /// Convenience for tests and benchmarks: logits [V] of one full context (no cache reuse).
-pub fn context_logits(model: &Transformer, params: &Params, context: &[u32]) -> candle_core::Result<Tensor> {
+pub fn context_logits(
+    model: &Transformer,
+    params: &Params,
+    context: &[u32],
+) -> candle_core::Result<Tensor> {
     let mut c = SeqCache::new(&model.cfg);
     model.prefill(params, context, &mut c)
 }

@@ -13,7 +13,14 @@ use crate::rl::{AdvantageKind, Aggregation, PpoConfig};
 use crate::types::{Batch, Group, Timings, Trajectory, Turn};
 
 fn tiny() -> ModelConfig {
-    ModelConfig { vocab: super::tokenizer::VOCAB, d_model: 8, n_layers: 2, n_heads: 2, d_ff: 16, max_seq: 16 }
+    ModelConfig {
+        vocab: super::tokenizer::VOCAB,
+        d_model: 8,
+        n_layers: 2,
+        n_heads: 2,
+        d_ff: 16,
+        max_seq: 16,
+    }
 }
 
 fn traj(group: u64, obs: Vec<u32>, resp: Vec<u32>, lps: Vec<f32>, reward: f64) -> Trajectory {
@@ -55,30 +62,59 @@ fn toy_batch() -> Batch {
         trajectories: rewards
             .iter()
             .enumerate()
-            .map(|(k, &r)| traj(id, vec![BOS, 48 + k as u32, SEP], vec![65 + k as u32, 66, 67], vec![-5.0, -5.2, -5.4], r))
+            .map(|(k, &r)| {
+                traj(
+                    id,
+                    vec![BOS, 48 + k as u32, SEP],
+                    vec![65 + k as u32, 66, 67],
+                    vec![-5.0, -5.2, -5.4],
+                    r,
+                )
+            })
             .collect(),
     };
-    Batch { step: 0, groups: vec![g(0, [1.0, 0.0, 0.5]), g(1, [0.0, 1.0, 1.0])] }
+    Batch {
+        step: 0,
+        groups: vec![g(0, [1.0, 0.0, 0.5]), g(1, [0.0, 1.0, 1.0])],
+    }
 }
 
 #[test]
 fn gradients_agree_with_finite_differences() {
     let cfg = tiny();
     let init = Params::init(&cfg, 3, DType::F64, &Device::Cpu).unwrap();
-    let tcfg =
-        TrainerConfig { ppo: PpoConfig { aggregation: Aggregation::SeqMeanTokenMean, ..PpoConfig::default() }, kl_beta: 0.1, ..TrainerConfig::default() };
+    let tcfg = TrainerConfig {
+        ppo: PpoConfig {
+            aggregation: Aggregation::SeqMeanTokenMean,
+            ..PpoConfig::default()
+        },
+        kl_beta: 0.1,
+        ..TrainerConfig::default()
+    };
     let tr = BuiltinTrainer::new(cfg, &init, tcfg.clone()).unwrap();
     let batch = toy_batch();
-    let tb = tensor_batch(&batch, AdvantageKind::Grpo, cfg.max_seq, DType::F64, &Device::Cpu).unwrap();
+    let tb = tensor_batch(
+        &batch,
+        AdvantageKind::Grpo,
+        cfg.max_seq,
+        DType::F64,
+        &Device::Cpu,
+    )
+    .unwrap();
     let (loss, _) = tr.objective(&tb).unwrap();
     let grads = loss.backward().unwrap();
     let p = tr.params().unwrap();
     let mut checked = 0;
     let mut rng = SmallRng::seed_from_u64(9);
     for (name, t) in p.named() {
-        let g = grads.get(t).unwrap_or_else(|| panic!("parameter {name} received no gradient"));
+        let g = grads
+            .get(t)
+            .unwrap_or_else(|| panic!("parameter {name} received no gradient"));
         let g: Vec<f64> = g.flatten_all().unwrap().to_vec1().unwrap();
-        assert!(g.iter().any(|x| *x != 0.0), "parameter {name} has an all-zero gradient");
+        assert!(
+            g.iter().any(|x| *x != 0.0),
+            "parameter {name} has an all-zero gradient"
+        );
         // Central differences on a few random coordinates of each parameter.
         let base: Vec<f64> = t.flatten_all().unwrap().to_vec1().unwrap();
         for _ in 0..3 {
@@ -87,14 +123,19 @@ fn gradients_agree_with_finite_differences() {
             let eval = |delta: f64| {
                 let mut v = base.clone();
                 v[i] += delta;
-                let var = Var::from_tensor(&Tensor::from_vec(v, t.shape(), &Device::Cpu).unwrap()).unwrap();
+                let var = Var::from_tensor(&Tensor::from_vec(v, t.shape(), &Device::Cpu).unwrap())
+                    .unwrap();
                 let mut tr2 = BuiltinTrainer::new(cfg, &init, tcfg.clone()).unwrap();
                 tr2.set_param(&name, &var).unwrap();
                 tr2.objective(&tb).unwrap().0.to_scalar::<f64>().unwrap()
             };
             let num = (eval(h) - eval(-h)) / (2.0 * h);
             let err = (num - g[i]).abs() / (num.abs().max(g[i].abs()).max(1e-4));
-            assert!(err < 1e-4, "{name}[{i}]: autograd {} vs numeric {num}", g[i]);
+            assert!(
+                err < 1e-4,
+                "{name}[{i}]: autograd {} vs numeric {num}",
+                g[i]
+            );
             checked += 1;
         }
     }
@@ -103,19 +144,47 @@ fn gradients_agree_with_finite_differences() {
 
 #[test]
 fn tensor_loss_matches_the_numpy_fixtures() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/rl/ppo_loss.json");
-    let f: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).expect("fixture")).expect("json");
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/fixtures/rl/ppo_loss.json");
+    let f: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("fixture")).expect("json");
     for c in f["cases"].as_array().expect("cases") {
         let rows = |k: &str| -> Vec<Vec<f64>> {
-            c[k].as_array().unwrap().iter().map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()).collect()
+            c[k].as_array()
+                .unwrap()
+                .iter()
+                .map(|r| {
+                    r.as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|x| x.as_f64().unwrap())
+                        .collect()
+                })
+                .collect()
         };
-        let (new, old, beh, mask) = (rows("logp_new"), rows("logp_old"), rows("logp_behaviour"), rows("mask"));
+        let (new, old, beh, mask) = (
+            rows("logp_new"),
+            rows("logp_old"),
+            rows("logp_behaviour"),
+            rows("mask"),
+        );
         let t = new.iter().map(Vec::len).max().unwrap();
         let pad = |m: &Vec<Vec<f64>>| {
-            Tensor::from_vec(m.iter().flat_map(|r| (0..t).map(move |j| r.get(j).copied().unwrap_or(0.0))).collect::<Vec<f64>>(), (m.len(), t), &Device::Cpu)
-                .unwrap()
+            Tensor::from_vec(
+                m.iter()
+                    .flat_map(|r| (0..t).map(move |j| r.get(j).copied().unwrap_or(0.0)))
+                    .collect::<Vec<f64>>(),
+                (m.len(), t),
+                &Device::Cpu,
+            )
+            .unwrap()
         };
-        let adv: Vec<f64> = c["advantages"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+        let adv: Vec<f64> = c["advantages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
         let adv = Tensor::from_vec(adv.clone(), adv.len(), &Device::Cpu).unwrap();
         for (key, want) in c["expected"].as_object().unwrap() {
             let mut cfg = PpoConfig::default();
@@ -129,8 +198,21 @@ fn tensor_loss_matches_the_numpy_fixtures() {
                     Some(_) => panic!("{part}"),
                 }
             }
-            let got = super::trainer::ppo_loss(&cfg, &pad(&new), &pad(&old), &pad(&beh), &pad(&mask), &adv).unwrap().to_scalar::<f64>().unwrap();
-            assert!((got - want.as_f64().unwrap()).abs() <= 1e-6, "{key}: {got} vs {want}");
+            let got = super::trainer::ppo_loss(
+                &cfg,
+                &pad(&new),
+                &pad(&old),
+                &pad(&beh),
+                &pad(&mask),
+                &adv,
+            )
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap();
+            assert!(
+                (got - want.as_f64().unwrap()).abs() <= 1e-6,
+                "{key}: {got} vs {want}"
+            );
         }
     }
 }
@@ -157,7 +239,14 @@ fn req(id: u64, context: Vec<u32>, max_tokens: u32, seed: u64, temperature: f32)
         id,
         session: id,
         context: Arc::new(context),
-        params: SamplingParams { temperature, top_p: 1.0, max_tokens, stop_tokens: vec![], seed, allowed_tokens: None },
+        params: SamplingParams {
+            temperature,
+            top_p: 1.0,
+            max_tokens,
+            stop_tokens: vec![],
+            seed,
+            allowed_tokens: None,
+        },
         sim_response_len: None,
         prefilled: false,
     }
@@ -165,28 +254,48 @@ fn req(id: u64, context: Vec<u32>, max_tokens: u32, seed: u64, temperature: f32)
 
 #[test]
 fn cached_decoding_matches_the_full_forward() {
-    let cfg = ModelConfig { max_seq: 32, ..tiny() };
+    let cfg = ModelConfig {
+        max_seq: 32,
+        ..tiny()
+    };
     let p = Params::init(&cfg, 5, DType::F32, &Device::Cpu).unwrap();
     let m = Transformer::new(cfg);
     let seq: Vec<u32> = vec![BOS, 70, 71, 72, SEP, 80, 81, 82, 83];
-    let full = m.forward(&p, &Tensor::from_slice(&seq, (1, seq.len()), &Device::Cpu).unwrap()).unwrap();
+    let full = m
+        .forward(
+            &p,
+            &Tensor::from_slice(&seq, (1, seq.len()), &Device::Cpu).unwrap(),
+        )
+        .unwrap();
     let full: Vec<Vec<f32>> = full.squeeze(0).unwrap().to_vec2().unwrap();
     // Prefill 5, then decode the rest one by one (alongside a second, longer sequence).
     let mut a = SeqCache::new(&cfg);
     let mut b = SeqCache::new(&cfg);
-    let last = m.prefill(&p, &seq[..5], &mut a).unwrap().to_vec1::<f32>().unwrap();
-    m.prefill(&p, &[BOS, 1, 2, 3, 4, 5, 6, 7, 8, 9], &mut b).unwrap();
+    let last = m
+        .prefill(&p, &seq[..5], &mut a)
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    m.prefill(&p, &[BOS, 1, 2, 3, 4, 5, 6, 7, 8, 9], &mut b)
+        .unwrap();
     let close = |x: &[f32], y: &[f32]| x.iter().zip(y).all(|(p, q)| (p - q).abs() < 1e-4);
     assert!(close(&last, &full[4]));
     for k in 5..seq.len() {
-        let out = m.decode(&p, &[seq[k], 10], &mut [&mut a, &mut b]).unwrap().to_vec2::<f32>().unwrap();
+        let out = m
+            .decode(&p, &[seq[k], 10], &mut [&mut a, &mut b])
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
         assert!(close(&out[0], &full[k]), "position {k}");
     }
 }
 
 #[test]
 fn generation_logprobs_equal_the_trainers_recomputed_ones() {
-    let cfg = ModelConfig { max_seq: 64, ..ModelConfig::default() };
+    let cfg = ModelConfig {
+        max_seq: 64,
+        ..ModelConfig::default()
+    };
     let init = Params::init(&cfg, 11, DType::F32, &Device::Cpu).unwrap();
     let w = init.to_weights(0).unwrap();
     let mut engine = BuiltinEngine::new(cfg, &w, 8).unwrap();
@@ -208,23 +317,58 @@ fn generation_logprobs_equal_the_trainers_recomputed_ones() {
         seed: 0,
         start_version: 0,
         masked: 0,
-        trajectories: outs.iter().map(|(id, o)| traj(0, contexts[*id as usize].clone(), o.tokens.clone(), o.logprobs.clone(), 0.0)).collect(),
+        trajectories: outs
+            .iter()
+            .map(|(id, o)| {
+                traj(
+                    0,
+                    contexts[*id as usize].clone(),
+                    o.tokens.clone(),
+                    o.logprobs.clone(),
+                    0.0,
+                )
+            })
+            .collect(),
     };
-    let batch = Batch { step: 0, groups: vec![group] };
-    let tb = tensor_batch(&batch, AdvantageKind::Grpo, cfg.max_seq, DType::F32, &Device::Cpu).unwrap();
+    let batch = Batch {
+        step: 0,
+        groups: vec![group],
+    };
+    let tb = tensor_batch(
+        &batch,
+        AdvantageKind::Grpo,
+        cfg.max_seq,
+        DType::F32,
+        &Device::Cpu,
+    )
+    .unwrap();
     let lp = trainer.logprobs(&trainer.params().unwrap(), &tb).unwrap();
-    let diff = ((lp - &tb.behaviour).unwrap().abs().unwrap() * &tb.mask).unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+    let diff = ((lp - &tb.behaviour).unwrap().abs().unwrap() * &tb.mask)
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
     assert!(tb.tokens > 50);
     assert!(diff <= 1e-4, "max |generation − trainer| log-prob = {diff}");
 }
 
 #[test]
 fn constrained_decoding_samples_only_allowed_tokens_and_the_trainer_agrees() {
-    let cfg = ModelConfig { max_seq: 64, ..ModelConfig::default() };
+    let cfg = ModelConfig {
+        max_seq: 64,
+        ..ModelConfig::default()
+    };
     let init = Params::init(&cfg, 13, DType::F32, &Device::Cpu).unwrap();
     let w = init.to_weights(0).unwrap();
     let mut engine = BuiltinEngine::new(cfg, &w, 8).unwrap();
-    let allowed: Arc<[u32]> = Arc::from(vec![b'D' as u32, b'L' as u32, b'R' as u32, b'U' as u32, EOT]);
+    let allowed: Arc<[u32]> = Arc::from(vec![
+        b'D' as u32,
+        b'L' as u32,
+        b'R' as u32,
+        b'U' as u32,
+        EOT,
+    ]);
     let reqs: Vec<GenRequest> = (0..8u64)
         .map(|i| {
             let mut r = req(i, vec![BOS, 80 + i as u32, SEP], 6, 200 + i, 1.0);
@@ -243,22 +387,56 @@ fn constrained_decoding_samples_only_allowed_tokens_and_the_trainer_agrees() {
         // Probabilities over 5 tokens: each log-prob is well above the unconstrained ~ln(1/260).
         assert!(o.logprobs.iter().all(|&lp| lp > -4.0), "{:?}", o.logprobs);
     }
-    assert!(seen.len() >= 3, "the constrained policy still explores: {seen:?}");
+    assert!(
+        seen.len() >= 3,
+        "the constrained policy still explores: {seen:?}"
+    );
     let trainer = BuiltinTrainer::new(cfg, &init, TrainerConfig::default()).unwrap();
     let trajectories = outs
         .iter()
         .map(|(id, o)| {
-            let mut t = traj(0, contexts[*id as usize].clone(), o.tokens.clone(), o.logprobs.clone(), 0.0);
+            let mut t = traj(
+                0,
+                contexts[*id as usize].clone(),
+                o.tokens.clone(),
+                o.logprobs.clone(),
+                0.0,
+            );
             t.allowed_tokens = Some(allowed.to_vec());
             t
         })
         .collect();
-    let batch = Batch { step: 0, groups: vec![Group { id: 0, task: "t".into(), seed: 0, start_version: 0, masked: 0, trajectories }] };
-    let tb = tensor_batch(&batch, AdvantageKind::Grpo, cfg.max_seq, DType::F32, &Device::Cpu).unwrap();
+    let batch = Batch {
+        step: 0,
+        groups: vec![Group {
+            id: 0,
+            task: "t".into(),
+            seed: 0,
+            start_version: 0,
+            masked: 0,
+            trajectories,
+        }],
+    };
+    let tb = tensor_batch(
+        &batch,
+        AdvantageKind::Grpo,
+        cfg.max_seq,
+        DType::F32,
+        &Device::Cpu,
+    )
+    .unwrap();
     assert!(tb.allow.is_some());
     let lp = trainer.logprobs(&trainer.params().unwrap(), &tb).unwrap();
-    let diff = ((lp - &tb.behaviour).unwrap().abs().unwrap() * &tb.mask).unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
-    assert!(diff <= 1e-4, "max |generation − trainer| constrained log-prob = {diff}");
+    let diff = ((lp - &tb.behaviour).unwrap().abs().unwrap() * &tb.mask)
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    assert!(
+        diff <= 1e-4,
+        "max |generation − trainer| constrained log-prob = {diff}"
+    );
 }
 
 #[test]
@@ -272,14 +450,39 @@ fn chunked_objective_equals_the_whole_batch_objective() {
     for aggregation in [Aggregation::TokenMean, Aggregation::SeqMeanTokenMean] {
         let cfg = tiny();
         let init = Params::init(&cfg, 3, DType::F64, &Device::Cpu).unwrap();
-        let tcfg = TrainerConfig { ppo: PpoConfig { aggregation, ..PpoConfig::default() }, kl_beta: 0.1, ..TrainerConfig::default() };
+        let tcfg = TrainerConfig {
+            ppo: PpoConfig {
+                aggregation,
+                ..PpoConfig::default()
+            },
+            kl_beta: 0.1,
+            ..TrainerConfig::default()
+        };
         let trainer = BuiltinTrainer::new(cfg, &init, tcfg).unwrap();
-        let whole = tensor_batch(&batch, AdvantageKind::Grpo, cfg.max_seq, DType::F64, &Device::Cpu).unwrap();
+        let whole = tensor_batch(
+            &batch,
+            AdvantageKind::Grpo,
+            cfg.max_seq,
+            DType::F64,
+            &Device::Cpu,
+        )
+        .unwrap();
         let (full, _) = trainer.objective(&whole).unwrap();
         let full = full.to_scalar::<f64>().unwrap();
-        let chunks = tensor_batches(&batch, AdvantageKind::Grpo, cfg.max_seq, 2, DType::F64, &Device::Cpu).unwrap();
+        let chunks = tensor_batches(
+            &batch,
+            AdvantageKind::Grpo,
+            cfg.max_seq,
+            2,
+            DType::F64,
+            &Device::Cpu,
+        )
+        .unwrap();
         assert!(chunks.len() >= 3);
-        let (tokens, seqs): (usize, usize) = (chunks.iter().map(|c| c.tokens).sum(), chunks.iter().map(|c| c.seqs).sum());
+        let (tokens, seqs): (usize, usize) = (
+            chunks.iter().map(|c| c.tokens).sum(),
+            chunks.iter().map(|c| c.seqs).sum(),
+        );
         let mut sum = 0.0;
         for c in &chunks {
             let (policy, kl) = trainer.objective_parts(c).unwrap();
@@ -287,19 +490,35 @@ fn chunked_objective_equals_the_whole_batch_objective() {
                 Aggregation::TokenMean => c.tokens as f64 / tokens as f64,
                 Aggregation::SeqMeanTokenMean => c.seqs as f64 / seqs as f64,
             };
-            sum += policy.to_scalar::<f64>().unwrap() * w + kl.unwrap().to_scalar::<f64>().unwrap() * 0.1 * c.tokens as f64 / tokens as f64;
+            sum += policy.to_scalar::<f64>().unwrap() * w
+                + kl.unwrap().to_scalar::<f64>().unwrap() * 0.1 * c.tokens as f64 / tokens as f64;
         }
-        assert!((sum - full).abs() < 1e-9, "{aggregation:?}: chunked {sum} vs whole {full}");
+        assert!(
+            (sum - full).abs() < 1e-9,
+            "{aggregation:?}: chunked {sum} vs whole {full}"
+        );
     }
 }
 
 #[test]
 fn a_seeded_request_replays_exactly() {
-    let cfg = ModelConfig { max_seq: 64, ..ModelConfig::default() };
-    let w = Params::init(&cfg, 1, DType::F32, &Device::Cpu).unwrap().to_weights(0).unwrap();
+    let cfg = ModelConfig {
+        max_seq: 64,
+        ..ModelConfig::default()
+    };
+    let w = Params::init(&cfg, 1, DType::F32, &Device::Cpu)
+        .unwrap()
+        .to_weights(0)
+        .unwrap();
     let generate = |seed| {
         let mut e = BuiltinEngine::new(cfg, &w, 4).unwrap();
-        run_to_completion(&mut e, vec![req(0, vec![BOS, 65, SEP], 20, seed, 1.0), req(1, vec![BOS, 66, 67, SEP], 7, seed + 1, 1.0)])
+        run_to_completion(
+            &mut e,
+            vec![
+                req(0, vec![BOS, 65, SEP], 20, seed, 1.0),
+                req(1, vec![BOS, 66, 67, SEP], 7, seed + 1, 1.0),
+            ],
+        )
     };
     assert_eq!(generate(7), generate(7));
     assert_ne!(generate(7), generate(8));
@@ -334,16 +553,35 @@ fn tempfile_dir() -> std::path::PathBuf {
 /// little for any digit. Success is greedy accuracy over the ten digits.
 #[test]
 fn the_policy_learns_to_answer_with_the_digit_shown() {
-    let cfg = ModelConfig { d_model: 32, n_layers: 1, n_heads: 2, d_ff: 64, max_seq: 8, ..ModelConfig::default() };
+    let cfg = ModelConfig {
+        d_model: 32,
+        n_layers: 1,
+        n_heads: 2,
+        d_ff: 64,
+        max_seq: 8,
+        ..ModelConfig::default()
+    };
     let init = Params::init(&cfg, 21, DType::F32, &Device::Cpu).unwrap();
-    let tcfg = TrainerConfig { lr: 3e-3, grad_clip: 1.0, ..TrainerConfig::default() };
+    let tcfg = TrainerConfig {
+        lr: 3e-3,
+        grad_clip: 1.0,
+        ..TrainerConfig::default()
+    };
     let mut trainer = BuiltinTrainer::new(cfg, &init, tcfg).unwrap();
     let mut engine = BuiltinEngine::new(cfg, &init.to_weights(0).unwrap(), 256).unwrap();
     let mut rng = SmallRng::seed_from_u64(5);
     let prompt = |d: u32| vec![BOS, 48 + d, SEP];
     let accuracy = |engine: &mut BuiltinEngine| {
-        let outs = run_to_completion(engine, (0..10u32).map(|d| req(d as u64, prompt(d), 1, 0, 0.0)).collect());
-        outs.iter().filter(|(id, o)| o.tokens[0] == 48 + *id as u32).count() as f64 / 10.0
+        let outs = run_to_completion(
+            engine,
+            (0..10u32)
+                .map(|d| req(d as u64, prompt(d), 1, 0, 0.0))
+                .collect(),
+        );
+        outs.iter()
+            .filter(|(id, o)| o.tokens[0] == 48 + *id as u32)
+            .count() as f64
+            / 10.0
     };
     let start = accuracy(&mut engine);
     let mut end = start;
@@ -376,10 +614,19 @@ fn the_policy_learns_to_answer_with_the_digit_shown() {
                     traj(g as u64, prompt(d), o.tokens.clone(), o.logprobs.clone(), r)
                 })
                 .collect();
-            groups.push(Group { id: g as u64, task: "digit".into(), seed: 0, start_version: step, masked: 0, trajectories: trajs });
+            groups.push(Group {
+                id: g as u64,
+                task: "digit".into(),
+                seed: 0,
+                start_version: step,
+                masked: 0,
+                trajectories: trajs,
+            });
         }
         let (_, w) = trainer.step(&Batch { step, groups }).unwrap();
-        engine.install(w.version, &w, crate::generation::InFlightPolicy::Abort).unwrap();
+        engine
+            .install(w.version, &w, crate::generation::InFlightPolicy::Abort)
+            .unwrap();
         if step % 10 == 9 {
             end = accuracy(&mut engine);
             eprintln!("step {step}: accuracy {end}");
@@ -388,6 +635,12 @@ fn the_policy_learns_to_answer_with_the_digit_shown() {
             }
         }
     }
-    assert!(start <= 0.2, "a random policy should rarely be right, got {start}");
-    assert!(end >= 0.9, "greedy accuracy after training: {end} (from {start})");
+    assert!(
+        start <= 0.2,
+        "a random policy should rarely be right, got {start}"
+    );
+    assert!(
+        end >= 0.9,
+        "greedy accuracy after training: {end} (from {start})"
+    );
 }

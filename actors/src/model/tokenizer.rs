@@ -39,7 +39,15 @@ mod tests {
     #[test]
     fn every_builtin_text_round_trips() {
         let t = ByteTokenizer;
-        for s in ["", "S F F F\nF H F H\n", "up down left right", "3 + 4 = 7", "\\boxed{42}", "x o x\n. . o", "héllo ✓"] {
+        for s in [
+            "",
+            "S F F F\nF H F H\n",
+            "up down left right",
+            "3 + 4 = 7",
+            "\\boxed{42}",
+            "x o x\n. . o",
+            "héllo ✓",
+        ] {
             assert_eq!(t.decode(&t.encode(s)), s);
             assert!(t.encode(s).iter().all(|&i| i < 256));
         }

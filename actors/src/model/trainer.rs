@@ -119,7 +119,13 @@ pub fn flatten(t: &Trajectory) -> (Vec<u32>, Vec<bool>, Vec<f32>) {
 }
 
 /// Builds the padded tensors of a batch, with advantages computed per group.
-pub fn tensor_batch(batch: &Batch, kind: AdvantageKind, max_seq: usize, dtype: DType, dev: &Device) -> Result<TensorBatch> {
+pub fn tensor_batch(
+    batch: &Batch,
+    kind: AdvantageKind,
+    max_seq: usize,
+    dtype: DType,
+    dev: &Device,
+) -> Result<TensorBatch> {
     let mut v = tensor_batches(batch, kind, max_seq, usize::MAX, dtype, dev)?;
     Ok(v.pop().expect("one chunk"))
 }
@@ -130,7 +136,14 @@ type Row<'a> = (Vec<u32>, Vec<bool>, Vec<f32>, f64, Option<&'a [u32]>);
 /// Like [`tensor_batch`], in chunks of at most `max_rows` rows of similar length (rows sorted
 /// by length), so a short single-turn answer is not padded to the longest multi-turn history.
 /// Advantages are computed per group before chunking.
-pub fn tensor_batches(batch: &Batch, kind: AdvantageKind, max_seq: usize, max_rows: usize, dtype: DType, dev: &Device) -> Result<Vec<TensorBatch>> {
+pub fn tensor_batches(
+    batch: &Batch,
+    kind: AdvantageKind,
+    max_seq: usize,
+    max_rows: usize,
+    dtype: DType,
+    dev: &Device,
+) -> Result<Vec<TensorBatch>> {
     let mut rows: Vec<Row<'_>> = Vec::new();
     for g in &batch.groups {
         let adv = advantages(kind, &g.rewards());
@@ -148,7 +161,9 @@ pub fn tensor_batches(batch: &Batch, kind: AdvantageKind, max_seq: usize, max_ro
         return Ok(vec![build_chunk(&rows, dtype, dev)?]);
     }
     rows.sort_by_key(|r| r.0.len());
-    rows.chunks(max_rows.max(1)).map(|c| build_chunk(c, dtype, dev)).collect()
+    rows.chunks(max_rows.max(1))
+        .map(|c| build_chunk(c, dtype, dev))
+        .collect()
 }
 
 fn build_chunk(rows: &[Row<'_>], dtype: DType, dev: &Device) -> Result<TensorBatch> {
@@ -209,7 +224,14 @@ fn build_chunk(rows: &[Row<'_>], dtype: DType, dev: &Device) -> Result<TensorBat
 }
 
 /// The PPO-clip loss on tensors (the same formula as [`crate::rl::ppo_loss`]).
-pub fn ppo_loss(cfg: &PpoConfig, new: &Tensor, old: &Tensor, behaviour: &Tensor, mask: &Tensor, adv: &Tensor) -> Result<Tensor> {
+pub fn ppo_loss(
+    cfg: &PpoConfig,
+    new: &Tensor,
+    old: &Tensor,
+    behaviour: &Tensor,
+    mask: &Tensor,
+    adv: &Tensor,
+) -> Result<Tensor> {
     let a = adv.unsqueeze(1)?.broadcast_as(new.shape())?;
     let rho = (new - old)?.exp()?;
     let s1 = (&rho * &a)?;
@@ -273,19 +295,48 @@ impl BuiltinTrainer {
             m.push(t.zeros_like()?);
             v.push(t.zeros_like()?);
         }
-        let reference = if cfg.kl_beta > 0.0 { Some(init.clone()) } else { None };
-        Ok(Self { model: Transformer::new(model_cfg), names, vars, m, v, cfg, step: 0, version: 0, reference, dtype, dev })
+        let reference = if cfg.kl_beta > 0.0 {
+            Some(init.clone())
+        } else {
+            None
+        };
+        Ok(Self {
+            model: Transformer::new(model_cfg),
+            names,
+            vars,
+            m,
+            v,
+            cfg,
+            step: 0,
+            version: 0,
+            reference,
+            dtype,
+            dev,
+        })
     }
 
     /// The current parameters (Var-backed: gradients flow into them).
     pub fn params(&self) -> Result<Params> {
-        let map: HashMap<&str, &Var> = self.names.iter().map(String::as_str).zip(self.vars.iter()).collect();
-        Params::from_named(&self.model.cfg, |n| map.get(n).map(|v| v.as_tensor().clone()).ok_or_else(|| candle_core::Error::Msg(format!("no parameter {n}"))))
+        let map: HashMap<&str, &Var> = self
+            .names
+            .iter()
+            .map(String::as_str)
+            .zip(self.vars.iter())
+            .collect();
+        Params::from_named(&self.model.cfg, |n| {
+            map.get(n)
+                .map(|v| v.as_tensor().clone())
+                .ok_or_else(|| candle_core::Error::Msg(format!("no parameter {n}")))
+        })
     }
 
     /// Replaces one parameter (tests: finite differences).
     pub fn set_param(&mut self, name: &str, value: &Var) -> Result<()> {
-        let i = self.names.iter().position(|n| n == name).ok_or_else(|| candle_core::Error::Msg(format!("no parameter {name}")))?;
+        let i = self
+            .names
+            .iter()
+            .position(|n| n == name)
+            .ok_or_else(|| candle_core::Error::Msg(format!("no parameter {name}")))?;
         self.vars[i].set(value.as_tensor())
     }
 
@@ -307,8 +358,19 @@ impl BuiltinTrainer {
     pub fn objective(&self, tb: &TensorBatch) -> Result<(Tensor, Tensor)> {
         let p = self.params()?;
         let new = self.logprobs(&p, tb)?;
-        let old = if self.cfg.recompute_old { new.detach() } else { tb.behaviour.clone() };
-        let mut loss = ppo_loss(&self.cfg.ppo, &new, &old, &tb.behaviour, &tb.mask, &tb.advantages)?;
+        let old = if self.cfg.recompute_old {
+            new.detach()
+        } else {
+            tb.behaviour.clone()
+        };
+        let mut loss = ppo_loss(
+            &self.cfg.ppo,
+            &new,
+            &old,
+            &tb.behaviour,
+            &tb.mask,
+            &tb.advantages,
+        )?;
         if let (Some(r), true) = (&self.reference, self.cfg.kl_beta > 0.0) {
             let ref_lp = self.logprobs(r, tb)?.detach();
             loss = (loss + (kl_k3(&new, &ref_lp, &tb.mask)? * self.cfg.kl_beta)?)?;
@@ -321,8 +383,19 @@ impl BuiltinTrainer {
     pub(crate) fn objective_parts(&self, tb: &TensorBatch) -> Result<(Tensor, Option<Tensor>)> {
         let p = self.params()?;
         let new = self.logprobs(&p, tb)?;
-        let old = if self.cfg.recompute_old { new.detach() } else { tb.behaviour.clone() };
-        let loss = ppo_loss(&self.cfg.ppo, &new, &old, &tb.behaviour, &tb.mask, &tb.advantages)?;
+        let old = if self.cfg.recompute_old {
+            new.detach()
+        } else {
+            tb.behaviour.clone()
+        };
+        let loss = ppo_loss(
+            &self.cfg.ppo,
+            &new,
+            &old,
+            &tb.behaviour,
+            &tb.mask,
+            &tb.advantages,
+        )?;
         let kl = match (&self.reference, self.cfg.kl_beta > 0.0) {
             (Some(r), true) => {
                 let ref_lp = self.logprobs(r, tb)?.detach();
@@ -337,10 +410,21 @@ impl BuiltinTrainer {
     pub fn step(&mut self, batch: &Batch) -> Result<(TrainStats, Weights)> {
         // Chunks of similar length; the objective is the same as on the whole batch: each
         // chunk's mean is weighted by its share of the tokens (token-mean) or sequences.
-        let chunks = tensor_batches(batch, self.cfg.advantage, self.model.cfg.max_seq, TRAIN_CHUNK_ROWS, self.dtype, &self.dev)?;
+        let chunks = tensor_batches(
+            batch,
+            self.cfg.advantage,
+            self.model.cfg.max_seq,
+            TRAIN_CHUNK_ROWS,
+            self.dtype,
+            &self.dev,
+        )?;
         let total_tokens: usize = chunks.iter().map(|c| c.tokens).sum();
         let total_seqs: usize = chunks.iter().map(|c| c.seqs).sum();
-        let mut gs: Vec<Tensor> = self.vars.iter().map(|v| v.as_tensor().zeros_like()).collect::<Result<_>>()?;
+        let mut gs: Vec<Tensor> = self
+            .vars
+            .iter()
+            .map(|v| v.as_tensor().zeros_like())
+            .collect::<Result<_>>()?;
         let mut loss_value = 0.0;
         for tb in chunks.iter().filter(|c| c.tokens > 0) {
             let w = match self.cfg.ppo.aggregation {
@@ -350,7 +434,8 @@ impl BuiltinTrainer {
             let (policy, kl) = self.objective_parts(tb)?;
             let mut loss = (policy * w)?;
             if let Some(kl) = kl {
-                loss = (loss + (kl * (self.cfg.kl_beta * tb.tokens as f64 / total_tokens.max(1) as f64))?)?;
+                loss = (loss
+                    + (kl * (self.cfg.kl_beta * tb.tokens as f64 / total_tokens.max(1) as f64))?)?;
             }
             loss_value += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
             let grads = loss.backward()?;
@@ -364,10 +449,18 @@ impl BuiltinTrainer {
         }
         let mut sq = 0.0;
         for g in &gs {
-            sq += g.sqr()?.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+            sq += g
+                .sqr()?
+                .sum_all()?
+                .to_dtype(DType::F64)?
+                .to_scalar::<f64>()?;
         }
         let norm = sq.sqrt();
-        let scale = if self.cfg.grad_clip > 0.0 && norm > self.cfg.grad_clip { self.cfg.grad_clip / norm } else { 1.0 };
+        let scale = if self.cfg.grad_clip > 0.0 && norm > self.cfg.grad_clip {
+            self.cfg.grad_clip / norm
+        } else {
+            1.0
+        };
         let lr = self.cfg.lr_at(self.step);
         let t = (self.step + 1) as i32;
         let (b1, b2) = (self.cfg.beta1, self.cfg.beta2);
@@ -408,14 +501,21 @@ impl BuiltinTrainer {
             map.insert(format!("adam_m.{n}"), self.m[i].clone());
             map.insert(format!("adam_v.{n}"), self.v[i].clone());
         }
-        map.insert("meta.step_version".into(), Tensor::new(&[self.step as f64, self.version as f64], &self.dev)?);
+        map.insert(
+            "meta.step_version".into(),
+            Tensor::new(&[self.step as f64, self.version as f64], &self.dev)?,
+        );
         candle_core::safetensors::save(&map, path)
     }
 
     /// Restores a checkpoint written by [`BuiltinTrainer::save`].
     pub fn load(&mut self, path: &Path) -> Result<()> {
         let map = candle_core::safetensors::load(path, &self.dev)?;
-        let get = |k: &str| map.get(k).cloned().ok_or_else(|| candle_core::Error::Msg(format!("checkpoint lacks {k}")));
+        let get = |k: &str| {
+            map.get(k)
+                .cloned()
+                .ok_or_else(|| candle_core::Error::Msg(format!("checkpoint lacks {k}")))
+        };
         for (i, n) in self.names.clone().iter().enumerate() {
             self.vars[i].set(&get(&format!("param.{n}"))?.to_dtype(self.dtype)?)?;
             self.m[i] = get(&format!("adam_m.{n}"))?.to_dtype(self.dtype)?;
@@ -429,13 +529,21 @@ impl BuiltinTrainer {
 }
 
 impl Trainer for BuiltinTrainer {
-    fn train(&mut self, batch: &Batch, next_version: PolicyVersion) -> futures::future::BoxFuture<'_, std::result::Result<(TrainStats, Weights), TrainError>> {
-        let r = self.step(batch).map_err(|e| TrainError::Failed(e.to_string())).map(|(mut s, mut w)| {
-            // The job's version numbering wins (a resumed job may start above 0).
-            s.version = next_version;
-            w.version = next_version;
-            (s, w)
-        });
+    fn train(
+        &mut self,
+        batch: &Batch,
+        next_version: PolicyVersion,
+    ) -> futures::future::BoxFuture<'_, std::result::Result<(TrainStats, Weights), TrainError>>
+    {
+        let r = self
+            .step(batch)
+            .map_err(|e| TrainError::Failed(e.to_string()))
+            .map(|(mut s, mut w)| {
+                // The job's version numbering wins (a resumed job may start above 0).
+                s.version = next_version;
+                w.version = next_version;
+                (s, w)
+            });
         Box::pin(async move { r })
     }
 }

@@ -30,7 +30,14 @@ pub struct ModelConfig {
 
 impl Default for ModelConfig {
     fn default() -> Self {
-        Self { vocab: VOCAB, d_model: 64, n_layers: 2, n_heads: 4, d_ff: 256, max_seq: 512 }
+        Self {
+            vocab: VOCAB,
+            d_model: 64,
+            n_layers: 2,
+            n_heads: 4,
+            d_ff: 256,
+            max_seq: 512,
+        }
     }
 }
 
@@ -50,10 +57,15 @@ impl ModelConfig {
     pub fn problems(&self) -> Vec<String> {
         let mut v = Vec::new();
         if self.d_model == 0 || self.n_heads == 0 || !self.d_model.is_multiple_of(self.n_heads) {
-            v.push(format!("d_model ({}) must be a positive multiple of n_heads ({})", self.d_model, self.n_heads));
+            v.push(format!(
+                "d_model ({}) must be a positive multiple of n_heads ({})",
+                self.d_model, self.n_heads
+            ));
         }
         if self.n_layers == 0 || self.d_ff == 0 || self.max_seq < 2 || self.vocab < VOCAB {
-            v.push("n_layers, d_ff must be positive, max_seq >= 2, vocab >= the tokenizer's".into());
+            v.push(
+                "n_layers, d_ff must be positive, max_seq >= 2, vocab >= the tokenizer's".into(),
+            );
         }
         v
     }
@@ -87,9 +99,12 @@ impl Params {
     /// 1/√(2·layers)), unit norms.
     pub fn init(cfg: &ModelConfig, seed: u64, dtype: DType, dev: &Device) -> Result<Self> {
         let mut rng = SmallRng::seed_from_u64(seed);
-        let normal = Normal::new(0.0f64, 0.02).map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        let normal =
+            Normal::new(0.0f64, 0.02).map_err(|e| candle_core::Error::Msg(e.to_string()))?;
         let mut mat = |rows: usize, cols: usize, scale: f64| -> Result<Tensor> {
-            let v: Vec<f64> = (0..rows * cols).map(|_| normal.sample(&mut rng) * scale).collect();
+            let v: Vec<f64> = (0..rows * cols)
+                .map(|_| normal.sample(&mut rng) * scale)
+                .collect();
             Tensor::from_vec(v, (rows, cols), dev)?.to_dtype(dtype)
         };
         let d = cfg.d_model;
@@ -109,12 +124,21 @@ impl Params {
                 w2: mat(cfg.d_ff, d, out_scale)?,
             });
         }
-        Ok(Self { tok_emb, pos_emb, blocks, final_norm: Tensor::ones(d, dtype, dev)?, head: mat(d, cfg.vocab, 1.0)? })
+        Ok(Self {
+            tok_emb,
+            pos_emb,
+            blocks,
+            final_norm: Tensor::ones(d, dtype, dev)?,
+            head: mat(d, cfg.vocab, 1.0)?,
+        })
     }
 
     /// Every parameter with its stable name (the checkpoint and weight-store layout).
     pub fn named(&self) -> Vec<(String, &Tensor)> {
-        let mut v = vec![("tok_emb".to_string(), &self.tok_emb), ("pos_emb".to_string(), &self.pos_emb)];
+        let mut v = vec![
+            ("tok_emb".to_string(), &self.tok_emb),
+            ("pos_emb".to_string(), &self.pos_emb),
+        ];
         for (i, b) in self.blocks.iter().enumerate() {
             for (n, t) in [
                 ("attn_norm", &b.attn_norm),
@@ -135,7 +159,10 @@ impl Params {
     }
 
     /// Rebuilds parameters from named tensors (same layout as [`Params::named`]).
-    pub fn from_named(cfg: &ModelConfig, mut get: impl FnMut(&str) -> Result<Tensor>) -> Result<Self> {
+    pub fn from_named(
+        cfg: &ModelConfig,
+        mut get: impl FnMut(&str) -> Result<Tensor>,
+    ) -> Result<Self> {
         let mut blocks = Vec::new();
         for i in 0..cfg.n_layers {
             let mut g = |n: &str| get(&format!("blocks.{i}.{n}"));
@@ -150,7 +177,13 @@ impl Params {
                 w2: g("w2")?,
             });
         }
-        Ok(Self { tok_emb: get("tok_emb")?, pos_emb: get("pos_emb")?, blocks, final_norm: get("final_norm")?, head: get("head")? })
+        Ok(Self {
+            tok_emb: get("tok_emb")?,
+            pos_emb: get("pos_emb")?,
+            blocks,
+            final_norm: get("final_norm")?,
+            head: get("head")?,
+        })
     }
 
     /// Copies the parameters out as a weight-store entry.
@@ -160,15 +193,25 @@ impl Params {
         for (name, t) in self.named() {
             let data: Vec<f32> = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
             bytes += data.len() as f64 * 4.0;
-            tensors.push(weights::Tensor { name, shape: t.dims().to_vec(), data });
+            tensors.push(weights::Tensor {
+                name,
+                shape: t.dims().to_vec(),
+                data,
+            });
         }
-        Ok(weights::Weights { version, tensors, modelled_bytes: bytes })
+        Ok(weights::Weights {
+            version,
+            tensors,
+            modelled_bytes: bytes,
+        })
     }
 
     /// Builds inference parameters from a weight-store entry.
     pub fn from_weights(cfg: &ModelConfig, w: &weights::Weights, dev: &Device) -> Result<Self> {
         Self::from_named(cfg, |name| {
-            let t = w.tensors.iter().find(|t| t.name == name).ok_or_else(|| candle_core::Error::Msg(format!("weights v{} lack tensor {name}", w.version)))?;
+            let t = w.tensors.iter().find(|t| t.name == name).ok_or_else(|| {
+                candle_core::Error::Msg(format!("weights v{} lack tensor {name}", w.version))
+            })?;
             Tensor::from_slice(&t.data, t.shape.as_slice(), dev)
         })
     }
@@ -189,12 +232,20 @@ pub struct SeqCache {
 
 impl SeqCache {
     pub fn new(cfg: &ModelConfig) -> Self {
-        Self { layers: (0..cfg.n_layers).map(|_| KvCache::new(2, cfg.max_seq)).collect(), len: 0 }
+        Self {
+            layers: (0..cfg.n_layers)
+                .map(|_| KvCache::new(2, cfg.max_seq))
+                .collect(),
+            len: 0,
+        }
     }
 
     /// A cache with no layers (a placeholder while a cache is borrowed elsewhere).
     pub fn empty() -> Self {
-        Self { layers: Vec::new(), len: 0 }
+        Self {
+            layers: Vec::new(),
+            len: 0,
+        }
     }
 
     /// Tokens held.
@@ -226,12 +277,17 @@ impl Transformer {
     }
 
     fn split_heads(&self, x: &Tensor, b: usize, t: usize) -> Result<Tensor> {
-        x.reshape((b, t, self.cfg.n_heads, self.cfg.head_dim()))?.transpose(1, 2)?.contiguous()
+        x.reshape((b, t, self.cfg.n_heads, self.cfg.head_dim()))?
+            .transpose(1, 2)?
+            .contiguous()
     }
 
     fn mlp(&self, blk: &Block, x: &Tensor) -> Result<Tensor> {
         let h = rms_norm(x, &blk.mlp_norm)?;
-        let h = h.broadcast_matmul(&blk.w1)?.relu()?.broadcast_matmul(&blk.w2)?;
+        let h = h
+            .broadcast_matmul(&blk.w1)?
+            .relu()?
+            .broadcast_matmul(&blk.w2)?;
         x + h
     }
 
@@ -241,9 +297,14 @@ impl Transformer {
         let d = self.cfg.d_model;
         let dev = tokens.device();
         let dtype = p.tok_emb.dtype();
-        let mut x = p.tok_emb.index_select(&tokens.flatten_all()?, 0)?.reshape((b, t, d))?;
+        let mut x = p
+            .tok_emb
+            .index_select(&tokens.flatten_all()?, 0)?
+            .reshape((b, t, d))?;
         x = x.broadcast_add(&p.pos_emb.narrow(0, 0, t)?)?;
-        let mask: Vec<f32> = (0..t).flat_map(|i| (0..t).map(move |j| if j <= i { 0.0 } else { -1e9 })).collect();
+        let mask: Vec<f32> = (0..t)
+            .flat_map(|i| (0..t).map(move |j| if j <= i { 0.0 } else { -1e9 }))
+            .collect();
         let mask = Tensor::from_vec(mask, (1, 1, t, t), dev)?.to_dtype(dtype)?;
         let scale = 1.0 / (self.cfg.head_dim() as f64).sqrt();
         for blk in &p.blocks {
@@ -266,7 +327,11 @@ impl Transformer {
         let t = tokens.len();
         let start = cache.len;
         if start + t > self.cfg.max_seq {
-            candle_core::bail!("sequence of {} tokens exceeds max_seq {}", start + t, self.cfg.max_seq);
+            candle_core::bail!(
+                "sequence of {} tokens exceeds max_seq {}",
+                start + t,
+                self.cfg.max_seq
+            );
         }
         let d = self.cfg.d_model;
         let dev = p.tok_emb.device();
@@ -274,7 +339,9 @@ impl Transformer {
         let mut x = p.tok_emb.index_select(&ids, 0)?.reshape((1, t, d))?;
         x = x.broadcast_add(&p.pos_emb.narrow(0, start, t)?)?;
         let total = start + t;
-        let mask: Vec<f32> = (0..t).flat_map(|i| (0..total).map(move |j| if j <= start + i { 0.0 } else { -1e9 })).collect();
+        let mask: Vec<f32> = (0..t)
+            .flat_map(|i| (0..total).map(move |j| if j <= start + i { 0.0 } else { -1e9 }))
+            .collect();
         let mask = Tensor::from_vec(mask, (1, 1, t, total), dev)?.to_dtype(p.tok_emb.dtype())?;
         let scale = 1.0 / (self.cfg.head_dim() as f64).sqrt();
         for (blk, kv) in p.blocks.iter().zip(cache.layers.iter_mut()) {
@@ -291,13 +358,20 @@ impl Transformer {
         }
         cache.len = total;
         let last = x.narrow(1, t - 1, 1)?;
-        rms_norm(&last, &p.final_norm)?.broadcast_matmul(&p.head)?.flatten_all()
+        rms_norm(&last, &p.final_norm)?
+            .broadcast_matmul(&p.head)?
+            .flatten_all()
     }
 
     /// One decode step for many sequences: feeds `tokens[i]` to `caches[i]` and returns logits
     /// [B, V]. Projections and the MLP run batched; attention runs per sequence over its own
     /// cache, so sequences of any lengths share the step.
-    pub fn decode(&self, p: &Params, tokens: &[u32], caches: &mut [&mut SeqCache]) -> Result<Tensor> {
+    pub fn decode(
+        &self,
+        p: &Params,
+        tokens: &[u32],
+        caches: &mut [&mut SeqCache],
+    ) -> Result<Tensor> {
         let b = tokens.len();
         let d = self.cfg.d_model;
         let dev = p.tok_emb.device();
@@ -309,7 +383,8 @@ impl Transformer {
         let ids = Tensor::from_slice(tokens, b, dev)?;
         let pos: Vec<u32> = caches.iter().map(|c| c.len as u32).collect();
         let pos = Tensor::from_slice(&pos, b, dev)?;
-        let mut x = (p.tok_emb.index_select(&ids, 0)? + p.pos_emb.index_select(&pos, 0)?)?.reshape((b, 1, d))?;
+        let mut x = (p.tok_emb.index_select(&ids, 0)? + p.pos_emb.index_select(&pos, 0)?)?
+            .reshape((b, 1, d))?;
         let scale = 1.0 / (self.cfg.head_dim() as f64).sqrt();
         for (li, blk) in p.blocks.iter().enumerate() {
             let h = rms_norm(&x, &blk.attn_norm)?;
@@ -330,12 +405,15 @@ impl Transformer {
         for c in caches.iter_mut() {
             c.len += 1;
         }
-        rms_norm(&x, &p.final_norm)?.broadcast_matmul(&p.head)?.reshape((b, self.cfg.vocab))
+        rms_norm(&x, &p.final_norm)?
+            .broadcast_matmul(&p.head)?
+            .reshape((b, self.cfg.vocab))
     }
 
     /// Log-probabilities of `targets` under `logits` [.., V] (same leading shape).
     pub fn token_logprobs(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
         let lsm = candle_nn::ops::log_softmax(logits, D::Minus1)?;
-        lsm.gather(&targets.unsqueeze(D::Minus1)?, D::Minus1)?.squeeze(D::Minus1)
+        lsm.gather(&targets.unsqueeze(D::Minus1)?, D::Minus1)?
+            .squeeze(D::Minus1)
     }
 }

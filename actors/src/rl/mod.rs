@@ -29,12 +29,18 @@ pub fn advantages(kind: AdvantageKind, rewards: &[f64]) -> Vec<f64> {
         AdvantageKind::Grpo => {
             let var = rewards.iter().map(|r| (r - mean) * (r - mean)).sum::<f64>() / (g - 1) as f64;
             let std = var.sqrt();
-            rewards.iter().map(|r| (r - mean) / (std + GRPO_EPS)).collect()
+            rewards
+                .iter()
+                .map(|r| (r - mean) / (std + GRPO_EPS))
+                .collect()
         }
         AdvantageKind::DrGrpo => rewards.iter().map(|r| r - mean).collect(),
         AdvantageKind::Rloo => {
             let sum: f64 = rewards.iter().sum();
-            rewards.iter().map(|r| r - (sum - r) / (g - 1) as f64).collect()
+            rewards
+                .iter()
+                .map(|r| r - (sum - r) / (g - 1) as f64)
+                .collect()
         }
     }
 }
@@ -60,7 +66,12 @@ pub struct PpoConfig {
 
 impl Default for PpoConfig {
     fn default() -> Self {
-        Self { eps_low: 0.2, eps_high: 0.28, aggregation: Aggregation::TokenMean, tis_cap: None }
+        Self {
+            eps_low: 0.2,
+            eps_high: 0.28,
+            aggregation: Aggregation::TokenMean,
+            tis_cap: None,
+        }
     }
 }
 
@@ -77,7 +88,13 @@ pub struct SeqLossInput<'a> {
 
 /// Per-token clipped surrogate: −min(ρA, clip(ρ, 1 − ε_low, 1 + ε_high)A), times the TIS
 /// weight when enabled.
-pub fn token_loss(cfg: &PpoConfig, logp_new: f64, logp_old: f64, logp_behaviour: f64, adv: f64) -> f64 {
+pub fn token_loss(
+    cfg: &PpoConfig,
+    logp_new: f64,
+    logp_old: f64,
+    logp_behaviour: f64,
+    adv: f64,
+) -> f64 {
     let rho = (logp_new - logp_old).exp();
     let clipped = rho.clamp(1.0 - cfg.eps_low, 1.0 + cfg.eps_high);
     let l = -(rho * adv).min(clipped * adv);
@@ -96,7 +113,14 @@ pub fn ppo_loss(cfg: &PpoConfig, seqs: &[SeqLossInput<'_>]) -> f64 {
             for s in seqs {
                 for t in 0..s.mask.len() {
                     if s.mask[t] > 0.0 {
-                        sum += s.mask[t] * token_loss(cfg, s.logp_new[t], s.logp_old[t], s.logp_behaviour[t], s.advantage);
+                        sum += s.mask[t]
+                            * token_loss(
+                                cfg,
+                                s.logp_new[t],
+                                s.logp_old[t],
+                                s.logp_behaviour[t],
+                                s.advantage,
+                            );
                         n += s.mask[t];
                     }
                 }
@@ -111,7 +135,14 @@ pub fn ppo_loss(cfg: &PpoConfig, seqs: &[SeqLossInput<'_>]) -> f64 {
                 let mut n = 0.0;
                 for t in 0..s.mask.len() {
                     if s.mask[t] > 0.0 {
-                        sum += s.mask[t] * token_loss(cfg, s.logp_new[t], s.logp_old[t], s.logp_behaviour[t], s.advantage);
+                        sum += s.mask[t]
+                            * token_loss(
+                                cfg,
+                                s.logp_new[t],
+                                s.logp_old[t],
+                                s.logp_behaviour[t],
+                                s.advantage,
+                            );
                         n += s.mask[t];
                     }
                 }

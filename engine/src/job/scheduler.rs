@@ -7,27 +7,23 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use actors::buffer::{BufferEvent, BufferMsg};
-use actors::device::{DeviceProfile, Efficiency, ModelProfile, decode_step_seconds, prefill_seconds};
+use actors::device::{DeviceProfile, ModelProfile};
 use actors::generation::shard::ShardHandle;
 use actors::types::PolicyVersion;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use super::barrier::WaveBarrier;
-use super::episode::{self, EpisodeParams, EpisodeShared};
+use actors::episode::{self, EpisodeOutcome, EpisodeParams, EpisodeShared, WaveBarrier};
+
+use super::cost::{CostModel, PoolCost, TaskLoad};
 use crate::spec::{Barrier, Knobs, MappingMode};
 
 pub enum SchedMsg {
     Start(Arc<EpisodeShared>),
     Buffer(BufferEvent),
-    EpisodeEnded {
-        episode: u64,
-        task: usize,
-        prefill: u64,
-        decode: u64,
-        failed: bool,
-    },
+    /// An episode task this scheduler spawned has ended.
+    EpisodeEnded(EpisodeOutcome),
     /// Shards now run `version`: abort groups past the staleness bound, admit more.
     VersionInstalled(PolicyVersion),
     /// Training without overlap has started / ended (no admission meanwhile).
@@ -37,8 +33,9 @@ pub enum SchedMsg {
     Snapshot(ractor::RpcReplyPort<SchedSnapshot>),
 }
 
-/// Counters for metrics and tests.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// Counters for metrics and tests (serialised in step metrics as is).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct SchedSnapshot {
     pub version: PolicyVersion,
     pub consumed: u64,
@@ -54,7 +51,7 @@ pub struct SchedSnapshot {
     /// Admitted groups per pool name.
     pub groups_per_pool: BTreeMap<String, u64>,
     /// Peak concurrent episodes.
-    pub peak_active: usize,
+    pub peak_active_episodes: usize,
 }
 
 /// A pool as the scheduler sees it.
@@ -80,6 +77,7 @@ pub struct PrefillLink {
 }
 
 /// A task as the scheduler sees it.
+#[derive(Clone, Debug)]
 pub struct TaskView {
     pub domain: String,
     pub weight: f64,
@@ -128,6 +126,8 @@ pub struct Scheduler;
 
 pub struct SchedState {
     a: SchedArgs,
+    /// This scheduler, for the episode tasks to report back.
+    me: ActorRef<SchedMsg>,
     shared: Option<Arc<EpisodeShared>>,
     version: PolicyVersion,
     consumed: u64,
@@ -155,6 +155,8 @@ pub struct SchedState {
     /// Smooth weighted round-robin credit per task and pool, for following `split`.
     pool_credit: Vec<Vec<f64>>,
     ended_since_plan: u32,
+    /// The roofline cost model over this job's pools.
+    cost: CostModel,
     rng: SmallRng,
     snap: SchedSnapshot,
 }
@@ -164,15 +166,34 @@ impl Actor for Scheduler {
     type State = SchedState;
     type Arguments = SchedArgs;
 
-    async fn pre_start(&self, _me: ActorRef<Self::Msg>, a: SchedArgs) -> Result<Self::State, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        me: ActorRef<Self::Msg>,
+        a: SchedArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
         let n_tasks = a.tasks.len();
         let shard_active = a.pools.iter().map(|p| vec![0; p.shards.len()]).collect();
         let pool_task_active = vec![vec![0; n_tasks]; a.pools.len()];
         let n_pools = a.pools.len();
         let rng = SmallRng::seed_from_u64(a.seed ^ 0x5eed_5c4e_d01e);
         let version = a.start_version;
+        let cost = CostModel {
+            pools: a
+                .pools
+                .iter()
+                .map(|p| PoolCost {
+                    device: p.device.clone(),
+                    model: p.model.clone(),
+                    max_batch: p.max_batch,
+                    shards: p.shards.len(),
+                    prefill_from: p.prefill_from,
+                    prefill_only: p.prefill_only,
+                })
+                .collect(),
+        };
         Ok(SchedState {
             a,
+            me,
             shared: None,
             version,
             consumed: version,
@@ -192,24 +213,44 @@ impl Actor for Scheduler {
             recent: vec![std::collections::VecDeque::new(); n_tasks],
             pool_credit: vec![vec![0.0; n_pools]; n_tasks],
             ended_since_plan: u32::MAX,
+            cost,
             rng,
-            snap: SchedSnapshot { version, consumed: version, ..SchedSnapshot::default() },
+            snap: SchedSnapshot {
+                version,
+                consumed: version,
+                ..SchedSnapshot::default()
+            },
         })
     }
 
-    async fn post_stop(&self, _me: ActorRef<Self::Msg>, st: &mut Self::State) -> Result<(), ActorProcessingErr> {
+    async fn post_stop(
+        &self,
+        _me: ActorRef<Self::Msg>,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
         st.abort_all();
         Ok(())
     }
 
-    async fn handle(&self, _me: ActorRef<Self::Msg>, msg: Self::Msg, st: &mut Self::State) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        _me: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
             SchedMsg::Start(shared) => {
                 st.shared = Some(shared);
                 st.try_admit();
             }
             SchedMsg::Buffer(ev) => st.on_buffer(ev)?,
-            SchedMsg::EpisodeEnded { episode, task, prefill, decode, failed } => {
+            SchedMsg::EpisodeEnded(EpisodeOutcome {
+                episode,
+                task,
+                prefill,
+                decode,
+                failed,
+            }) => {
                 if let Some(e) = st.episodes.remove(&episode) {
                     st.release_shards(&e);
                 }
@@ -232,7 +273,12 @@ impl Actor for Scheduler {
                 st.version = v;
                 st.snap.version = v;
                 let alpha = st.a.knobs.alpha;
-                let stale: Vec<u64> = st.groups.iter().filter(|(_, g)| !g.closed && v.saturating_sub(g.start_version) > alpha).map(|(id, _)| *id).collect();
+                let stale: Vec<u64> = st
+                    .groups
+                    .iter()
+                    .filter(|(_, g)| !g.closed && v.saturating_sub(g.start_version) > alpha)
+                    .map(|(id, _)| *id)
+                    .collect();
                 for gid in stale {
                     st.snap.aborted_stale += 1;
                     st.abort_group_episodes(gid);
@@ -315,7 +361,9 @@ impl SchedState {
     }
 
     fn abort_group_episodes(&mut self, gid: u64) -> usize {
-        let Some(g) = self.groups.get_mut(&gid) else { return 0 };
+        let Some(g) = self.groups.get_mut(&gid) else {
+            return 0;
+        };
         g.closed = true;
         let mut n = 0;
         for eid in std::mem::take(&mut g.episodes) {
@@ -325,7 +373,8 @@ impl SchedState {
                 let sh = &self.a.pools[e.pool].shards[e.shard];
                 sh.abort(eid);
                 sh.release(eid);
-                if let (Some(link), Some(ps)) = (self.a.pools[e.pool].prefill_from, e.prefill_shard) {
+                if let (Some(link), Some(ps)) = (self.a.pools[e.pool].prefill_from, e.prefill_shard)
+                {
                     let sh = &self.a.pools[link.pool].shards[ps];
                     sh.abort(eid);
                     sh.release(eid);
@@ -352,7 +401,10 @@ impl SchedState {
     }
 
     fn try_admit(&mut self) {
-        if self.stopped || self.shared.is_none() || (self.training && !self.a.knobs.overlap_training) {
+        if self.stopped
+            || self.shared.is_none()
+            || (self.training && !self.a.knobs.overlap_training)
+        {
             return;
         }
         let mut quota = self.quota();
@@ -388,7 +440,8 @@ impl SchedState {
                 plan.push(t);
             }
             // A plain wave has no barrier inside: its trajectories advance on their own.
-            let barrier = (self.a.knobs.barrier != Barrier::Wave).then(|| Arc::new(WaveBarrier::new(total)));
+            let barrier =
+                (self.a.knobs.barrier != Barrier::Wave).then(|| Arc::new(WaveBarrier::new(total)));
             for t in plan {
                 self.admit_task_group(t, barrier.clone());
             }
@@ -416,7 +469,13 @@ impl SchedState {
         for (i, t) in self.a.tasks.iter().enumerate() {
             self.credit[i] += t.weight / total;
         }
-        let best = (0..self.a.tasks.len()).fold(0, |b, i| if self.credit[i] > self.credit[b] { i } else { b });
+        let best = (0..self.a.tasks.len()).fold(0, |b, i| {
+            if self.credit[i] > self.credit[b] {
+                i
+            } else {
+                b
+            }
+        });
         self.credit[best] -= 1.0;
         best
     }
@@ -439,29 +498,71 @@ impl SchedState {
         let (gs, red, domain) = (tv.group_size, tv.redundancy, tv.domain.clone());
         let pool = self.choose_pool(task);
         let dispatched = gs + red;
-        let _ = self.a.buffer.cast(BufferMsg::Open { group: gid, task: domain, seed, start_version: self.version, group_size: gs, dispatched });
-        self.groups.insert(gid, GroupRun { task, seed, start_version: self.version, pool, episodes: Vec::new(), closed: false });
+        let _ = self.a.buffer.cast(BufferMsg::Open {
+            group: gid,
+            task: domain,
+            seed,
+            start_version: self.version,
+            group_size: gs,
+            dispatched,
+        });
+        self.groups.insert(
+            gid,
+            GroupRun {
+                task,
+                seed,
+                start_version: self.version,
+                pool,
+                episodes: Vec::new(),
+                closed: false,
+            },
+        );
         self.open_groups += 1;
         self.snap.admitted_groups += 1;
-        *self.snap.groups_per_pool.entry(self.a.pools[pool].name.clone()).or_default() += 1;
+        *self
+            .snap
+            .groups_per_pool
+            .entry(self.a.pools[pool].name.clone())
+            .or_default() += 1;
         for _ in 0..dispatched {
             self.spawn_episode(gid, task, seed, self.version, pool, barrier.clone());
         }
     }
 
-    fn spawn_episode(&mut self, gid: u64, task: usize, seed: u64, start_version: PolicyVersion, pool: usize, barrier: Option<Arc<WaveBarrier>>) {
-        let Some(shared) = self.shared.clone() else { return };
+    fn spawn_episode(
+        &mut self,
+        gid: u64,
+        task: usize,
+        seed: u64,
+        start_version: PolicyVersion,
+        pool: usize,
+        barrier: Option<Arc<WaveBarrier>>,
+    ) {
+        let Some(shared) = self.shared.clone() else {
+            return;
+        };
         let eid = self.next_episode;
         self.next_episode += 1;
         // Least-loaded shard of the pool; the trajectory sticks to it for all its turns.
-        let shard = (0..self.shard_active[pool].len()).min_by_key(|&i| (self.shard_active[pool][i], i)).unwrap_or(0);
+        let shard = (0..self.shard_active[pool].len())
+            .min_by_key(|&i| (self.shard_active[pool][i], i))
+            .unwrap_or(0);
         self.shard_active[pool][shard] += 1;
         // Disaggregated: a prefill shard too (least loaded, sticky for the trajectory).
         let prefill = self.a.pools[pool].prefill_from.map(|link| {
             let p = link.pool;
-            let s = (0..self.shard_active[p].len()).min_by_key(|&i| (self.shard_active[p][i], i)).unwrap_or(0);
+            let s = (0..self.shard_active[p].len())
+                .min_by_key(|&i| (self.shard_active[p][i], i))
+                .unwrap_or(0);
             self.shard_active[p][s] += 1;
-            (s, episode::PrefillRoute { shard: self.a.pools[p].shards[s].clone(), bandwidth: link.bandwidth, kv_bytes_per_token: link.kv_bytes_per_token })
+            (
+                s,
+                episode::PrefillRoute {
+                    shard: self.a.pools[p].shards[s].clone(),
+                    bandwidth: link.bandwidth,
+                    kv_bytes_per_token: link.kv_bytes_per_token,
+                },
+            )
         });
         self.pool_task_active[pool][task] += 1;
         let params = EpisodeParams {
@@ -475,13 +576,30 @@ impl SchedState {
             barrier,
             prefill: prefill.as_ref().map(|p| p.1.clone()),
         };
-        let handle = tokio::spawn(episode::run(shared, params)).abort_handle();
-        self.episodes.insert(eid, EpisodeRun { pool, task, shard, handle, prefill_shard: prefill.map(|p| p.0) });
+        // The episode reports its outcome through this task, so aborting the task also drops
+        // the report (an aborted episode is accounted for by whoever aborted it).
+        let me = self.me.clone();
+        let handle = tokio::spawn(async move {
+            let outcome = episode::run(shared, params).await;
+            // A scheduler that is gone has aborted its episodes already.
+            let _ = me.cast(SchedMsg::EpisodeEnded(outcome));
+        })
+        .abort_handle();
+        self.episodes.insert(
+            eid,
+            EpisodeRun {
+                pool,
+                task,
+                shard,
+                handle,
+                prefill_shard: prefill.map(|p| p.0),
+            },
+        );
         if let Some(g) = self.groups.get_mut(&gid) {
             g.episodes.push(eid);
         }
         self.snap.dispatched_episodes += 1;
-        self.snap.peak_active = self.snap.peak_active.max(self.episodes.len());
+        self.snap.peak_active_episodes = self.snap.peak_active_episodes.max(self.episodes.len());
     }
 
     /// Frees an ended episode's places: its shard, its prefill shard, its task count.
@@ -495,12 +613,22 @@ impl SchedState {
 
     fn choose_pool(&mut self, task: usize) -> usize {
         match self.a.knobs.mapping {
-            MappingMode::SinglePool => self.a.pools.iter().position(|p| !p.prefill_only).unwrap_or(0),
+            MappingMode::SinglePool => self
+                .a
+                .pools
+                .iter()
+                .position(|p| !p.prefill_only)
+                .unwrap_or(0),
             MappingMode::Declared => self.a.tasks[task].declared_pool.unwrap_or(0),
             MappingMode::CostModel => {
                 // Re-plan from fresh observations every few dozen finished trajectories.
                 if self.ended_since_plan >= REPLAN_EVERY {
-                    self.split = self.plan_split();
+                    self.split = self.cost.plan_split(
+                        &self.task_loads(),
+                        self.a.knobs.batch_size,
+                        self.a.knobs.alpha,
+                        &self.pool_batches(),
+                    );
                     self.ended_since_plan = 0;
                     tracing::debug!(split = ?self.split, "cost model re-planned the split of tasks over pools");
                 }
@@ -511,47 +639,18 @@ impl SchedState {
                         for (c, x) in credit.iter_mut().zip(row) {
                             *c += x;
                         }
-                        let best = (0..row.len()).fold(0, |b, p| if credit[p] > credit[b] { p } else { b });
+                        let best = (0..row.len())
+                            .fold(0, |b, p| if credit[p] > credit[b] { p } else { b });
                         credit[best] -= 1.0;
                         best
                     }
-                    None => self.earliest_finish_pool(task),
+                    None => self.cost.earliest_finish(
+                        task,
+                        &self.task_loads(),
+                        &self.pool_task_active,
+                        &self.pool_batches(),
+                    ),
                 }
-            }
-        }
-    }
-
-    /// Seconds a slow (95th-percentile) trajectory of `task` takes on one shard of pool `p`:
-    /// prefill, then each decode token a whole step at the pool's batch.
-    fn task_latency_at(&self, task: usize, p: usize, batch: f64) -> f64 {
-        let tv = &self.a.tasks[task];
-        let r = &self.recent[task];
-        let (prefill, decode) = if r.len() >= 8 {
-            let q = |mut v: Vec<f64>| {
-                v.sort_by(f64::total_cmp);
-                v[(v.len() * 95 / 100).min(v.len() - 1)]
-            };
-            (q(r.iter().map(|x| x.0).collect()), q(r.iter().map(|x| x.1).collect()))
-        } else {
-            // No tail seen yet: assume the 95th percentile at twice the mean.
-            let (a, b) = self.observed[task].unwrap_or((tv.prefill_estimate, tv.decode_estimate));
-            (2.0 * a, 2.0 * b)
-        };
-        let pool = &self.a.pools[p];
-        let e = Efficiency::default();
-        let context = (prefill + decode) / 2.0;
-        self.prefill_part(p, prefill) + decode * decode_step_seconds(&pool.device, &pool.model, e, batch, batch * context)
-    }
-
-    /// Seconds to prefill `tokens` for pool `p`: on its own device, or, disaggregated, on its
-    /// prefill pool's device plus the KV transfer.
-    fn prefill_part(&self, p: usize, tokens: f64) -> f64 {
-        let e = Efficiency::default();
-        match self.a.pools[p].prefill_from {
-            None => prefill_seconds(&self.a.pools[p].device, &self.a.pools[p].model, e, tokens),
-            Some(link) => {
-                let pp = &self.a.pools[link.pool];
-                prefill_seconds(&pp.device, &pp.model, e, tokens) + tokens * link.kv_bytes_per_token / link.bandwidth.max(1.0)
             }
         }
     }
@@ -562,119 +661,44 @@ impl SchedState {
         (active as f64 / pool.shards.len().max(1) as f64).clamp(1.0, pool.max_batch.max(1) as f64)
     }
 
-    /// The cost model's static split: every way of giving each task a pool, each improved by
-    /// splitting one task between two pools, scored by the estimated rollout time of a step:
-    /// the larger of the throughput bound (every pool's shard-seconds of work per step over its
-    /// shards) and the latency bound (the slowest task's single-trajectory time on a pool it
-    /// uses). The best split wins; a rule of thumb such as "multi-turn to compute-rich, math
-    /// to bandwidth-rich" is one of the candidates, so it is chosen only when it is best.
-    fn plan_split(&self) -> Option<Vec<Vec<f64>>> {
-        let (nt, np) = (self.a.tasks.len(), self.a.pools.len());
-        // Pools that only prefill for another take no groups.
-        let eligible: Vec<usize> = (0..np).filter(|&p| !self.a.pools[p].prefill_only).collect();
-        let ne = eligible.len().max(1);
-        if (ne as f64).powi(nt as i32) > 4096.0 {
-            return None;
-        }
-        let total_w: f64 = self.a.tasks.iter().map(|t| t.weight).sum::<f64>().max(1e-9);
-        let batch = self.a.knobs.batch_size as f64;
-        let demand: Vec<f64> = self.a.tasks.iter().map(|t| batch * t.weight / total_w * (t.group_size + t.redundancy) as f64).collect();
-        let shards: Vec<f64> = self.a.pools.iter().map(|p| p.shards.len().max(1) as f64).collect();
-        // Trajectories in flight per step: up to α + 1 batches.
-        let in_flight = (self.a.knobs.alpha + 1) as f64;
-        let score = |x: &[Vec<f64>]| {
-            let mut worst: f64 = 0.0;
-            for p in 0..np {
-                // The decode batch this split gives the pool's shards.
-                let pool = &self.a.pools[p];
-                let batch = ((0..nt).map(|t| x[t][p] * demand[t]).sum::<f64>() * in_flight / shards[p]).clamp(1.0, pool.max_batch.max(1) as f64);
-                let load: f64 = (0..nt).filter(|&t| x[t][p] > 0.0).map(|t| x[t][p] * demand[t] * self.task_cost_at(t, p, batch)).sum::<f64>() / shards[p];
-                worst = worst.max(load);
-                for (t, row) in x.iter().enumerate() {
-                    if row[p] > 1e-9 {
-                        worst = worst.max(self.task_latency_at(t, p, batch));
-                    }
+    /// Each pool's current decode batch per shard (at least 1, at most its max batch).
+    fn pool_batches(&self) -> Vec<f64> {
+        (0..self.a.pools.len())
+            .map(|p| self.pool_batch(p))
+            .collect()
+    }
+
+    /// Each task's load for the cost model: token counts observed (EWMA of finished
+    /// trajectories, re-prefills after weight updates included) or the spec's prior; the tail
+    /// is the 95th percentile of the last `TAIL_WINDOW` trajectories (a step waits for its
+    /// slowest), or twice the mean before 8 were seen.
+    fn task_loads(&self) -> Vec<TaskLoad> {
+        self.a
+            .tasks
+            .iter()
+            .enumerate()
+            .map(|(t, tv)| {
+                let tokens = self.observed[t].unwrap_or((tv.prefill_estimate, tv.decode_estimate));
+                let r = &self.recent[t];
+                let tail = if r.len() >= 8 {
+                    let q = |mut v: Vec<f64>| {
+                        v.sort_by(f64::total_cmp);
+                        v[(v.len() * 95 / 100).min(v.len() - 1)]
+                    };
+                    (
+                        q(r.iter().map(|x| x.0).collect()),
+                        q(r.iter().map(|x| x.1).collect()),
+                    )
+                } else {
+                    (2.0 * tokens.0, 2.0 * tokens.1)
+                };
+                TaskLoad {
+                    weight: tv.weight,
+                    group: tv.group_size + tv.redundancy,
+                    tokens,
+                    tail,
                 }
-            }
-            worst
-        };
-        let cost: Vec<Vec<f64>> = (0..nt).map(|t| (0..np).map(|p| self.task_cost(t, p)).collect()).collect();
-        let mut best: Option<(f64, Vec<Vec<f64>>)> = None;
-        let mut consider = |x: Vec<Vec<f64>>| {
-            let s = score(&x);
-            if best.as_ref().is_none_or(|(b, _)| s < *b - 1e-12) {
-                best = Some((s, x));
-            }
-        };
-        for code in 0..ne.pow(nt as u32) {
-            let mut x = vec![vec![0.0; np]; nt];
-            let mut c = code;
-            for row in x.iter_mut() {
-                row[eligible.get(c % ne).copied().unwrap_or(0)] = 1.0;
-                c /= ne;
-            }
-            // One task split between its pool and another, balancing the two pools' loads.
-            for t in 0..nt {
-                let p = (0..np).find(|&p| x[t][p] == 1.0).unwrap_or(0);
-                for q in eligible.iter().copied().filter(|&q| q != p) {
-                    let load = |x: &Vec<Vec<f64>>, r: usize| (0..nt).map(|u| x[u][r] * demand[u] * cost[u][r]).sum::<f64>() / shards[r];
-                    let (lp, lq) = (load(&x, p), load(&x, q));
-                    let (kp, kq) = (demand[t] * cost[t][p] / shards[p], demand[t] * cost[t][q] / shards[q]);
-                    let f = ((lp - lq) / (kp + kq).max(1e-12)).clamp(0.0, 1.0);
-                    if f > 1e-6 && f < 1.0 - 1e-6 {
-                        let mut y = x.clone();
-                        y[t][p] = 1.0 - f;
-                        y[t][q] = f;
-                        consider(y);
-                    }
-                }
-            }
-            consider(x);
-        }
-        if let Some((s, x)) = &best {
-            tracing::debug!(estimate_s = s, ?cost, ?demand, ?x, "cost model plan");
-        }
-        best.map(|(_, x)| x)
-    }
-
-    /// Shard-seconds one trajectory of `task` takes on pool `p`: its prefill at the device's
-    /// FLOP/s, and its decode tokens each costing a decode step's share at the pool's current
-    /// batch (a step serves every sequence of the batch). Token counts are observed (EWMA of
-    /// finished trajectories, re-prefills after weight updates included), or the spec's prior.
-    fn task_cost(&self, task: usize, p: usize) -> f64 {
-        self.task_cost_at(task, p, self.pool_batch(p))
-    }
-
-    fn task_cost_at(&self, task: usize, p: usize, batch: f64) -> f64 {
-        let tv = &self.a.tasks[task];
-        let (prefill, decode) = self.observed[task].unwrap_or((tv.prefill_estimate, tv.decode_estimate));
-        let pool = &self.a.pools[p];
-        let e = Efficiency::default();
-        let context = (prefill + decode) / 2.0;
-        self.prefill_part(p, prefill) + decode * decode_step_seconds(&pool.device, &pool.model, e, batch, batch * context) / batch
-    }
-
-    /// Without a split (too many tasks × pools to search): earliest estimated finish. Each pool's backlog is the shard-seconds of
-    /// the trajectories it runs (each counted half done), divided over its shards; a group's
-    /// trajectory finishes after that queue and its own time on one shard, and the group goes
-    /// where that is soonest. A pool that is faster for the task wins
-    /// until its queue makes another pool finish sooner, so declared rules of thumb come out
-    /// of the roofline and the load, and no pool idles while another is overloaded.
-    fn earliest_finish_pool(&self, task: usize) -> usize {
-        let group = (self.a.tasks[task].group_size + self.a.tasks[task].redundancy).max(1) as f64;
-        let mut best = 0;
-        let mut best_finish = f64::INFINITY;
-        for (p, pool) in self.a.pools.iter().enumerate().filter(|(_, p)| !p.prefill_only) {
-            let backlog: f64 = self.pool_task_active[p].iter().enumerate().filter(|(_, n)| **n > 0).map(|(t, n)| *n as f64 * 0.5 * self.task_cost(t, p)).sum();
-            // Queueing behind the backlog (spread over the shards), then the trajectory's own
-            // time on one shard.
-            let shards = pool.shards.len().max(1) as f64;
-            let finish = (backlog + group * self.task_cost(task, p)) / shards + self.task_cost(task, p);
-            if finish < best_finish {
-                best_finish = finish;
-                best = p;
-            }
-        }
-        best
+            })
+            .collect()
     }
 }

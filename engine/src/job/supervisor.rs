@@ -14,7 +14,6 @@ use tokio::sync::watch;
 /// What the supervisor has seen, shared with the job runner.
 pub struct SupervisorReport {
     pub failures: AtomicU64,
-    pub restarts: AtomicU64,
     pub escalated: watch::Sender<Option<String>>,
     critical: Mutex<Vec<ActorId>>,
 }
@@ -27,7 +26,10 @@ impl SupervisorReport {
     }
 
     fn is_critical(&self, id: ActorId) -> bool {
-        self.critical.lock().map(|c| c.contains(&id)).unwrap_or(true)
+        self.critical
+            .lock()
+            .map(|c| c.contains(&id))
+            .unwrap_or(true)
     }
 }
 
@@ -40,9 +42,15 @@ pub struct SupState {
     tracker: RestartTracker,
 }
 
-pub async fn spawn(_name: &str) -> Result<(ActorRef<SupMsg>, Arc<SupervisorReport>), ractor::SpawnErr> {
+pub async fn spawn(
+    _name: &str,
+) -> Result<(ActorRef<SupMsg>, Arc<SupervisorReport>), ractor::SpawnErr> {
     let (tx, _) = watch::channel(None);
-    let report = Arc::new(SupervisorReport { failures: AtomicU64::new(0), restarts: AtomicU64::new(0), escalated: tx, critical: Mutex::new(Vec::new()) });
+    let report = Arc::new(SupervisorReport {
+        failures: AtomicU64::new(0),
+        escalated: tx,
+        critical: Mutex::new(Vec::new()),
+    });
     let (a, _) = Actor::spawn(None, JobSupervisor, report.clone()).await?;
     Ok((a, report))
 }
@@ -52,11 +60,26 @@ impl Actor for JobSupervisor {
     type State = SupState;
     type Arguments = Arc<SupervisorReport>;
 
-    async fn pre_start(&self, _me: ActorRef<Self::Msg>, report: Arc<SupervisorReport>) -> Result<Self::State, ActorProcessingErr> {
-        Ok(SupState { report, tracker: RestartTracker::new(RestartPolicy { intensity: 10, window: std::time::Duration::from_secs(5) }) })
+    async fn pre_start(
+        &self,
+        _me: ActorRef<Self::Msg>,
+        report: Arc<SupervisorReport>,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(SupState {
+            report,
+            tracker: RestartTracker::new(RestartPolicy {
+                intensity: 10,
+                window: std::time::Duration::from_secs(5),
+            }),
+        })
     }
 
-    async fn handle_supervisor_evt(&self, _me: ActorRef<Self::Msg>, evt: SupervisionEvent, st: &mut Self::State) -> Result<(), ActorProcessingErr> {
+    async fn handle_supervisor_evt(
+        &self,
+        _me: ActorRef<Self::Msg>,
+        evt: SupervisionEvent,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
         if let SupervisionEvent::ActorFailed(cell, err) = evt {
             st.report.failures.fetch_add(1, Ordering::Relaxed);
             let id = cell.get_id();
@@ -64,11 +87,12 @@ impl Actor for JobSupervisor {
             let decision = st.tracker.on_failure(tokio::time::Instant::now());
             tracing::warn!(actor = %id, critical, error = %err, "an actor of the job failed");
             if critical || decision == Decision::Escalate {
-                let why =
-                    if critical { format!("critical actor {id} failed: {err}") } else { format!("restart intensity exceeded after actor {id} failed: {err}") };
+                let why = if critical {
+                    format!("critical actor {id} failed: {err}")
+                } else {
+                    format!("restart intensity exceeded after actor {id} failed: {err}")
+                };
                 st.report.escalated.send_replace(Some(why));
-            } else {
-                st.report.restarts.fetch_add(1, Ordering::Relaxed);
             }
         }
         Ok(())

@@ -1,4 +1,18 @@
+use std::collections::BTreeMap;
+
 use super::*;
+
+/// An error with its causes, as `rollarc` prints it.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        out.push_str(": ");
+        out.push_str(&c.to_string());
+        cause = c.source();
+    }
+    out
+}
 
 const BASE: &str = r#"
 [scenario]
@@ -30,14 +44,31 @@ fn parse(extra: &str) -> Result<Scenario, ScenarioError> {
 #[test]
 fn set_path_walks_tables_and_arrays_and_names_what_is_wrong() {
     let mut v = serde_json::json!({ "tasks": [{ "env": { "kind": "sim" } }] });
-    set_path(&mut v, "tasks[0].env.step_latency_s.normal.std", serde_json::json!(3.0)).unwrap();
+    set_path(
+        &mut v,
+        "tasks[0].env.step_latency_s.normal.std",
+        serde_json::json!(3.0),
+    )
+    .unwrap();
     set_path(&mut v, "rollout.alpha", serde_json::json!(2)).unwrap();
     assert_eq!(v["tasks"][0]["env"]["step_latency_s"]["normal"]["std"], 3.0);
     assert_eq!(v["rollout"]["alpha"], 2);
     let e = set_path(&mut v, "tasks[4].env", serde_json::json!(1)).unwrap_err();
-    assert!(e.contains("index 4 out of range"), "{e}");
+    assert!(
+        matches!(
+            e,
+            SetPathError::OutOfRange {
+                index: 4,
+                len: 1,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("index 4 out of range"), "{e}");
     let e = set_path(&mut v, "rollout.alpha.x", serde_json::json!(1)).unwrap_err();
-    assert!(e.contains("not inside a table"), "{e}");
+    assert!(matches!(e, SetPathError::NotInTable { .. }), "{e:?}");
+    assert!(e.to_string().contains("not inside a table"), "{e}");
 }
 
 #[test]
@@ -63,13 +94,23 @@ order = ["none-s1", "turn-s5"]
     )
     .unwrap();
     let names: Vec<_> = sc.runs.iter().map(|r| r.name.as_str()).collect();
-    assert_eq!(names, ["turn-s1", "turn-s5", "none-s1", "none-s5"], "variables by name, the last fastest");
+    assert_eq!(
+        names,
+        ["turn-s1", "turn-s5", "none-s1", "none-s5"],
+        "variables by name, the last fastest"
+    );
     // Numbers stay numbers when a string is exactly "{var}".
     match &sc.runs[1].spec.tasks[0].env {
-        crate::spec::EnvSpec::Sim { step_latency_s: Some(actors::dist::Dist::Normal { std, .. }), .. } => assert_eq!(*std, 5.0),
+        crate::spec::EnvSpec::Sim {
+            step_latency_s: Some(actors::dist::Dist::Normal { std, .. }),
+            ..
+        } => assert_eq!(*std, 5.0),
         other => panic!("{other:?}"),
     }
-    assert_eq!(sc.runs[0].spec.rollout.barrier, Some(crate::spec::Barrier::Turn));
+    assert_eq!(
+        sc.runs[0].spec.rollout.barrier,
+        Some(crate::spec::Barrier::Turn)
+    );
     assert_eq!(sc.checks.len(), 3);
     assert_eq!(sc.checks[1].name, "σ = 5");
     let b = sc.checks[1].band.unwrap();
@@ -78,13 +119,62 @@ order = ["none-s1", "turn-s5"]
 
 #[test]
 fn bad_runs_and_checks_are_reported_with_their_names_and_fields() {
-    let e = parse("[[runs]]\nname = \"x\"\nset = { \"rollout.batch_size\" = 0 }\n").unwrap_err().to_string();
-    assert!(e.contains("run \"x\"") && e.contains("rollout.batch_size"), "{e}");
-    let e = parse("[[runs]]\nname = \"x\"\n[[checks]]\nname = \"c\"\nratio = [\"x\", \"y\"]\nband = [1, 2]\n").unwrap_err().to_string();
-    assert!(e.contains("check \"c\"") && e.contains("no run is named \"y\""), "{e}");
-    let e = parse("[[runs]]\nname = \"x\"\n[[checks]]\nname = \"c\"\nratio = [\"x\", \"x\"]\n").unwrap_err().to_string();
+    let e = parse("[[runs]]\nname = \"x\"\nset = { \"rollout.batch_size\" = 0 }\n").unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            ScenarioError::Run {
+                source: RunError::Spec(BuildSpecError::Invalid(_)),
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let e = chain(&e);
+    assert!(
+        e.contains("run \"x\"") && e.contains("rollout.batch_size"),
+        "{e}"
+    );
+    let e = parse(
+        "[[runs]]\nname = \"x\"\n[[checks]]\nname = \"c\"\nratio = [\"x\", \"y\"]\nband = [1, 2]\n",
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&e, ScenarioError::Check { check, source: CheckError::UnknownRun(r), .. }
+            if check == "c" && r == "y"),
+        "{e:?}"
+    );
+    let e = chain(&e);
+    assert!(
+        e.contains("check \"c\"") && e.contains("no run is named \"y\""),
+        "{e}"
+    );
+    let e = parse("[[runs]]\nname = \"x\"\n[[checks]]\nname = \"c\"\nratio = [\"x\", \"x\"]\n")
+        .unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            ScenarioError::Check {
+                source: CheckError::NoBand,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let e = chain(&e);
     assert!(e.contains("needs band or tolerance"), "{e}");
-    let e = parse("[[runs]]\nname = \"x\"\nset = { \"pools[0]\" = { name = \"p\", device = \"CPU\", backend = { kind = \"builtin\" } }, \"trainer\" = { kind = \"builtin\" } }\n").unwrap_err().to_string();
+    let e = parse("[[runs]]\nname = \"x\"\nset = { \"pools[0]\" = { name = \"p\", device = \"CPU\", backend = { kind = \"builtin\" } }, \"trainer\" = { kind = \"builtin\" } }\n").unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ScenarioError::Run {
+                source: RunError::NotSimulated,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let e = chain(&e);
     assert!(e.contains("simulated"), "{e}");
 }
 
@@ -109,20 +199,48 @@ fn result(name: &str, step_s: f64) -> RunResult {
 #[test]
 fn checks_compare_ratios_with_bands_best_of_and_orders() {
     let runs = [result("a", 20.0), result("b", 10.0), result("c", 8.0)];
-    let check = |kind, band| CheckDef { name: "c".into(), metric: Metric::StepS, kind, paper: None, band, note: None };
+    let check = |kind, band| CheckDef {
+        name: "c".into(),
+        metric: Metric::StepS,
+        kind,
+        paper: None,
+        band,
+        note: None,
+    };
     let out = evaluate(
         &[
-            check(CheckKind::Ratio(Side::One("a".into()), Side::One("b".into())), Some([1.9, 2.1])),
-            check(CheckKind::Ratio(Side::One("a".into()), Side::One("b".into())), Some([1.0, 1.5])),
-            check(CheckKind::Ratio(Side::BestOf(vec!["a".into(), "b".into()]), Side::One("c".into())), Some([1.2, 1.3])),
-            check(CheckKind::Order(vec!["c".into(), "b".into(), "a".into()]), None),
-            check(CheckKind::Order(vec!["a".into(), "b".into(), "c".into()]), None),
+            check(
+                CheckKind::Ratio(Side::One("a".into()), Side::One("b".into())),
+                Some([1.9, 2.1]),
+            ),
+            check(
+                CheckKind::Ratio(Side::One("a".into()), Side::One("b".into())),
+                Some([1.0, 1.5]),
+            ),
+            check(
+                CheckKind::Ratio(
+                    Side::BestOf(vec!["a".into(), "b".into()]),
+                    Side::One("c".into()),
+                ),
+                Some([1.2, 1.3]),
+            ),
+            check(
+                CheckKind::Order(vec!["c".into(), "b".into(), "a".into()]),
+                None,
+            ),
+            check(
+                CheckKind::Order(vec!["a".into(), "b".into(), "c".into()]),
+                None,
+            ),
             check(CheckKind::Value("c".into()), Some([7.0, 9.0])),
             check(CheckKind::Value("a".into()), Some([7.0, 9.0])),
         ],
         &runs,
     );
-    assert_eq!(out.iter().map(|c| c.pass).collect::<Vec<_>>(), [true, false, true, true, false, true, false]);
+    assert_eq!(
+        out.iter().map(|c| c.pass).collect::<Vec<_>>(),
+        [true, false, true, true, false, true, false]
+    );
     assert_eq!(out[0].ours, Some(2.0));
     assert_eq!(out[2].ours, Some(1.25), "best of a, b is b's 10 s");
     assert_eq!(out[4].order.as_deref().unwrap(), ["c", "b", "a"]);
@@ -146,7 +264,11 @@ band = [1.0, 10.0]
     .unwrap();
     let res = run(&sc, |_| {}).unwrap();
     assert_eq!(res.runs.len(), 2);
-    assert!(res.runs.iter().all(|r| r.steps == 3 && r.events > 0 && r.simulated_s > 0.0));
+    assert!(
+        res.runs
+            .iter()
+            .all(|r| r.steps == 3 && r.events > 0 && r.simulated_s > 0.0)
+    );
     assert!(res.checks[0].pass, "{:?}", res.checks[0]);
     // Deterministic: the same scenario gives the same figures.
     let again = run(&sc, |_| {}).unwrap();

@@ -20,7 +20,7 @@ fn a_minimal_spec_takes_the_rollarc_defaults() {
     assert_eq!(k.barrier, Barrier::None);
     assert_eq!(k.alpha, 1);
     assert!(k.overlap_training);
-    assert_eq!(k.placement, Placement::Serverless);
+    assert_eq!(k.placement, RewardPlacement::Serverless);
     // No declared mapping: the cost model picks the pool.
     assert_eq!(k.mapping, MappingMode::CostModel);
     assert_eq!(s.tasks[0].group_size, 8);
@@ -29,18 +29,56 @@ fn a_minimal_spec_takes_the_rollarc_defaults() {
 #[test]
 fn presets_expand_to_their_knobs_and_explicit_knobs_win() {
     let cases = [
-        (Preset::Sync, Barrier::Batch, 0, false, Placement::Local),
-        (Preset::SyncPlus, Barrier::None, 0, false, Placement::Serverless),
-        (Preset::OneOff, Barrier::Wave, 1, true, Placement::Serverless),
-        (Preset::Rollarc, Barrier::None, 1, true, Placement::Serverless),
-        (Preset::Areal, Barrier::None, 1, true, Placement::Local),
+        (
+            Preset::Sync,
+            Barrier::Batch,
+            0,
+            false,
+            RewardPlacement::Local,
+        ),
+        (
+            Preset::SyncPlus,
+            Barrier::None,
+            0,
+            false,
+            RewardPlacement::Serverless,
+        ),
+        (
+            Preset::OneOff,
+            Barrier::Wave,
+            1,
+            true,
+            RewardPlacement::Serverless,
+        ),
+        (
+            Preset::Rollarc,
+            Barrier::None,
+            1,
+            true,
+            RewardPlacement::Serverless,
+        ),
+        (
+            Preset::Areal,
+            Barrier::None,
+            1,
+            true,
+            RewardPlacement::Local,
+        ),
     ];
     for (p, barrier, alpha, overlap, placement) in cases {
         let body = format!("preset = \"{}\"\n{}", p.name(), minimal());
         let k = parse(&body, Format::Toml).unwrap().knobs();
-        assert_eq!((k.barrier, k.alpha, k.overlap_training, k.placement), (barrier, alpha, overlap, placement), "{p:?}");
+        assert_eq!(
+            (k.barrier, k.alpha, k.overlap_training, k.placement),
+            (barrier, alpha, overlap, placement),
+            "{p:?}"
+        );
         // An explicit knob overrides the preset.
-        let body = format!("preset = \"{}\"\n{}\n[rollout]\nalpha = 3", p.name(), minimal());
+        let body = format!(
+            "preset = \"{}\"\n{}\n[rollout]\nalpha = 3",
+            p.name(),
+            minimal()
+        );
         assert_eq!(parse(&body, Format::Toml).unwrap().knobs().alpha, 3);
     }
 }
@@ -136,11 +174,23 @@ timeout_s = 0
         assert!(fields.contains(&f), "{f} not reported: {fields:?}");
     }
     // Unknown knobs are refused by name (Knative's names only).
-    let body = format!("{}\n[reward.functions.a]\nkind = \"builtin\"\nfunction = \"math\"\nscaling = {{ stable_window = \"6s\" }}\n", minimal());
+    let body = format!(
+        "{}\n[reward.functions.a]\nkind = \"builtin\"\nfunction = \"math\"\nscaling = {{ stable_window = \"6s\" }}\n",
+        minimal()
+    );
     let errs = parse(&body, Format::Toml).unwrap_err();
-    assert!(errs.0.iter().any(|e| e.field.starts_with("reward") && e.message.contains("stable_window")), "{:?}", errs.0);
+    assert!(
+        errs.0
+            .iter()
+            .any(|e| e.field.starts_with("reward") && e.message.contains("stable_window")),
+        "{:?}",
+        errs.0
+    );
     // Real functions take the job off the virtual clock.
-    let body = format!("{}\n[reward.functions.m]\nkind = \"builtin\"\nfunction = \"math\"\n", minimal());
+    let body = format!(
+        "{}\n[reward.functions.m]\nkind = \"builtin\"\nfunction = \"math\"\n",
+        minimal()
+    );
     assert_eq!(parse(&body, Format::Toml).unwrap().clock(), Clock::Real);
 }
 
@@ -149,7 +199,13 @@ fn injected_latency_distributions_are_checked() {
     let body = minimal().replace("domain = \"lake\"\n", "domain = \"lake\"\ninject_latency = { step_s = { normal = { mean = 1.0, std = -1.0 } } }\n");
     assert!(body.contains("inject_latency"));
     let errs = parse(&body, Format::Toml).unwrap_err();
-    assert!(errs.0.iter().any(|e| e.field == "tasks[0].inject_latency.step_s"), "{:?}", errs.0);
+    assert!(
+        errs.0
+            .iter()
+            .any(|e| e.field == "tasks[0].inject_latency.step_s"),
+        "{:?}",
+        errs.0
+    );
 }
 
 #[test]
@@ -193,7 +249,10 @@ weight_sync = { mode = "direct", bucket_gb = 0 }
         assert!(fields.contains(&f), "{f} not reported: {fields:?}");
     }
     // The custom device and model resolve (no error about them being unknown).
-    assert!(!fields.contains(&"pools[0].device") && !fields.contains(&"pools[0].backend.model"), "{fields:?}");
+    assert!(
+        !fields.contains(&"pools[0].device") && !fields.contains(&"pools[0].backend.model"),
+        "{fields:?}"
+    );
 }
 
 #[test]
@@ -203,9 +262,16 @@ fn custom_profiles_resolve_before_the_catalogue() {
         minimal()
     );
     let s = parse(&body, Format::Toml).unwrap();
-    assert_eq!(s.device_profile("h20").unwrap().flops, 100e12, "sim.devices overrides the built-in H20");
+    assert_eq!(
+        s.device_profile("h20").unwrap().flops,
+        100e12,
+        "sim.devices overrides the built-in H20"
+    );
     let m = s.model_profile("m").unwrap();
-    assert_eq!((m.params, m.active_params, m.bytes_per_param), (480e9, 35e9, 1.0));
+    assert_eq!(
+        (m.params, m.active_params, m.bytes_per_param),
+        (480e9, 35e9, 1.0)
+    );
     assert_eq!(m.kv_bytes_per_token, 2.0 * 62.0 * 8.0 * 128.0 * 2.0);
     assert_eq!(s.device_profile("A100").unwrap().name, "A100");
 }

@@ -13,18 +13,27 @@ fn main() -> std::process::ExitCode {
         eprintln!("usage: rollarc-fn math|format|env|code|judge [--config JSON]");
         return std::process::ExitCode::from(2);
     };
-    let config = args.iter().position(|a| a == "--config").and_then(|i| args.get(i + 1)).map(String::as_str);
-    let scorer: Arc<dyn functions::scorers::Scorer> = match functions::scorers::builtin(name, config) {
-        Ok(s) => Arc::from(s),
-        Err(e) => {
-            eprintln!("rollarc-fn: {e}");
-            return std::process::ExitCode::from(2);
-        }
-    };
+    let config = args
+        .iter()
+        .position(|a| a == "--config")
+        .and_then(|i| args.get(i + 1))
+        .map(String::as_str);
+    let scorer: Arc<dyn functions::scorers::Scorer> =
+        match functions::scorers::builtin(name, config) {
+            Ok(s) => Arc::from(s),
+            Err(e) => {
+                eprintln!("rollarc-fn: {}", infra::error_chain(&e));
+                return std::process::ExitCode::from(2);
+            }
+        };
     let env = ProcessEnv;
     let port = env.var("PORT").unwrap_or_else(|| "8080".into());
     let host = env.var("HOST").unwrap_or_else(|| "0.0.0.0".into());
-    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("rollarc-fn: cannot start the runtime: {e}");

@@ -1,5 +1,5 @@
 //! Deployment configuration with Knative's knob names, so a deployment translates one to one
-//! into a Knative Service (see `deploy.rs`).
+//! into a Knative Service (see `deploy/`).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -23,25 +23,56 @@ impl Dur {
 impl fmt::Display for Dur {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ms = self.0.as_millis();
-        if ms.is_multiple_of(1000) { write!(f, "{}s", ms / 1000) } else { write!(f, "{ms}ms") }
+        if ms.is_multiple_of(1000) {
+            write!(f, "{}s", ms / 1000)
+        } else {
+            write!(f, "{ms}ms")
+        }
     }
 }
 
+/// Why a text is not a duration.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DurationError {
+    #[error("{text:?} is not a duration (e.g. \"60s\", \"500ms\", \"2m\")")]
+    NotANumber {
+        text: String,
+        #[source]
+        source: std::num::ParseFloatError,
+    },
+    #[error("{text:?}: unknown unit {unit:?} (use ms, s, m or h)")]
+    UnknownUnit { text: String, unit: String },
+    #[error("{text:?} is not a non-negative duration")]
+    OutOfRange { text: String },
+}
+
 /// Parses `"60s"`, `"1.5s"`, `"500ms"`, `"2m"`, `"1h"`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
     let s = s.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
-    let v: f64 = num.parse().map_err(|_| format!("{s:?} is not a duration (e.g. \"60s\", \"500ms\", \"2m\")"))?;
+    let v: f64 = num.parse().map_err(|source| DurationError::NotANumber {
+        text: s.to_string(),
+        source,
+    })?;
     let secs = match unit {
         "ms" => v / 1000.0,
         "s" | "" => v,
         "m" => v * 60.0,
         "h" => v * 3600.0,
-        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s, m or h)")),
+        _ => {
+            return Err(DurationError::UnknownUnit {
+                text: s.to_string(),
+                unit: unit.to_string(),
+            });
+        }
     };
     if !secs.is_finite() || secs < 0.0 {
-        return Err(format!("{s:?} is not a non-negative duration"));
+        return Err(DurationError::OutOfRange {
+            text: s.to_string(),
+        });
     }
     Ok(Duration::from_secs_f64(secs))
 }
@@ -61,9 +92,13 @@ impl<'de> Deserialize<'de> for Dur {
             Secs(f64),
         }
         match Raw::deserialize(d)? {
-            Raw::Text(t) => parse_duration(&t).map(Dur).map_err(serde::de::Error::custom),
+            Raw::Text(t) => parse_duration(&t)
+                .map(Dur)
+                .map_err(serde::de::Error::custom),
             Raw::Secs(v) if v.is_finite() && v >= 0.0 => Ok(Dur(Duration::from_secs_f64(v))),
-            Raw::Secs(v) => Err(serde::de::Error::custom(format!("{v} is not a non-negative number of seconds"))),
+            Raw::Secs(v) => Err(serde::de::Error::custom(format!(
+                "{v} is not a non-negative number of seconds"
+            ))),
         }
     }
 }
@@ -122,12 +157,19 @@ pub const LOCAL_MAX_INSTANCES: u32 = 64;
 impl Scaling {
     /// Concurrency one instance should carry: target × utilisation.
     pub fn per_instance_target(&self) -> f64 {
-        let base = self.target.unwrap_or(if self.container_concurrency > 0 { self.container_concurrency as f64 } else { 100.0 });
+        let base = self.target.unwrap_or(if self.container_concurrency > 0 {
+            self.container_concurrency as f64
+        } else {
+            100.0
+        });
         (base * self.target_utilization_percentage / 100.0).max(0.01)
     }
 
     pub fn panic_window(&self) -> Duration {
-        self.stable_window.0.mul_f64(self.panic_window_percentage / 100.0).max(self.tick_interval.0)
+        self.stable_window
+            .0
+            .mul_f64(self.panic_window_percentage / 100.0)
+            .max(self.tick_interval.0)
     }
 
     /// Every problem, each naming its knob.
@@ -139,32 +181,75 @@ impl Scaling {
         {
             bad("target", format!("must be > 0, got {t}"));
         }
-        if !(self.target_utilization_percentage > 0.0 && self.target_utilization_percentage <= 100.0) {
-            bad("target-utilization-percentage", format!("must be in (0, 100], got {}", self.target_utilization_percentage));
+        if !(self.target_utilization_percentage > 0.0
+            && self.target_utilization_percentage <= 100.0)
+        {
+            bad(
+                "target-utilization-percentage",
+                format!(
+                    "must be in (0, 100], got {}",
+                    self.target_utilization_percentage
+                ),
+            );
         }
         if !(1.0..=100.0).contains(&self.panic_window_percentage) {
-            bad("panic-window-percentage", format!("must be in [1, 100], got {}", self.panic_window_percentage));
+            bad(
+                "panic-window-percentage",
+                format!("must be in [1, 100], got {}", self.panic_window_percentage),
+            );
         }
         if !(110.0..=1000.0).contains(&self.panic_threshold_percentage) {
-            bad("panic-threshold-percentage", format!("must be in [110, 1000], got {}", self.panic_threshold_percentage));
+            bad(
+                "panic-threshold-percentage",
+                format!(
+                    "must be in [110, 1000], got {}",
+                    self.panic_threshold_percentage
+                ),
+            );
         }
         if self.max_scale_up_rate.is_nan() || self.max_scale_up_rate <= 1.0 {
-            bad("max-scale-up-rate", format!("must be > 1, got {}", self.max_scale_up_rate));
+            bad(
+                "max-scale-up-rate",
+                format!("must be > 1, got {}", self.max_scale_up_rate),
+            );
         }
         if self.max_scale_down_rate.is_nan() || self.max_scale_down_rate <= 1.0 {
-            bad("max-scale-down-rate", format!("must be > 1, got {}", self.max_scale_down_rate));
+            bad(
+                "max-scale-down-rate",
+                format!("must be > 1, got {}", self.max_scale_down_rate),
+            );
         }
         if self.stable_window.0 < Duration::from_secs(1) {
-            bad("stable-window", format!("must be at least 1s, got {}", self.stable_window));
+            bad(
+                "stable-window",
+                format!("must be at least 1s, got {}", self.stable_window),
+            );
         }
-        if self.tick_interval.0 < Duration::from_millis(10) || self.tick_interval.0 > self.stable_window.0 {
-            bad("tick-interval", format!("must be between 10ms and the stable window, got {}", self.tick_interval));
+        if self.tick_interval.0 < Duration::from_millis(10)
+            || self.tick_interval.0 > self.stable_window.0
+        {
+            bad(
+                "tick-interval",
+                format!(
+                    "must be between 10ms and the stable window, got {}",
+                    self.tick_interval
+                ),
+            );
         }
         if self.max_scale > 0 && self.min_scale > self.max_scale {
-            bad("min-scale", format!("{} is above max-scale {}", self.min_scale, self.max_scale));
+            bad(
+                "min-scale",
+                format!("{} is above max-scale {}", self.min_scale, self.max_scale),
+            );
         }
         if self.max_scale > 0 && self.initial_scale > self.max_scale {
-            bad("initial-scale", format!("{} is above max-scale {}", self.initial_scale, self.max_scale));
+            bad(
+                "initial-scale",
+                format!(
+                    "{} is above max-scale {}",
+                    self.initial_scale, self.max_scale
+                ),
+            );
         }
         if self.activation_scale == 0 {
             bad("activation-scale", "must be at least 1".into());
@@ -248,23 +333,43 @@ impl DeploymentConfig {
 
     /// Every problem, each with its dotted field path.
     pub fn problems(&self) -> Vec<(String, String)> {
-        let mut out: Vec<(String, String)> = self.scaling.problems().into_iter().map(|(k, m)| (format!("scaling.{k}"), m)).collect();
+        let mut out: Vec<(String, String)> = self
+            .scaling
+            .problems()
+            .into_iter()
+            .map(|(k, m)| (format!("scaling.{k}"), m))
+            .collect();
         let dns_ok = !self.name.is_empty()
             && self.name.len() <= 63
-            && self.name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && self
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
             && !self.name.starts_with('-')
             && !self.name.ends_with('-');
         if !dns_ok {
-            out.push(("name".into(), format!("{:?} must be a DNS label (lowercase letters, digits, '-', at most 63)", self.name)));
+            out.push((
+                "name".into(),
+                format!(
+                    "{:?} must be a DNS label (lowercase letters, digits, '-', at most 63)",
+                    self.name
+                ),
+            ));
         }
         if self.command.trim().is_empty() {
             out.push(("command".into(), "must name an executable".into()));
         }
         if !self.readiness_path.starts_with('/') {
-            out.push(("readiness-path".into(), format!("{:?} must start with '/'", self.readiness_path)));
+            out.push((
+                "readiness-path".into(),
+                format!("{:?} must start with '/'", self.readiness_path),
+            ));
         }
         if !self.path.starts_with('/') {
-            out.push(("path".into(), format!("{:?} must start with '/'", self.path)));
+            out.push((
+                "path".into(),
+                format!("{:?} must start with '/'", self.path),
+            ));
         }
         if self.activator_capacity == 0 {
             out.push(("activator-capacity".into(), "must be at least 1".into()));
@@ -286,15 +391,29 @@ mod tests {
         assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
         assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
         assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
-        assert!(parse_duration("soon").unwrap_err().contains("not a duration"));
-        assert!(parse_duration("3d").unwrap_err().contains("unknown unit"));
+        assert!(matches!(
+            parse_duration("soon"),
+            Err(DurationError::NotANumber { .. })
+        ));
+        assert!(
+            parse_duration("3d")
+                .unwrap_err()
+                .to_string()
+                .contains("unknown unit")
+        );
+
         assert_eq!(Dur::millis(1500).to_string(), "1500ms");
         assert_eq!(Dur::secs(60).to_string(), "60s");
     }
 
     #[test]
     fn knobs_are_checked_by_name() {
-        let s = Scaling { min_scale: 5, max_scale: 2, target_utilization_percentage: 0.0, ..Scaling::default() };
+        let s = Scaling {
+            min_scale: 5,
+            max_scale: 2,
+            target_utilization_percentage: 0.0,
+            ..Scaling::default()
+        };
         let p: Vec<String> = s.problems().into_iter().map(|(k, _)| k).collect();
         assert_eq!(p, vec!["target-utilization-percentage", "min-scale"]);
         let d = DeploymentConfig::new("Bad_Name", "", vec![]);
@@ -304,6 +423,11 @@ mod tests {
         let d: DeploymentConfig = toml::from_str(toml_text).unwrap();
         assert_eq!(d.scaling.stable_window, Dur::secs(6));
         assert_eq!(d.scaling.per_instance_target(), 4.0 * 0.7);
-        assert!(toml::from_str::<DeploymentConfig>("name = \"m\"\ncommand = \"x\"\n[scaling]\nstable_window = \"6s\"\n").is_err());
+        assert!(
+            toml::from_str::<DeploymentConfig>(
+                "name = \"m\"\ncommand = \"x\"\n[scaling]\nstable_window = \"6s\"\n"
+            )
+            .is_err()
+        );
     }
 }

@@ -33,7 +33,12 @@ pub struct ConcurrencyMeter {
 
 impl ConcurrencyMeter {
     pub fn new(now: Instant) -> Self {
-        Self { current: 0, area: 0.0, since: now, last: now }
+        Self {
+            current: 0,
+            area: 0.0,
+            since: now,
+            last: now,
+        }
     }
 
     fn advance(&mut self, now: Instant) {
@@ -55,7 +60,11 @@ impl ConcurrencyMeter {
     pub fn take(&mut self, now: Instant) -> (f64, Duration) {
         self.advance(now);
         let period = now.saturating_duration_since(self.since);
-        let avg = if period.is_zero() { self.current as f64 } else { self.area / period.as_secs_f64() };
+        let avg = if period.is_zero() {
+            self.current as f64
+        } else {
+            self.area / period.as_secs_f64()
+        };
         self.area = 0.0;
         self.since = now;
         (avg, period)
@@ -124,7 +133,9 @@ impl Kpa {
     fn window_avg(&self, now: Instant, window: Duration) -> f64 {
         // Periods that ended within the window, weighted by their length; the window is never
         // longer than the deployment's life (so a new deployment is not diluted by zeros).
-        let span = window.min(now.saturating_duration_since(self.created)).max(Duration::from_millis(1));
+        let span = window
+            .min(now.saturating_duration_since(self.created))
+            .max(Duration::from_millis(1));
         let mut area = 0.0;
         for &(end, avg, period) in self.samples.iter().rev() {
             let age = now.saturating_duration_since(end);
@@ -176,8 +187,13 @@ impl Kpa {
         };
 
         // Not enough history yet: hold the initial scale for one stable window.
-        if now.saturating_duration_since(self.created) < self.cfg.stable_window.0 && self.panic_since.is_none() {
-            desired = desired.max(self.last.min(self.cfg.initial_scale.max(self.cfg.min_scale)));
+        if now.saturating_duration_since(self.created) < self.cfg.stable_window.0
+            && self.panic_since.is_none()
+        {
+            desired = desired.max(
+                self.last
+                    .min(self.cfg.initial_scale.max(self.cfg.min_scale)),
+            );
         }
 
         // Scale-down delay: the maximum over the trailing window.
@@ -190,18 +206,27 @@ impl Kpa {
                     break;
                 };
             }
-            desired = self.delayed.iter().map(|&(_, d)| d).max().unwrap_or(desired);
+            desired = self
+                .delayed
+                .iter()
+                .map(|&(_, d)| d)
+                .max()
+                .unwrap_or(desired);
         }
 
         // Activator poke: requests are waiting and nothing serves them.
         if ready == 0 && waiting > 0 {
-            desired = desired.max((waiting as f64 / target).ceil() as u32).max(self.cfg.activation_scale);
+            desired = desired
+                .max((waiting as f64 / target).ceil() as u32)
+                .max(self.cfg.activation_scale);
         }
 
         // Zero only after the grace period.
         if desired == 0 {
             let since = *self.zero_since.get_or_insert(now);
-            if self.last > 0 && now.saturating_duration_since(since) < self.cfg.scale_to_zero_grace_period.0 {
+            if self.last > 0
+                && now.saturating_duration_since(since) < self.cfg.scale_to_zero_grace_period.0
+            {
                 desired = 1;
             }
         } else {
@@ -210,10 +235,19 @@ impl Kpa {
         if self.last == 0 && desired > 0 {
             desired = desired.max(self.cfg.activation_scale);
         }
-        let max = if self.cfg.max_scale == 0 { LOCAL_MAX_INSTANCES } else { self.cfg.max_scale.min(LOCAL_MAX_INSTANCES) };
+        let max = if self.cfg.max_scale == 0 {
+            LOCAL_MAX_INSTANCES
+        } else {
+            self.cfg.max_scale.min(LOCAL_MAX_INSTANCES)
+        };
         desired = desired.clamp(self.cfg.min_scale.min(max), max);
         self.last = desired;
-        Decision { desired, panicking: self.panic_since.is_some(), avg_stable, avg_panic }
+        Decision {
+            desired,
+            panicking: self.panic_since.is_some(),
+            avg_stable,
+            avg_panic,
+        }
     }
 }
 
@@ -235,7 +269,12 @@ mod tests {
         fn new(cfg: Scaling) -> Self {
             let now = Instant::now();
             let ready = cfg.initial_scale;
-            Self { kpa: Kpa::new(cfg, now), now, ready, log: Vec::new() }
+            Self {
+                kpa: Kpa::new(cfg, now),
+                now,
+                ready,
+                log: Vec::new(),
+            }
         }
 
         fn run(&mut self, secs: f64, load: impl Fn(f64) -> f64) {
@@ -255,7 +294,10 @@ mod tests {
     }
 
     fn cfg() -> Scaling {
-        Scaling { container_concurrency: 10, ..Scaling::default() }
+        Scaling {
+            container_concurrency: 10,
+            ..Scaling::default()
+        }
     }
 
     #[test]
@@ -275,17 +317,35 @@ mod tests {
         let spike_at = 120.0;
         d.run(30.0, |_| 70.0);
         d.run(200.0, |_| 7.0);
-        let entered = d.log.iter().find(|(t, x)| *t > spike_at && x.panicking).expect("never panicked").0;
-        assert!(entered - spike_at <= 2.0 + 1e-9, "panic entered {:.0}s after the spike", entered - spike_at);
+        let entered = d
+            .log
+            .iter()
+            .find(|(t, x)| *t > spike_at && x.panicking)
+            .expect("never panicked")
+            .0;
+        assert!(
+            entered - spike_at <= 2.0 + 1e-9,
+            "panic entered {:.0}s after the spike",
+            entered - spike_at
+        );
         // While panicking, the decision never decreases.
-        let panic_ticks: Vec<&(f64, Decision)> = d.log.iter().filter(|(_, x)| x.panicking).collect();
+        let panic_ticks: Vec<&(f64, Decision)> =
+            d.log.iter().filter(|(_, x)| x.panicking).collect();
         for w in panic_ticks.windows(2) {
-            assert!(w[1].1.desired >= w[0].1.desired, "scaled down in panic: {:?} → {:?}", w[0], w[1]);
+            assert!(
+                w[1].1.desired >= w[0].1.desired,
+                "scaled down in panic: {:?} → {:?}",
+                w[0],
+                w[1]
+            );
         }
         assert!(panic_ticks.iter().map(|p| p.1.desired).max().unwrap() >= 10);
         // Panic ends a full stable window after the last trigger (not before), then it scales back down.
         let left = d.log.iter().rev().find(|(_, x)| x.panicking).unwrap().0;
-        assert!(left >= entered + 60.0 - 2.0 && left < spike_at + 30.0 + 60.0, "entered panic at {entered}, left at {left}");
+        assert!(
+            left >= entered + 60.0 - 2.0 && left < spike_at + 30.0 + 60.0,
+            "entered panic at {entered}, left at {left}"
+        );
         assert_eq!(d.ready, 1);
     }
 
@@ -294,11 +354,19 @@ mod tests {
         let mut d = Drive::new(cfg());
         d.run(60.0, |_| 7.0);
         d.run(200.0, |_| 0.0);
-        let zero_at = d.log.iter().find(|(_, x)| x.desired == 0).expect("never reached zero").0;
+        let zero_at = d
+            .log
+            .iter()
+            .find(|(_, x)| x.desired == 0)
+            .expect("never reached zero")
+            .0;
         // Traffic stopped at 60 s: the stable window must drain (60 s) and then the grace (30 s).
         assert!((148.0..=154.0).contains(&zero_at), "zero at {zero_at}");
         // min-scale keeps it up.
-        let mut d = Drive::new(Scaling { min_scale: 2, ..cfg() });
+        let mut d = Drive::new(Scaling {
+            min_scale: 2,
+            ..cfg()
+        });
         d.run(300.0, |_| 0.0);
         assert_eq!(d.ready, 2);
     }
@@ -311,30 +379,58 @@ mod tests {
         d.run(200.0, |_| 0.0);
         let downs: Vec<u32> = d.log.iter().map(|(_, x)| x.desired).collect();
         for w in downs.windows(2) {
-            assert!(w[1] * 2 >= w[0] || w[1] == 0, "dropped from {} to {} in one tick", w[0], w[1]);
+            assert!(
+                w[1] * 2 >= w[0] || w[1] == 0,
+                "dropped from {} to {} in one tick",
+                w[0],
+                w[1]
+            );
         }
-        let mut d = Drive::new(Scaling { scale_down_delay: Dur::secs(30), ..cfg() });
+        let mut d = Drive::new(Scaling {
+            scale_down_delay: Dur::secs(30),
+            ..cfg()
+        });
         d.run(70.0, |_| 35.0);
         let peak_end = 70.0;
         d.run(120.0, |_| 7.0);
         // The stable average takes 60 s to fall; with a 30 s delay the first decrease comes ≥ 30 s
         // after the decision first fell.
-        let first_drop = d.log.iter().find(|(t, x)| *t > peak_end && x.desired < 5).unwrap().0;
+        let first_drop = d
+            .log
+            .iter()
+            .find(|(t, x)| *t > peak_end && x.desired < 5)
+            .unwrap()
+            .0;
         let mut nodelay = Drive::new(cfg());
         nodelay.run(70.0, |_| 35.0);
         nodelay.run(120.0, |_| 7.0);
-        let nd_drop = nodelay.log.iter().find(|(t, x)| *t > peak_end && x.desired < 5).unwrap().0;
-        assert!((first_drop - nd_drop - 30.0).abs() <= 2.0 + 1e-9, "delay {first_drop} vs {nd_drop}");
+        let nd_drop = nodelay
+            .log
+            .iter()
+            .find(|(t, x)| *t > peak_end && x.desired < 5)
+            .unwrap()
+            .0;
+        assert!(
+            (first_drop - nd_drop - 30.0).abs() <= 2.0 + 1e-9,
+            "delay {first_drop} vs {nd_drop}"
+        );
     }
 
     #[test]
     fn from_zero_the_poke_scales_at_once_and_max_scale_caps() {
-        let c = Scaling { initial_scale: 0, max_scale: 3, ..cfg() };
+        let c = Scaling {
+            initial_scale: 0,
+            max_scale: 3,
+            ..cfg()
+        };
         let now = Instant::now();
         let mut k = Kpa::new(c, now);
         assert_eq!(k.decide(now, 0, 0).desired, 0);
         let d = k.decide(now + Duration::from_millis(10), 0, 100);
-        assert_eq!(d.desired, 3, "100 waiting / 7 per instance, capped at max-scale 3");
+        assert_eq!(
+            d.desired, 3,
+            "100 waiting / 7 per instance, capped at max-scale 3"
+        );
     }
 
     #[test]

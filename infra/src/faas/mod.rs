@@ -7,5 +7,5 @@ pub mod deploy;
 pub mod kpa;
 pub mod runtime;
 
-pub use config::{DeploymentConfig, Dur, Scaling};
+pub use config::{DeploymentConfig, Dur, DurationError, Scaling};
 pub use runtime::{Deployment, DeploymentStatus, Endpoint, FunctionRuntime};

@@ -17,7 +17,10 @@ pub struct ArithmeticConfig {
 
 impl Default for ArithmeticConfig {
     fn default() -> Self {
-        Self { max_operand: 9, ops: vec!['+'] }
+        Self {
+            max_operand: 9,
+            ops: vec!['+'],
+        }
     }
 }
 
@@ -30,7 +33,12 @@ pub struct Arithmetic {
 
 impl Arithmetic {
     pub fn new(cfg: ArithmeticConfig) -> Self {
-        Self { cfg, question: String::new(), answer: 0, done: true }
+        Self {
+            cfg,
+            question: String::new(),
+            answer: 0,
+            done: true,
+        }
     }
 
     pub fn answer(&self) -> i64 {
@@ -62,7 +70,11 @@ impl Environment for Arithmetic {
         let mut rng = SmallRng::seed_from_u64(seed);
         let m = self.cfg.max_operand.max(1);
         let (a, b) = (rng.random_range(0..=m), rng.random_range(0..=m));
-        let ops = if self.cfg.ops.is_empty() { vec!['+'] } else { self.cfg.ops.clone() };
+        let ops = if self.cfg.ops.is_empty() {
+            vec!['+']
+        } else {
+            self.cfg.ops.clone()
+        };
         let op = ops[rng.random_range(0..ops.len())];
         self.answer = match op {
             '-' => a - b,
@@ -81,7 +93,9 @@ impl Environment for Arithmetic {
 
     async fn step(&mut self, action: &str, _tokens: &[u32]) -> Result<StepOutcome, EnvError> {
         if self.done {
-            return Err(EnvError::Failed("step after the episode ended; reset first".into()));
+            return Err(EnvError::Failed(
+                "step after the episode ended; reset first".into(),
+            ));
         }
         self.done = true;
         let got = first_integer(action);

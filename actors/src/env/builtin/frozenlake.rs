@@ -10,7 +10,9 @@ use crate::env::{EnvError, Environment, Observation, StepOutcome};
 
 /// The classic maps.
 pub const MAP_4X4: [&str; 4] = ["SFFF", "FHFH", "FFFH", "HFFG"];
-pub const MAP_8X8: [&str; 8] = ["SFFFFFFF", "FFFFFFFF", "FFFHFFFF", "FFFFFHFF", "FFFHFFFF", "FHHFFFHF", "FHFFHFHF", "FFFHFFFG"];
+pub const MAP_8X8: [&str; 8] = [
+    "SFFFFFFF", "FFFFFFFF", "FFFHFFFF", "FFFFFHFF", "FFFHFFFF", "FHHFFFHF", "FHFFHFHF", "FFFHFFFG",
+];
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct FrozenLakeConfig {
@@ -24,7 +26,12 @@ pub struct FrozenLakeConfig {
 
 impl Default for FrozenLakeConfig {
     fn default() -> Self {
-        Self { size: 4, slippery: false, random_map: false, invalid: InvalidAction::default() }
+        Self {
+            size: 4,
+            slippery: false,
+            random_map: false,
+            invalid: InvalidAction::default(),
+        }
     }
 }
 
@@ -38,7 +45,13 @@ pub struct FrozenLake {
 
 impl FrozenLake {
     pub fn new(cfg: FrozenLakeConfig) -> Self {
-        Self { cfg, map: Vec::new(), pos: (0, 0), rng: SmallRng::seed_from_u64(0), done: true }
+        Self {
+            cfg,
+            map: Vec::new(),
+            pos: (0, 0),
+            rng: SmallRng::seed_from_u64(0),
+            done: true,
+        }
     }
 
     fn classic(size: usize) -> Vec<Vec<u8>> {
@@ -49,7 +62,13 @@ impl FrozenLake {
     /// A random map with holes at density 0.2, regenerated until G is reachable from S.
     fn random(size: usize, rng: &mut SmallRng) -> Vec<Vec<u8>> {
         loop {
-            let mut m: Vec<Vec<u8>> = (0..size).map(|_| (0..size).map(|_| if rng.random_bool(0.2) { b'H' } else { b'F' }).collect()).collect();
+            let mut m: Vec<Vec<u8>> = (0..size)
+                .map(|_| {
+                    (0..size)
+                        .map(|_| if rng.random_bool(0.2) { b'H' } else { b'F' })
+                        .collect()
+                })
+                .collect();
             m[0][0] = b'S';
             m[size - 1][size - 1] = b'G';
             if reachable(&m) {
@@ -61,7 +80,17 @@ impl FrozenLake {
     pub fn render(&self) -> String {
         let mut s = String::new();
         for (r, row) in self.map.iter().enumerate() {
-            let line: Vec<String> = row.iter().enumerate().map(|(c, &t)| if (r, c) == self.pos { "P".to_string() } else { (t as char).to_string() }).collect();
+            let line: Vec<String> = row
+                .iter()
+                .enumerate()
+                .map(|(c, &t)| {
+                    if (r, c) == self.pos {
+                        "P".to_string()
+                    } else {
+                        (t as char).to_string()
+                    }
+                })
+                .collect();
             s.push_str(&line.join(" "));
             s.push('\n');
         }
@@ -69,7 +98,12 @@ impl FrozenLake {
     }
 
     fn obs(&self) -> Observation {
-        Observation { text: self.render(), tokens: None, sim_response_len: None, reference: None }
+        Observation {
+            text: self.render(),
+            tokens: None,
+            sim_response_len: None,
+            reference: None,
+        }
     }
 }
 
@@ -100,7 +134,11 @@ impl Environment for FrozenLake {
     async fn reset(&mut self, seed: u64) -> Result<Observation, EnvError> {
         self.rng = SmallRng::seed_from_u64(seed);
         let size = if self.cfg.size == 8 { 8 } else { 4 };
-        self.map = if self.cfg.random_map { Self::random(size, &mut self.rng) } else { Self::classic(size) };
+        self.map = if self.cfg.random_map {
+            Self::random(size, &mut self.rng)
+        } else {
+            Self::classic(size)
+        };
         self.pos = (0, 0);
         self.done = false;
         Ok(self.obs())
@@ -108,7 +146,9 @@ impl Environment for FrozenLake {
 
     async fn step(&mut self, action: &str, _tokens: &[u32]) -> Result<StepOutcome, EnvError> {
         if self.done {
-            return Err(EnvError::Failed("step after the episode ended; reset first".into()));
+            return Err(EnvError::Failed(
+                "step after the episode ended; reset first".into(),
+            ));
         }
         let Some(intended) = Dir::parse(action) else {
             let (outcome, done) = self.cfg.invalid.outcome(self.obs());
@@ -125,7 +165,10 @@ impl Environment for FrozenLake {
         };
         let n = self.map.len() as i32;
         let (dr, dc) = dir.delta();
-        let (r, c) = ((self.pos.0 as i32 + dr).clamp(0, n - 1), (self.pos.1 as i32 + dc).clamp(0, n - 1));
+        let (r, c) = (
+            (self.pos.0 as i32 + dr).clamp(0, n - 1),
+            (self.pos.1 as i32 + dc).clamp(0, n - 1),
+        );
         self.pos = (r as usize, c as usize);
         let tile = self.map[self.pos.0][self.pos.1];
         let (terminated, success) = match tile {
@@ -134,7 +177,13 @@ impl Environment for FrozenLake {
             _ => (false, false),
         };
         self.done = terminated;
-        Ok(StepOutcome { observation: self.obs(), reward: if success { 1.0 } else { 0.0 }, terminated, success, ..StepOutcome::default() })
+        Ok(StepOutcome {
+            observation: self.obs(),
+            reward: if success { 1.0 } else { 0.0 },
+            terminated,
+            success,
+            ..StepOutcome::default()
+        })
     }
 
     async fn close(&mut self) {}

@@ -24,7 +24,10 @@ pub struct InvalidAction {
 
 impl Default for InvalidAction {
     fn default() -> Self {
-        Self { penalty: -0.1, end_episode: false }
+        Self {
+            penalty: -0.1,
+            end_episode: false,
+        }
     }
 }
 
@@ -33,7 +36,16 @@ impl InvalidAction {
     /// truncation when invalid actions end the episode. Returns it with the new `done` flag.
     pub fn outcome(&self, observation: crate::env::Observation) -> (crate::env::StepOutcome, bool) {
         let done = self.end_episode;
-        (crate::env::StepOutcome { observation, reward: self.penalty, truncated: done, invalid_action: true, ..Default::default() }, done)
+        (
+            crate::env::StepOutcome {
+                observation,
+                reward: self.penalty,
+                truncated: done,
+                invalid_action: true,
+                ..Default::default()
+            },
+            done,
+        )
     }
 }
 
@@ -49,7 +61,11 @@ pub enum Dir {
 impl Dir {
     /// Parses the first word of an answer: `left|down|right|up` or `l|d|r|u`, any case.
     pub fn parse(action: &str) -> Option<Self> {
-        let w = action.split_whitespace().next()?.trim_matches(|c: char| !c.is_ascii_alphabetic()).to_ascii_lowercase();
+        let w = action
+            .split_whitespace()
+            .next()?
+            .trim_matches(|c: char| !c.is_ascii_alphabetic())
+            .to_ascii_lowercase();
         match w.as_str() {
             "left" | "l" => Some(Self::Left),
             "down" | "d" => Some(Self::Down),

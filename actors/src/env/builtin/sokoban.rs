@@ -22,7 +22,12 @@ pub struct SokobanConfig {
 
 impl Default for SokobanConfig {
     fn default() -> Self {
-        Self { size: 6, boxes: 1, scramble: 12, invalid: InvalidAction::default() }
+        Self {
+            size: 6,
+            boxes: 1,
+            scramble: 12,
+            invalid: InvalidAction::default(),
+        }
     }
 }
 
@@ -44,7 +49,10 @@ impl State {
     }
 
     fn on_target(&self) -> usize {
-        self.boxes.iter().filter(|b| self.targets.contains(b)).count()
+        self.boxes
+            .iter()
+            .filter(|b| self.targets.contains(b))
+            .count()
     }
 }
 
@@ -61,19 +69,36 @@ pub struct Sokoban {
 
 impl Sokoban {
     pub fn new(cfg: SokobanConfig) -> Self {
-        Self { cfg, st: None, done: true }
+        Self {
+            cfg,
+            st: None,
+            done: true,
+        }
     }
 
     /// Generates a room by reverse play from the solved state.
     fn generate(cfg: &SokobanConfig, rng: &mut SmallRng) -> State {
         let n = cfg.size.clamp(5, 10);
         loop {
-            let walls: Vec<Vec<bool>> = (0..n).map(|r| (0..n).map(|c| r == 0 || c == 0 || r == n - 1 || c == n - 1).collect()).collect();
-            let mut cells: Vec<(usize, usize)> = (1..n - 1).flat_map(|r| (1..n - 1).map(move |c| (r, c))).collect();
+            let walls: Vec<Vec<bool>> = (0..n)
+                .map(|r| {
+                    (0..n)
+                        .map(|c| r == 0 || c == 0 || r == n - 1 || c == n - 1)
+                        .collect()
+                })
+                .collect();
+            let mut cells: Vec<(usize, usize)> = (1..n - 1)
+                .flat_map(|r| (1..n - 1).map(move |c| (r, c)))
+                .collect();
             let mut pick = |rng: &mut SmallRng| cells.swap_remove(rng.random_range(0..cells.len()));
             let targets: Vec<_> = (0..cfg.boxes.clamp(1, 2)).map(|_| pick(rng)).collect();
             let player = pick(rng);
-            let mut st = State { walls, boxes: targets.clone(), targets, player };
+            let mut st = State {
+                walls,
+                boxes: targets.clone(),
+                targets,
+                player,
+            };
             // Reverse moves: the player steps back, pulling a box that was in front of it.
             for _ in 0..cfg.scramble.max(1) * 4 {
                 let d = Dir::ALL[rng.random_range(0..4)];
@@ -82,7 +107,10 @@ impl Sokoban {
                     continue;
                 }
                 let (dr, dc) = d.delta();
-                let front = ((st.player.0 as i32 - dr) as usize, (st.player.1 as i32 - dc) as usize);
+                let front = (
+                    (st.player.0 as i32 - dr) as usize,
+                    (st.player.1 as i32 - dc) as usize,
+                );
                 if let Some(i) = st.boxes.iter().position(|&b| b == front)
                     && rng.random_bool(0.7)
                 {
@@ -97,7 +125,9 @@ impl Sokoban {
     }
 
     pub fn render(&self) -> String {
-        let Some(st) = &self.st else { return String::new() };
+        let Some(st) = &self.st else {
+            return String::new();
+        };
         let mut s = String::new();
         for r in 0..st.walls.len() {
             for c in 0..st.walls[r].len() {
@@ -121,7 +151,12 @@ impl Sokoban {
     }
 
     fn obs(&self) -> Observation {
-        Observation { text: self.render(), tokens: None, sim_response_len: None, reference: None }
+        Observation {
+            text: self.render(),
+            tokens: None,
+            sim_response_len: None,
+            reference: None,
+        }
     }
 }
 
@@ -135,9 +170,13 @@ impl Environment for Sokoban {
 
     async fn step(&mut self, action: &str, _tokens: &[u32]) -> Result<StepOutcome, EnvError> {
         if self.done {
-            return Err(EnvError::Failed("step after the episode ended; reset first".into()));
+            return Err(EnvError::Failed(
+                "step after the episode ended; reset first".into(),
+            ));
         }
-        let Some(st) = self.st.as_mut() else { return Err(EnvError::Failed("reset first".into())) };
+        let Some(st) = self.st.as_mut() else {
+            return Err(EnvError::Failed("reset first".into()));
+        };
         let Some(d) = Dir::parse(action) else {
             let (outcome, done) = self.cfg.invalid.outcome(self.obs());
             self.done = done;
@@ -164,7 +203,13 @@ impl Environment for Sokoban {
             reward += 1.0;
         }
         self.done = solved;
-        Ok(StepOutcome { observation: self.obs(), reward, terminated: solved, success: solved, ..StepOutcome::default() })
+        Ok(StepOutcome {
+            observation: self.obs(),
+            reward,
+            terminated: solved,
+            success: solved,
+            ..StepOutcome::default()
+        })
     }
 
     async fn close(&mut self) {}

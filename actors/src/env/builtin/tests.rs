@@ -6,12 +6,22 @@ use super::{Dir, InvalidAction};
 use crate::env::Environment;
 
 fn block<F: Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread().build().expect("runtime").block_on(f)
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime")
+        .block_on(f)
 }
 
 #[test]
 fn actions_parse_as_documented() {
-    let cases = [("left", Some(Dir::Left)), ("D", Some(Dir::Down)), (" right please", Some(Dir::Right)), ("up.", Some(Dir::Up)), ("jump", None), ("", None)];
+    let cases = [
+        ("left", Some(Dir::Left)),
+        ("D", Some(Dir::Down)),
+        (" right please", Some(Dir::Right)),
+        ("up.", Some(Dir::Up)),
+        ("jump", None),
+        ("", None),
+    ];
     for (text, want) in cases {
         assert_eq!(Dir::parse(text), want, "{text:?}");
     }
@@ -45,11 +55,23 @@ fn frozenlake_follows_the_rules() {
 #[test]
 fn frozenlake_invalid_actions_cost_the_penalty_or_end_the_episode() {
     block(async {
-        let mut e = FrozenLake::new(FrozenLakeConfig { invalid: InvalidAction { penalty: -0.5, end_episode: false }, ..Default::default() });
+        let mut e = FrozenLake::new(FrozenLakeConfig {
+            invalid: InvalidAction {
+                penalty: -0.5,
+                end_episode: false,
+            },
+            ..Default::default()
+        });
         e.reset(1).await.unwrap();
         let s = e.step("fly", &[]).await.unwrap();
         assert!(s.invalid_action && s.reward == -0.5 && !s.terminated && !s.truncated);
-        let mut e = FrozenLake::new(FrozenLakeConfig { invalid: InvalidAction { penalty: 0.0, end_episode: true }, ..Default::default() });
+        let mut e = FrozenLake::new(FrozenLakeConfig {
+            invalid: InvalidAction {
+                penalty: 0.0,
+                end_episode: true,
+            },
+            ..Default::default()
+        });
         e.reset(1).await.unwrap();
         let s = e.step("\u{0}\u{1}garbage", &[]).await.unwrap();
         assert!(s.invalid_action && s.truncated);
@@ -59,7 +81,12 @@ fn frozenlake_invalid_actions_cost_the_penalty_or_end_the_episode() {
 #[test]
 fn frozenlake_seeds_fix_random_maps_and_slips() {
     block(async {
-        let cfg = FrozenLakeConfig { size: 8, slippery: true, random_map: true, ..Default::default() };
+        let cfg = FrozenLakeConfig {
+            size: 8,
+            slippery: true,
+            random_map: true,
+            ..Default::default()
+        };
         let run = |seed| {
             let cfg = cfg.clone();
             async move {
@@ -76,12 +103,19 @@ fn frozenlake_seeds_fix_random_maps_and_slips() {
             }
         };
         assert_eq!(run(3).await, run(3).await);
-        assert_ne!(run(3).await[0], run(4).await[0], "another seed, another map");
+        assert_ne!(
+            run(3).await[0],
+            run(4).await[0],
+            "another seed, another map"
+        );
         assert_eq!(run(3).await[0].lines().count(), 8);
         // Slippery: the same intended move does not always go the same way.
         let mut moved = std::collections::BTreeSet::new();
         for seed in 0..30 {
-            let mut e = FrozenLake::new(FrozenLakeConfig { slippery: true, ..Default::default() });
+            let mut e = FrozenLake::new(FrozenLakeConfig {
+                slippery: true,
+                ..Default::default()
+            });
             e.reset(seed).await.unwrap();
             moved.insert(e.step("right", &[]).await.unwrap().observation.text);
         }
@@ -94,13 +128,26 @@ fn sokoban_rooms_are_solvable_and_pushing_works() {
     block(async {
         for boxes in [1, 2] {
             for seed in 0..20 {
-                let mut e = Sokoban::new(SokobanConfig { boxes, ..Default::default() });
+                let mut e = Sokoban::new(SokobanConfig {
+                    boxes,
+                    ..Default::default()
+                });
                 let text = e.reset(seed).await.unwrap().text;
                 assert_eq!(text.matches(['$', '*']).count(), boxes, "{text}");
                 assert_eq!(text.matches(['.', '*', '+']).count(), boxes, "{text}");
                 assert_eq!(text.matches(['@', '+']).count(), 1, "{text}");
                 // Solvable: a breadth-first search over moves finds the solution.
-                assert!(solve(SokobanConfig { boxes, ..Default::default() }, seed).await, "seed {seed} with {boxes} boxes is unsolvable:\n{text}");
+                assert!(
+                    solve(
+                        SokobanConfig {
+                            boxes,
+                            ..Default::default()
+                        },
+                        seed
+                    )
+                    .await,
+                    "seed {seed} with {boxes} boxes is unsolvable:\n{text}"
+                );
             }
         }
         let mut e = Sokoban::new(SokobanConfig::default());
@@ -150,7 +197,10 @@ async fn solve(cfg: SokobanConfig, seed: u64) -> bool {
 #[test]
 fn arithmetic_checks_the_answer() {
     block(async {
-        let mut e = Arithmetic::new(ArithmeticConfig { max_operand: 20, ops: vec!['+', '-', '*'] });
+        let mut e = Arithmetic::new(ArithmeticConfig {
+            max_operand: 20,
+            ops: vec!['+', '-', '*'],
+        });
         let q = e.reset(5).await.unwrap().text;
         let ans = e.answer();
         assert!(q.ends_with('='));
@@ -162,7 +212,13 @@ fn arithmetic_checks_the_answer() {
         e.reset(5).await.unwrap();
         assert!(e.step("no idea", &[]).await.unwrap().invalid_action);
     });
-    for (text, want) in [("12", Some(12)), ("x = -3", Some(-3)), ("\\boxed{7}", Some(7)), ("a-b", None), ("", None)] {
+    for (text, want) in [
+        ("12", Some(12)),
+        ("x = -3", Some(-3)),
+        ("\\boxed{7}", Some(7)),
+        ("a-b", None),
+        ("", None),
+    ] {
         assert_eq!(first_integer(text), want, "{text:?}");
     }
 }
@@ -170,9 +226,21 @@ fn arithmetic_checks_the_answer() {
 #[test]
 fn tictactoe_opponent_wins_blocks_and_takes_the_centre() {
     let b = |s: &str| -> [u8; 9] { s.as_bytes().try_into().unwrap() };
-    assert_eq!(opponent_move(&b("OO.XX...."), b'O', b'X'), Some(2), "win first");
-    assert_eq!(opponent_move(&b("XX.O....."), b'O', b'X'), Some(2), "then block");
-    assert_eq!(opponent_move(&b("X........"), b'O', b'X'), Some(4), "then the centre");
+    assert_eq!(
+        opponent_move(&b("OO.XX...."), b'O', b'X'),
+        Some(2),
+        "win first"
+    );
+    assert_eq!(
+        opponent_move(&b("XX.O....."), b'O', b'X'),
+        Some(2),
+        "then block"
+    );
+    assert_eq!(
+        opponent_move(&b("X........"), b'O', b'X'),
+        Some(4),
+        "then the centre"
+    );
     block(async {
         let mut e = TicTacToe::new(TicTacToeConfig::default());
         e.reset(0).await.unwrap();
@@ -183,6 +251,9 @@ fn tictactoe_opponent_wins_blocks_and_takes_the_centre() {
         // X plays 3 and 7: O must block at 7 first.
         let s = e.step("3", &[]).await.unwrap();
         assert!(!s.terminated, "{}", s.observation.text);
-        assert_eq!(s.observation.text, "O . X\n. X .\nO . .\n", "O blocks the diagonal at cell 7");
+        assert_eq!(
+            s.observation.text, "O . X\n. X .\nO . .\n",
+            "O blocks the diagonal at cell 7"
+        );
     });
 }

@@ -8,7 +8,16 @@ use rand::{Rng, SeedableRng};
 use super::InvalidAction;
 use crate::env::{EnvError, Environment, Observation, StepOutcome};
 
-const LINES: [[usize; 3]; 8] = [[0, 1, 2], [3, 4, 5], [6, 7, 8], [0, 3, 6], [1, 4, 7], [2, 5, 8], [0, 4, 8], [2, 4, 6]];
+const LINES: [[usize; 3]; 8] = [
+    [0, 1, 2],
+    [3, 4, 5],
+    [6, 7, 8],
+    [0, 3, 6],
+    [1, 4, 7],
+    [2, 5, 8],
+    [0, 4, 8],
+    [2, 4, 6],
+];
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TicTacToeConfig {
@@ -24,7 +33,10 @@ pub struct TicTacToe {
 }
 
 fn winner(b: &[u8; 9]) -> Option<u8> {
-    LINES.iter().find(|l| b[l[0]] != b'.' && b[l[0]] == b[l[1]] && b[l[1]] == b[l[2]]).map(|l| b[l[0]])
+    LINES
+        .iter()
+        .find(|l| b[l[0]] != b'.' && b[l[0]] == b[l[1]] && b[l[1]] == b[l[2]])
+        .map(|l| b[l[0]])
 }
 
 /// The opponent's move for `me` on board `b`.
@@ -32,7 +44,9 @@ pub fn opponent_move(b: &[u8; 9], me: u8, other: u8) -> Option<usize> {
     let completing = |who: u8| {
         LINES.iter().find_map(|l| {
             let cells: Vec<u8> = l.iter().map(|&i| b[i]).collect();
-            (cells.iter().filter(|&&c| c == who).count() == 2).then(|| l.iter().copied().find(|&i| b[i] == b'.')).flatten()
+            (cells.iter().filter(|&&c| c == who).count() == 2)
+                .then(|| l.iter().copied().find(|&i| b[i] == b'.'))
+                .flatten()
         })
     };
     completing(me)
@@ -44,20 +58,44 @@ pub fn opponent_move(b: &[u8; 9], me: u8, other: u8) -> Option<usize> {
 
 impl TicTacToe {
     pub fn new(cfg: TicTacToeConfig) -> Self {
-        Self { cfg, board: [b'.'; 9], done: true }
+        Self {
+            cfg,
+            board: [b'.'; 9],
+            done: true,
+        }
     }
 
     pub fn render(&self) -> String {
-        self.board.chunks(3).map(|r| r.iter().map(|&c| (c as char).to_string()).collect::<Vec<_>>().join(" ") + "\n").collect()
+        self.board
+            .chunks(3)
+            .map(|r| {
+                r.iter()
+                    .map(|&c| (c as char).to_string())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+                    + "\n"
+            })
+            .collect()
     }
 
     fn obs(&self) -> Observation {
-        Observation { text: self.render(), tokens: None, sim_response_len: None, reference: None }
+        Observation {
+            text: self.render(),
+            tokens: None,
+            sim_response_len: None,
+            reference: None,
+        }
     }
 
     fn end(&mut self, reward: f64, success: bool) -> StepOutcome {
         self.done = true;
-        StepOutcome { observation: self.obs(), reward, terminated: true, success, ..StepOutcome::default() }
+        StepOutcome {
+            observation: self.obs(),
+            reward,
+            terminated: true,
+            success,
+            ..StepOutcome::default()
+        }
     }
 }
 
@@ -74,9 +112,17 @@ impl Environment for TicTacToe {
 
     async fn step(&mut self, action: &str, _tokens: &[u32]) -> Result<StepOutcome, EnvError> {
         if self.done {
-            return Err(EnvError::Failed("step after the episode ended; reset first".into()));
+            return Err(EnvError::Failed(
+                "step after the episode ended; reset first".into(),
+            ));
         }
-        let cell = action.trim().chars().next().and_then(|c| c.to_digit(10)).filter(|d| (1..=9).contains(d)).map(|d| d as usize - 1);
+        let cell = action
+            .trim()
+            .chars()
+            .next()
+            .and_then(|c| c.to_digit(10))
+            .filter(|d| (1..=9).contains(d))
+            .map(|d| d as usize - 1);
         let Some(cell) = cell.filter(|&c| self.board[c] == b'.') else {
             let (outcome, done) = self.cfg.invalid.outcome(self.obs());
             self.done = done;
@@ -95,7 +141,10 @@ impl Environment for TicTacToe {
                 } else if !self.board.contains(&b'.') {
                     Ok(self.end(0.5, true))
                 } else {
-                    Ok(StepOutcome { observation: self.obs(), ..StepOutcome::default() })
+                    Ok(StepOutcome {
+                        observation: self.obs(),
+                        ..StepOutcome::default()
+                    })
                 }
             }
         }

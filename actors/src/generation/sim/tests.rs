@@ -5,7 +5,10 @@ use super::*;
 use crate::generation::{SamplingParams, spawn_engine};
 
 fn cfg(model: &str, device: &str) -> SimEngineConfig {
-    SimEngineConfig::new(DeviceProfile::builtin(device).unwrap(), ModelProfile::builtin(model).unwrap())
+    SimEngineConfig::new(
+        DeviceProfile::builtin(device).unwrap(),
+        ModelProfile::builtin(model).unwrap(),
+    )
 }
 
 fn req(id: u64, session: u64, context: usize, answer: u32) -> GenRequest {
@@ -13,7 +16,11 @@ fn req(id: u64, session: u64, context: usize, answer: u32) -> GenRequest {
         id,
         session,
         context: Arc::new(vec![7; context]),
-        params: SamplingParams { max_tokens: 4096, seed: id, ..SamplingParams::default() },
+        params: SamplingParams {
+            max_tokens: 4096,
+            seed: id,
+            ..SamplingParams::default()
+        },
         sim_response_len: Some(answer),
         prefilled: false,
     }
@@ -21,7 +28,11 @@ fn req(id: u64, session: u64, context: usize, answer: u32) -> GenRequest {
 
 #[test]
 fn fused_iterations_cost_what_single_steps_cost_and_leave_the_same_state() {
-    for (model, device, batch) in [("qwen3-8b", "H20", 3usize), ("qwen3-32b", "H800", 40), ("qwen3-30b-a3b", "H20", 200)] {
+    for (model, device, batch) in [
+        ("qwen3-8b", "H20", 3usize),
+        ("qwen3-32b", "H800", 40),
+        ("qwen3-30b-a3b", "H20", 200),
+    ] {
         let mut single = SimEngine::new(cfg(model, device));
         let mut fused = SimEngine::new(cfg(model, device));
         for i in 0..batch as u64 {
@@ -45,11 +56,28 @@ fn fused_iterations_cost_what_single_steps_cost_and_leave_the_same_state() {
             finished.extend(r.finished.into_iter().map(|(id, _)| id));
         }
         let got = report.modelled.as_secs_f64();
-        assert!((got - sum).abs() <= 1e-9 * sum.max(1.0), "{model} on {device}: fused {got} s vs {sum} s stepped");
+        assert!(
+            (got - sum).abs() <= 1e-9 * sum.max(1.0),
+            "{model} on {device}: fused {got} s vs {sum} s stepped"
+        );
         assert_eq!(planned, report.modelled);
-        assert_eq!(report.finished.iter().map(|(id, _)| *id).collect::<Vec<_>>(), finished);
-        assert!(!finished.is_empty() || k == fused.cfg.max_fused_iterations, "{model}: a fused step runs up to the first sequence that finishes");
-        assert_eq!(fused.load(), single.load(), "{model}: same tokens, KV and counters");
+        assert_eq!(
+            report
+                .finished
+                .iter()
+                .map(|(id, _)| *id)
+                .collect::<Vec<_>>(),
+            finished
+        );
+        assert!(
+            !finished.is_empty() || k == fused.cfg.max_fused_iterations,
+            "{model}: a fused step runs up to the first sequence that finishes"
+        );
+        assert_eq!(
+            fused.load(),
+            single.load(),
+            "{model}: same tokens, KV and counters"
+        );
         // Prefix durations are monotone (the loop's cut relies on it).
         assert!((1..k).all(|j| fused_time_of(&single, j) <= fused_time_of(&single, j + 1)));
     }
@@ -64,11 +92,18 @@ fn a_fused_step_is_cut_at_the_iteration_boundary_after_a_command() {
     // One long answer decoding alone; a second request arrives mid-way. With fusion it must
     // start at the iteration boundary after its arrival, as with one iteration per step.
     let run = |fuse: u64| {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
         rt.block_on(async move {
             let mut c = cfg("qwen3-8b", "H20");
             c.max_fused_iterations = fuse;
-            let (h, _join) = spawn_engine(Box::new(SimEngine::new(c)), crate::generation::Placement::Task);
+            let (h, _join) = spawn_engine(
+                Box::new(SimEngine::new(c)),
+                crate::generation::LoopPlacement::Task,
+            );
             let t0 = tokio::time::Instant::now();
             let h2 = h.clone();
             let a = tokio::spawn(async move {
@@ -89,8 +124,14 @@ fn a_fused_step_is_cut_at_the_iteration_boundary_after_a_command() {
     // millisecond; fused steps sleep once. Agreement within that rounding:
     for ((n, x), (_, y)) in [(a1, a2), (b1, b2)] {
         let (x, y) = (x.as_secs_f64(), y.as_secs_f64());
-        assert!((x - y).abs() <= 0.001 * n as f64 + 0.002, "{x} s stepped vs {y} s fused");
-        assert!(y > 1.234, "the second request cannot finish before it arrived");
+        assert!(
+            (x - y).abs() <= 0.001 * n as f64 + 0.002,
+            "{x} s stepped vs {y} s fused"
+        );
+        assert!(
+            y > 1.234,
+            "the second request cannot finish before it arrived"
+        );
     }
 }
 
@@ -103,7 +144,12 @@ fn the_prefix_cache_serves_the_next_turn_and_evicts_least_recently_used_sessions
     let drain = |e: &mut SimEngine| {
         let mut out = Vec::new();
         while e.has_work() {
-            out.extend(e.step().finished.into_iter().map(|(id, r)| (id, r.unwrap())));
+            out.extend(
+                e.step()
+                    .finished
+                    .into_iter()
+                    .map(|(id, r)| (id, r.unwrap())),
+            );
         }
         out
     };
@@ -113,7 +159,10 @@ fn the_prefix_cache_serves_the_next_turn_and_evicts_least_recently_used_sessions
     assert_eq!(t1[0].1.prefill_tokens, 1000);
     e.add(req(2, 1, 1010 + 300, 10));
     let t2 = drain(&mut e);
-    assert_eq!(t2[0].1.prefill_tokens, 300, "the cached 1,010 tokens are not prefilled again");
+    assert_eq!(
+        t2[0].1.prefill_tokens, 300,
+        "the cached 1,010 tokens are not prefilled again"
+    );
     assert_eq!(e.cache_counters().0, 1);
     // Sessions that fill the memory evict session 1 (the least recently used).
     let big = (cap / 3) as usize;
@@ -124,7 +173,10 @@ fn the_prefix_cache_serves_the_next_turn_and_evicts_least_recently_used_sessions
     assert!(e.cache_counters().1 >= 1, "something was evicted");
     e.add(req(3, 1, 1320 + 50, 10));
     let t3 = drain(&mut e);
-    assert_eq!(t3[0].1.prefill_tokens, 1370, "an evicted session prefills its whole context");
+    assert_eq!(
+        t3[0].1.prefill_tokens, 1370,
+        "an evicted session prefills its whole context"
+    );
     // Never more KV than the memory holds.
     assert!(e.load().kv_tokens <= cap);
 }
@@ -140,7 +192,12 @@ fn prefill_only_requests_return_after_prefill() {
     let out = out.as_ref().unwrap();
     assert!(out.tokens.is_empty());
     assert_eq!(out.prefill_tokens, 4000);
-    let expect = prefill_seconds(&DeviceProfile::builtin("H800").unwrap(), &ModelProfile::builtin("qwen3-8b").unwrap(), Efficiency::default(), 4000.0);
+    let expect = prefill_seconds(
+        &DeviceProfile::builtin("H800").unwrap(),
+        &ModelProfile::builtin("qwen3-8b").unwrap(),
+        Efficiency::default(),
+        4000.0,
+    );
     assert!((rep.modelled.as_secs_f64() - expect).abs() < 1e-9);
 }
 
@@ -158,14 +215,27 @@ fn admissions_wait_for_kv_memory() {
     while e.load().waiting == 1 {
         e.step();
     }
-    assert_eq!(e.load().running, 1, "the second starts once the first has finished");
+    assert_eq!(
+        e.load().running,
+        1,
+        "the second starts once the first has finished"
+    );
 }
 
 #[test]
 fn weight_sync_direct_pull_is_minutes_for_32b_and_the_relay_seconds() {
     let w = ModelProfile::builtin("qwen3-32b").unwrap().weight_bytes();
-    let direct = WeightSync { mode: crate::device::SyncMode::Direct, shards: 32, gpus_per_shard: 2, ..WeightSync::default() };
-    let relay = WeightSync { shards: 32, gpus_per_shard: 2, ..WeightSync::default() };
+    let direct = WeightSync {
+        mode: crate::device::SyncMode::Direct,
+        shards: 32,
+        gpus_per_shard: 2,
+        ..WeightSync::default()
+    };
+    let relay = WeightSync {
+        shards: 32,
+        gpus_per_shard: 2,
+        ..WeightSync::default()
+    };
     let (d, r) = (direct.install_seconds(w), relay.install_seconds(w));
     assert!(d > 60.0 && r < 5.0, "direct {d} s, relay {r} s");
     assert!(relay.publish_seconds(w) < 0.1 && direct.publish_seconds(w) == 0.0);

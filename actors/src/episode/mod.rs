@@ -1,32 +1,33 @@
 //! The episode driver: one trajectory from reset to reward. Short-lived, owned (and aborted)
-//! by the scheduler. Token ids flow end to end: the context is the previous context plus the
+//! by the scheduler, which awaits its [`EpisodeOutcome`]. Token ids flow end to end: the context is the previous context plus the
 //! generated tokens plus the new observation's tokens; nothing is re-tokenised.
 
 use std::sync::Arc;
 
-use actors::buffer::BufferMsg;
-use actors::env::{EnvError, EnvPool, Observation};
-use actors::generation::shard::ShardHandle;
-use actors::generation::{GenError, GenRequest, SamplingParams};
-use actors::reward::SharedScorer;
-use actors::types::{FailureReason, PolicyVersion, Timings, Trajectory, Turn};
 use ractor::ActorRef;
 use tracing::Instrument;
 
-use super::barrier::WaveBarrier;
-use super::scheduler::SchedMsg;
+use crate::buffer::BufferMsg;
+use crate::env::{EnvError, EnvPool, Observation};
+use crate::generation::shard::ShardHandle;
+use crate::generation::{GenError, GenRequest, SamplingParams};
+use crate::reward::SharedScorer;
+use crate::types::{FailureReason, PolicyVersion, Timings, Trajectory, Turn};
+
+pub mod barrier;
+
+pub use barrier::WaveBarrier;
 
 /// What every episode of a job shares.
 pub struct EpisodeShared {
     pub buffer: ActorRef<BufferMsg>,
-    pub scheduler: ActorRef<SchedMsg>,
     pub tasks: Vec<EpisodeTask>,
     pub epoch: u64,
     pub started: tokio::time::Instant,
     pub batch_barrier: bool,
     /// The built-in policy's tokenizer: observations are framed `[BOS] text [SEP]`, the
     /// answer stops at EOT and is decoded to the action text. `None`: simulated tokens.
-    pub framing: Option<actors::model::tokenizer::ByteTokenizer>,
+    pub framing: Option<crate::model::tokenizer::ByteTokenizer>,
 }
 
 /// A task as episodes see it.
@@ -93,8 +94,12 @@ fn secs(since: tokio::time::Instant) -> f64 {
     since.elapsed().as_secs_f64()
 }
 
-fn encode(obs: &Observation, framing: Option<&actors::model::tokenizer::ByteTokenizer>, first: bool) -> Vec<u32> {
-    use actors::model::tokenizer::{BOS, SEP};
+fn encode(
+    obs: &Observation,
+    framing: Option<&crate::model::tokenizer::ByteTokenizer>,
+    first: bool,
+) -> Vec<u32> {
+    use crate::model::tokenizer::{BOS, SEP};
     match (framing, &obs.tokens) {
         (Some(tok), _) => {
             let mut v = if first { vec![BOS] } else { Vec::new() };
@@ -107,16 +112,33 @@ fn encode(obs: &Observation, framing: Option<&actors::model::tokenizer::ByteToke
     }
 }
 
-/// Drives one trajectory and hands it to the sample buffer (and tells the scheduler).
-pub async fn run(shared: Arc<EpisodeShared>, p: EpisodeParams) {
+/// What the scheduler learns when an episode ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EpisodeOutcome {
+    pub episode: u64,
+    pub task: usize,
+    /// Tokens prefilled and generated (for the cost model).
+    pub prefill: u64,
+    pub decode: u64,
+    /// Masked for an infrastructure failure (the buffer decides about a retry).
+    pub failed: bool,
+}
+
+/// Drives one trajectory, hands it to the sample buffer and returns its outcome.
+pub async fn run(shared: Arc<EpisodeShared>, p: EpisodeParams) -> EpisodeOutcome {
     let span = tracing::debug_span!("episode", episode = p.id, group = p.group, task = p.task);
     async move {
         let traj = drive(&shared, &p).await;
-        let prefill = traj.prefill_tokens() as u64;
-        let decode = traj.response_tokens() as u64;
-        let failed = traj.failure.is_some();
-        let _ = shared.buffer.cast(BufferMsg::Record(Box::new(traj), None));
-        let _ = shared.scheduler.cast(SchedMsg::EpisodeEnded { episode: p.id, task: p.task, prefill, decode, failed });
+        let outcome = EpisodeOutcome {
+            episode: p.id,
+            task: p.task,
+            prefill: traj.prefill_tokens() as u64,
+            decode: traj.response_tokens() as u64,
+            failed: traj.failure.is_some(),
+        };
+        // The buffer is critical: if it is gone the job is failing already.
+        let _ = shared.buffer.cast(BufferMsg::Record(Box::new(traj)));
+        outcome
     }
     .instrument(span)
     .await
@@ -142,7 +164,10 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
         reference: None,
         final_text: String::new(),
         allowed_tokens: task.allowed_tokens.as_deref().map(<[u32]>::to_vec),
-        timings: Timings { started_at_s: t_start.duration_since(shared.started).as_secs_f64(), ..Timings::default() },
+        timings: Timings {
+            started_at_s: t_start.duration_since(shared.started).as_secs_f64(),
+            ..Timings::default()
+        },
     };
     let wait0 = tokio::time::Instant::now();
     let Some(mut env) = task.envs.lease().await else {
@@ -152,7 +177,10 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
     };
     traj.timings.wait_s += secs(wait0);
     let t = tokio::time::Instant::now();
-    let first = env.reset(p.seed).instrument(tracing::trace_span!("env.reset")).await;
+    let first = env
+        .reset(p.seed)
+        .instrument(tracing::trace_span!("env.reset"))
+        .await;
     traj.timings.reset_s = secs(t);
     let mut obs = match first {
         Ok(o) => o,
@@ -191,7 +219,11 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
                 temperature: 1.0,
                 top_p: 1.0,
                 max_tokens: task.max_tokens_per_turn,
-                stop_tokens: if shared.framing.is_some() { vec![actors::model::tokenizer::EOT] } else { Vec::new() },
+                stop_tokens: if shared.framing.is_some() {
+                    vec![crate::model::tokenizer::EOT]
+                } else {
+                    Vec::new()
+                },
                 seed: p.sample_seed ^ (u64::from(turn_no) << 48),
                 allowed_tokens: task.allowed_tokens.clone(),
             },
@@ -201,8 +233,17 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
         let t = tokio::time::Instant::now();
         let started_at_s = t.duration_since(shared.started).as_secs_f64();
         let out = match &p.prefill {
-            None => p.shard.generate(req).instrument(tracing::trace_span!(parent: &turn_span, "generate")).await,
-            Some(route) => disaggregated(route, &p.shard, req).instrument(tracing::trace_span!(parent: &turn_span, "generate")).await,
+            None => {
+                p.shard
+                    .generate(req)
+                    .instrument(tracing::trace_span!(parent: &turn_span, "generate"))
+                    .await
+            }
+            Some(route) => {
+                disaggregated(route, &p.shard, req)
+                    .instrument(tracing::trace_span!(parent: &turn_span, "generate"))
+                    .await
+            }
         };
         traj.timings.generate_s += secs(t);
         let out = match out {
@@ -225,10 +266,17 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
             prefill_tokens: out.prefill_tokens,
             started_at_s,
         };
-        let action = shared.framing.as_ref().map(|t| t.decode(&turn.response_tokens)).unwrap_or_default();
+        let action = shared
+            .framing
+            .as_ref()
+            .map(|t| t.decode(&turn.response_tokens))
+            .unwrap_or_default();
         traj.final_text.clone_from(&action);
         let t = tokio::time::Instant::now();
-        let stepped = env.step(action, turn.response_tokens.clone()).instrument(tracing::trace_span!(parent: &turn_span, "env.step")).await;
+        let stepped = env
+            .step(action, turn.response_tokens.clone())
+            .instrument(tracing::trace_span!(parent: &turn_span, "env.step"))
+            .await;
         traj.timings.env_step_s += secs(t);
         match stepped {
             Ok(s) => {
@@ -265,7 +313,11 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
         let t = tokio::time::Instant::now();
         let mut total = 0.0;
         for s in &task.scorers {
-            match s.score(&traj).instrument(tracing::trace_span!("reward")).await {
+            match s
+                .score(&traj)
+                .instrument(tracing::trace_span!("reward"))
+                .await
+            {
                 Ok(r) => total += r,
                 Err(e) => {
                     traj.failure = Some(FailureReason::RewardFailed(e.to_string()));
@@ -278,22 +330,36 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
             traj.reward = Some(total);
         }
     }
-    traj.timings.ended_at_s = tokio::time::Instant::now().duration_since(shared.started).as_secs_f64();
+    traj.timings.ended_at_s = tokio::time::Instant::now()
+        .duration_since(shared.started)
+        .as_secs_f64();
     traj
 }
 
 /// One turn on a disaggregated pool: the prefill shard computes the context's KV (a request
 /// with no tokens to generate), the KV travels to the decode shard at the link's bandwidth,
 /// and the decode shard generates from it. The prefill shard's count is the turn's.
-async fn disaggregated(route: &PrefillRoute, decode: &ShardHandle, req: GenRequest) -> Result<actors::generation::GenOutput, GenError> {
+async fn disaggregated(
+    route: &PrefillRoute,
+    decode: &ShardHandle,
+    req: GenRequest,
+) -> Result<crate::generation::GenOutput, GenError> {
     let mut pre = req.clone();
     pre.params.max_tokens = 0;
     let prefilled = route.shard.generate(pre).await?.prefill_tokens;
     let bytes = prefilled as f64 * route.kv_bytes_per_token;
     if bytes > 0.0 {
-        tokio::time::sleep(std::time::Duration::from_secs_f64(bytes / route.bandwidth.max(1.0))).await;
+        tokio::time::sleep(std::time::Duration::from_secs_f64(
+            bytes / route.bandwidth.max(1.0),
+        ))
+        .await;
     }
-    let mut out = decode.generate(GenRequest { prefilled: true, ..req }).await?;
+    let mut out = decode
+        .generate(GenRequest {
+            prefilled: true,
+            ..req
+        })
+        .await?;
     out.prefill_tokens = prefilled;
     Ok(out)
 }

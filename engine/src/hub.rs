@@ -18,12 +18,20 @@ use infra::faas::{DeploymentConfig, DeploymentStatus, FunctionRuntime, Scaling};
 use infra::router::{Router, RouterConfig, RouterSnapshot, Target};
 use serde::Serialize;
 
-use crate::spec::{FunctionSpec, Placement};
+use crate::spec::{FunctionSpec, RewardPlacement};
 
 #[derive(Debug, thiserror::Error)]
 pub enum HubError {
-    #[error("reward function {name}: {message}")]
-    Deploy { name: String, message: String },
+    #[error("cannot start the function runtime")]
+    Runtime(#[source] std::io::Error),
+    #[error("reward function {name}: simulated functions do not run on the runtime")]
+    Simulated { name: String },
+    #[error("reward function {name}: deployment failed")]
+    Deploy {
+        name: String,
+        #[source]
+        source: infra::faas::runtime::RuntimeError,
+    },
 }
 
 pub struct FunctionHub {
@@ -54,7 +62,10 @@ pub fn default_fn_bin() -> PathBuf {
     }
     let exe = std::env::current_exe().unwrap_or_default();
     let dir = exe.parent().map(|p| p.to_path_buf()).unwrap_or_default();
-    for d in [Some(dir.clone()), dir.parent().map(|p| p.to_path_buf())].into_iter().flatten() {
+    for d in [Some(dir.clone()), dir.parent().map(|p| p.to_path_buf())]
+        .into_iter()
+        .flatten()
+    {
         let c = d.join("rollarc-fn");
         if c.is_file() {
             return c;
@@ -65,12 +76,18 @@ pub fn default_fn_bin() -> PathBuf {
 
 fn short_hash(s: &str) -> String {
     // FNV-1a, stable across runs (the name must be the same for the same configuration).
-    let h = s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
+    let h = s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    });
     format!("{:08x}", h as u32)
 }
 
 fn dns(s: &str) -> String {
-    let mut out: String = s.to_ascii_lowercase().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
+    let mut out: String = s
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
     out.truncate(40);
     out.trim_matches('-').to_string()
 }
@@ -82,7 +99,7 @@ impl FunctionHub {
             .thread_name("rollarc-functions")
             .enable_all()
             .build()
-            .map_err(|e| HubError::Deploy { name: "*".into(), message: format!("cannot start the function runtime: {e}") })?;
+            .map_err(HubError::Runtime)?;
         let handle = rt.handle().clone();
         Ok(Arc::new(Self {
             runtime: FunctionRuntime::on(handle.clone()),
@@ -105,10 +122,23 @@ impl FunctionHub {
     }
 
     /// The deployment (or URL) and router for one of a job's reward functions.
-    pub fn scorer(&self, job: &str, name: &str, spec: &FunctionSpec, placement: Placement) -> Result<SharedScorer, HubError> {
+    pub fn scorer(
+        &self,
+        job: &str,
+        name: &str,
+        spec: &FunctionSpec,
+        placement: RewardPlacement,
+    ) -> Result<SharedScorer, HubError> {
         let (dep, scaling, timeout_s, range, hedge) = match spec {
-            FunctionSpec::Sim { .. } => return Err(HubError::Deploy { name: name.into(), message: "simulated functions do not run on the runtime".into() }),
-            FunctionSpec::Http { url, timeout_s, range, hedge_percentile } => {
+            FunctionSpec::Sim { .. } => {
+                return Err(HubError::Simulated { name: name.into() });
+            }
+            FunctionSpec::Http {
+                url,
+                timeout_s,
+                range,
+                hedge_percentile,
+            } => {
                 let router = self.router_for(&format!("url:{url}:{hedge_percentile:?}"), || {
                     Router::new(
                         name,
@@ -120,18 +150,45 @@ impl FunctionHub {
                         },
                     )
                 });
-                let client = FunctionClient::new(router, format!("{name}@1"), (range[0], range[1]), Duration::from_secs_f64(*timeout_s));
-                return Ok(Arc::new(FunctionReward { client, key_prefix: job.to_string() }));
+                let client = FunctionClient::new(
+                    router,
+                    format!("{name}@1"),
+                    (range[0], range[1]),
+                    Duration::from_secs_f64(*timeout_s),
+                );
+                return Ok(Arc::new(FunctionReward {
+                    client,
+                    key_prefix: job.to_string(),
+                }));
             }
-            FunctionSpec::Builtin { function, config, scaling, timeout_s, range, hedge_percentile } => {
+            FunctionSpec::Builtin {
+                function,
+                config,
+                scaling,
+                timeout_s,
+                range,
+                hedge_percentile,
+            } => {
                 let mut args = vec![function.clone()];
                 if let Some(c) = config {
                     args.extend(["--config".to_string(), c.to_string()]);
                 }
-                let d = DeploymentConfig::new(function.clone(), self.fn_bin.to_string_lossy().into_owned(), args);
+                let d = DeploymentConfig::new(
+                    function.clone(),
+                    self.fn_bin.to_string_lossy().into_owned(),
+                    args,
+                );
                 (d, scaling.clone(), *timeout_s, *range, *hedge_percentile)
             }
-            FunctionSpec::Command { command, args, env, scaling, timeout_s, range, hedge_percentile } => {
+            FunctionSpec::Command {
+                command,
+                args,
+                env,
+                scaling,
+                timeout_s,
+                range,
+                hedge_percentile,
+            } => {
                 let mut d = DeploymentConfig::new(dns(name), command.clone(), args.clone());
                 d.env = env.clone();
                 (d, scaling.clone(), *timeout_s, *range, *hedge_percentile)
@@ -143,18 +200,34 @@ impl FunctionHub {
         let identity = format!("{}|{:?}|{:?}|{:?}", dep.command, dep.args, dep.env, scaling);
         dep.name = match placement {
             // Same function and configuration → same deployment, whoever asks.
-            Placement::Serverless => dns(&format!("{}-{}", dep.name, short_hash(&identity))),
-            Placement::Local => {
+            RewardPlacement::Serverless => dns(&format!("{}-{}", dep.name, short_hash(&identity))),
+            RewardPlacement::Local => {
                 scaling.min_scale = scaling.min_scale.max(1);
                 scaling.initial_scale = scaling.initial_scale.max(scaling.min_scale);
-                dns(&format!("{}-{}-{}", dns(job), dns(name), short_hash(&identity)))
+                dns(&format!(
+                    "{}-{}-{}",
+                    dns(job),
+                    dns(name),
+                    short_hash(&identity)
+                ))
             }
         };
         let cc = scaling.container_concurrency;
         dep.scaling = scaling;
-        let deployment = self.runtime.deploy(dep.clone()).map_err(|e| HubError::Deploy { name: name.into(), message: e.to_string() })?;
-        if placement == Placement::Local {
-            self.dedicated.lock().unwrap_or_else(|p| p.into_inner()).entry(job.to_string()).or_default().push(dep.name.clone());
+        let deployment = self
+            .runtime
+            .deploy(dep.clone())
+            .map_err(|source| HubError::Deploy {
+                name: name.into(),
+                source,
+            })?;
+        if placement == RewardPlacement::Local {
+            self.dedicated
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(job.to_string())
+                .or_default()
+                .push(dep.name.clone());
         }
         let router = self.router_for(&dep.name, || {
             Router::new(
@@ -169,23 +242,47 @@ impl FunctionHub {
                 },
             )
         });
-        let client = FunctionClient::new(router, format!("{name}@1"), (range[0], range[1]), Duration::from_secs_f64(timeout_s));
-        Ok(Arc::new(FunctionReward { client, key_prefix: job.to_string() }))
+        let client = FunctionClient::new(
+            router,
+            format!("{name}@1"),
+            (range[0], range[1]),
+            Duration::from_secs_f64(timeout_s),
+        );
+        Ok(Arc::new(FunctionReward {
+            client,
+            key_prefix: job.to_string(),
+        }))
     }
 
     /// Removes the job's dedicated deployments (shared ones stay and scale to zero).
     pub async fn release(&self, job: &str) {
-        let names = self.dedicated.lock().unwrap_or_else(|p| p.into_inner()).remove(job).unwrap_or_default();
+        let names = self
+            .dedicated
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(job)
+            .unwrap_or_default();
         for n in names {
-            self.routers.lock().unwrap_or_else(|p| p.into_inner()).remove(&n);
+            self.routers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&n);
             self.runtime.remove(&n).await;
         }
     }
 
     pub fn view(&self) -> Vec<FunctionView> {
         let routers = self.routers.lock().unwrap_or_else(|p| p.into_inner());
-        let by_name: BTreeMap<&str, &Arc<Router>> = routers.iter().map(|(k, r)| (k.as_str(), r)).collect();
-        self.runtime.status().into_iter().map(|d| FunctionView { router: by_name.get(d.name.as_str()).map(|r| r.stats().snapshot()), deployment: d }).collect()
+        let by_name: BTreeMap<&str, &Arc<Router>> =
+            routers.iter().map(|(k, r)| (k.as_str(), r)).collect();
+        self.runtime
+            .status()
+            .into_iter()
+            .map(|d| FunctionView {
+                router: by_name.get(d.name.as_str()).map(|r| r.stats().snapshot()),
+                deployment: d,
+            })
+            .collect()
     }
 
     /// Every function instance alive now (`deployment/id`), with the seconds it has had at
@@ -196,7 +293,16 @@ impl FunctionHub {
             .flat_map(|v| {
                 let busy = v.router.map(|r| r.busy_s).unwrap_or_default();
                 let name = v.deployment.name;
-                v.deployment.instances.into_iter().map(move |i| (format!("{name}/{}", i.id), busy.get(&i.id).copied().unwrap_or(0.0))).collect::<Vec<_>>()
+                v.deployment
+                    .instances
+                    .into_iter()
+                    .map(move |i| {
+                        (
+                            format!("{name}/{}", i.id),
+                            busy.get(&i.id).copied().unwrap_or(0.0),
+                        )
+                    })
+                    .collect::<Vec<_>>()
             })
             .collect()
     }

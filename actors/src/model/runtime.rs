@@ -1,17 +1,19 @@
-//! Wiring of the built-in model into a job: initial (or checkpointed) weights, the trainer
-//! running its steps on a blocking thread and checkpointing after each, and an engine
-//! stand-in that reports why the real one could not be built.
+//! The built-in model inside a job: initial (or checkpointed) weights, the trainer running its
+//! steps on a blocking thread and checkpointing after each, and an engine stand-in that
+//! reports why the real one could not be built.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use actors::generation::{GenError, GenRequest, GenerationEngine, InFlightPolicy, LoadReport, StepReport};
-use actors::model::trainer::{BuiltinTrainer, TrainerConfig};
-use actors::model::transformer::{ModelConfig, Params};
-use actors::trainer::{TrainError, TrainStats, Trainer};
-use actors::types::{Batch, PolicyVersion};
-use actors::weights::Weights;
+use crate::generation::{
+    GenError, GenRequest, GenerationEngine, InFlightPolicy, LoadReport, StepReport,
+};
+use crate::model::trainer::{BuiltinTrainer, TrainerConfig};
+use crate::model::transformer::{ModelConfig, Params};
+use crate::trainer::{TrainError, TrainStats, Trainer};
+use crate::types::{Batch, PolicyVersion};
+use crate::weights::Weights;
 use candle_core::{DType, Device};
 
 pub struct BuiltinParts {
@@ -21,17 +23,32 @@ pub struct BuiltinParts {
 
 impl BuiltinParts {
     /// Fresh seeded weights, or the checkpoint of `start_version` when resuming.
-    pub fn new(model: ModelConfig, cfg: TrainerConfig, seed: u64, start_version: PolicyVersion, checkpoint_dir: Option<PathBuf>) -> candle_core::Result<Self> {
+    pub fn new(
+        model: ModelConfig,
+        cfg: TrainerConfig,
+        seed: u64,
+        start_version: PolicyVersion,
+        checkpoint_dir: Option<PathBuf>,
+    ) -> candle_core::Result<Self> {
         let init = Params::init(&model, seed, DType::F32, &Device::Cpu)?;
         let mut trainer = BuiltinTrainer::new(model, &init, cfg)?;
         if start_version > 0 {
-            match checkpoint_dir.as_ref().map(|d| checkpoint_path(d, start_version)) {
+            match checkpoint_dir
+                .as_ref()
+                .map(|d| checkpoint_path(d, start_version))
+            {
                 Some(p) if p.exists() => trainer.load(&p)?,
                 _ => candle_core::bail!("no checkpoint of version {start_version} to resume from"),
             }
         }
         let initial = Arc::new(trainer.params()?.to_weights(start_version)?);
-        Ok(Self { initial, trainer: BuiltinTrainerTask { inner: Arc::new(Mutex::new(trainer)), checkpoint_dir } })
+        Ok(Self {
+            initial,
+            trainer: BuiltinTrainerTask {
+                inner: Arc::new(Mutex::new(trainer)),
+                checkpoint_dir,
+            },
+        })
     }
 }
 
@@ -47,18 +64,29 @@ pub struct BuiltinTrainerTask {
 }
 
 impl Trainer for BuiltinTrainerTask {
-    fn train(&mut self, batch: &Batch, next_version: PolicyVersion) -> futures::future::BoxFuture<'_, Result<(TrainStats, Weights), TrainError>> {
+    fn train(
+        &mut self,
+        batch: &Batch,
+        next_version: PolicyVersion,
+    ) -> futures::future::BoxFuture<'_, Result<(TrainStats, Weights), TrainError>> {
         let inner = self.inner.clone();
         let batch = batch.clone();
         let dir = self.checkpoint_dir.clone();
         Box::pin(async move {
             let t = tokio::time::Instant::now();
             let r = tokio::task::spawn_blocking(move || {
-                let mut tr = inner.lock().map_err(|_| TrainError::Failed("trainer lock poisoned".into()))?;
-                let (mut s, mut w) = tr.step(&batch).map_err(|e| TrainError::Failed(e.to_string()))?;
+                let mut tr = inner
+                    .lock()
+                    .map_err(|_| TrainError::Failed("trainer lock poisoned".into()))?;
+                let (mut s, mut w) = tr
+                    .step(&batch)
+                    .map_err(|e| TrainError::Failed(e.to_string()))?;
                 if let Some(d) = dir {
-                    std::fs::create_dir_all(&d).map_err(|e| TrainError::Failed(format!("checkpoint dir {}: {e}", d.display())))?;
-                    tr.save(&checkpoint_path(&d, next_version)).map_err(|e| TrainError::Failed(format!("checkpoint: {e}")))?;
+                    std::fs::create_dir_all(&d).map_err(|e| {
+                        TrainError::Failed(format!("checkpoint dir {}: {e}", d.display()))
+                    })?;
+                    tr.save(&checkpoint_path(&d, next_version))
+                        .map_err(|e| TrainError::Failed(format!("checkpoint: {e}")))?;
                     // Keep the two newest checkpoints.
                     if next_version >= 2 {
                         let _ = std::fs::remove_file(checkpoint_path(&d, next_version - 2));
@@ -79,7 +107,17 @@ impl Trainer for BuiltinTrainerTask {
 }
 
 /// Stands in for an engine that could not be built: fails every request with the reason.
-pub struct FailedEngine(pub String, pub Vec<u64>);
+pub struct FailedEngine(String, Vec<u64>);
+
+impl FailedEngine {
+    /// An engine that fails every request and install with `why`.
+    pub fn new(why: impl std::fmt::Display) -> Self {
+        Self(
+            format!("the built-in engine could not be built: {why}"),
+            Vec::new(),
+        )
+    }
+}
 
 impl GenerationEngine for FailedEngine {
     fn add(&mut self, req: GenRequest) {
@@ -91,15 +129,27 @@ impl GenerationEngine for FailedEngine {
         n != self.1.len()
     }
     fn release(&mut self, _session: u64) {}
-    fn install(&mut self, _v: PolicyVersion, _w: &Weights, _p: InFlightPolicy) -> Result<Duration, GenError> {
+    fn install(
+        &mut self,
+        _v: PolicyVersion,
+        _w: &Weights,
+        _p: InFlightPolicy,
+    ) -> Result<Duration, GenError> {
         Err(GenError::Backend(self.0.clone()))
     }
     fn has_work(&self) -> bool {
         !self.1.is_empty()
     }
     fn step(&mut self) -> StepReport {
-        let finished = self.1.drain(..).map(|id| (id, Err(GenError::Backend(self.0.clone())))).collect();
-        StepReport { finished, ..StepReport::default() }
+        let finished = self
+            .1
+            .drain(..)
+            .map(|id| (id, Err(GenError::Backend(self.0.clone()))))
+            .collect();
+        StepReport {
+            finished,
+            ..StepReport::default()
+        }
     }
     fn load(&self) -> LoadReport {
         LoadReport::default()

@@ -30,7 +30,10 @@ pub struct WaveBarrier {
 
 impl WaveBarrier {
     pub fn new(participants: usize) -> Self {
-        let (tx, _) = watch::channel(WaveState { participants, ..WaveState::default() });
+        let (tx, _) = watch::channel(WaveState {
+            participants,
+            ..WaveState::default()
+        });
         Self { tx }
     }
 
@@ -97,7 +100,14 @@ mod tests {
         for h in hs {
             ends.push(h.await.unwrap() - t0);
         }
-        assert_eq!(ends, vec![Duration::from_secs(5), Duration::from_secs(5), Duration::from_secs(2)]);
+        assert_eq!(
+            ends,
+            vec![
+                Duration::from_secs(5),
+                Duration::from_secs(5),
+                Duration::from_secs(2)
+            ]
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -108,6 +118,9 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert!(!h.is_finished());
         b.leave();
-        tokio::time::timeout(Duration::from_secs(1), h).await.unwrap().unwrap();
+        tokio::time::timeout(Duration::from_secs(1), h)
+            .await
+            .unwrap()
+            .unwrap();
     }
 }

@@ -1,0 +1,127 @@
+//! `rollarc bench`: the benchmarks, one per file. [`run`] picks them by `--what`.
+//!
+//! - `scheduler`: orchestration overhead on zero-latency simulated backends;
+//! - `model`: the built-in model against this machine's roofline;
+//! - `env`: environment steps through an actor, built-in and external (bare, sandboxed);
+//! - `functions`: the function router and runtime on real `rollarc-fn` processes;
+//! - `presets`: the quickstart job under each scheduling preset.
+
+mod env;
+mod functions;
+mod model;
+mod presets;
+mod scheduler;
+
+use std::path::Path;
+
+pub use env::{EnvBenchError, bench_env};
+pub use functions::{FunctionsBenchError, bench_functions};
+pub use model::{ModelBenchError, bench_model};
+pub use presets::{PresetsBenchError, bench_presets};
+pub use scheduler::{SchedulerBenchError, bench_scheduler};
+
+/// One benchmark of `rollarc bench`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Benchmark {
+    Scheduler,
+    Model,
+    Env,
+    Functions,
+    Presets,
+}
+
+impl Benchmark {
+    /// Every benchmark, in the order `all` runs them.
+    pub const ALL: [Benchmark; 5] = [
+        Benchmark::Scheduler,
+        Benchmark::Model,
+        Benchmark::Env,
+        Benchmark::Functions,
+        Benchmark::Presets,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Scheduler => "scheduler",
+            Self::Model => "model",
+            Self::Env => "env",
+            Self::Functions => "functions",
+            Self::Presets => "presets",
+        }
+    }
+
+    /// The benchmarks `--what` names: one, or `all`.
+    pub fn select(what: &str) -> Result<Vec<Benchmark>, BenchError> {
+        if what == "all" {
+            return Ok(Self::ALL.to_vec());
+        }
+        Self::ALL
+            .into_iter()
+            .find(|b| b.name() == what)
+            .map(|b| vec![b])
+            .ok_or_else(|| BenchError::Unknown(what.to_string()))
+    }
+}
+
+/// What the benchmarks are run with.
+#[derive(Clone, Copy, Debug)]
+pub struct BenchOptions<'a> {
+    /// Concurrent episodes of the scheduler benchmark.
+    pub episodes: usize,
+    /// The job spec of the preset benchmark.
+    pub preset_file: &'a Path,
+    /// Training steps per run of the preset benchmark.
+    pub preset_steps: u64,
+}
+
+/// Why `rollarc bench` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("unknown benchmark {0:?}: scheduler, model, env, functions, presets or all")]
+    Unknown(String),
+    #[error(transparent)]
+    Scheduler(#[from] SchedulerBenchError),
+    #[error(transparent)]
+    Model(#[from] ModelBenchError),
+    #[error(transparent)]
+    Env(#[from] EnvBenchError),
+    #[error(transparent)]
+    Functions(#[from] FunctionsBenchError),
+    #[error(transparent)]
+    Presets(#[from] PresetsBenchError),
+}
+
+/// Runs the benchmarks `what` names (one, or `all` in order); nothing runs when the name is
+/// unknown.
+pub fn run(what: &str, opts: &BenchOptions<'_>) -> Result<(), BenchError> {
+    for b in Benchmark::select(what)? {
+        match b {
+            Benchmark::Scheduler => bench_scheduler(opts.episodes)?,
+            Benchmark::Model => bench_model()?,
+            Benchmark::Env => bench_env()?,
+            Benchmark::Functions => bench_functions()?,
+            Benchmark::Presets => bench_presets(opts.preset_file, opts.preset_steps)?,
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_selects_one_benchmark_or_all_in_order_and_rejects_the_rest() {
+        assert_eq!(Benchmark::select("env").unwrap(), [Benchmark::Env]);
+        assert_eq!(Benchmark::select("all").unwrap(), Benchmark::ALL);
+        for b in Benchmark::ALL {
+            assert_eq!(Benchmark::select(b.name()).unwrap(), [b]);
+        }
+        let e = Benchmark::select("gpu").unwrap_err();
+        assert!(matches!(&e, BenchError::Unknown(w) if w == "gpu"), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "unknown benchmark \"gpu\": scheduler, model, env, functions, presets or all"
+        );
+    }
+}

@@ -1,0 +1,119 @@
+//! The step driver: per training step, get a batch → suspend → install → resume → train
+//! (or, without overlap, suspend → train → install → resume), then record the step.
+
+use std::sync::Arc;
+
+use actors::buffer::BufferMsg;
+use actors::call::call;
+use actors::generation::InFlightPolicy;
+use actors::trainer::TrainStats;
+use actors::types::Batch;
+
+use super::metrics::{MetricSources, StepTimes, Timeline};
+use super::protocol::{suspend_all, train, update_weights};
+use super::scheduler::SchedMsg;
+use super::spawn::JobActors;
+use super::supervisor::SupervisorReport;
+use super::{CONTROL_TIMEOUT, JobError, JobRun, JobSummary};
+use crate::hub::FunctionHub;
+use crate::spec::{Knobs, OnWeightUpdate};
+
+/// Runs the job's remaining steps; returns the summary of this run.
+pub(super) async fn drive(
+    job: &JobRun,
+    knobs: &Knobs,
+    a: &JobActors,
+    report: &Arc<SupervisorReport>,
+    hub: Option<&Arc<FunctionHub>>,
+    started: tokio::time::Instant,
+) -> Result<JobSummary, JobError> {
+    let policy = match knobs.on_weight_update {
+        OnWeightUpdate::Abort => InFlightPolicy::Abort,
+        OnWeightUpdate::Recompute => InFlightPolicy::Recompute,
+    };
+    let sources = MetricSources {
+        started,
+        pools: &a.pools,
+        buffer: &a.buffer,
+        scheduler: &a.scheduler,
+        env_counters: &a.env_counters,
+        shard_restarts: &a.shard_restarts,
+        report,
+        hub,
+    };
+    let mut timeline = Timeline::new(job.timeline);
+    let mut installed = job.start_step;
+    let mut summary = JobSummary::default();
+    let mut last_step_end = started;
+    for step in job.start_step..knobs.steps {
+        let t_wait = tokio::time::Instant::now();
+        let batch = next_batch(job, a, report, step).await?;
+        let wait_batch_s = t_wait.elapsed().as_secs_f64();
+        let t_train;
+        let stats: TrainStats;
+        if knobs.overlap_training {
+            // Suspend, install the newest finished weights, resume; rollout goes on while
+            // the step trains.
+            installed =
+                update_weights(&a.pools, &a.weights, installed, policy, &a.scheduler).await?;
+            t_train = tokio::time::Instant::now();
+            stats = train(&a.trainer, batch.clone(), &job.cancel).await?;
+        } else {
+            // No overlap: generation pauses while training, then installs the fresh version.
+            // (A scheduler that is gone fails the job through the supervisor.)
+            let _ = a.scheduler.cast(SchedMsg::Training(true));
+            suspend_all(&a.pools).await?;
+            t_train = tokio::time::Instant::now();
+            stats = train(&a.trainer, batch.clone(), &job.cancel).await?;
+            installed =
+                update_weights(&a.pools, &a.weights, installed, policy, &a.scheduler).await?;
+            let _ = a.scheduler.cast(SchedMsg::Training(false));
+        }
+        let train_s = t_train.elapsed().as_secs_f64();
+        let now = tokio::time::Instant::now();
+        let times = StepTimes {
+            step,
+            step_s: now.duration_since(last_step_end).as_secs_f64(),
+            train_s,
+            wait_batch_s,
+        };
+        let m = sources
+            .collect(times, &stats, &batch, &mut timeline)
+            .await?;
+        last_step_end = now;
+        job.observer
+            .on_step(&m, &batch)
+            .map_err(|source| JobError::Record { step, source })?;
+        summary.steps_done = step + 1;
+        summary.steps.push(m);
+    }
+    let _ = a.scheduler.cast(SchedMsg::Shutdown);
+    summary.elapsed_s = started.elapsed().as_secs_f64();
+    if let Some(last) = summary.steps.last() {
+        summary.bubble_ratio = last.bubble_ratio;
+        summary.pools = last.pools.clone();
+        summary.trajectories_committed = last.buffer.committed;
+    }
+    Ok(summary)
+}
+
+/// Waits for the batch of `step`, unless the job is cancelled or an actor escalated first.
+async fn next_batch(
+    job: &JobRun,
+    a: &JobActors,
+    report: &SupervisorReport,
+    step: u64,
+) -> Result<Batch, JobError> {
+    let mut escalated = report.escalated.subscribe();
+    tokio::select! {
+        biased;
+        _ = job.cancel.cancelled() => Err(JobError::Cancelled),
+        r = escalated.wait_for(|e| e.is_some()) => {
+            let why = r.map(|e| e.clone().unwrap_or_default()).unwrap_or_default();
+            Err(JobError::Escalated(why))
+        }
+        b = call(&a.buffer, |reply| BufferMsg::GetBatch { step, reply }, CONTROL_TIMEOUT) => {
+            b.map_err(JobError::call("sample buffer"))
+        }
+    }
+}

@@ -1,0 +1,365 @@
+//! Builds a job's actors from its [`JobPlan`] under the job supervisor: weight store, shard
+//! pools (each shard starts on the run's initial weights), environment pools with their
+//! reward functions, sample buffer, trainer and scheduler.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use actors::buffer::{BufferArgs, BufferMsg, SampleBuffer};
+use actors::env::{EnvCounters, EnvPool};
+use actors::episode::EpisodeTask;
+use actors::generation::shard::{EngineFactory, ShardActor, ShardArgs, ShardHandle};
+use actors::generation::sim::SimEngine;
+use actors::generation::{InFlightPolicy, LoopPlacement};
+use actors::model::runtime::{BuiltinParts, FailedEngine};
+use actors::reward::{EnvRewardPassThrough, SharedScorer, SimFunction, SimReward};
+use actors::trainer::{Trainer, TrainerActor, TrainerArgs, TrainerMsg};
+use actors::weights::{WeightStore, WeightStoreArgs, WeightStoreMsg, Weights};
+use ractor::{Actor, ActorCell, ActorRef};
+
+use super::metrics::PoolShards;
+use super::protocol::install;
+use super::scheduler::{PoolView, SchedArgs, SchedMsg, Scheduler, TaskView};
+use super::{JobError, JobRun};
+use crate::hub::FunctionHub;
+use crate::spec::Knobs;
+use crate::wiring::{
+    EnginePlan, FunctionPlan, JobPlan, PoolPlan, ScorerPlan, TaskPlan, TrainerPlan,
+};
+
+/// The actors of a running job.
+pub(super) struct JobActors {
+    pub weights: ActorRef<WeightStoreMsg>,
+    pub pools: Vec<PoolShards>,
+    pub shard_restarts: Arc<AtomicU64>,
+    pub buffer: ActorRef<BufferMsg>,
+    pub trainer: ActorRef<TrainerMsg>,
+    pub scheduler: ActorRef<SchedMsg>,
+    pub env_counters: Vec<(String, Arc<EnvCounters>)>,
+    pub tasks: Vec<EpisodeTask>,
+}
+
+/// Spawns every actor of the plan, linked to `cell` (the job supervisor).
+pub(super) async fn spawn(
+    job: &JobRun,
+    plan: JobPlan,
+    cell: &ActorCell,
+    hub: Option<&Arc<FunctionHub>>,
+) -> Result<JobActors, JobError> {
+    let start_version = job.start_step;
+    let weight_bytes = plan.weight_bytes();
+    // The built-in trainer owns the real weights (resumed from its checkpoint if any).
+    let (initial, trainer_impl): (Arc<Weights>, Box<dyn Trainer>) = match plan.trainer {
+        TrainerPlan::Builtin { model, config } => {
+            let parts = BuiltinParts::new(
+                model,
+                config,
+                plan.seed,
+                start_version,
+                job.checkpoint_dir.clone(),
+            )
+            .map_err(JobError::BuiltinModel)?;
+            (parts.initial, Box::new(parts.trainer))
+        }
+        TrainerPlan::Sim {
+            mut trainer,
+            panic_runs,
+        } => {
+            if job.epoch >= panic_runs {
+                trainer.panic_at_step = None;
+            }
+            let w = Weights::simulated(start_version, weight_bytes);
+            (Arc::new(w), Box::new(trainer))
+        }
+    };
+    let (weights, _) = Actor::spawn_linked(
+        None,
+        WeightStore,
+        WeightStoreArgs {
+            keep: plan.knobs.alpha as usize + 2,
+            initial: initial.clone(),
+        },
+        cell.clone(),
+    )
+    .await
+    .map_err(JobError::spawn("weight store"))?;
+
+    let shard_restarts = Arc::new(AtomicU64::new(0));
+    let (views, pools) = spawn_pools(
+        &plan.pools,
+        plan.seed,
+        job.epoch,
+        cell,
+        &initial,
+        &shard_restarts,
+    )
+    .await?;
+    // Shards start at the resumed version.
+    for p in &pools {
+        for (i, a) in p.actors.iter().enumerate() {
+            install(a, initial.clone(), InFlightPolicy::Abort, &p.name, i).await?;
+        }
+    }
+    let (task_views, tasks) = spawn_tasks(
+        &plan.tasks,
+        &plan.functions,
+        &plan.knobs,
+        cell,
+        &job.id,
+        hub,
+    )
+    .await?;
+    let env_counters = tasks
+        .iter()
+        .map(|t| (t.domain.clone(), t.envs.counters.clone()))
+        .collect();
+
+    // The buffer tells the scheduler about closed groups; the scheduler is spawned after it.
+    let sched_slot: Arc<OnceLock<ActorRef<SchedMsg>>> = Arc::new(OnceLock::new());
+    let notify_slot = sched_slot.clone();
+    let notify = Arc::new(move |ev| {
+        if let Some(s) = notify_slot.get() {
+            let _ = s.cast(SchedMsg::Buffer(ev));
+        }
+    });
+    let k = &plan.knobs;
+    let (buffer, _) = Actor::spawn_linked(
+        None,
+        SampleBuffer,
+        BufferArgs {
+            batch_size: k.batch_size,
+            alpha: k.alpha,
+            filter_all_equal: k.filter_all_equal,
+            max_retries_per_group: k.max_retries_per_group,
+            sink: job.sink.clone(),
+            notify,
+        },
+        cell.clone(),
+    )
+    .await
+    .map_err(JobError::spawn("sample buffer"))?;
+    let (trainer, _) = Actor::spawn_linked(
+        None,
+        TrainerActor,
+        TrainerArgs {
+            trainer: trainer_impl,
+            weights: weights.clone(),
+            start_version,
+        },
+        cell.clone(),
+    )
+    .await
+    .map_err(JobError::spawn("trainer"))?;
+    let (scheduler, _) = Actor::spawn_linked(
+        None,
+        Scheduler,
+        SchedArgs {
+            knobs: plan.knobs.clone(),
+            pools: views,
+            tasks: task_views,
+            buffer: buffer.clone(),
+            seed: plan.seed,
+            start_version,
+        },
+        cell.clone(),
+    )
+    .await
+    .map_err(JobError::spawn("scheduler"))?;
+    let _ = sched_slot.set(scheduler.clone());
+    Ok(JobActors {
+        weights,
+        pools,
+        shard_restarts,
+        buffer,
+        trainer,
+        scheduler,
+        env_counters,
+        tasks,
+    })
+}
+
+/// Spawns every shard of every pool; returns the scheduler's views and the shards' actors.
+async fn spawn_pools(
+    plans: &[PoolPlan],
+    seed: u64,
+    epoch: u64,
+    cell: &ActorCell,
+    initial: &Arc<Weights>,
+    restarts: &Arc<AtomicU64>,
+) -> Result<(Vec<PoolView>, Vec<PoolShards>), JobError> {
+    let mut views = Vec::with_capacity(plans.len());
+    let mut all = Vec::with_capacity(plans.len());
+    for (pi, p) in plans.iter().enumerate() {
+        let mut handles = Vec::with_capacity(p.shards);
+        let mut actors = Vec::with_capacity(p.shards);
+        for i in 0..p.shards {
+            let (factory, placement) = engine_factory(seed, epoch, pi, i, p, initial, restarts);
+            let (tx, rx) = tokio::sync::oneshot::channel::<ShardHandle>();
+            let args = ShardArgs {
+                pool: p.name.clone(),
+                index: i,
+                device: p.device.clone(),
+                factory,
+                placement,
+                frozen_after: Duration::from_secs_f64(p.frozen_after_s),
+                restarts: restarts.clone(),
+            };
+            let (a, _) = Actor::spawn_linked(None, ShardActor, (args, tx), cell.clone())
+                .await
+                .map_err(JobError::spawn(format!("shard {}[{i}]", p.name)))?;
+            let h = rx.await.map_err(|_| JobError::Call {
+                what: "shard",
+                source: actors::call::CallError::Dropped,
+            })?;
+            handles.push(h);
+            actors.push(a);
+        }
+        views.push(PoolView {
+            name: p.name.clone(),
+            device: p.device.clone(),
+            model: p.model.clone(),
+            max_batch: p.max_batch,
+            shards: handles,
+            prefill_from: p.prefill_from,
+            prefill_only: p.prefill_only,
+        });
+        all.push(PoolShards {
+            name: p.name.clone(),
+            device: p.device.name.clone(),
+            actors,
+        });
+    }
+    Ok((views, all))
+}
+
+/// The engine factory of shard `i` of pool `pi` (called again for every restart).
+fn engine_factory(
+    seed: u64,
+    epoch: u64,
+    pi: usize,
+    i: usize,
+    p: &PoolPlan,
+    initial: &Arc<Weights>,
+    restarts: &Arc<AtomicU64>,
+) -> (EngineFactory, LoopPlacement) {
+    match &p.engine {
+        EnginePlan::Sim { config, faults } => {
+            let mut cfg = (**config).clone();
+            cfg.seed = seed ^ ((pi as u64) << 40) ^ ((i as u64) << 20) ^ epoch;
+            let counter = restarts.clone();
+            // An injected fault fires in the shard's first engine only.
+            let fault = std::sync::Mutex::new(faults.iter().find(|f| f.0 == i).map(|f| f.1));
+            let f: EngineFactory = Arc::new(move || {
+                let mut c = cfg.clone();
+                // A restarted engine gets a fresh RNG stream (and so does not hang again at once).
+                c.seed = c
+                    .seed
+                    .wrapping_add(counter.load(Ordering::Relaxed).wrapping_mul(0x9e37_79b9));
+                c.hang_after_steps = fault.lock().map(|mut f| f.take()).unwrap_or(None);
+                Box::new(SimEngine::new(c))
+            });
+            (f, LoopPlacement::Task)
+        }
+        EnginePlan::Builtin { config } => {
+            let (cfg, w, mb) = (*config, initial.clone(), p.max_batch);
+            let f: EngineFactory = Arc::new(
+                move || match actors::model::engine::BuiltinEngine::new(cfg, &w, mb) {
+                    Ok(e) => Box::new(e),
+                    Err(e) => Box::new(FailedEngine::new(e)),
+                },
+            );
+            (f, LoopPlacement::Thread)
+        }
+    }
+}
+
+/// Reward functions, then each task's environment pool; returns the scheduler's task views
+/// and what episodes see of each task.
+async fn spawn_tasks(
+    plans: &[TaskPlan],
+    function_plans: &[(String, FunctionPlan)],
+    knobs: &Knobs,
+    cell: &ActorCell,
+    job_id: &str,
+    hub: Option<&Arc<FunctionHub>>,
+) -> Result<(Vec<TaskView>, Vec<EpisodeTask>), JobError> {
+    let mut functions: BTreeMap<&str, SharedScorer> = BTreeMap::new();
+    for (name, f) in function_plans {
+        let scorer: SharedScorer = match f {
+            FunctionPlan::SimScaled {
+                latency,
+                cold_start,
+                scaling,
+                seed,
+            } => Arc::new(SimFunction::new(
+                latency.clone(),
+                *cold_start,
+                scaling.clone(),
+                *seed,
+            )),
+            FunctionPlan::SimSlots {
+                latency,
+                cold_start,
+                concurrency,
+                scale_to_zero_after,
+                seed,
+            } => Arc::new(SimReward::new(
+                latency.clone(),
+                *cold_start,
+                *concurrency,
+                *scale_to_zero_after,
+                *seed,
+            )),
+            FunctionPlan::Hub(spec) => {
+                let hub = hub.ok_or(JobError::NoFunctionRuntime)?;
+                hub.scorer(job_id, name, spec, knobs.placement)
+                    .map_err(JobError::Functions)?
+            }
+        };
+        functions.insert(name, scorer);
+    }
+    let mut views = Vec::with_capacity(plans.len());
+    let mut out = Vec::with_capacity(plans.len());
+    for (ti, t) in plans.iter().enumerate() {
+        let domain = &t.view.domain;
+        if t.sandboxed {
+            crate::wiring::envs::check_sandbox().map_err(|source| JobError::Sandbox {
+                task: ti,
+                domain: domain.clone(),
+                source,
+            })?;
+        }
+        let envs = EnvPool::spawn(
+            domain,
+            t.envs,
+            t.env.clone(),
+            t.env_call_timeout,
+            Duration::from_millis(100),
+            cell.clone(),
+        )
+        .await
+        .map_err(JobError::spawn(format!("environments of {domain}")))?;
+        let scorers = t
+            .scorers
+            .iter()
+            .map(|s| match s {
+                ScorerPlan::Env => Arc::new(EnvRewardPassThrough) as SharedScorer,
+                // Names were checked by the plan.
+                ScorerPlan::Function(name) => functions[name.as_str()].clone(),
+            })
+            .collect();
+        out.push(EpisodeTask {
+            domain: domain.clone(),
+            envs,
+            scorers,
+            max_turns: t.max_turns,
+            max_tokens_per_turn: t.max_tokens_per_turn,
+            allowed_tokens: t.allowed_tokens.clone(),
+            rewrite_context: t.rewrite_context,
+        });
+        views.push(t.view.clone());
+    }
+    Ok((views, out))
+}

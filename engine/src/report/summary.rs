@@ -1,0 +1,187 @@
+//! `summary.json`: per task, success at the start and at the end of training, from the step
+//! metrics the store kept, and the success of a random policy on the same game.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::job::StepMetrics;
+
+/// Steps averaged for "at the start" and "at the end": a tenth of the run, at least 5.
+pub const WINDOW: usize = 5;
+
+fn window(n: usize) -> usize {
+    (n / 10).max(WINDOW)
+}
+
+#[derive(Debug, Serialize)]
+pub struct TaskSummary {
+    /// Success over the first tenth (at least `WINDOW`) of the steps that had trajectories of
+    /// this task, weighted by trajectories.
+    pub success_start: f64,
+    /// The same over the last tenth.
+    pub success_end: f64,
+    /// Success of a uniformly random policy over the task's action alphabet, measured on the
+    /// environment itself (built-in games with one-token actions).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub success_random: Option<f64>,
+    /// Seconds since the start when success first reached 0.9.
+    pub wall_s_at_90: Option<f64>,
+    pub reward_start: f64,
+    pub reward_end: f64,
+    /// First step whose success reached 0.9 (none: never).
+    pub first_step_at_90: Option<u64>,
+    pub steps: usize,
+    pub trajectories: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Summary {
+    pub job: String,
+    pub state: String,
+    pub steps: u64,
+    pub wall_s: f64,
+    pub trajectories: usize,
+    pub bubble_ratio_mean: f64,
+    pub staleness_max: u64,
+    pub tasks: BTreeMap<String, TaskSummary>,
+}
+
+/// Success rate of a uniformly random policy on a built-in game with one-token actions from
+/// its alphabet, over `episodes` episodes (the task's seed range if it has one). `None` for
+/// other environments.
+pub fn random_policy_success(
+    task: &crate::spec::TaskSpec,
+    episodes: usize,
+    seed: u64,
+) -> Option<f64> {
+    use rand::{Rng, SeedableRng};
+    if task.max_tokens_per_turn != 1 {
+        return None;
+    }
+    let alphabet: Vec<char> = task
+        .action_alphabet
+        .clone()
+        .or_else(|| task.env.action_alphabet().map(str::to_string))?
+        .chars()
+        .collect();
+    let mut env = crate::wiring::envs::builtin(&task.env)?;
+    // Its own runtime on its own thread: callers may be inside a runtime already.
+    let seeds = task.seeds;
+    let max_turns = task.max_turns;
+    std::thread::scope(|sc| {
+        sc.spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .ok()?;
+            let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+            let mut wins = 0usize;
+            rt.block_on(async {
+                for e in 0..episodes {
+                    let s = match seeds {
+                        Some(r) => r.start + e as u64 % r.count.max(1),
+                        None => rng.random(),
+                    };
+                    if env.reset_boxed(s).await.is_err() {
+                        continue;
+                    }
+                    for _ in 0..max_turns {
+                        let a = alphabet[rng.random_range(0..alphabet.len())];
+                        let Ok(out) = env.step_boxed(&a.to_string(), &[a as u32]).await else {
+                            break;
+                        };
+                        if out.success {
+                            wins += 1;
+                            break;
+                        }
+                        if out.terminated || out.truncated {
+                            break;
+                        }
+                    }
+                }
+            });
+            Some(wins as f64 / episodes.max(1) as f64)
+        })
+        .join()
+        .ok()
+        .flatten()
+    })
+}
+
+fn mean(v: impl Iterator<Item = f64>) -> f64 {
+    let (s, n) = v.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
+    if n == 0 { 0.0 } else { s / n as f64 }
+}
+
+/// One step of one task: step, success rate, mean reward, trajectories, seconds since start.
+type TaskStep = (u64, f64, f64, usize, f64);
+
+/// Mean of `f` over the steps, weighted by trajectories.
+fn weighted(v: &[TaskStep], f: fn(&TaskStep) -> f64) -> f64 {
+    let n: usize = v.iter().map(|x| x.3).sum();
+    if n == 0 {
+        0.0
+    } else {
+        v.iter().map(|x| f(x) * x.3 as f64).sum::<f64>() / n as f64
+    }
+}
+
+fn task_summary(v: &[TaskStep]) -> TaskSummary {
+    let w = window(v.len());
+    let head = &v[..v.len().min(w)];
+    let tail = &v[v.len().saturating_sub(w)..];
+    TaskSummary {
+        success_start: weighted(head, |x| x.1),
+        success_end: weighted(tail, |x| x.1),
+        success_random: None,
+        wall_s_at_90: v.iter().find(|x| x.1 >= 0.9).map(|x| x.4),
+        reward_start: weighted(head, |x| x.2),
+        reward_end: weighted(tail, |x| x.2),
+        first_step_at_90: v.iter().find(|x| x.1 >= 0.9).map(|x| x.0),
+        steps: v.len(),
+        trajectories: v.iter().map(|x| x.3).sum(),
+    }
+}
+
+/// Builds the summary from a job's step metrics.
+pub fn summarise(job: &str, state: &str, steps: &[StepMetrics]) -> Summary {
+    let mut tasks: BTreeMap<String, Vec<TaskStep>> = BTreeMap::new();
+    for m in steps {
+        for (name, t) in &m.tasks {
+            if t.trajectories > 0 {
+                tasks.entry(name.clone()).or_default().push((
+                    m.step,
+                    t.success_rate,
+                    t.mean_reward,
+                    t.trajectories,
+                    m.elapsed_s,
+                ));
+            }
+        }
+    }
+    let tasks = tasks
+        .into_iter()
+        .map(|(name, v)| (name, task_summary(&v)))
+        .collect();
+    Summary {
+        job: job.to_string(),
+        state: state.to_string(),
+        steps: steps.len() as u64,
+        wall_s: steps.last().map(|m| m.elapsed_s).unwrap_or(0.0),
+        trajectories: steps.iter().map(|m| m.trajectories).sum(),
+        bubble_ratio_mean: mean(steps.iter().map(|m| m.bubble_ratio)),
+        staleness_max: steps.iter().map(|m| m.staleness_max).max().unwrap_or(0),
+        tasks,
+    }
+}
+
+/// Writes `summary.json` into `dir`; returns its path.
+pub fn write(dir: &Path, summary: &Summary) -> std::io::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join("summary.json");
+    let text = serde_json::to_string_pretty(summary).map_err(std::io::Error::other)?;
+    std::fs::write(&path, text + "\n")?;
+    Ok(path)
+}

@@ -1,0 +1,138 @@
+use super::timeline::timeline_rows;
+use super::*;
+use crate::job::{StepMetrics, TaskMetrics};
+
+fn step(i: u64, lake: f64) -> StepMetrics {
+    let mut m = StepMetrics {
+        step: i,
+        elapsed_s: i as f64 * 2.0,
+        trajectories: 8,
+        ..StepMetrics::default()
+    };
+    m.tasks.insert(
+        "lake".into(),
+        TaskMetrics {
+            trajectories: 8,
+            success_rate: lake,
+            mean_reward: lake,
+            mean_turns: 3.0,
+        },
+    );
+    m
+}
+
+#[test]
+fn start_and_end_are_window_means_and_the_90_percent_step_is_found() {
+    let steps: Vec<StepMetrics> = (0..20).map(|i| step(i, i as f64 / 19.0)).collect();
+    let s = summarise("j", "succeeded", &steps);
+    let lake = &s.tasks["lake"];
+    assert!((lake.success_start - (0.0 + 1.0 + 2.0 + 3.0 + 4.0) / 19.0 / 5.0).abs() < 1e-12);
+    assert!((lake.success_end - (15.0 + 16.0 + 17.0 + 18.0 + 19.0) / 19.0 / 5.0).abs() < 1e-12);
+    assert_eq!(lake.first_step_at_90, Some(18));
+    assert_eq!((s.steps, s.trajectories, lake.trajectories), (20, 160, 160));
+    assert_eq!(s.wall_s, 38.0);
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(dir.path(), &s).unwrap();
+    let back: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    assert_eq!(back["tasks"]["lake"]["first_step_at_90"], 18);
+    // Plots: PNG (with the shipped font) and SVG, one line per task.
+    let files = plots(dir.path(), &steps).unwrap();
+    assert_eq!(files.len(), 4);
+    let svg = std::fs::read_to_string(dir.path().join("success.svg")).unwrap();
+    assert!(svg.contains("Success rate per task") && svg.contains("lake"));
+    let png = std::fs::read(dir.path().join("success.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    assert!(
+        png.len() > 10_000,
+        "an almost empty PNG ({} bytes)",
+        png.len()
+    );
+}
+
+#[test]
+fn random_policy_rates_are_measured_on_the_games_even_inside_a_runtime() {
+    let task = |env: &str, alphabet: &str, turns: u32| {
+        let t = format!(
+            "domain = \"t\"\nmax_turns = {turns}\nmax_tokens_per_turn = 1\naction_alphabet = \"{alphabet}\"\nenv = {env}\n"
+        );
+        toml::from_str::<crate::spec::TaskSpec>(&t).unwrap()
+    };
+    // Called from inside a runtime, as `rollarc run` does.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let (lake, sum, sim) = rt.block_on(async {
+        (
+            random_policy_success(
+                &task(
+                    "{ kind = \"frozenlake\", size = 4, end_on_invalid = true }",
+                    "LDRU",
+                    8,
+                ),
+                4000,
+                1,
+            ),
+            random_policy_success(
+                &task(
+                    "{ kind = \"arithmetic\", max_operand = 4, ops = \"+\" }",
+                    "0123456789",
+                    1,
+                ),
+                4000,
+                1,
+            ),
+            random_policy_success(&task("{ kind = \"sim\" }", "ab", 1), 10, 1),
+        )
+    });
+    // FrozenLake 4×4: a random walk of 8 moves rarely reaches the goal; a sum of two digits
+    // 0..=4 is one of 9 answers, a random digit one of 10.
+    let (lake, sum) = (lake.unwrap(), sum.unwrap());
+    assert!(lake < 0.05, "{lake}");
+    assert!((0.07..=0.13).contains(&sum), "{sum}");
+    assert_eq!(
+        sim, None,
+        "simulated environments have no random-policy rate"
+    );
+}
+
+#[test]
+fn the_timeline_has_a_row_per_resource_in_kind_order() {
+    let mut steps: Vec<StepMetrics> = (1..=4).map(|i| step(i, 0.5)).collect();
+    for (i, m) in steps.iter_mut().enumerate() {
+        m.step_s = 2.0;
+        m.timeline.insert("shard compute/0".into(), 0.25 * i as f64);
+        m.timeline.insert("env lake/10".into(), 1.0);
+        m.timeline.insert("env lake/9".into(), 0.5);
+        m.timeline.insert("env lake/3".into(), 0.0);
+        if i >= 2 {
+            // A function instance that started late (grey before).
+            m.timeline.insert("fn math-1/3".into(), 0.75);
+        }
+    }
+    // Never-used environments are left out.
+    assert_eq!(
+        timeline_rows(&steps),
+        [
+            "shard compute/0",
+            "env lake/9",
+            "env lake/10",
+            "fn math-1/3"
+        ]
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let files = plots(dir.path(), &steps).unwrap();
+    assert_eq!(files.len(), 6);
+    let svg = std::fs::read_to_string(dir.path().join("timeline.svg")).unwrap();
+    for row in ["shard compute/0", "env lake/10", "fn math-1/3"] {
+        assert!(svg.contains(row), "{row} missing from the timeline");
+    }
+    // Busy cells are filled in shades of blue, missing ones grey: both kinds appear.
+    assert!(
+        svg.contains("#E1E1E1"),
+        "no grey cell for the late instance"
+    );
+    assert!(svg.contains("#08308C"), "no fully busy cell");
+    let png = std::fs::read(dir.path().join("timeline.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+}

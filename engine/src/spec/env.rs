@@ -1,0 +1,278 @@
+//! The `tasks[].env` section: which environment a task runs (simulated, built-in, or an
+//! external program) and its parameters.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::Problems;
+use actors::dist::Dist;
+
+/// How a task's environments are provided.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum EnvSpec {
+    /// Latency and length model in virtual time.
+    Sim {
+        #[serde(default)]
+        #[schema(value_type = Object)]
+        reset_latency_s: Option<Dist>,
+        #[serde(default)]
+        #[schema(value_type = Object)]
+        step_latency_s: Option<Dist>,
+        #[serde(default)]
+        #[schema(value_type = Object)]
+        turns: Option<Dist>,
+        #[serde(default)]
+        #[schema(value_type = Object)]
+        observation_tokens: Option<Dist>,
+        /// The first observation (the prompt); default: `observation_tokens`.
+        #[serde(default)]
+        #[schema(value_type = Object)]
+        prompt_tokens: Option<Dist>,
+        #[serde(default)]
+        #[schema(value_type = Object)]
+        response_tokens: Option<Dist>,
+        #[serde(default = "default_success_rate")]
+        success_rate: f64,
+        #[serde(default)]
+        failure_probability: f64,
+        #[serde(default)]
+        hang_probability: f64,
+    },
+    /// FrozenLake (4×4 or 8×8, slippery or not); actions `left|down|right|up`.
+    Frozenlake {
+        #[serde(default = "default_frozenlake_size")]
+        size: usize,
+        #[serde(default)]
+        slippery: bool,
+        #[serde(default)]
+        random_map: bool,
+        #[serde(default = "default_invalid_penalty")]
+        invalid_penalty: f64,
+        #[serde(default)]
+        end_on_invalid: bool,
+    },
+    /// Sokoban in generated rooms with 1–2 boxes; actions `left|down|right|up`.
+    Sokoban {
+        #[serde(default = "default_sokoban_size")]
+        size: usize,
+        #[serde(default = "default_sokoban_boxes")]
+        boxes: usize,
+        #[serde(default = "default_sokoban_scramble")]
+        scramble: usize,
+        #[serde(default = "default_invalid_penalty")]
+        invalid_penalty: f64,
+        #[serde(default)]
+        end_on_invalid: bool,
+    },
+    /// One arithmetic question per episode; the answer is a number.
+    Arithmetic {
+        #[serde(default = "default_max_operand")]
+        max_operand: i64,
+        /// Operators to draw from, e.g. "+-*".
+        #[serde(default = "default_ops")]
+        ops: String,
+    },
+    /// Any program speaking the environment protocol (NDJSON over stdio).
+    External {
+        /// Program and arguments, e.g. `["python3", "envs/gymnasium_bridge.py", "FrozenLake-v1"]`.
+        command: Vec<String>,
+        /// `bwrap` (default: namespaces, read-only system, rlimits) or `none` (opt out).
+        #[serde(default)]
+        sandbox: EnvSandbox,
+        /// Host paths made visible read-only inside the sandbox (e.g. an interpreter's install
+        /// under a hidden home).
+        #[serde(default)]
+        readable_paths: Vec<String>,
+        #[serde(default = "default_max_message_bytes")]
+        max_message_bytes: usize,
+    },
+    /// Tic-tac-toe against a fixed-strategy opponent; the action is a cell 1–9.
+    Tictactoe {
+        #[serde(default)]
+        opponent_first: bool,
+        #[serde(default = "default_invalid_penalty")]
+        invalid_penalty: f64,
+        #[serde(default)]
+        end_on_invalid: bool,
+    },
+}
+
+impl EnvSpec {
+    /// The characters a built-in environment's actions are written in.
+    pub fn action_alphabet(&self) -> Option<&'static str> {
+        match self {
+            EnvSpec::Frozenlake { .. } | EnvSpec::Sokoban { .. } => Some("LDRU"),
+            EnvSpec::Arithmetic { .. } => Some("0123456789-"),
+            EnvSpec::Tictactoe { .. } => Some("123456789"),
+            EnvSpec::Sim { .. } | EnvSpec::External { .. } => None,
+        }
+    }
+}
+
+fn default_success_rate() -> f64 {
+    0.5
+}
+fn default_max_message_bytes() -> usize {
+    actors::env::protocol::MAX_MESSAGE_BYTES
+}
+
+/// Isolation of external environment programs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EnvSandbox {
+    #[default]
+    Bwrap,
+    None,
+}
+fn default_frozenlake_size() -> usize {
+    4
+}
+fn default_sokoban_boxes() -> usize {
+    1
+}
+fn default_sokoban_size() -> usize {
+    6
+}
+fn default_sokoban_scramble() -> usize {
+    12
+}
+fn default_max_operand() -> i64 {
+    9
+}
+fn default_ops() -> String {
+    "+".into()
+}
+fn default_invalid_penalty() -> f64 {
+    -0.1
+}
+
+impl EnvSpec {
+    /// Checks the environment parameters (at `at`, e.g. `tasks[0].env`).
+    pub(super) fn check(&self, at: &str, problems: &mut Problems) {
+        let p = at;
+        match self {
+            EnvSpec::Sim {
+                reset_latency_s,
+                step_latency_s,
+                turns,
+                observation_tokens,
+                prompt_tokens,
+                response_tokens,
+                success_rate,
+                failure_probability,
+                hang_probability,
+            } => {
+                for (name, d) in [
+                    ("reset_latency_s", reset_latency_s),
+                    ("step_latency_s", step_latency_s),
+                    ("turns", turns),
+                    ("observation_tokens", observation_tokens),
+                    ("prompt_tokens", prompt_tokens),
+                    ("response_tokens", response_tokens),
+                ] {
+                    if let Some(d) = d {
+                        for m in d.problems() {
+                            problems.push(format!("{p}.{name}"), m);
+                        }
+                    }
+                }
+                for (name, v) in [
+                    ("success_rate", success_rate),
+                    ("failure_probability", failure_probability),
+                    ("hang_probability", hang_probability),
+                ] {
+                    if !(0.0..=1.0).contains(v) {
+                        problems.push(
+                            format!("{p}.{name}"),
+                            format!("must be a probability in [0, 1], got {v}"),
+                        );
+                    }
+                }
+            }
+            EnvSpec::Frozenlake {
+                size,
+                invalid_penalty,
+                ..
+            } => {
+                if *size != 4 && *size != 8 {
+                    problems.push(format!("{p}.size"), format!("must be 4 or 8, got {size}"));
+                }
+                if !invalid_penalty.is_finite() {
+                    problems.push(
+                        format!("{p}.invalid_penalty"),
+                        "must be a finite number".into(),
+                    );
+                }
+            }
+            EnvSpec::Sokoban {
+                size,
+                boxes,
+                scramble,
+                invalid_penalty,
+                ..
+            } => {
+                if !(5..=10).contains(size) {
+                    problems.push(
+                        format!("{p}.size"),
+                        format!("must be in 5..=10, got {size}"),
+                    );
+                }
+                if !(1..=2).contains(boxes) {
+                    problems.push(format!("{p}.boxes"), format!("must be 1 or 2, got {boxes}"));
+                }
+                if *scramble == 0 || *scramble > 1000 {
+                    problems.push(
+                        format!("{p}.scramble"),
+                        format!("must be in 1..=1000, got {scramble}"),
+                    );
+                }
+                if !invalid_penalty.is_finite() {
+                    problems.push(
+                        format!("{p}.invalid_penalty"),
+                        "must be a finite number".into(),
+                    );
+                }
+            }
+            EnvSpec::Arithmetic { max_operand, ops } => {
+                if !(1..=1_000_000).contains(max_operand) {
+                    problems.push(
+                        format!("{p}.max_operand"),
+                        format!("must be in 1..=1000000, got {max_operand}"),
+                    );
+                }
+                if ops.is_empty() || !ops.chars().all(|c| "+-*".contains(c)) {
+                    problems.push(
+                        format!("{p}.ops"),
+                        format!("must be a non-empty string of + - *, got {ops:?}"),
+                    );
+                }
+            }
+            EnvSpec::External {
+                command,
+                max_message_bytes,
+                ..
+            } => {
+                if command.is_empty() || command[0].trim().is_empty() {
+                    problems.push(format!("{p}.command"), "name the program to run".into());
+                }
+                if !(64..=64 << 20).contains(max_message_bytes) {
+                    problems.push(
+                        format!("{p}.max_message_bytes"),
+                        format!("must be in 64..=67108864, got {max_message_bytes}"),
+                    );
+                }
+            }
+            EnvSpec::Tictactoe {
+                invalid_penalty, ..
+            } => {
+                if !invalid_penalty.is_finite() {
+                    problems.push(
+                        format!("{p}.invalid_penalty"),
+                        "must be a finite number".into(),
+                    );
+                }
+            }
+        }
+    }
+}

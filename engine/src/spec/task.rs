@@ -1,0 +1,211 @@
+//! The `tasks[]` section: what a task domain is, how many episodes make a group, and its
+//! environment and reward functions.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::env::EnvSpec;
+use super::pool::BackendSpec;
+use super::reward::BUILTIN_REWARDS;
+use super::{JobSpec, Problems};
+use actors::dist::Dist;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TaskSpec {
+    /// Task domain tag, e.g. `frozenlake`; unique within the job.
+    pub domain: String,
+    pub env: EnvSpec,
+    #[serde(default = "default_group_size")]
+    pub group_size: usize,
+    /// Extra episodes dispatched per group; the slowest are cancelled once the group is full.
+    #[serde(default)]
+    pub redundancy: usize,
+    #[serde(default = "default_max_turns")]
+    pub max_turns: u32,
+    #[serde(default = "default_max_tokens_per_turn")]
+    pub max_tokens_per_turn: u32,
+    /// Reward function names; `env` is the environment's own reward.
+    #[serde(default = "default_reward")]
+    pub reward: Vec<String>,
+    /// Share of groups drawn from this task.
+    #[serde(default = "default_task_weight")]
+    pub weight: f64,
+    #[serde(default)]
+    pub seeds: Option<SeedRange>,
+    /// Environments (and so concurrent episodes) for this task; default from the rollout size.
+    #[serde(default)]
+    pub envs: Option<usize>,
+    /// Constrained decoding (built-in model): the policy samples only the environment's
+    /// action alphabet (`LDRU` for the grid games, digits and `-` for arithmetic, `1`–`9` for
+    /// tic-tac-toe), plus end-of-turn when a turn may be longer than one token.
+    #[serde(default)]
+    pub constrain_actions: bool,
+    /// The alphabet for `constrain_actions`, overriding the environment's (ASCII characters).
+    #[serde(default)]
+    pub action_alphabet: Option<String>,
+    /// Extra latency added to this task's environment calls (benchmarks: realistic
+    /// environment delays on the built-in games).
+    #[serde(default)]
+    pub inject_latency: Option<InjectLatency>,
+    /// How the agent's context evolves between turns: `append` (the history grows and the
+    /// engine's prefix cache serves it) or `rewrite` (the framework re-renders the prompt each
+    /// turn — compacted or truncated history — so the whole context is prefilled every turn).
+    #[serde(default)]
+    pub context: ContextMode,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ContextMode {
+    #[default]
+    Append,
+    Rewrite,
+}
+
+/// Latency added after an environment call, in seconds (negative samples count as 0).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InjectLatency {
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub reset_s: Option<Dist>,
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub step_s: Option<Dist>,
+}
+
+impl TaskSpec {
+    /// Token ids the policy is constrained to, when `constrain_actions` is on.
+    pub fn allowed_tokens(&self) -> Option<Vec<u32>> {
+        if !self.constrain_actions {
+            return None;
+        }
+        let alphabet = self
+            .action_alphabet
+            .clone()
+            .or_else(|| self.env.action_alphabet().map(str::to_string))?;
+        let mut v: Vec<u32> = alphabet.bytes().map(u32::from).collect();
+        if self.max_tokens_per_turn > 1 {
+            v.push(actors::model::tokenizer::EOT);
+        }
+        v.sort_unstable();
+        v.dedup();
+        Some(v)
+    }
+}
+
+fn default_group_size() -> usize {
+    8
+}
+fn default_max_turns() -> u32 {
+    10
+}
+fn default_max_tokens_per_turn() -> u32 {
+    128
+}
+fn default_reward() -> Vec<String> {
+    vec!["env".into()]
+}
+fn default_task_weight() -> f64 {
+    1.0
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SeedRange {
+    pub start: u64,
+    pub count: u64,
+}
+
+impl TaskSpec {
+    /// Checks this task (at `at`, e.g. `tasks[0]`) against the rest of the spec.
+    pub(super) fn check(&self, at: &str, spec: &JobSpec, problems: &mut Problems) {
+        let (t, p) = (self, at);
+        if t.group_size == 0 || t.group_size > 1024 {
+            problems.push(
+                format!("{p}.group_size"),
+                format!("must be in 1..=1024, got {}", t.group_size),
+            );
+        }
+        if t.redundancy > 1024 {
+            problems.push(
+                format!("{p}.redundancy"),
+                format!("must be at most 1024, got {}", t.redundancy),
+            );
+        }
+        if t.max_turns == 0 || t.max_turns > 10_000 {
+            problems.push(
+                format!("{p}.max_turns"),
+                format!("must be in 1..=10000, got {}", t.max_turns),
+            );
+        }
+        if t.max_tokens_per_turn == 0 || t.max_tokens_per_turn > 1_000_000 {
+            problems.push(
+                format!("{p}.max_tokens_per_turn"),
+                format!("must be in 1..=1000000, got {}", t.max_tokens_per_turn),
+            );
+        }
+        if !(t.weight.is_finite() && t.weight > 0.0) {
+            problems.push(
+                format!("{p}.weight"),
+                format!("must be a positive number, got {}", t.weight),
+            );
+        }
+        if t.reward.is_empty() {
+            problems.push(
+                format!("{p}.reward"),
+                "name at least one reward function (e.g. \"env\")".into(),
+            );
+        }
+        if let Some(l) = &t.inject_latency {
+            for (k, d) in [("reset_s", &l.reset_s), ("step_s", &l.step_s)] {
+                for m in d.iter().flat_map(|d| d.problems()) {
+                    problems.push(format!("{p}.inject_latency.{k}"), m);
+                }
+            }
+        }
+        if let Some(a) = &t.action_alphabet
+            && (a.is_empty() || !a.is_ascii())
+        {
+            problems.push(
+                format!("{p}.action_alphabet"),
+                format!("{a:?} must be one or more ASCII characters"),
+            );
+        }
+        if t.constrain_actions {
+            if t.action_alphabet.is_none() && t.env.action_alphabet().is_none() {
+                problems.push(
+                    format!("{p}.constrain_actions"),
+                    "this environment has no built-in action alphabet; set action_alphabet".into(),
+                );
+            }
+            if !spec
+                .pools
+                .iter()
+                .all(|p| matches!(p.backend, BackendSpec::Builtin { .. }))
+            {
+                problems.push(format!("{p}.constrain_actions"), "constrained decoding needs the built-in model (backend.kind = \"builtin\") on every pool".into());
+            }
+        }
+        for (j, r) in t.reward.iter().enumerate() {
+            if !BUILTIN_REWARDS.contains(&r.as_str()) && !spec.reward.functions.contains_key(r) {
+                problems.push(
+                    format!("{p}.reward[{j}]"),
+                    format!(
+                        "unknown reward function {r:?}; define it under reward.functions or use \"env\""
+                    ),
+                );
+            }
+        }
+        if let Some(s) = t.seeds
+            && s.count == 0
+        {
+            problems.push(format!("{p}.seeds.count"), "must be at least 1".into());
+        }
+        if t.envs == Some(0) {
+            problems.push(format!("{p}.envs"), "must be at least 1".into());
+        }
+        t.env.check(&format!("{p}.env"), problems);
+    }
+}

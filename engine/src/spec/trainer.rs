@@ -1,0 +1,203 @@
+//! The `trainer` section: the built-in trainer's objective and optimiser, or the time model of
+//! a simulated GPU trainer.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::pool::BackendSpec;
+use super::{JobSpec, Problems};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum TrainerSpec {
+    /// Time model of a GPU trainer: with `device`, a roofline (8 FLOPs per active parameter
+    /// per token at `mfu` on `gpus` devices of that class, for `model` or the pools' model);
+    /// without, `seconds_per_token` per GPU.
+    Sim {
+        #[serde(default = "default_seconds_per_token")]
+        seconds_per_token: f64,
+        #[serde(default = "default_trainer_gpus")]
+        gpus: u32,
+        #[serde(default)]
+        step_overhead_s: f64,
+        #[serde(default)]
+        device: Option<String>,
+        #[serde(default)]
+        model: Option<String>,
+        /// Training MFU (default 0.35).
+        #[serde(default)]
+        mfu: Option<f64>,
+    },
+    /// The built-in trainer for the built-in model (CPU).
+    Builtin(BuiltinTrainerSpec),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AdvantageSpec {
+    Grpo,
+    DrGrpo,
+    Rloo,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AggregationSpec {
+    TokenMean,
+    SeqMeanTokenMean,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BuiltinTrainerSpec {
+    #[serde(default = "default_lr")]
+    pub lr: f64,
+    #[serde(default)]
+    pub warmup_steps: u64,
+    #[serde(default)]
+    pub decay_steps: Option<u64>,
+    #[serde(default)]
+    pub weight_decay: f64,
+    #[serde(default = "default_grad_clip")]
+    pub grad_clip: f64,
+    #[serde(default = "default_advantage")]
+    pub advantage: AdvantageSpec,
+    #[serde(default = "default_aggregation")]
+    pub aggregation: AggregationSpec,
+    #[serde(default = "default_eps_low")]
+    pub eps_low: f64,
+    #[serde(default = "default_eps_high")]
+    pub eps_high: f64,
+    #[serde(default)]
+    pub tis_cap: Option<f64>,
+    #[serde(default)]
+    pub kl_beta: f64,
+    #[serde(default)]
+    pub recompute_old: bool,
+}
+
+fn default_lr() -> f64 {
+    1e-3
+}
+fn default_grad_clip() -> f64 {
+    1.0
+}
+fn default_advantage() -> AdvantageSpec {
+    AdvantageSpec::Grpo
+}
+fn default_aggregation() -> AggregationSpec {
+    AggregationSpec::TokenMean
+}
+fn default_eps_low() -> f64 {
+    0.2
+}
+fn default_eps_high() -> f64 {
+    0.28
+}
+
+fn default_seconds_per_token() -> f64 {
+    2e-4
+}
+fn default_trainer_gpus() -> u32 {
+    8
+}
+
+impl Default for TrainerSpec {
+    fn default() -> Self {
+        Self::Sim {
+            seconds_per_token: default_seconds_per_token(),
+            gpus: default_trainer_gpus(),
+            step_overhead_s: 0.0,
+            device: None,
+            model: None,
+            mfu: None,
+        }
+    }
+}
+
+impl TrainerSpec {
+    /// Checks the trainer against the pools it feeds.
+    pub(super) fn check(&self, spec: &JobSpec, problems: &mut Problems) {
+        match self {
+            TrainerSpec::Builtin(t) => {
+                if !spec
+                    .pools
+                    .iter()
+                    .all(|p| matches!(p.backend, BackendSpec::Builtin { .. }))
+                {
+                    problems.push(
+                        "trainer".into(),
+                        "the built-in trainer needs every pool to use backend.kind = \"builtin\""
+                            .into(),
+                    );
+                }
+                if !(t.lr.is_finite() && t.lr > 0.0) {
+                    problems.push(
+                        "trainer.lr".into(),
+                        format!("must be positive, got {}", t.lr),
+                    );
+                }
+                if !(t.grad_clip.is_finite() && t.grad_clip >= 0.0) {
+                    problems.push(
+                        "trainer.grad_clip".into(),
+                        format!("must be >= 0, got {}", t.grad_clip),
+                    );
+                }
+                if !(t.eps_low > 0.0 && t.eps_low < 1.0 && t.eps_high > 0.0) {
+                    problems.push(
+                        "trainer.eps_low".into(),
+                        "clip range needs 0 < eps_low < 1 and eps_high > 0".into(),
+                    );
+                }
+                if t.tis_cap.is_some_and(|c| !(c.is_finite() && c >= 1.0)) {
+                    problems.push("trainer.tis_cap".into(), "must be >= 1".into());
+                }
+                if !(t.kl_beta.is_finite() && t.kl_beta >= 0.0) {
+                    problems.push("trainer.kl_beta".into(), "must be >= 0".into());
+                }
+            }
+            TrainerSpec::Sim {
+                seconds_per_token,
+                gpus,
+                step_overhead_s,
+                device,
+                model,
+                mfu,
+            } => {
+                if let Some(d) = device
+                    && spec.device_profile(d).is_none()
+                {
+                    problems.push(
+                        "trainer.device".into(),
+                        format!("unknown device class {d:?}"),
+                    );
+                }
+                if let Some(m) = model
+                    && spec.model_profile(m).is_none()
+                {
+                    problems.push("trainer.model".into(), format!("unknown model {m:?}"));
+                }
+                if let Some(v) = mfu
+                    && !(*v > 0.0 && *v <= 1.0)
+                {
+                    problems.push("trainer.mfu".into(), format!("must be in (0, 1], got {v}"));
+                }
+                if !(seconds_per_token.is_finite() && *seconds_per_token >= 0.0) {
+                    problems.push(
+                        "trainer.seconds_per_token".into(),
+                        format!("must be >= 0, got {seconds_per_token}"),
+                    );
+                }
+                if *gpus == 0 {
+                    problems.push("trainer.gpus".into(), "must be at least 1".into());
+                }
+                if !(step_overhead_s.is_finite() && *step_overhead_s >= 0.0) {
+                    problems.push(
+                        "trainer.step_overhead_s".into(),
+                        format!("must be >= 0, got {step_overhead_s}"),
+                    );
+                }
+            }
+        }
+    }
+}

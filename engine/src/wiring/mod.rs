@@ -1,0 +1,186 @@
+//! Spec → wiring: everything a job's actors are built from, derived from a validated spec by
+//! one pure function, [`plan`]. No I/O and no actors here: [`crate::job`] spawns the tree from
+//! a [`JobPlan`]. This module and [`crate::spec`] are the only ones that read spec types.
+//!
+//! Invariant: no silent fallbacks. A name the catalogue does not know is a [`WiringError`]
+//! (validation rejects it first; the error guards callers that skip validation).
+
+pub mod envs;
+mod pools;
+mod tasks;
+mod trainer;
+
+#[cfg(test)]
+mod tests;
+
+use std::time::Duration;
+
+use actors::device::{DeviceProfile, ModelProfile};
+use actors::dist::Dist;
+
+use crate::spec::{FunctionSpec, JobSpec, Knobs};
+
+pub use pools::{EnginePlan, PoolPlan};
+pub use tasks::{ScorerPlan, TaskPlan, prior_tokens};
+pub use trainer::{TrainerPlan, builtin_trainer_config, weight_sync};
+
+/// Everything a job run is built from.
+pub struct JobPlan {
+    pub knobs: Knobs,
+    pub seed: u64,
+    pub pools: Vec<PoolPlan>,
+    pub tasks: Vec<TaskPlan>,
+    /// Reward functions by name, in name order.
+    pub functions: Vec<(String, FunctionPlan)>,
+    pub trainer: TrainerPlan,
+    /// The built-in policy's byte tokenizer frames observations (built-in pools).
+    pub byte_framing: bool,
+}
+
+/// How a named reward function is provided.
+pub enum FunctionPlan {
+    /// A simulated serverless deployment scaled by the KPA (virtual time).
+    SimScaled {
+        latency: Dist,
+        cold_start: Duration,
+        scaling: infra::faas::Scaling,
+        seed: u64,
+    },
+    /// A simulated function with fixed slots, optionally scaling to zero when idle.
+    SimSlots {
+        latency: Dist,
+        cold_start: Duration,
+        concurrency: usize,
+        scale_to_zero_after: Option<Duration>,
+        seed: u64,
+    },
+    /// A real function (built-in, command or URL), deployed through the function hub.
+    Hub(FunctionSpec),
+}
+
+impl JobPlan {
+    /// Bytes of the policy's weights (what a weight sync moves).
+    pub fn weight_bytes(&self) -> f64 {
+        self.pools.first().map_or(0.0, |p| p.model.weight_bytes())
+    }
+}
+
+impl FunctionPlan {
+    /// Whether the function runs as processes or behind a URL (so the job needs a hub).
+    pub fn needs_hub(&self) -> bool {
+        matches!(self, FunctionPlan::Hub(_))
+    }
+}
+
+/// A spec that passed validation but cannot be turned into a job (a guard for callers that
+/// skip validation).
+#[derive(Debug, thiserror::Error)]
+pub enum WiringError {
+    #[error("{field}: unknown device class {name:?}")]
+    UnknownDevice { field: String, name: String },
+    #[error("{field}: unknown model {name:?}")]
+    UnknownModel { field: String, name: String },
+    #[error("trainer: the built-in trainer needs built-in pools (backend.kind = \"builtin\")")]
+    BuiltinTrainerWithoutModel,
+    #[error("pools: the built-in model trains only with trainer.kind = \"builtin\"")]
+    BuiltinModelWithoutTrainer,
+    #[error("tasks[{task}].reward: no reward function is named {name:?}")]
+    UnknownFunction { task: usize, name: String },
+}
+
+/// Derives the whole wiring of a job from its (validated) spec.
+pub fn plan(spec: &JobSpec) -> Result<JobPlan, WiringError> {
+    let knobs = spec.knobs();
+    let pools = pools::plan(spec, &knobs)?;
+    let tasks = tasks::plan(spec, &knobs);
+    let functions = spec
+        .reward
+        .functions
+        .iter()
+        .map(|(name, f)| (name.clone(), function(spec.seed, &knobs, name, f)))
+        .collect();
+    for (ti, t) in tasks.iter().enumerate() {
+        for s in &t.scorers {
+            if let ScorerPlan::Function(name) = s
+                && !spec.reward.functions.contains_key(name)
+            {
+                return Err(WiringError::UnknownFunction {
+                    task: ti,
+                    name: name.clone(),
+                });
+            }
+        }
+    }
+    let trainer = trainer::plan(spec, &pools)?;
+    Ok(JobPlan {
+        byte_framing: pools
+            .iter()
+            .any(|p| matches!(p.engine, EnginePlan::Builtin { .. })),
+        knobs,
+        seed: spec.seed,
+        pools,
+        tasks,
+        functions,
+        trainer,
+    })
+}
+
+fn function(seed: u64, knobs: &Knobs, name: &str, f: &FunctionSpec) -> FunctionPlan {
+    use crate::spec::RewardPlacement;
+    let FunctionSpec::Sim {
+        latency_s,
+        cold_start_s,
+        concurrency,
+        scale_to_zero_after_s,
+        scaling,
+    } = f
+    else {
+        return FunctionPlan::Hub(f.clone());
+    };
+    let latency = latency_s.clone().unwrap_or_default();
+    let seed = seed
+        ^ name
+            .bytes()
+            .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64));
+    let cold_start = Duration::from_secs_f64(*cold_start_s);
+    match (knobs.placement, scaling) {
+        (RewardPlacement::Serverless, Some(scaling)) => FunctionPlan::SimScaled {
+            latency,
+            cold_start,
+            scaling: scaling.clone(),
+            seed,
+        },
+        (RewardPlacement::Serverless, None) => FunctionPlan::SimSlots {
+            latency,
+            cold_start,
+            concurrency: *concurrency,
+            scale_to_zero_after: Some(Duration::from_secs_f64(*scale_to_zero_after_s)),
+            seed,
+        },
+        (RewardPlacement::Local, _) => FunctionPlan::SimSlots {
+            latency,
+            cold_start: Duration::ZERO,
+            concurrency: *concurrency,
+            scale_to_zero_after: None,
+            seed,
+        },
+    }
+}
+
+/// A device class of the spec (`sim.devices` or the catalogue), or an error naming `field`.
+fn device(spec: &JobSpec, field: String, name: &str) -> Result<DeviceProfile, WiringError> {
+    spec.device_profile(name)
+        .ok_or_else(|| WiringError::UnknownDevice {
+            field,
+            name: name.to_string(),
+        })
+}
+
+/// A model profile of the spec (`sim.models` or the catalogue), or an error naming `field`.
+fn model(spec: &JobSpec, field: String, name: &str) -> Result<ModelProfile, WiringError> {
+    spec.model_profile(name)
+        .ok_or_else(|| WiringError::UnknownModel {
+            field,
+            name: name.to_string(),
+        })
+}

@@ -1,0 +1,138 @@
+//! Generation pools: device profile (a tensor-parallel shard is its whole group), model
+//! profile, engine configuration, and prefill/decode links.
+
+use actors::device::{Efficiency, ModelProfile};
+use actors::generation::sim::SimEngineConfig;
+use actors::model::transformer::ModelConfig;
+
+use super::{WiringError, device, model, weight_sync};
+use crate::job::scheduler::PrefillLink;
+use crate::spec::{BackendSpec, JobSpec, Knobs};
+
+/// One generation pool of a job.
+pub struct PoolPlan {
+    pub name: String,
+    pub shards: usize,
+    /// The profile of one shard (a tensor-parallel shard aggregates its GPUs).
+    pub device: actors::device::DeviceProfile,
+    pub model: ModelProfile,
+    pub max_batch: usize,
+    pub engine: EnginePlan,
+    /// Prefill/decode disaggregation: the pool that prefills for this one, and the KV link.
+    pub prefill_from: Option<PrefillLink>,
+    /// This pool only prefills for another; no group is mapped to it.
+    pub prefill_only: bool,
+    /// Seconds without an engine step (with work queued) before the watchdog restarts it.
+    pub frozen_after_s: f64,
+}
+
+/// What each shard of a pool runs.
+pub enum EnginePlan {
+    /// The roofline simulator; each shard gets its own seed, and `faults` freezes shard
+    /// `.0` after `.1` engine steps (once).
+    Sim {
+        config: Box<SimEngineConfig>,
+        faults: Vec<(usize, u64)>,
+    },
+    /// The built-in transformer on CPU, one OS thread per shard.
+    Builtin { config: ModelConfig },
+}
+
+pub(super) fn plan(spec: &JobSpec, knobs: &Knobs) -> Result<Vec<PoolPlan>, WiringError> {
+    let sim_shards: u32 = spec
+        .pools
+        .iter()
+        .filter(|p| matches!(p.backend, BackendSpec::Sim { .. }))
+        .map(|p| p.count as u32)
+        .sum();
+    let mut out = Vec::with_capacity(spec.pools.len());
+    for (pi, p) in spec.pools.iter().enumerate() {
+        let base = device(spec, format!("pools[{pi}].device"), &p.device)?;
+        let (device, model, max_batch, engine) = match &p.backend {
+            BackendSpec::Sim {
+                model: model_name,
+                max_batch,
+                mfu,
+                mbu,
+                weight_sync_gbps,
+                hang_probability,
+                gpus_per_shard,
+                tp_efficiency,
+                ..
+            } => {
+                let device = base.group(*gpus_per_shard, tp_efficiency.unwrap_or(0.9));
+                let model = model(spec, format!("pools[{pi}].backend.model"), model_name)?;
+                let mut cfg = SimEngineConfig::new(device.clone(), model.clone());
+                let e = Efficiency::default();
+                cfg.efficiency = Efficiency {
+                    mfu: mfu.unwrap_or(e.mfu),
+                    mbu: mbu.unwrap_or(e.mbu),
+                };
+                if let Some(b) = max_batch {
+                    cfg.max_batch = *b;
+                }
+                cfg.weight_sync = weight_sync(spec);
+                cfg.weight_sync.shards = sim_shards;
+                cfg.weight_sync.gpus_per_shard = *gpus_per_shard;
+                if let Some(g) = weight_sync_gbps {
+                    cfg.weight_sync.intra_bandwidth = g * 1e9;
+                }
+                cfg.hang_probability = *hang_probability;
+                let faults = spec
+                    .sim
+                    .faults
+                    .iter()
+                    .filter(|f| f.pool == p.name)
+                    .map(|f| (f.shard, f.hang_after_steps))
+                    .collect();
+                let mb = cfg.max_batch;
+                let engine = EnginePlan::Sim {
+                    config: Box::new(cfg),
+                    faults,
+                };
+                (device, model, mb, engine)
+            }
+            BackendSpec::Builtin { model, max_batch } => {
+                let config = model.config();
+                let profile = ModelProfile {
+                    name: "builtin".into(),
+                    params: config.params() as f64,
+                    active_params: config.params() as f64,
+                    layers: config.n_layers as u32,
+                    kv_bytes_per_token: (2 * config.n_layers * config.d_model * 4) as f64,
+                    bytes_per_param: 4.0,
+                };
+                (base, profile, *max_batch, EnginePlan::Builtin { config })
+            }
+        };
+        out.push(PoolPlan {
+            name: p.name.clone(),
+            shards: p.count,
+            device,
+            model,
+            max_batch,
+            engine,
+            prefill_from: None,
+            prefill_only: false,
+            frozen_after_s: knobs.frozen_after_s,
+        });
+    }
+    // Prefill/decode disaggregation links (validated: the named pool exists and is simulated).
+    for (pi, p) in spec.pools.iter().enumerate() {
+        if let BackendSpec::Sim {
+            prefill_pool: Some(pp),
+            kv_transfer_gbps,
+            ..
+        } = &p.backend
+            && let Some(qi) = spec.pools.iter().position(|q| &q.name == pp)
+        {
+            out[pi].prefill_from = Some(PrefillLink {
+                pool: qi,
+                bandwidth: kv_transfer_gbps.unwrap_or(50.0) * 1e9,
+                kv_bytes_per_token: out[pi].model.kv_bytes_per_token,
+            });
+            out[qi].prefill_only = true;
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,13 @@
+//! The one wall-clock reader.
+//!
+//! Everything else reads `tokio::time` so that a paused clock drives tests and simulations.
+//! Measuring how long real work took (a benchmark, a simulation's wall time, a report's
+//! wall-seconds column) needs the machine's clock even while tokio's is paused: that is
+//! what [`wall_now`] is for, and it is the only place allowed to call
+//! `std::time::Instant::now`.
+
+/// The machine's monotonic clock, independent of tokio's (possibly paused) one.
+pub fn wall_now() -> std::time::Instant {
+    #[allow(clippy::disallowed_methods)]
+    std::time::Instant::now()
+}
