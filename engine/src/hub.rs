@@ -92,6 +92,51 @@ fn dns(s: &str) -> String {
     out.trim_matches('-').to_string()
 }
 
+/// A job's scorer over `router`, validating scores against `range`.
+fn reward(
+    job: &str,
+    name: &str,
+    router: Arc<Router>,
+    range: [f64; 2],
+    timeout_s: f64,
+) -> SharedScorer {
+    let client = FunctionClient::new(
+        router,
+        format!("{name}@1"),
+        (range[0], range[1]),
+        Duration::from_secs_f64(timeout_s),
+    );
+    Arc::new(FunctionReward {
+        client,
+        key_prefix: job.to_string(),
+    })
+}
+
+/// The deployment's name: the same function and configuration share one serverless
+/// deployment whoever asks; a local one is the job's own (and kept warm: `min-scale` ≥ 1).
+fn deployment_name(
+    job: &str,
+    name: &str,
+    dep: &DeploymentConfig,
+    scaling: &mut Scaling,
+    placement: RewardPlacement,
+) -> String {
+    let identity = format!("{}|{:?}|{:?}|{:?}", dep.command, dep.args, dep.env, scaling);
+    match placement {
+        RewardPlacement::Serverless => dns(&format!("{}-{}", dep.name, short_hash(&identity))),
+        RewardPlacement::Local => {
+            scaling.min_scale = scaling.min_scale.max(1);
+            scaling.initial_scale = scaling.initial_scale.max(scaling.min_scale);
+            dns(&format!(
+                "{}-{}-{}",
+                dns(job),
+                dns(name),
+                short_hash(&identity)
+            ))
+        }
+    }
+}
+
 impl FunctionHub {
     pub fn new(fn_bin: PathBuf) -> Result<Arc<Self>, HubError> {
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -129,7 +174,7 @@ impl FunctionHub {
         spec: &FunctionSpec,
         placement: RewardPlacement,
     ) -> Result<SharedScorer, HubError> {
-        let (dep, scaling, timeout_s, range, hedge) = match spec {
+        let (mut dep, mut scaling, timeout_s, range, hedge) = match spec {
             FunctionSpec::Sim { .. } => {
                 return Err(HubError::Simulated { name: name.into() });
             }
@@ -150,16 +195,7 @@ impl FunctionHub {
                         },
                     )
                 });
-                let client = FunctionClient::new(
-                    router,
-                    format!("{name}@1"),
-                    (range[0], range[1]),
-                    Duration::from_secs_f64(*timeout_s),
-                );
-                return Ok(Arc::new(FunctionReward {
-                    client,
-                    key_prefix: job.to_string(),
-                }));
+                return Ok(reward(job, name, router, *range, *timeout_s));
             }
             FunctionSpec::Builtin {
                 function,
@@ -194,24 +230,8 @@ impl FunctionHub {
                 (d, scaling.clone(), *timeout_s, *range, *hedge_percentile)
             }
         };
-        let mut dep = dep;
         dep.timeout_seconds = timeout_s.ceil() as u64;
-        let mut scaling: Scaling = scaling;
-        let identity = format!("{}|{:?}|{:?}|{:?}", dep.command, dep.args, dep.env, scaling);
-        dep.name = match placement {
-            // Same function and configuration → same deployment, whoever asks.
-            RewardPlacement::Serverless => dns(&format!("{}-{}", dep.name, short_hash(&identity))),
-            RewardPlacement::Local => {
-                scaling.min_scale = scaling.min_scale.max(1);
-                scaling.initial_scale = scaling.initial_scale.max(scaling.min_scale);
-                dns(&format!(
-                    "{}-{}-{}",
-                    dns(job),
-                    dns(name),
-                    short_hash(&identity)
-                ))
-            }
-        };
+        dep.name = deployment_name(job, name, &dep, &mut scaling, placement);
         let cc = scaling.container_concurrency;
         dep.scaling = scaling;
         let deployment = self
@@ -242,16 +262,7 @@ impl FunctionHub {
                 },
             )
         });
-        let client = FunctionClient::new(
-            router,
-            format!("{name}@1"),
-            (range[0], range[1]),
-            Duration::from_secs_f64(timeout_s),
-        );
-        Ok(Arc::new(FunctionReward {
-            client,
-            key_prefix: job.to_string(),
-        }))
+        Ok(reward(job, name, router, range, timeout_s))
     }
 
     /// Removes the job's dedicated deployments (shared ones stay and scale to zero).

@@ -203,6 +203,20 @@ fn list<T: DeserializeOwned>(
     }
 }
 
+impl JobSpec {
+    /// Whether the job trains with the built-in trainer.
+    pub fn trains_builtin(&self) -> bool {
+        matches!(self.trainer, TrainerSpec::Builtin(_))
+    }
+
+    /// Whether every pool runs the built-in model.
+    pub fn all_pools_builtin(&self) -> bool {
+        self.pools
+            .iter()
+            .all(|p| matches!(p.backend, BackendSpec::Builtin { .. }))
+    }
+}
+
 /// Collects every problem of a spec with its dotted field path.
 #[derive(Debug, Default)]
 pub struct Problems(Vec<FieldError>);

@@ -147,28 +147,7 @@ pub async fn run(shared: Arc<EpisodeShared>, p: EpisodeParams) -> EpisodeOutcome
 async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
     let task = &shared.tasks[p.task];
     let mut guard = BarrierGuard(p.barrier.clone(), false);
-    let t_start = tokio::time::Instant::now();
-    let mut traj = Trajectory {
-        id: format!("r{}-g{}-e{}", shared.epoch, p.group, p.id),
-        group_id: p.group,
-        task: task.domain.clone(),
-        seed: p.seed,
-        start_version: p.start_version,
-        pool: p.shard.pool.clone(),
-        shard: p.shard.index,
-        turns: Vec::new(),
-        reward: None,
-        success: false,
-        invalid_actions: 0,
-        failure: None,
-        reference: None,
-        final_text: String::new(),
-        allowed_tokens: task.allowed_tokens.as_deref().map(<[u32]>::to_vec),
-        timings: Timings {
-            started_at_s: t_start.duration_since(shared.started).as_secs_f64(),
-            ..Timings::default()
-        },
-    };
+    let mut traj = new_trajectory(shared, p, task);
     let wait0 = tokio::time::Instant::now();
     let Some(mut env) = task.envs.lease().await else {
         traj.failure = Some(FailureReason::EnvFailed("environment pool closed".into()));
@@ -204,67 +183,17 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
             traj.timings.wait_s += secs(w);
         }
         if task.rewrite_context && turn_no > 0 {
-            p.shard.release(p.id);
-            if let Some(route) = &p.prefill {
-                route.shard.release(p.id);
-            }
+            release(p);
         }
-        let observation_tokens = encode(&obs, shared.framing.as_ref(), turn_no == 0);
-        Arc::make_mut(&mut context).extend_from_slice(&observation_tokens);
-        let req = GenRequest {
-            id: p.id,
-            session: p.id,
-            context: context.clone(),
-            params: SamplingParams {
-                temperature: 1.0,
-                top_p: 1.0,
-                max_tokens: task.max_tokens_per_turn,
-                stop_tokens: if shared.framing.is_some() {
-                    vec![crate::model::tokenizer::EOT]
-                } else {
-                    Vec::new()
-                },
-                seed: p.sample_seed ^ (u64::from(turn_no) << 48),
-                allowed_tokens: task.allowed_tokens.clone(),
-            },
-            sim_response_len: obs.sim_response_len,
-            prefilled: false,
-        };
-        let t = tokio::time::Instant::now();
-        let started_at_s = t.duration_since(shared.started).as_secs_f64();
-        let out = match &p.prefill {
-            None => {
-                p.shard
-                    .generate(req)
-                    .instrument(tracing::trace_span!(parent: &turn_span, "generate"))
-                    .await
-            }
-            Some(route) => {
-                disaggregated(route, &p.shard, req)
-                    .instrument(tracing::trace_span!(parent: &turn_span, "generate"))
-                    .await
-            }
-        };
-        traj.timings.generate_s += secs(t);
-        let out = match out {
-            Ok(o) => o,
-            Err(e) => {
-                traj.failure = Some(FailureReason::GenerationFailed(match e {
-                    GenError::Aborted => "aborted".into(),
-                    other => other.to_string(),
-                }));
+        let mut turn = match generate(shared, p, &obs, turn_no, &mut context, &mut traj)
+            .instrument(turn_span.clone())
+            .await
+        {
+            Ok(turn) => turn,
+            Err(failure) => {
+                traj.failure = Some(failure);
                 break;
             }
-        };
-        Arc::make_mut(&mut context).extend_from_slice(&out.tokens);
-        let mut turn = Turn {
-            observation_tokens,
-            response_tokens: out.tokens,
-            logprobs: out.logprobs,
-            versions: out.versions,
-            env_reward: 0.0,
-            prefill_tokens: out.prefill_tokens,
-            started_at_s,
         };
         let action = shared
             .framing
@@ -296,10 +225,7 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
             }
         }
     }
-    p.shard.release(p.id);
-    if let Some(route) = &p.prefill {
-        route.shard.release(p.id);
-    }
+    release(p);
     drop(env);
     guard.finish();
     if shared.batch_barrier
@@ -310,30 +236,136 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
         traj.timings.wait_s += secs(w);
     }
     if traj.failure.is_none() {
-        let t = tokio::time::Instant::now();
-        let mut total = 0.0;
-        for s in &task.scorers {
-            match s
-                .score(&traj)
-                .instrument(tracing::trace_span!("reward"))
-                .await
-            {
-                Ok(r) => total += r,
-                Err(e) => {
-                    traj.failure = Some(FailureReason::RewardFailed(e.to_string()));
-                    break;
-                }
-            }
-        }
-        traj.timings.reward_s = secs(t);
-        if traj.failure.is_none() {
-            traj.reward = Some(total);
-        }
+        score(task, &mut traj).await;
     }
     traj.timings.ended_at_s = tokio::time::Instant::now()
         .duration_since(shared.started)
         .as_secs_f64();
     traj
+}
+
+/// An empty trajectory of this episode, started now.
+fn new_trajectory(shared: &EpisodeShared, p: &EpisodeParams, task: &EpisodeTask) -> Trajectory {
+    Trajectory {
+        id: format!("r{}-g{}-e{}", shared.epoch, p.group, p.id),
+        group_id: p.group,
+        task: task.domain.clone(),
+        seed: p.seed,
+        start_version: p.start_version,
+        pool: p.shard.pool.clone(),
+        shard: p.shard.index,
+        turns: Vec::new(),
+        reward: None,
+        success: false,
+        invalid_actions: 0,
+        failure: None,
+        reference: None,
+        final_text: String::new(),
+        allowed_tokens: task.allowed_tokens.as_deref().map(<[u32]>::to_vec),
+        timings: Timings {
+            started_at_s: tokio::time::Instant::now()
+                .duration_since(shared.started)
+                .as_secs_f64(),
+            ..Timings::default()
+        },
+    }
+}
+
+/// Lets the engine(s) drop this episode's cached prefix.
+fn release(p: &EpisodeParams) {
+    p.shard.release(p.id);
+    if let Some(route) = &p.prefill {
+        route.shard.release(p.id);
+    }
+}
+
+/// One generation: the observation's tokens join the context, the shard answers, and the
+/// answer's tokens join the context too (nothing is re-tokenised).
+async fn generate(
+    shared: &EpisodeShared,
+    p: &EpisodeParams,
+    obs: &Observation,
+    turn_no: u32,
+    context: &mut Arc<Vec<u32>>,
+    traj: &mut Trajectory,
+) -> Result<Turn, FailureReason> {
+    let task = &shared.tasks[p.task];
+    let observation_tokens = encode(obs, shared.framing.as_ref(), turn_no == 0);
+    Arc::make_mut(context).extend_from_slice(&observation_tokens);
+    let req = GenRequest {
+        id: p.id,
+        session: p.id,
+        context: context.clone(),
+        params: SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            max_tokens: task.max_tokens_per_turn,
+            stop_tokens: if shared.framing.is_some() {
+                vec![crate::model::tokenizer::EOT]
+            } else {
+                Vec::new()
+            },
+            seed: p.sample_seed ^ (u64::from(turn_no) << 48),
+            allowed_tokens: task.allowed_tokens.clone(),
+        },
+        sim_response_len: obs.sim_response_len,
+        prefilled: false,
+    };
+    let t = tokio::time::Instant::now();
+    let started_at_s = t.duration_since(shared.started).as_secs_f64();
+    let out = match &p.prefill {
+        None => {
+            p.shard
+                .generate(req)
+                .instrument(tracing::trace_span!("generate"))
+                .await
+        }
+        Some(route) => {
+            disaggregated(route, &p.shard, req)
+                .instrument(tracing::trace_span!("generate"))
+                .await
+        }
+    };
+    traj.timings.generate_s += secs(t);
+    let out = out.map_err(|e| {
+        FailureReason::GenerationFailed(match e {
+            GenError::Aborted => "aborted".into(),
+            other => other.to_string(),
+        })
+    })?;
+    Arc::make_mut(context).extend_from_slice(&out.tokens);
+    Ok(Turn {
+        observation_tokens,
+        response_tokens: out.tokens,
+        logprobs: out.logprobs,
+        versions: out.versions,
+        env_reward: 0.0,
+        prefill_tokens: out.prefill_tokens,
+        started_at_s,
+    })
+}
+
+/// Calls the task's reward functions; the first failure masks the trajectory.
+async fn score(task: &EpisodeTask, traj: &mut Trajectory) {
+    let t = tokio::time::Instant::now();
+    let mut total = 0.0;
+    for s in &task.scorers {
+        match s
+            .score(traj)
+            .instrument(tracing::trace_span!("reward"))
+            .await
+        {
+            Ok(r) => total += r,
+            Err(e) => {
+                traj.failure = Some(FailureReason::RewardFailed(e.to_string()));
+                break;
+            }
+        }
+    }
+    traj.timings.reward_s = secs(t);
+    if traj.failure.is_none() {
+        traj.reward = Some(total);
+    }
 }
 
 /// One turn on a disaggregated pool: the prefill shard computes the context's KV (a request

@@ -219,6 +219,34 @@ impl GenerationEngine for BuiltinEngine {
 
     fn step(&mut self) -> StepReport {
         let mut report = StepReport::default();
+        self.admit(&mut report);
+        // Sequences whose model call failed this step, with the reason.
+        let mut failed: Vec<(usize, String)> = Vec::new();
+        self.prefill_step(&mut report, &mut failed);
+        self.decode_step(&mut report, &mut failed);
+        self.retire(&mut report, &failed);
+        report
+    }
+
+    fn load(&self) -> LoadReport {
+        LoadReport {
+            running: self.running.len(),
+            waiting: self.waiting.len(),
+            kv_tokens: self.running.iter().map(|s| s.cache.len() as u64).sum(),
+            kv_capacity_tokens: (self.max_batch * self.model.cfg.max_seq) as u64,
+            version: self.version,
+            prefill_tokens: self.times.prefill_tokens,
+            decode_tokens: self.times.decode_tokens,
+            ..LoadReport::default()
+        }
+    }
+}
+
+/// The phases of one engine step.
+impl BuiltinEngine {
+    /// Moves waiting requests into the running batch (up to `max_batch`); a request whose
+    /// context cannot fit fails at once.
+    fn admit(&mut self, report: &mut StepReport) {
         while self.running.len() < self.max_batch {
             let Some(s) = self.waiting.pop_front() else {
                 break;
@@ -236,9 +264,11 @@ impl GenerationEngine for BuiltinEngine {
             }
             self.running.push(s);
         }
+    }
+
+    fn prefill_step(&mut self, report: &mut StepReport, failed: &mut Vec<(usize, String)>) {
         // Prefill: feed pending context, sample the first (next) token.
         let t0 = infra::clock::wall_now(); // real compute: phase times are wall time
-        let mut failed = Vec::new();
         for i in 0..self.running.len() {
             if self.running[i].pending_context == 0 {
                 continue;
@@ -272,6 +302,9 @@ impl GenerationEngine for BuiltinEngine {
         }
         self.times.prefill += t0.elapsed();
         self.times.prefill_tokens += report.prefill_tokens;
+    }
+
+    fn decode_step(&mut self, report: &mut StepReport, failed: &mut Vec<(usize, String)>) {
         // Decode: one token for every sequence that has a sampled token to feed and is not done.
         let t1 = infra::clock::wall_now();
         let ready: Vec<usize> = (0..self.running.len())
@@ -320,6 +353,9 @@ impl GenerationEngine for BuiltinEngine {
         }
         self.times.decode += t1.elapsed();
         self.times.decode_tokens += report.decode_tokens;
+    }
+
+    fn retire(&mut self, report: &mut StepReport, failed: &[(usize, String)]) {
         // Retire finished and failed sequences; keep finished contexts for the session.
         let mut i = 0;
         let mut idx = 0;
@@ -362,20 +398,6 @@ impl GenerationEngine for BuiltinEngine {
                 i += 1;
             }
             idx += 1;
-        }
-        report
-    }
-
-    fn load(&self) -> LoadReport {
-        LoadReport {
-            running: self.running.len(),
-            waiting: self.waiting.len(),
-            kv_tokens: self.running.iter().map(|s| s.cache.len() as u64).sum(),
-            kv_capacity_tokens: (self.max_batch * self.model.cfg.max_seq) as u64,
-            version: self.version,
-            prefill_tokens: self.times.prefill_tokens,
-            decode_tokens: self.times.decode_tokens,
-            ..LoadReport::default()
         }
     }
 }

@@ -7,7 +7,7 @@ use actors::device::{
     DeviceProfile, Efficiency, ModelProfile, decode_step_seconds, prefill_seconds,
 };
 
-use super::scheduler::PrefillLink;
+use crate::wiring::PrefillLink;
 
 /// Largest number of task → pool assignments the split search scores.
 pub const MAX_ASSIGNMENTS: f64 = 4096.0;

@@ -50,30 +50,7 @@ pub(super) async fn spawn(
 ) -> Result<JobActors, JobError> {
     let start_version = job.start_step;
     let weight_bytes = plan.weight_bytes();
-    // The built-in trainer owns the real weights (resumed from its checkpoint if any).
-    let (initial, trainer_impl): (Arc<Weights>, Box<dyn Trainer>) = match plan.trainer {
-        TrainerPlan::Builtin { model, config } => {
-            let parts = BuiltinParts::new(
-                model,
-                config,
-                plan.seed,
-                start_version,
-                job.checkpoint_dir.clone(),
-            )
-            .map_err(JobError::BuiltinModel)?;
-            (parts.initial, Box::new(parts.trainer))
-        }
-        TrainerPlan::Sim {
-            mut trainer,
-            panic_runs,
-        } => {
-            if job.epoch >= panic_runs {
-                trainer.panic_at_step = None;
-            }
-            let w = Weights::simulated(start_version, weight_bytes);
-            (Arc::new(w), Box::new(trainer))
-        }
-    };
+    let (initial, trainer_impl) = trainer_and_weights(job, plan.trainer, plan.seed, weight_bytes)?;
     let (weights, _) = Actor::spawn_linked(
         None,
         WeightStore,
@@ -118,28 +95,7 @@ pub(super) async fn spawn(
 
     // The buffer tells the scheduler about closed groups; the scheduler is spawned after it.
     let sched_slot: Arc<OnceLock<ActorRef<SchedMsg>>> = Arc::new(OnceLock::new());
-    let notify_slot = sched_slot.clone();
-    let notify = Arc::new(move |ev| {
-        if let Some(s) = notify_slot.get() {
-            let _ = s.cast(SchedMsg::Buffer(ev));
-        }
-    });
-    let k = &plan.knobs;
-    let (buffer, _) = Actor::spawn_linked(
-        None,
-        SampleBuffer,
-        BufferArgs {
-            batch_size: k.batch_size,
-            alpha: k.alpha,
-            filter_all_equal: k.filter_all_equal,
-            max_retries_per_group: k.max_retries_per_group,
-            sink: job.sink.clone(),
-            notify,
-        },
-        cell.clone(),
-    )
-    .await
-    .map_err(JobError::spawn("sample buffer"))?;
+    let buffer = spawn_buffer(job, &plan.knobs, cell, sched_slot.clone()).await?;
     let (trainer, _) = Actor::spawn_linked(
         None,
         TrainerActor,
@@ -178,6 +134,71 @@ pub(super) async fn spawn(
         env_counters,
         tasks,
     })
+}
+
+/// The run's initial weights and its trainer: the built-in trainer owns the real weights
+/// (resumed from its checkpoint if any); a simulated one starts from modelled weights.
+fn trainer_and_weights(
+    job: &JobRun,
+    trainer: TrainerPlan,
+    seed: u64,
+    weight_bytes: f64,
+) -> Result<(Arc<Weights>, Box<dyn Trainer>), JobError> {
+    let start_version = job.start_step;
+    Ok(match trainer {
+        TrainerPlan::Builtin { model, config } => {
+            let parts = BuiltinParts::new(
+                model,
+                config,
+                seed,
+                start_version,
+                job.checkpoint_dir.clone(),
+            )
+            .map_err(JobError::BuiltinModel)?;
+            (parts.initial, Box::new(parts.trainer))
+        }
+        TrainerPlan::Sim {
+            mut trainer,
+            panic_runs,
+        } => {
+            if job.epoch >= panic_runs {
+                trainer.panic_at_step = None;
+            }
+            let w = Weights::simulated(start_version, weight_bytes);
+            (Arc::new(w), Box::new(trainer))
+        }
+    })
+}
+
+/// The sample buffer; it tells the scheduler (spawned after it, set in `scheduler`) about
+/// closed and dropped groups.
+async fn spawn_buffer(
+    job: &JobRun,
+    knobs: &Knobs,
+    cell: &ActorCell,
+    scheduler: Arc<OnceLock<ActorRef<SchedMsg>>>,
+) -> Result<ActorRef<BufferMsg>, JobError> {
+    let notify = Arc::new(move |ev| {
+        if let Some(s) = scheduler.get() {
+            let _ = s.cast(SchedMsg::Buffer(ev));
+        }
+    });
+    let (buffer, _) = Actor::spawn_linked(
+        None,
+        SampleBuffer,
+        BufferArgs {
+            batch_size: knobs.batch_size,
+            alpha: knobs.alpha,
+            filter_all_equal: knobs.filter_all_equal,
+            max_retries_per_group: knobs.max_retries_per_group,
+            sink: job.sink.clone(),
+            notify,
+        },
+        cell.clone(),
+    )
+    .await
+    .map_err(JobError::spawn("sample buffer"))?;
+    Ok(buffer)
 }
 
 /// Spawns every shard of every pool; returns the scheduler's views and the shards' actors.

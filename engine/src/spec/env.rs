@@ -152,44 +152,7 @@ impl EnvSpec {
     pub(super) fn check(&self, at: &str, problems: &mut Problems) {
         let p = at;
         match self {
-            EnvSpec::Sim {
-                reset_latency_s,
-                step_latency_s,
-                turns,
-                observation_tokens,
-                prompt_tokens,
-                response_tokens,
-                success_rate,
-                failure_probability,
-                hang_probability,
-            } => {
-                for (name, d) in [
-                    ("reset_latency_s", reset_latency_s),
-                    ("step_latency_s", step_latency_s),
-                    ("turns", turns),
-                    ("observation_tokens", observation_tokens),
-                    ("prompt_tokens", prompt_tokens),
-                    ("response_tokens", response_tokens),
-                ] {
-                    if let Some(d) = d {
-                        for m in d.problems() {
-                            problems.push(format!("{p}.{name}"), m);
-                        }
-                    }
-                }
-                for (name, v) in [
-                    ("success_rate", success_rate),
-                    ("failure_probability", failure_probability),
-                    ("hang_probability", hang_probability),
-                ] {
-                    if !(0.0..=1.0).contains(v) {
-                        problems.push(
-                            format!("{p}.{name}"),
-                            format!("must be a probability in [0, 1], got {v}"),
-                        );
-                    }
-                }
-            }
+            EnvSpec::Sim { .. } => self.check_sim(p, problems),
             EnvSpec::Frozenlake {
                 size,
                 invalid_penalty,
@@ -272,6 +235,50 @@ impl EnvSpec {
                         "must be a finite number".into(),
                     );
                 }
+            }
+        }
+    }
+
+    /// Checks a simulated environment's distributions and probabilities.
+    fn check_sim(&self, p: &str, problems: &mut Problems) {
+        let EnvSpec::Sim {
+            reset_latency_s,
+            step_latency_s,
+            turns,
+            observation_tokens,
+            prompt_tokens,
+            response_tokens,
+            success_rate,
+            failure_probability,
+            hang_probability,
+        } = self
+        else {
+            return;
+        };
+        for (name, d) in [
+            ("reset_latency_s", reset_latency_s),
+            ("step_latency_s", step_latency_s),
+            ("turns", turns),
+            ("observation_tokens", observation_tokens),
+            ("prompt_tokens", prompt_tokens),
+            ("response_tokens", response_tokens),
+        ] {
+            if let Some(d) = d {
+                for m in d.problems() {
+                    problems.push(format!("{p}.{name}"), m);
+                }
+            }
+        }
+        for (name, v) in [
+            ("success_rate", success_rate),
+            ("failure_probability", failure_probability),
+            ("hang_probability", hang_probability),
+        ] {
+            if !(0.0..=1.0).contains(v) {
+                problems.push(
+                    format!("{p}.{name}"),
+                    format!("must be a probability in [0, 1], got {v}"),
+                );
             }
         }
     }

@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::trainer::TrainerSpec;
 use super::{JobSpec, Problems};
 use actors::device::{DeviceProfile, ModelProfile};
 
@@ -179,126 +178,145 @@ impl PoolSpec {
             );
         }
         match &pl.backend {
-            BackendSpec::Sim {
-                model,
-                max_batch,
-                mfu,
-                mbu,
-                weight_sync_gbps,
-                hang_probability,
-                gpus_per_shard,
-                tp_efficiency,
-                prefill_pool,
-                kv_transfer_gbps,
-            } => {
-                if spec.model_profile(model).is_none() {
-                    problems.push(
-                        format!("{p}.backend.model"),
-                        format!(
-                            "unknown model {model:?}, expected one of {} or one under sim.models",
-                            ModelProfile::BUILTIN_NAMES.join(", ")
-                        ),
-                    );
-                }
-                if *gpus_per_shard == 0 || *gpus_per_shard > 64 {
-                    problems.push(
-                        format!("{p}.backend.gpus_per_shard"),
-                        format!("must be in 1..=64, got {gpus_per_shard}"),
-                    );
-                }
-                if let Some(e) = tp_efficiency
-                    && !(*e > 0.0 && *e <= 1.0)
-                {
-                    problems.push(
-                        format!("{p}.backend.tp_efficiency"),
-                        format!("must be in (0, 1], got {e}"),
-                    );
-                }
-                if let Some(pp) = prefill_pool {
-                    match spec.pools.iter().find(|q| &q.name == pp) {
-                        None => problems.push(
-                            format!("{p}.backend.prefill_pool"),
-                            format!("no pool is named {pp:?}"),
-                        ),
-                        Some(q) if q.name == pl.name => problems.push(
-                            format!("{p}.backend.prefill_pool"),
-                            "a pool cannot prefill for itself".into(),
-                        ),
-                        Some(q) if !matches!(q.backend, BackendSpec::Sim { .. }) => problems.push(
-                            format!("{p}.backend.prefill_pool"),
-                            format!("pool {pp:?} must be simulated too"),
-                        ),
-                        Some(_) => {}
-                    }
-                }
-                if let Some(g) = kv_transfer_gbps
-                    && !(g.is_finite() && *g > 0.0)
-                {
-                    problems.push(
-                        format!("{p}.backend.kv_transfer_gbps"),
-                        format!("must be positive, got {g}"),
-                    );
-                }
-                if *max_batch == Some(0) {
-                    problems.push(
-                        format!("{p}.backend.max_batch"),
-                        "must be at least 1".into(),
-                    );
-                }
-                for (name, v) in [("mfu", mfu), ("mbu", mbu)] {
-                    if let Some(v) = v
-                        && !(*v > 0.0 && *v <= 1.0)
-                    {
-                        problems.push(
-                            format!("{p}.backend.{name}"),
-                            format!("must be in (0, 1], got {v}"),
-                        );
-                    }
-                }
-                if let Some(g) = weight_sync_gbps
-                    && !(g.is_finite() && *g > 0.0)
-                {
-                    problems.push(
-                        format!("{p}.backend.weight_sync_gbps"),
-                        format!("must be positive, got {g}"),
-                    );
-                }
-                if !(0.0..=1.0).contains(hang_probability) {
-                    problems.push(
-                        format!("{p}.backend.hang_probability"),
-                        format!("must be a probability in [0, 1], got {hang_probability}"),
-                    );
-                }
-            }
+            BackendSpec::Sim { .. } => self.check_sim(at, spec, problems),
             BackendSpec::Builtin { model, max_batch } => {
-                for m in model.config().problems() {
-                    problems.push(format!("{p}.backend.model"), m);
-                }
-                if *max_batch == 0 {
-                    problems.push(
-                        format!("{p}.backend.max_batch"),
-                        "must be at least 1".into(),
-                    );
-                }
-                if !matches!(spec.trainer, TrainerSpec::Builtin(_)) {
-                    problems.push(
-                        format!("{p}.backend"),
-                        "the built-in model trains only with trainer.kind = \"builtin\"".into(),
-                    );
-                }
-                if let Some(first) = spec.pools.iter().find_map(|q| match &q.backend {
-                    BackendSpec::Builtin { model, .. } => Some(*model),
-                    _ => None,
-                }) && first != *model
-                {
-                    problems.push(
-                        format!("{p}.backend.model"),
-                        "every built-in pool must use the same model size (they share weights)"
-                            .into(),
-                    );
-                }
+                check_builtin(at, spec, model, *max_batch, problems)
             }
         }
+    }
+
+    /// Checks a simulated backend.
+    fn check_sim(&self, at: &str, spec: &JobSpec, problems: &mut Problems) {
+        let (pl, p) = (self, at);
+        let BackendSpec::Sim {
+            model,
+            max_batch,
+            mfu,
+            mbu,
+            weight_sync_gbps,
+            hang_probability,
+            gpus_per_shard,
+            tp_efficiency,
+            prefill_pool,
+            kv_transfer_gbps,
+        } = &pl.backend
+        else {
+            return;
+        };
+        if spec.model_profile(model).is_none() {
+            problems.push(
+                format!("{p}.backend.model"),
+                format!(
+                    "unknown model {model:?}, expected one of {} or one under sim.models",
+                    ModelProfile::BUILTIN_NAMES.join(", ")
+                ),
+            );
+        }
+        if *gpus_per_shard == 0 || *gpus_per_shard > 64 {
+            problems.push(
+                format!("{p}.backend.gpus_per_shard"),
+                format!("must be in 1..=64, got {gpus_per_shard}"),
+            );
+        }
+        if let Some(e) = tp_efficiency
+            && !(*e > 0.0 && *e <= 1.0)
+        {
+            problems.push(
+                format!("{p}.backend.tp_efficiency"),
+                format!("must be in (0, 1], got {e}"),
+            );
+        }
+        if let Some(pp) = prefill_pool {
+            match spec.pools.iter().find(|q| &q.name == pp) {
+                None => problems.push(
+                    format!("{p}.backend.prefill_pool"),
+                    format!("no pool is named {pp:?}"),
+                ),
+                Some(q) if q.name == pl.name => problems.push(
+                    format!("{p}.backend.prefill_pool"),
+                    "a pool cannot prefill for itself".into(),
+                ),
+                Some(q) if !matches!(q.backend, BackendSpec::Sim { .. }) => problems.push(
+                    format!("{p}.backend.prefill_pool"),
+                    format!("pool {pp:?} must be simulated too"),
+                ),
+                Some(_) => {}
+            }
+        }
+        if let Some(g) = kv_transfer_gbps
+            && !(g.is_finite() && *g > 0.0)
+        {
+            problems.push(
+                format!("{p}.backend.kv_transfer_gbps"),
+                format!("must be positive, got {g}"),
+            );
+        }
+        if *max_batch == Some(0) {
+            problems.push(
+                format!("{p}.backend.max_batch"),
+                "must be at least 1".into(),
+            );
+        }
+        for (name, v) in [("mfu", mfu), ("mbu", mbu)] {
+            if let Some(v) = v
+                && !(*v > 0.0 && *v <= 1.0)
+            {
+                problems.push(
+                    format!("{p}.backend.{name}"),
+                    format!("must be in (0, 1], got {v}"),
+                );
+            }
+        }
+        if let Some(g) = weight_sync_gbps
+            && !(g.is_finite() && *g > 0.0)
+        {
+            problems.push(
+                format!("{p}.backend.weight_sync_gbps"),
+                format!("must be positive, got {g}"),
+            );
+        }
+        if !(0.0..=1.0).contains(hang_probability) {
+            problems.push(
+                format!("{p}.backend.hang_probability"),
+                format!("must be a probability in [0, 1], got {hang_probability}"),
+            );
+        }
+    }
+}
+
+/// Checks a built-in model backend (at `at`, e.g. `pools[0]`).
+fn check_builtin(
+    at: &str,
+    spec: &JobSpec,
+    model: &BuiltinModelSpec,
+    max_batch: usize,
+    problems: &mut Problems,
+) {
+    let p = at;
+    for m in model.config().problems() {
+        problems.push(format!("{p}.backend.model"), m);
+    }
+    if max_batch == 0 {
+        problems.push(
+            format!("{p}.backend.max_batch"),
+            "must be at least 1".into(),
+        );
+    }
+    if !spec.trains_builtin() {
+        problems.push(
+            format!("{p}.backend"),
+            "the built-in model trains only with trainer.kind = \"builtin\"".into(),
+        );
+    }
+    if let Some(first) = spec.pools.iter().find_map(|q| match &q.backend {
+        BackendSpec::Builtin { model, .. } => Some(*model),
+        _ => None,
+    }) && first != *model
+    {
+        problems.push(
+            format!("{p}.backend.model"),
+            "every built-in pool must use the same model size (they share weights)".into(),
+        );
     }
 }
 

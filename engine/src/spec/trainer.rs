@@ -4,7 +4,6 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::pool::BackendSpec;
 use super::{JobSpec, Problems};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -120,11 +119,7 @@ impl TrainerSpec {
     pub(super) fn check(&self, spec: &JobSpec, problems: &mut Problems) {
         match self {
             TrainerSpec::Builtin(t) => {
-                if !spec
-                    .pools
-                    .iter()
-                    .all(|p| matches!(p.backend, BackendSpec::Builtin { .. }))
-                {
+                if !spec.all_pools_builtin() {
                     problems.push(
                         "trainer".into(),
                         "the built-in trainer needs every pool to use backend.kind = \"builtin\""

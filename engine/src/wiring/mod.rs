@@ -37,6 +37,29 @@ pub struct JobPlan {
     pub byte_framing: bool,
 }
 
+/// Where a disaggregated pool's prefills run and how its KV cache travels.
+#[derive(Clone, Copy, Debug)]
+pub struct PrefillLink {
+    pub pool: usize,
+    /// KV transfer bandwidth, bytes/s.
+    pub bandwidth: f64,
+    pub kv_bytes_per_token: f64,
+}
+
+/// A task as the scheduler sees it (`crate::job::scheduler`).
+#[derive(Clone, Debug)]
+pub struct TaskView {
+    pub domain: String,
+    pub weight: f64,
+    pub group_size: usize,
+    pub redundancy: usize,
+    pub seeds: Option<(u64, u64)>,
+    /// Prior estimates of tokens per trajectory, replaced by observations.
+    pub prefill_estimate: f64,
+    pub decode_estimate: f64,
+    pub declared_pool: Option<usize>,
+}
+
 /// How a named reward function is provided.
 pub enum FunctionPlan {
     /// A simulated serverless deployment scaled by the KPA (virtual time).

@@ -6,7 +6,7 @@ use actors::generation::sim::SimEngineConfig;
 use actors::model::transformer::ModelConfig;
 
 use super::{WiringError, device, model, weight_sync};
-use crate::job::scheduler::PrefillLink;
+use super::PrefillLink;
 use crate::spec::{BackendSpec, JobSpec, Knobs};
 
 /// One generation pool of a job.

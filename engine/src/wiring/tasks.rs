@@ -7,7 +7,7 @@ use std::time::Duration;
 use actors::env::EnvFactory;
 
 use super::envs::{EnvLimits, factory};
-use crate::job::scheduler::TaskView;
+use super::TaskView;
 use crate::spec::{ContextMode, EnvSandbox, EnvSpec, JobSpec, Knobs, TaskSpec};
 
 /// One task of a job.

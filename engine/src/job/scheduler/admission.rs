@@ -1,0 +1,235 @@
+//! Admission: the staleness quota, the multi-task mix (smooth weighted round-robin), waves
+//! for the barrier baselines, and the dispatch of a group's episodes to the least-loaded
+//! shards of the pool its task is mapped to.
+
+use std::sync::Arc;
+
+use actors::episode::{self, EpisodeParams, WaveBarrier};
+use rand::Rng;
+
+use actors::buffer::BufferMsg;
+use actors::types::PolicyVersion;
+
+use super::{EpisodeRun, GroupRun, SchedMsg, SchedState};
+use crate::spec::Barrier;
+
+impl SchedState {
+    /// Groups that may still be admitted: a group admitted now (at version n) is consumed at
+    /// step ≥ c + ⌊open / batch⌋, and must be consumed by step n + α.
+    fn quota(&self) -> usize {
+        let k = &self.a.knobs;
+        let horizon = (self.version + k.alpha + 1).saturating_sub(self.consumed) as usize;
+        (k.batch_size * horizon).saturating_sub(self.open_groups)
+    }
+
+    pub(super) fn try_admit(&mut self) {
+        if self.stopped
+            || self.shared.is_none()
+            || (self.training && !self.a.knobs.overlap_training)
+        {
+            return;
+        }
+        let mut quota = self.quota();
+        if quota == 0 {
+            return;
+        }
+        let max_active = self.a.knobs.max_concurrent_episodes;
+        if self.a.knobs.barrier == Barrier::None {
+            while quota > 0 {
+                let task = self.peek_task();
+                let eps = self.a.tasks[task].group_size + self.a.tasks[task].redundancy;
+                if self.episodes.len() + eps > max_active && !self.episodes.is_empty() {
+                    break;
+                }
+                self.admit_group(None);
+                quota -= 1;
+            }
+        } else {
+            // Waves: the next wave starts when the previous one has fully ended.
+            if !self.episodes.is_empty() {
+                return;
+            }
+            let n = quota.min(self.a.knobs.batch_size);
+            let mut plan = Vec::new();
+            let mut total = 0;
+            for _ in 0..n {
+                let t = self.next_task();
+                let eps = self.a.tasks[t].group_size + self.a.tasks[t].redundancy;
+                if total + eps > max_active && total > 0 {
+                    break;
+                }
+                total += eps;
+                plan.push(t);
+            }
+            // A plain wave has no barrier inside: its trajectories advance on their own.
+            let barrier =
+                (self.a.knobs.barrier != Barrier::Wave).then(|| Arc::new(WaveBarrier::new(total)));
+            for t in plan {
+                self.admit_task_group(t, barrier.clone());
+            }
+        }
+    }
+
+    /// The task the next group will come from, without consuming the turn.
+    fn peek_task(&self) -> usize {
+        let total: f64 = self.a.tasks.iter().map(|t| t.weight).sum();
+        let mut best = 0;
+        let mut best_c = f64::MIN;
+        for (i, t) in self.a.tasks.iter().enumerate() {
+            let c = self.credit[i] + t.weight / total;
+            if c > best_c {
+                best_c = c;
+                best = i;
+            }
+        }
+        best
+    }
+
+    /// Smooth weighted round-robin: deterministic, exact shares over time.
+    fn next_task(&mut self) -> usize {
+        let total: f64 = self.a.tasks.iter().map(|t| t.weight).sum();
+        for (i, t) in self.a.tasks.iter().enumerate() {
+            self.credit[i] += t.weight / total;
+        }
+        let best = (0..self.a.tasks.len()).fold(0, |b, i| {
+            if self.credit[i] > self.credit[b] {
+                i
+            } else {
+                b
+            }
+        });
+        self.credit[best] -= 1.0;
+        best
+    }
+
+    pub(super) fn admit_group(&mut self, barrier: Option<Arc<WaveBarrier>>) {
+        let t = self.next_task();
+        self.admit_task_group(t, barrier);
+    }
+
+    fn admit_task_group(&mut self, task: usize, barrier: Option<Arc<WaveBarrier>>) {
+        let gid = self.next_group;
+        self.next_group += 1;
+        let k = self.task_groups[task];
+        self.task_groups[task] += 1;
+        let tv = &self.a.tasks[task];
+        let seed = match tv.seeds {
+            Some((start, count)) => start + k % count.max(1),
+            None => self.rng.random(),
+        };
+        let (gs, red, domain) = (tv.group_size, tv.redundancy, tv.domain.clone());
+        let pool = self.choose_pool(task);
+        let dispatched = gs + red;
+        let _ = self.a.buffer.cast(BufferMsg::Open {
+            group: gid,
+            task: domain,
+            seed,
+            start_version: self.version,
+            group_size: gs,
+            dispatched,
+        });
+        self.groups.insert(
+            gid,
+            GroupRun {
+                task,
+                seed,
+                start_version: self.version,
+                pool,
+                episodes: Vec::new(),
+                closed: false,
+            },
+        );
+        self.open_groups += 1;
+        self.snap.admitted_groups += 1;
+        *self
+            .snap
+            .groups_per_pool
+            .entry(self.a.pools[pool].name.clone())
+            .or_default() += 1;
+        for _ in 0..dispatched {
+            self.spawn_episode(gid, task, seed, self.version, pool, barrier.clone());
+        }
+    }
+
+    pub(super) fn spawn_episode(
+        &mut self,
+        gid: u64,
+        task: usize,
+        seed: u64,
+        start_version: PolicyVersion,
+        pool: usize,
+        barrier: Option<Arc<WaveBarrier>>,
+    ) {
+        let Some(shared) = self.shared.clone() else {
+            return;
+        };
+        let eid = self.next_episode;
+        self.next_episode += 1;
+        // Least-loaded shard of the pool; the trajectory sticks to it for all its turns.
+        let shard = (0..self.shard_active[pool].len())
+            .min_by_key(|&i| (self.shard_active[pool][i], i))
+            .unwrap_or(0);
+        self.shard_active[pool][shard] += 1;
+        // Disaggregated: a prefill shard too (least loaded, sticky for the trajectory).
+        let prefill = self.a.pools[pool].prefill_from.map(|link| {
+            let p = link.pool;
+            let s = (0..self.shard_active[p].len())
+                .min_by_key(|&i| (self.shard_active[p][i], i))
+                .unwrap_or(0);
+            self.shard_active[p][s] += 1;
+            (
+                s,
+                episode::PrefillRoute {
+                    shard: self.a.pools[p].shards[s].clone(),
+                    bandwidth: link.bandwidth,
+                    kv_bytes_per_token: link.kv_bytes_per_token,
+                },
+            )
+        });
+        self.pool_task_active[pool][task] += 1;
+        let params = EpisodeParams {
+            id: eid,
+            group: gid,
+            task,
+            seed,
+            sample_seed: self.rng.random(),
+            start_version,
+            shard: self.a.pools[pool].shards[shard].clone(),
+            barrier,
+            prefill: prefill.as_ref().map(|p| p.1.clone()),
+        };
+        // The episode reports its outcome through this task, so aborting the task also drops
+        // the report (an aborted episode is accounted for by whoever aborted it).
+        let me = self.me.clone();
+        let handle = tokio::spawn(async move {
+            let outcome = episode::run(shared, params).await;
+            // A scheduler that is gone has aborted its episodes already.
+            let _ = me.cast(SchedMsg::EpisodeEnded(outcome));
+        })
+        .abort_handle();
+        self.episodes.insert(
+            eid,
+            EpisodeRun {
+                pool,
+                task,
+                shard,
+                handle,
+                prefill_shard: prefill.map(|p| p.0),
+            },
+        );
+        if let Some(g) = self.groups.get_mut(&gid) {
+            g.episodes.push(eid);
+        }
+        self.snap.dispatched_episodes += 1;
+        self.snap.peak_active_episodes = self.snap.peak_active_episodes.max(self.episodes.len());
+    }
+
+    /// Frees an ended episode's places: its shard, its prefill shard, its task count.
+    pub(super) fn release_shards(&mut self, e: &EpisodeRun) {
+        self.shard_active[e.pool][e.shard] -= 1;
+        self.pool_task_active[e.pool][e.task] -= 1;
+        if let (Some(link), Some(ps)) = (self.a.pools[e.pool].prefill_from, e.prefill_shard) {
+            self.shard_active[link.pool][ps] -= 1;
+        }
+    }
+}
