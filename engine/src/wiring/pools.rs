@@ -5,8 +5,8 @@ use actors::device::{Efficiency, ModelProfile};
 use actors::generation::sim::SimEngineConfig;
 use actors::model::transformer::ModelConfig;
 
-use super::{WiringError, device, model, weight_sync};
 use super::PrefillLink;
+use super::{WiringError, device, model, weight_sync};
 use crate::spec::{BackendSpec, JobSpec, Knobs};
 
 /// One generation pool of a job.

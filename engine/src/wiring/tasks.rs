@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use actors::env::EnvFactory;
 
-use super::envs::{EnvLimits, factory};
 use super::TaskView;
+use super::envs::{EnvLimits, factory};
 use crate::spec::{ContextMode, EnvSandbox, EnvSpec, JobSpec, Knobs, TaskSpec};
 
 /// One task of a job.
