@@ -27,6 +27,7 @@ pub mod device;
 pub mod dist;
 pub mod env;
 pub mod episode;
+pub mod error;
 pub mod generation;
 pub mod model;
 pub mod reward;

@@ -29,7 +29,7 @@ pub enum RewardError {
 }
 
 /// Scores finished trajectories. Implementations are shared by all episodes of a job.
-pub trait RewardScorer: Send + Sync + 'static {
+pub trait TrajectoryScorer: Send + Sync + 'static {
     /// Scores one trajectory as soon as it ends.
     fn score<'a>(&'a self, traj: &'a Trajectory) -> BoxFuture<'a, Result<f64, RewardError>>;
 }
@@ -37,7 +37,7 @@ pub trait RewardScorer: Send + Sync + 'static {
 /// The environment's own reward (sum of step rewards), with no call at all.
 pub struct EnvRewardPassThrough;
 
-impl RewardScorer for EnvRewardPassThrough {
+impl TrajectoryScorer for EnvRewardPassThrough {
     fn score<'a>(&'a self, traj: &'a Trajectory) -> BoxFuture<'a, Result<f64, RewardError>> {
         Box::pin(async move { Ok(traj.turns.iter().map(|t| t.env_reward).sum()) })
     }
@@ -86,7 +86,7 @@ impl SimReward {
     }
 }
 
-impl RewardScorer for SimReward {
+impl TrajectoryScorer for SimReward {
     fn score<'a>(&'a self, traj: &'a Trajectory) -> BoxFuture<'a, Result<f64, RewardError>> {
         Box::pin(async move {
             let _permit = self.slots.acquire().await.map_err(RewardError::Closed)?;
@@ -303,7 +303,7 @@ impl SimFunction {
     }
 }
 
-impl RewardScorer for Arc<SimFunction> {
+impl TrajectoryScorer for Arc<SimFunction> {
     fn score<'a>(&'a self, traj: &'a Trajectory) -> BoxFuture<'a, Result<f64, RewardError>> {
         Box::pin(async move {
             self.calls.fetch_add(1, Ordering::Relaxed);
@@ -331,7 +331,7 @@ impl RewardScorer for Arc<SimFunction> {
     }
 }
 
-pub type SharedScorer = Arc<dyn RewardScorer>;
+pub type SharedScorer = Arc<dyn TrajectoryScorer>;
 
 /// A reward function reached through the router (serverless or dedicated instances, or a URL):
 /// one call per trajectory as soon as it ends, keyed `job/trajectory@reward` so retries and
@@ -342,7 +342,7 @@ pub struct FunctionReward {
     pub key_prefix: String,
 }
 
-impl RewardScorer for FunctionReward {
+impl TrajectoryScorer for FunctionReward {
     fn score<'a>(&'a self, traj: &'a Trajectory) -> BoxFuture<'a, Result<f64, RewardError>> {
         Box::pin(async move {
             let item = functions::protocol::ScoredItem {

@@ -1,6 +1,7 @@
 //! The trainer behind one trait (built-in CPU trainer, simulated time model, external trainer)
 //! and the trainer actor that runs steps one at a time.
 
+use crate::error::SharedError;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,8 +24,18 @@ pub struct TrainStats {
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum TrainError {
-    #[error("training step failed: {0}")]
-    Failed(String),
+    #[error("the training step failed")]
+    Step(#[source] SharedError),
+    #[error("could not write the checkpoint {path}")]
+    Checkpoint {
+        path: std::path::PathBuf,
+        #[source]
+        source: SharedError,
+    },
+    #[error("the trainer's lock is poisoned (an earlier step panicked)")]
+    Poisoned,
+    #[error("the training thread failed")]
+    Thread(#[source] SharedError),
 }
 
 /// A trainer: consumes one batch, produces the next policy version's weights.

@@ -48,6 +48,8 @@ pub struct ApiError {
     code: &'static str,
     message: String,
     fields: Vec<FieldError>,
+    /// What went wrong inside (logged once, at the response; never sent to the client).
+    cause: Option<String>,
 }
 
 impl ApiError {
@@ -57,6 +59,19 @@ impl ApiError {
             code,
             message: message.into(),
             fields: Vec::new(),
+            cause: None,
+        }
+    }
+
+    /// An internal error: the client gets a generic 500, the log gets the whole chain.
+    fn internal(cause: &dyn std::error::Error) -> Self {
+        Self {
+            cause: Some(infra::error_chain(cause)),
+            ..Self::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "internal error",
+            )
         }
     }
 }
@@ -64,7 +79,8 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         if self.status.is_server_error() {
-            tracing::error!(code = self.code, error = %self.message, "request failed");
+            let error = self.cause.as_deref().unwrap_or(&self.message);
+            tracing::error!(code = self.code, error, "request failed");
         }
         let body = ErrorBody {
             error: ErrorDetail {
@@ -101,15 +117,8 @@ impl From<ServiceError> for ApiError {
             ServiceError::Terminal { .. } => {
                 Self::new(StatusCode::CONFLICT, "conflict", e.to_string())
             }
-            // Internals are logged, not leaked.
-            other => {
-                tracing::error!(error = ?other, "service error");
-                Self::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal",
-                    "internal error",
-                )
-            }
+            // Internals are logged (once, by the response), not leaked.
+            other => Self::internal(&other),
         }
     }
 }
@@ -157,13 +166,13 @@ pub struct Cluster {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ClusterJob {
     pub id: String,
-    pub pools: Vec<PoolView>,
+    pub pools: Vec<ClusterPool>,
     pub environments: Vec<EnvView>,
     pub functions: Vec<String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct PoolView {
+pub struct ClusterPool {
     pub name: String,
     pub device: String,
     pub shards: usize,
@@ -218,7 +227,7 @@ pub struct DeviceView {
         TrajectoryRow,
         Cluster,
         ClusterJob,
-        PoolView,
+        ClusterPool,
         EnvView,
         DeviceView,
         JobEvent,
@@ -288,6 +297,7 @@ async fn submit(
         code: "invalid_spec",
         message: format!("the job spec has {} problem(s)", e.0.len()),
         fields: e.0,
+        cause: None,
     })?;
     let id = s.submit(spec)?;
     Ok((StatusCode::CREATED, Json(Created { id })))
@@ -465,7 +475,7 @@ async fn cluster(State(s): State<Arc<Service>>) -> Result<Json<Cluster>, ApiErro
             pools: spec
                 .pools
                 .iter()
-                .map(|p| PoolView {
+                .map(|p| ClusterPool {
                     name: p.name.clone(),
                     device: p.device.clone(),
                     shards: p.count,
@@ -546,7 +556,7 @@ async fn readyz(State(s): State<Arc<Service>>) -> (StatusCode, Json<Health>) {
 async fn metrics() -> Result<Response, ApiError> {
     let text = infra::telemetry::Metrics::global()
         .render()
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+        .map_err(|e| ApiError::internal(&e))?;
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
 

@@ -275,8 +275,9 @@ pub enum DiscoveryError {
         "no CUDA driver found (libcuda could not be loaded); generation runs on CPU or simulated devices"
     )]
     NoDriver,
-    #[error("the CUDA driver failed: {0}")]
-    Driver(String),
+    #[cfg(feature = "cuda")]
+    #[error("the CUDA driver failed")]
+    Driver(#[source] cudarc::driver::DriverError),
 }
 
 /// Lists the GPUs visible through the CUDA driver.

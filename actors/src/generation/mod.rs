@@ -96,8 +96,8 @@ pub enum GenError {
     ShardStopped,
     #[error("context of {len} tokens exceeds the shard's limit of {limit}")]
     ContextTooLong { len: usize, limit: usize },
-    #[error("backend failed: {0}")]
-    Backend(String),
+    #[error("the backend failed")]
+    Backend(#[source] crate::error::SharedError),
 }
 
 /// The result of one engine step.

@@ -10,7 +10,7 @@
 //! iteration at a time would have applied the command. A week of cluster time thus costs a
 //! handful of events per turn instead of one per token.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use rand::rngs::SmallRng;
@@ -25,6 +25,9 @@ use crate::device::{
 };
 use crate::types::{PolicyVersion, VersionSpan};
 use crate::weights::Weights;
+
+mod prefix_cache;
+use prefix_cache::PrefixCache;
 
 /// Knobs of the simulator.
 #[derive(Clone, Debug)]
@@ -104,57 +107,6 @@ impl Seq {
 
     fn remaining(&self) -> u64 {
         u64::from(self.target).saturating_sub(self.tokens.len() as u64)
-    }
-}
-
-/// Prefix cache: the KV of finished turns, per session, evicted least recently used first when
-/// admissions need the memory.
-#[derive(Default)]
-struct PrefixCache {
-    entries: HashMap<u64, (u64, u64)>,
-    lru: BTreeMap<u64, u64>,
-    tokens: u64,
-    clock: u64,
-    hits: u64,
-    evictions: u64,
-}
-
-impl PrefixCache {
-    fn put(&mut self, session: u64, tokens: u64) {
-        self.take(session);
-        self.clock += 1;
-        self.entries.insert(session, (tokens, self.clock));
-        self.lru.insert(self.clock, session);
-        self.tokens += tokens;
-    }
-
-    /// Removes a session's entry (it is now owned by a running sequence, or released).
-    fn take(&mut self, session: u64) -> u64 {
-        match self.entries.remove(&session) {
-            Some((t, stamp)) => {
-                self.lru.remove(&stamp);
-                self.tokens -= t;
-                t
-            }
-            None => 0,
-        }
-    }
-
-    fn evict_oldest(&mut self) -> bool {
-        let Some((_, session)) = self.lru.pop_first() else {
-            return false;
-        };
-        if let Some((t, _)) = self.entries.remove(&session) {
-            self.tokens -= t;
-        }
-        self.evictions += 1;
-        true
-    }
-
-    fn clear(&mut self) {
-        self.entries.clear();
-        self.lru.clear();
-        self.tokens = 0;
     }
 }
 

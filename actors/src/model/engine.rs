@@ -4,6 +4,7 @@
 //! tokens), a prefix cache per session, and weight swaps under the abort / recompute policies.
 //! Runs on its own thread (`LoopPlacement::Thread`): its steps are real compute.
 
+use crate::error::SharedError;
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
@@ -63,7 +64,7 @@ pub struct BuiltinEngine {
 impl BuiltinEngine {
     pub fn new(cfg: ModelConfig, weights: &Weights, max_batch: usize) -> Result<Self, GenError> {
         let params = Params::from_weights(&cfg, weights, &Device::Cpu)
-            .map_err(|e| GenError::Backend(e.to_string()))?;
+            .map_err(|e| GenError::Backend(SharedError::new(e)))?;
         Ok(Self {
             model: Transformer::new(cfg),
             params,
@@ -190,7 +191,7 @@ impl GenerationEngine for BuiltinEngine {
         policy: InFlightPolicy,
     ) -> Result<Duration, GenError> {
         self.params = Params::from_weights(&self.model.cfg, weights, &Device::Cpu)
-            .map_err(|e| GenError::Backend(e.to_string()))?;
+            .map_err(|e| GenError::Backend(SharedError::new(e)))?;
         self.version = version;
         // KV computed under the old weights is stale.
         self.sessions.clear();
@@ -221,7 +222,7 @@ impl GenerationEngine for BuiltinEngine {
         let mut report = StepReport::default();
         self.admit(&mut report);
         // Sequences whose model call failed this step, with the reason.
-        let mut failed: Vec<(usize, String)> = Vec::new();
+        let mut failed: Vec<(usize, SharedError)> = Vec::new();
         self.prefill_step(&mut report, &mut failed);
         self.decode_step(&mut report, &mut failed);
         self.retire(&mut report, &failed);
@@ -266,7 +267,7 @@ impl BuiltinEngine {
         }
     }
 
-    fn prefill_step(&mut self, report: &mut StepReport, failed: &mut Vec<(usize, String)>) {
+    fn prefill_step(&mut self, report: &mut StepReport, failed: &mut Vec<(usize, SharedError)>) {
         // Prefill: feed pending context, sample the first (next) token.
         let t0 = infra::clock::wall_now(); // real compute: phase times are wall time
         for i in 0..self.running.len() {
@@ -297,14 +298,14 @@ impl BuiltinEngine {
                     );
                     push_token(s, self.version, tok, lp);
                 }
-                Err(e) => failed.push((i, e.to_string())),
+                Err(e) => failed.push((i, SharedError::new(e))),
             }
         }
         self.times.prefill += t0.elapsed();
         self.times.prefill_tokens += report.prefill_tokens;
     }
 
-    fn decode_step(&mut self, report: &mut StepReport, failed: &mut Vec<(usize, String)>) {
+    fn decode_step(&mut self, report: &mut StepReport, failed: &mut Vec<(usize, SharedError)>) {
         // Decode: one token for every sequence that has a sampled token to feed and is not done.
         let t1 = infra::clock::wall_now();
         let ready: Vec<usize> = (0..self.running.len())
@@ -348,14 +349,17 @@ impl BuiltinEngine {
                         push_token(s, version, tok, lp);
                     }
                 }
-                Err(e) => failed.extend(ready.iter().map(|&i| (i, e.to_string()))),
+                Err(e) => {
+                    let e = SharedError::new(e);
+                    failed.extend(ready.iter().map(|&i| (i, e.clone())));
+                }
             }
         }
         self.times.decode += t1.elapsed();
         self.times.decode_tokens += report.decode_tokens;
     }
 
-    fn retire(&mut self, report: &mut StepReport, failed: &[(usize, String)]) {
+    fn retire(&mut self, report: &mut StepReport, failed: &[(usize, SharedError)]) {
         // Retire finished and failed sequences; keep finished contexts for the session.
         let mut i = 0;
         let mut idx = 0;

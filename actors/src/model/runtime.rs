@@ -2,6 +2,7 @@
 //! steps on a blocking thread and checkpointing after each, and an engine stand-in that
 //! reports why the real one could not be built.
 
+use crate::error::SharedError;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -77,16 +78,20 @@ impl Trainer for BuiltinTrainerTask {
             let r = tokio::task::spawn_blocking(move || {
                 let mut tr = inner
                     .lock()
-                    .map_err(|_| TrainError::Failed("trainer lock poisoned".into()))?;
+                    .map_err(|_| TrainError::Poisoned)?;
                 let (mut s, mut w) = tr
                     .step(&batch)
-                    .map_err(|e| TrainError::Failed(e.to_string()))?;
+                    .map_err(|e| TrainError::Step(SharedError::new(e)))?;
                 if let Some(d) = dir {
-                    std::fs::create_dir_all(&d).map_err(|e| {
-                        TrainError::Failed(format!("checkpoint dir {}: {e}", d.display()))
+                    let path = checkpoint_path(&d, next_version);
+                    std::fs::create_dir_all(&d).map_err(|e| TrainError::Checkpoint {
+                        path: path.clone(),
+                        source: SharedError::new(e),
                     })?;
-                    tr.save(&checkpoint_path(&d, next_version))
-                        .map_err(|e| TrainError::Failed(format!("checkpoint: {e}")))?;
+                    tr.save(&path).map_err(|e| TrainError::Checkpoint {
+                        path: path.clone(),
+                        source: SharedError::new(e),
+                    })?;
                     // Keep the two newest checkpoints.
                     if next_version >= 2 {
                         let _ = std::fs::remove_file(checkpoint_path(&d, next_version - 2));
@@ -97,7 +102,7 @@ impl Trainer for BuiltinTrainerTask {
                 Ok((s, w))
             })
             .await
-            .map_err(|e| TrainError::Failed(format!("training thread: {e}")))?;
+            .map_err(|e| TrainError::Thread(SharedError::new(e)))?;
             r.map(|(mut s, w)| {
                 s.seconds = t.elapsed().as_secs_f64();
                 (s, w)
@@ -107,15 +112,13 @@ impl Trainer for BuiltinTrainerTask {
 }
 
 /// Stands in for an engine that could not be built: fails every request with the reason.
-pub struct FailedEngine(String, Vec<u64>);
+pub struct FailedEngine(SharedError, Vec<u64>);
 
 impl FailedEngine {
-    /// An engine that fails every request and install with `why`.
-    pub fn new(why: impl std::fmt::Display) -> Self {
-        Self(
-            format!("the built-in engine could not be built: {why}"),
-            Vec::new(),
-        )
+    /// An engine that fails every request and install with `why` (the reason the real
+    /// engine could not be built).
+    pub fn new(why: GenError) -> Self {
+        Self(SharedError::new(why), Vec::new())
     }
 }
 

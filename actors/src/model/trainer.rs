@@ -537,7 +537,7 @@ impl Trainer for BuiltinTrainer {
     {
         let r = self
             .step(batch)
-            .map_err(|e| TrainError::Failed(e.to_string()))
+            .map_err(|e| TrainError::Step(crate::error::SharedError::new(e)))
             .map(|(mut s, mut w)| {
                 // The job's version numbering wins (a resumed job may start above 0).
                 s.version = next_version;
