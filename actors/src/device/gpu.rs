@@ -13,26 +13,17 @@ pub(super) fn discover() -> Result<Vec<GpuInfo>, DiscoveryError> {
     if !present {
         return Err(DiscoveryError::NoDriver);
     }
-    let n = cudarc::driver::CudaContext::device_count()
-        .map_err(DiscoveryError::Driver)?;
+    let n = cudarc::driver::CudaContext::device_count().map_err(DiscoveryError::Driver)?;
     let mut out = Vec::new();
     for ordinal in 0..n.max(0) as usize {
-        let ctx = cudarc::driver::CudaContext::new(ordinal)
-            .map_err(DiscoveryError::Driver)?;
-        let attr = |a: Attr| {
-            ctx.attribute(a)
-                .map_err(DiscoveryError::Driver)
-        };
+        let ctx = cudarc::driver::CudaContext::new(ordinal).map_err(DiscoveryError::Driver)?;
+        let attr = |a: Attr| ctx.attribute(a).map_err(DiscoveryError::Driver);
         let sms = attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
         let clock_khz = attr(Attr::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)? as u32;
         let mem_khz = attr(Attr::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)? as u32;
         let bus = attr(Attr::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH)? as u32;
-        let name = ctx
-            .name()
-            .map_err(DiscoveryError::Driver)?;
-        let memory_bytes = ctx
-            .total_mem()
-            .map_err(DiscoveryError::Driver)? as u64;
+        let name = ctx.name().map_err(DiscoveryError::Driver)?;
+        let memory_bytes = ctx.total_mem().map_err(DiscoveryError::Driver)? as u64;
         let profile = profile_from_attributes(
             &short_name(&name),
             sms,

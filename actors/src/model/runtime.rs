@@ -76,9 +76,7 @@ impl Trainer for BuiltinTrainerTask {
         Box::pin(async move {
             let t = tokio::time::Instant::now();
             let r = tokio::task::spawn_blocking(move || {
-                let mut tr = inner
-                    .lock()
-                    .map_err(|_| TrainError::Poisoned)?;
+                let mut tr = inner.lock().map_err(|_| TrainError::Poisoned)?;
                 let (mut s, mut w) = tr
                     .step(&batch)
                     .map_err(|e| TrainError::Step(SharedError::new(e)))?;

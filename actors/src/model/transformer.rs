@@ -99,8 +99,7 @@ impl Params {
     /// 1/√(2·layers)), unit norms.
     pub fn init(cfg: &ModelConfig, seed: u64, dtype: DType, dev: &Device) -> Result<Self> {
         let mut rng = SmallRng::seed_from_u64(seed);
-        let normal =
-            Normal::new(0.0f64, 0.02).map_err(candle_core::Error::wrap)?;
+        let normal = Normal::new(0.0f64, 0.02).map_err(candle_core::Error::wrap)?;
         let mut mat = |rows: usize, cols: usize, scale: f64| -> Result<Tensor> {
             let v: Vec<f64> = (0..rows * cols)
                 .map(|_| normal.sample(&mut rng) * scale)
