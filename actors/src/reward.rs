@@ -21,8 +21,8 @@ pub enum RewardError {
     #[error("reward call failed after retries")]
     Exhausted(#[source] functions::client::ClientError),
     /// The function answered with something that is not a valid score.
-    #[error("reward function returned an invalid score: {0}")]
-    InvalidScore(String),
+    #[error("reward function returned an invalid score")]
+    InvalidScore(#[source] functions::client::InvalidResponse),
     /// A simulated function's call slots are gone (it is shutting down).
     #[error("reward function is closed")]
     Closed(#[source] tokio::sync::AcquireError),
@@ -361,12 +361,13 @@ impl TrajectoryScorer for FunctionReward {
                 .score(&key, vec![item], traj.reference.clone())
                 .await
             {
-                Ok(scores) => scores
-                    .first()
-                    .map(|s| s.score)
-                    .ok_or_else(|| RewardError::InvalidScore("no score".into())),
-                Err(functions::client::ClientError::Invalid { why, .. }) => {
-                    Err(RewardError::InvalidScore(why))
+                Ok(scores) => scores.first().map(|s| s.score).ok_or_else(|| {
+                    RewardError::InvalidScore(functions::client::InvalidResponse::Missing {
+                        id: traj.id.clone(),
+                    })
+                }),
+                Err(functions::client::ClientError::Invalid { reason, .. }) => {
+                    Err(RewardError::InvalidScore(reason))
                 }
                 Err(e) => Err(RewardError::Exhausted(e)),
             }

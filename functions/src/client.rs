@@ -17,14 +17,47 @@ use crate::protocol::{
 pub enum ClientError {
     #[error(transparent)]
     Router(#[from] RouterError),
-    #[error("function {function} returned an invalid response: {why}")]
-    Invalid { function: String, why: String },
+    #[error("function {function} returned an invalid response")]
+    Invalid {
+        function: String,
+        #[source]
+        reason: InvalidResponse,
+    },
     #[error("cannot encode a request for function {function}")]
     Encode {
         function: String,
         #[source]
         source: Arc<serde_json::Error>,
     },
+}
+
+/// Why a function's response was rejected.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum InvalidResponse {
+    #[error("response body over {limit} bytes")]
+    Oversized { limit: usize },
+    #[error("not a scoring response")]
+    Undecodable(#[source] Arc<serde_json::Error>),
+    /// Decoded, but fails the checks against its request.
+    #[error("response does not answer its request")]
+    Rejected(#[source] ResponseError),
+    #[error("no score for {id}")]
+    Missing { id: String },
+}
+
+impl InvalidResponse {
+    /// The metric label of this kind of rejection.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Oversized { .. } => "oversized",
+            Self::Undecodable(_) => "undecodable",
+            Self::Rejected(ResponseError::Protocol { .. }) => "protocol",
+            Self::Rejected(ResponseError::NotFinite { .. }) => "not_finite",
+            Self::Rejected(ResponseError::OutOfRange { .. }) => "out_of_range",
+            Self::Rejected(ResponseError::UnknownTrajectory { .. }) => "foreign_id",
+            Self::Rejected(ResponseError::Count { .. }) | Self::Missing { .. } => "count",
+        }
+    }
 }
 
 /// A reward function as the engine calls it.
@@ -67,19 +100,25 @@ impl FunctionClient {
         }
     }
 
-    fn reject(&self, reason: &'static str, why: String) -> ClientError {
+    fn reject(&self, reason: InvalidResponse) -> ClientError {
         self.rejected.fetch_add(1, Ordering::Relaxed);
+        let label = reason.label();
         rejected_counter().add(
             1,
             &[
                 opentelemetry::KeyValue::new("function", self.router.function().to_string()),
-                opentelemetry::KeyValue::new("reason", reason),
+                opentelemetry::KeyValue::new("reason", label),
             ],
         );
-        tracing::warn!(function = self.router.function(), reason, %why, "function response rejected");
+        tracing::warn!(
+            function = self.router.function(),
+            reason = label,
+            why = %infra::error_chain(&reason),
+            "function response rejected"
+        );
         ClientError::Invalid {
             function: self.router.function().to_string(),
-            why,
+            reason,
         }
     }
 
@@ -113,22 +152,14 @@ impl FunctionClient {
                 last: CallFailure::BodyTooLarge { limit },
                 ..
             }) => {
-                return Err(self.reject("oversized", format!("response body over {limit} bytes")));
+                return Err(self.reject(InvalidResponse::Oversized { limit }));
             }
             Err(e) => return Err(e.into()),
         };
         let resp: ScoreResponse = serde_json::from_slice(&reply.body)
-            .map_err(|e| self.reject("undecodable", format!("not a scoring response: {e}")))?;
-        resp.validate(&req, self.min, self.max).map_err(|e| {
-            let reason = match e {
-                ResponseError::Protocol { .. } => "protocol",
-                ResponseError::NotFinite { .. } => "not_finite",
-                ResponseError::OutOfRange { .. } => "out_of_range",
-                ResponseError::UnknownTrajectory { .. } => "foreign_id",
-                ResponseError::Count { .. } => "count",
-            };
-            self.reject(reason, e.to_string())
-        })?;
+            .map_err(|e| self.reject(InvalidResponse::Undecodable(Arc::new(e))))?;
+        resp.validate(&req, self.min, self.max)
+            .map_err(|e| self.reject(InvalidResponse::Rejected(e)))?;
         // In the order asked.
         let mut out = Vec::with_capacity(req.items.len());
         for it in &req.items {
@@ -139,7 +170,9 @@ impl FunctionClient {
             {
                 Some(s) => out.push(s.clone()),
                 None => {
-                    return Err(self.reject("count", format!("no score for {}", it.trajectory_id)));
+                    return Err(self.reject(InvalidResponse::Missing {
+                        id: it.trajectory_id.clone(),
+                    }));
                 }
             }
         }

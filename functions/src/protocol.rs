@@ -55,7 +55,7 @@ pub struct ScoreResponse {
     pub scores: Vec<Score>,
 }
 
-#[derive(Debug, PartialEq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum ResponseError {
     #[error("protocol {got:?} is not {PROTOCOL_VERSION}")]
     Protocol { got: String },

@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
-use actors::env::Environment;
 use actors::env::external::{ExternalConfig, ExternalEnv};
+use actors::env::protocol::ProtocolError;
+use actors::env::{EnvError, Environment};
 use tests::rollarc_bin;
 
 fn external(command: Vec<String>, timeout_ms: u64, max_bytes: usize) -> ExternalEnv {
@@ -70,48 +71,57 @@ async fn malformed_and_oversized_replies_are_errors_with_the_line() {
         5_000,
         1 << 20,
     );
-    let err = e.reset(0).await.unwrap_err().to_string();
+    let err = e.reset(0).await.unwrap_err();
+    let chain = infra::error_chain(&err);
     assert!(
-        err.contains("malformed") && err.contains("this is not json"),
-        "{err}"
+        matches!(err, EnvError::Protocol(ProtocolError::Malformed { .. }))
+            && chain.contains("malformed")
+            && chain.contains("this is not json"),
+        "{chain}"
     );
     let mut e = external(
         sh("read l; head -c 300000 /dev/zero | tr '\\0' a; echo"),
         5_000,
         100_000,
     );
-    let err = e.reset(0).await.unwrap_err().to_string();
+    let err = e.reset(0).await.unwrap_err();
+    let chain = infra::error_chain(&err);
     assert!(
-        err.contains("more than 100000 bytes") && err.contains("aaaa"),
-        "{err}"
+        matches!(
+            err,
+            EnvError::Protocol(ProtocolError::Oversized { limit: 100_000, .. })
+        ) && chain.contains("more than 100000 bytes")
+            && chain.contains("aaaa"),
+        "{chain}"
     );
     let mut e = external(sh(r#"read l; echo '{"v":7,"ok":true}'"#), 5_000, 1 << 20);
+    let err = e.reset(0).await.unwrap_err();
     assert!(
-        e.reset(0)
-            .await
-            .unwrap_err()
-            .to_string()
-            .contains("version 7")
+        matches!(
+            err,
+            EnvError::Protocol(ProtocolError::Version { got: 7, .. })
+        ),
+        "{}",
+        infra::error_chain(&err)
     );
     let mut e = external(
         sh(r#"read l; echo '{"v":1,"ok":false,"error":"no such level"}'"#),
         5_000,
         1 << 20,
     );
+    let err = e.reset(0).await.unwrap_err();
     assert!(
-        e.reset(0)
-            .await
-            .unwrap_err()
-            .to_string()
-            .contains("no such level")
+        matches!(&err, EnvError::Reported(why) if why == "no such level"),
+        "{err}"
     );
     let mut e = external(vec!["/nonexistent/program".into()], 5_000, 1 << 20);
+    let err = e.reset(0).await.unwrap_err();
+    let chain = infra::error_chain(&err);
     assert!(
-        e.reset(0)
-            .await
-            .unwrap_err()
-            .to_string()
-            .contains("cannot start")
+        matches!(err, EnvError::Spawn(_))
+            && chain.contains("cannot start /nonexistent/program")
+            && chain.contains("No such file"),
+        "{chain}"
     );
 }
 
@@ -126,7 +136,7 @@ async fn a_hanging_program_times_out_and_its_process_group_is_killed() {
     );
     let mut e = external(sh(&script), 300, 1 << 20);
     let err = e.reset(0).await.unwrap_err();
-    assert_eq!(err, actors::env::EnvError::Timeout);
+    assert!(matches!(err, EnvError::Timeout(_)), "{err}");
     let pids: Vec<i32> = std::fs::read_to_string(&pidfile)
         .unwrap()
         .split_whitespace()
@@ -272,10 +282,7 @@ echo "{\"v\":1,\"ok\":true,\"observation\":\"contained:$r\"}""#
 }
 
 /// Runs `script` (bash) in the sandbox as an environment program and returns the reset result.
-async fn sandboxed_reset(
-    script: &str,
-    timeout_ms: u64,
-) -> (Result<String, actors::env::EnvError>, ExternalEnv) {
+async fn sandboxed_reset(script: &str, timeout_ms: u64) -> (Result<String, EnvError>, ExternalEnv) {
     let cmd = engine::envs::sandboxed(
         &["bash".to_string(), "-c".to_string(), script.to_string()],
         &[],
@@ -341,7 +348,8 @@ async fn containment_matrix() {
     e.close().await;
     // Infinite loop: the call's wall-clock timeout fires and the program is killed.
     let (r, mut e) = sandboxed_reset("read l; while :; do :; done", 500).await;
-    assert_eq!(r.unwrap_err(), actors::env::EnvError::Timeout);
+    let err = r.unwrap_err();
+    assert!(matches!(err, EnvError::Timeout(_)), "{err}");
     e.close().await;
     // A gigabyte of output: cut at the message cap, not buffered.
     let (r, mut e) = sandboxed_reset(
@@ -349,10 +357,17 @@ async fn containment_matrix() {
         20_000,
     )
     .await;
+    let err = r.unwrap_err();
     assert!(
-        r.unwrap_err()
-            .to_string()
-            .contains("more than 1048576 bytes")
+        matches!(
+            err,
+            EnvError::Protocol(ProtocolError::Oversized {
+                limit: 1_048_576,
+                ..
+            })
+        ),
+        "{}",
+        infra::error_chain(&err)
     );
     e.close().await;
     // Writing a large file: the file-size limit stops it at 100 MB.

@@ -8,8 +8,10 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use bytes::Bytes as RawBytes;
-use functions::client::{ClientError, FunctionClient};
-use functions::protocol::{PROTOCOL_VERSION, Score, ScoreRequest, ScoreResponse, ScoredItem};
+use functions::client::{ClientError, FunctionClient, InvalidResponse};
+use functions::protocol::{
+    PROTOCOL_VERSION, ResponseError, Score, ScoreRequest, ScoreResponse, ScoredItem,
+};
 use infra::faas::{DeploymentConfig, Dur, FunctionRuntime, Scaling};
 use infra::router::{Call, Endpoint, Router, RouterConfig, RouterError, Target};
 use rand::{Rng, SeedableRng};
@@ -212,12 +214,28 @@ async fn a_fast_429_instance_does_not_attract_traffic() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malicious_responses_are_rejected_and_counted() {
-    for (b, reason) in [
-        (Behaviour::Huge, "oversized"),
-        (Behaviour::OutOfRange, "outside"),
-        (Behaviour::ForeignId, "not asked for"),
-        (Behaviour::NotANumber, "not a scoring response"),
-    ] {
+    type Expect = fn(&InvalidResponse) -> bool;
+    let cases: [(Behaviour, Expect); 4] = [
+        (Behaviour::Huge, |r| {
+            matches!(r, InvalidResponse::Oversized { .. })
+        }),
+        (Behaviour::OutOfRange, |r| {
+            matches!(
+                r,
+                InvalidResponse::Rejected(ResponseError::OutOfRange { .. })
+            )
+        }),
+        (Behaviour::ForeignId, |r| {
+            matches!(
+                r,
+                InvalidResponse::Rejected(ResponseError::UnknownTrajectory { .. })
+            )
+        }),
+        (Behaviour::NotANumber, |r| {
+            matches!(r, InvalidResponse::Undecodable(_))
+        }),
+    ];
+    for (b, expected) in cases {
         let f = fake(b).await;
         let (_tx, target) = endpoints(&[&f.url]);
         let router = Router::new(
@@ -231,10 +249,9 @@ async fn malicious_responses_are_rejected_and_counted() {
         let c = client(router);
         let r = c.score("k", vec![item("t1")], None).await;
         match r {
-            Err(ClientError::Invalid { why, .. }) => assert!(
-                why.contains(reason) || reason == "oversized",
-                "{b:?}: {why}"
-            ),
+            Err(ClientError::Invalid { reason, .. }) => {
+                assert!(expected(&reason), "{b:?}: {}", infra::error_chain(&reason))
+            }
             other => panic!("{b:?} was accepted: {other:?}"),
         }
         assert_eq!(c.rejected.load(Ordering::SeqCst), 1, "{b:?} not counted");

@@ -5,7 +5,7 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use infra::process::Spawned;
+use infra::process::{Spawned, describe_status};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{ChildStdin, ChildStdout};
 
@@ -44,7 +44,7 @@ impl ExternalEnv {
     fn start(&mut self) -> Result<&mut Running, EnvError> {
         if self.proc.is_none() {
             let Ok(mut cmd) = infra::process::command(&self.cfg.command) else {
-                return Err(EnvError::Failed("empty environment command".into()));
+                return Err(EnvError::EmptyCommand);
             };
             cmd.stdin(Stdio::piped())
                 .stdout(Stdio::piped())
@@ -53,16 +53,9 @@ impl ExternalEnv {
                 cmd.current_dir(d);
             }
             // Its own process group, so a kill reaches every process it started.
-            let mut child =
-                infra::process::spawn(cmd).map_err(|e| EnvError::Failed(infra::error_chain(&e)))?;
-            let stdin = child
-                .take_stdin()
-                .ok_or_else(|| EnvError::Failed("no stdin".into()))?;
-            let stdout = BufReader::new(
-                child
-                    .take_stdout()
-                    .ok_or_else(|| EnvError::Failed("no stdout".into()))?,
-            );
+            let mut child = infra::process::spawn(cmd).map_err(EnvError::Spawn)?;
+            let stdin = child.take_stdin().ok_or(EnvError::NoPipe("stdin"))?;
+            let stdout = BufReader::new(child.take_stdout().ok_or(EnvError::NoPipe("stdout"))?);
             self.proc = Some(Running {
                 child,
                 stdin,
@@ -82,7 +75,7 @@ impl ExternalEnv {
     async fn call(&mut self, req: &Request) -> Result<Response, EnvError> {
         let limit = self.cfg.max_message_bytes;
         let timeout = self.cfg.call_timeout;
-        let line = serde_json::to_string(req).map_err(|e| EnvError::Failed(e.to_string()))?;
+        let line = serde_json::to_string(req).map_err(EnvError::Encode)?;
         let p = self.start()?;
         let io = async {
             p.stdin.write_all(line.as_bytes()).await?;
@@ -91,20 +84,22 @@ impl ExternalEnv {
             read_line_capped(&mut p.stdout, limit).await
         };
         let r = match tokio::time::timeout(timeout, io).await {
-            Err(_) => Err(EnvError::Timeout),
-            Ok(Err(e)) => Err(EnvError::Failed(format!("environment I/O: {e}"))),
-            Ok(Ok(Err(pe))) => Err(EnvError::Failed(pe.to_string())),
-            Ok(Ok(Ok(None))) => Err(EnvError::Failed("environment exited".into())),
-            Ok(Ok(Ok(Some(reply)))) => {
-                protocol::parse_response(&reply).map_err(|e| EnvError::Failed(e.to_string()))
-            }
+            Err(_) => Err(EnvError::Timeout(timeout)),
+            Ok(Err(e)) => Err(EnvError::Io(e)),
+            Ok(Ok(Err(pe))) => Err(EnvError::Protocol(pe)),
+            Ok(Ok(Ok(None))) => Err(EnvError::Exited {
+                status: p
+                    .child
+                    .try_wait()
+                    .ok()
+                    .flatten()
+                    .map(|s| describe_status(&s)),
+            }),
+            Ok(Ok(Ok(Some(reply)))) => protocol::parse_response(&reply).map_err(EnvError::Protocol),
         };
         match r {
             Ok(resp) if resp.ok => Ok(resp),
-            Ok(resp) => Err(EnvError::Failed(format!(
-                "environment error: {}",
-                resp.error.unwrap_or_default()
-            ))),
+            Ok(resp) => Err(EnvError::Reported(resp.error.unwrap_or_default())),
             Err(e) => {
                 // Timeouts and protocol violations leave the stream in an unknown state.
                 self.kill();
@@ -186,7 +181,7 @@ impl Environment for ExternalEnv {
             .await?;
         let reward = r.reward.unwrap_or(0.0);
         if !reward.is_finite() {
-            return Err(EnvError::Failed(format!("non-finite reward {reward}")));
+            return Err(EnvError::NonFiniteReward(reward));
         }
         Ok(StepOutcome {
             success: info_flag(&r, "success"),

@@ -38,12 +38,42 @@ pub struct StepOutcome {
     pub invalid_action: bool,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+/// Why an environment call failed.
+#[derive(Debug, thiserror::Error)]
 pub enum EnvError {
-    #[error("environment failed: {0}")]
-    Failed(String),
-    #[error("environment call timed out")]
-    Timeout,
+    /// The environment's own report of what went wrong (an external program's `"error"`).
+    #[error("environment error: {0}")]
+    Reported(String),
+    /// A step after the episode ended.
+    #[error("step after the episode ended; reset first")]
+    EpisodeOver,
+    /// A step before the first reset.
+    #[error("step before the first reset")]
+    NotReset,
+    /// A simulated environment's injected failure.
+    #[error("injected failure")]
+    Injected,
+    /// The environment program has no command line.
+    #[error("empty environment command")]
+    EmptyCommand,
+    #[error("cannot start the environment program")]
+    Spawn(#[source] infra::process::ProcessError),
+    /// The program was started without one of its pipes (`stdin` or `stdout`).
+    #[error("the environment program has no {0}")]
+    NoPipe(&'static str),
+    #[error("environment I/O")]
+    Io(#[source] std::io::Error),
+    #[error("cannot encode the request to the environment")]
+    Encode(#[source] serde_json::Error),
+    #[error("environment protocol violation")]
+    Protocol(#[source] protocol::ProtocolError),
+    #[error("environment reported a non-finite reward {0}")]
+    NonFiniteReward(f64),
+    #[error("environment call timed out after {0:?}")]
+    Timeout(Duration),
+    /// The program closed its output (exit status when it is already known).
+    #[error("environment exited ({})", status.as_deref().unwrap_or("status not yet known"))]
+    Exited { status: Option<String> },
     #[error("environment is closed")]
     Closed,
 }
@@ -350,7 +380,7 @@ impl EnvLease {
     fn note<T>(&mut self, r: &Result<T, EnvError>) {
         if let Err(e) = r {
             self.failed = true;
-            if *e == EnvError::Timeout {
+            if matches!(e, EnvError::Timeout(_)) {
                 self.pool.counters.timeouts.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -367,7 +397,7 @@ async fn call_env<T: Send + 'static>(
     match tokio::time::timeout(timeout, rx).await {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(_)) => Err(EnvError::Closed),
-        Err(_) => Err(EnvError::Timeout),
+        Err(_) => Err(EnvError::Timeout(timeout)),
     }
 }
 

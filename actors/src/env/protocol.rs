@@ -49,12 +49,16 @@ pub struct Response {
 }
 
 /// A protocol violation, with the offending line (shortened).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum ProtocolError {
     #[error("message of more than {limit} bytes (starts {start:?})")]
     Oversized { limit: usize, start: String },
-    #[error("malformed message {line:?}: {reason}")]
-    Malformed { line: String, reason: String },
+    #[error("malformed message {line:?}")]
+    Malformed {
+        line: String,
+        #[source]
+        source: serde_json::Error,
+    },
     #[error("protocol version {got} is not {PROTOCOL_VERSION} in {line:?}")]
     Version { got: u32, line: String },
 }
@@ -75,9 +79,9 @@ pub fn excerpt(line: &str) -> String {
 /// Parses one response line.
 pub fn parse_response(line: &str) -> Result<Response, ProtocolError> {
     let r: Response =
-        serde_json::from_str(line.trim_end()).map_err(|e| ProtocolError::Malformed {
+        serde_json::from_str(line.trim_end()).map_err(|source| ProtocolError::Malformed {
             line: excerpt(line),
-            reason: e.to_string(),
+            source,
         })?;
     if r.v != PROTOCOL_VERSION {
         return Err(ProtocolError::Version {
@@ -91,9 +95,9 @@ pub fn parse_response(line: &str) -> Result<Response, ProtocolError> {
 /// Parses one request line (the serving side).
 pub fn parse_request(line: &str) -> Result<Request, ProtocolError> {
     let r: Request =
-        serde_json::from_str(line.trim_end()).map_err(|e| ProtocolError::Malformed {
+        serde_json::from_str(line.trim_end()).map_err(|source| ProtocolError::Malformed {
             line: excerpt(line),
-            reason: e.to_string(),
+            source,
         })?;
     let v = match &r {
         Request::Reset { v, .. } | Request::Step { v, .. } | Request::Close { v } => *v,
@@ -143,7 +147,7 @@ where
             )
         } else {
             match parse_request(&line) {
-                Err(e) => (fail(e.to_string()), false),
+                Err(e) => (fail(infra::error_chain(&e)), false),
                 Ok(Request::Reset { seed, .. }) => match env.reset_boxed(seed).await {
                     Ok(o) => (
                         Response {
@@ -154,7 +158,7 @@ where
                         },
                         false,
                     ),
-                    Err(e) => (fail(e.to_string()), false),
+                    Err(e) => (fail(infra::error_chain(&e)), false),
                 },
                 Ok(Request::Step { action, .. }) => match env.step_boxed(&action, &[]).await {
                     Ok(s) => (
@@ -172,7 +176,7 @@ where
                         },
                         false,
                     ),
-                    Err(e) => (fail(e.to_string()), false),
+                    Err(e) => (fail(infra::error_chain(&e)), false),
                 },
                 Ok(Request::Close { .. }) => {
                     env.close_boxed().await;
@@ -220,7 +224,7 @@ mod tests {
             (r#"{"v":1}"#, "malformed"),
         ];
         for (line, want) in cases {
-            let e = parse_response(line).unwrap_err().to_string();
+            let e = infra::error_chain(&parse_response(line).unwrap_err());
             assert!(
                 e.contains(want) && e.contains(&format!("{:?}", excerpt(line))),
                 "{line}: {e}"

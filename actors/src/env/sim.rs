@@ -107,7 +107,7 @@ impl SimEnv {
         if self.cfg.failure_probability > 0.0
             && self.rng.random_bool(self.cfg.failure_probability.min(1.0))
         {
-            return Err(EnvError::Failed("injected failure".into()));
+            return Err(EnvError::Injected);
         }
         Ok(())
     }

@@ -357,7 +357,7 @@ async fn score(task: &EpisodeTask, traj: &mut Trajectory) {
         {
             Ok(r) => total += r,
             Err(e) => {
-                traj.failure = Some(FailureReason::RewardFailed(e.to_string()));
+                traj.failure = Some(FailureReason::RewardFailed(infra::error_chain(&e)));
                 break;
             }
         }
@@ -398,7 +398,7 @@ async fn disaggregated(
 
 fn env_failure(e: EnvError) -> FailureReason {
     match e {
-        EnvError::Timeout => FailureReason::EnvTimeout,
-        other => FailureReason::EnvFailed(other.to_string()),
+        EnvError::Timeout(_) => FailureReason::EnvTimeout,
+        other => FailureReason::EnvFailed(infra::error_chain(&other)),
     }
 }

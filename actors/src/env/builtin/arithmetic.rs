@@ -93,9 +93,7 @@ impl Environment for Arithmetic {
 
     async fn step(&mut self, action: &str, _tokens: &[u32]) -> Result<StepOutcome, EnvError> {
         if self.done {
-            return Err(EnvError::Failed(
-                "step after the episode ended; reset first".into(),
-            ));
+            return Err(EnvError::EpisodeOver);
         }
         self.done = true;
         let got = first_integer(action);

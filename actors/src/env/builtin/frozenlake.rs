@@ -146,9 +146,7 @@ impl Environment for FrozenLake {
 
     async fn step(&mut self, action: &str, _tokens: &[u32]) -> Result<StepOutcome, EnvError> {
         if self.done {
-            return Err(EnvError::Failed(
-                "step after the episode ended; reset first".into(),
-            ));
+            return Err(EnvError::EpisodeOver);
         }
         let Some(intended) = Dir::parse(action) else {
             let (outcome, done) = self.cfg.invalid.outcome(self.obs());

@@ -170,12 +170,10 @@ impl Environment for Sokoban {
 
     async fn step(&mut self, action: &str, _tokens: &[u32]) -> Result<StepOutcome, EnvError> {
         if self.done {
-            return Err(EnvError::Failed(
-                "step after the episode ended; reset first".into(),
-            ));
+            return Err(EnvError::EpisodeOver);
         }
         let Some(st) = self.st.as_mut() else {
-            return Err(EnvError::Failed("reset first".into()));
+            return Err(EnvError::NotReset);
         };
         let Some(d) = Dir::parse(action) else {
             let (outcome, done) = self.cfg.invalid.outcome(self.obs());

@@ -112,9 +112,7 @@ impl Environment for TicTacToe {
 
     async fn step(&mut self, action: &str, _tokens: &[u32]) -> Result<StepOutcome, EnvError> {
         if self.done {
-            return Err(EnvError::Failed(
-                "step after the episode ended; reset first".into(),
-            ));
+            return Err(EnvError::EpisodeOver);
         }
         let cell = action
             .trim()
