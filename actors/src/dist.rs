@@ -69,6 +69,18 @@ impl Dist {
         }
     }
 
+    /// A value the distribution rarely exceeds: the largest value it can take, or six
+    /// standard deviations (in log space for a lognormal) above the centre.
+    pub fn upper(&self) -> f64 {
+        match self {
+            Self::Constant(c) => *c,
+            Self::Normal { mean, std } => mean + 6.0 * std,
+            Self::Lognormal { mu, sigma } => (mu + 6.0 * sigma).exp(),
+            Self::Uniform { high, .. } => *high,
+            Self::Quantiles(points) => points.iter().map(|p| p.1).fold(0.0, f64::max),
+        }
+    }
+
     /// Problems with the parameters, as messages; empty when valid.
     pub fn problems(&self) -> Vec<String> {
         let mut out = Vec::new();

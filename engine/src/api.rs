@@ -312,7 +312,7 @@ async fn list_jobs(State(s): State<Arc<Service>>) -> Result<Json<JobList>, ApiEr
 }
 
 /// One job: state, step, steps, latest metrics.
-#[utoipa::path(get, path = "/v1/jobs/{id}", responses((status = 200, body = JobRecord), (status = 404, body = ErrorBody)))]
+#[utoipa::path(get, path = "/v1/jobs/{id}", params(("id" = String, Path, description = "job id")), responses((status = 200, body = JobRecord), (status = 404, body = ErrorBody)))]
 async fn get_job(
     State(s): State<Arc<Service>>,
     Path(id): Path<String>,
@@ -324,7 +324,7 @@ async fn get_job(
 }
 
 /// Cancel a queued or running job.
-#[utoipa::path(post, path = "/v1/jobs/{id}/cancel", responses((status = 202, body = JobRecord), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+#[utoipa::path(post, path = "/v1/jobs/{id}/cancel", params(("id" = String, Path, description = "job id")), responses((status = 202, body = JobRecord), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 async fn cancel_job(
     State(s): State<Arc<Service>>,
     Path(id): Path<String>,
@@ -339,22 +339,21 @@ async fn cancel_job(
 
 /// Server-sent events: `state` on every transition and `progress` after every step. The
 /// stream starts with the current state and ends after a terminal state.
-#[utoipa::path(get, path = "/v1/jobs/{id}/events", responses((status = 200, description = "text/event-stream of JobEvent"), (status = 404, body = ErrorBody)))]
+#[utoipa::path(get, path = "/v1/jobs/{id}/events", params(("id" = String, Path, description = "job id")), responses((status = 200, description = "text/event-stream of JobEvent"), (status = 404, body = ErrorBody)))]
 async fn job_events(
     State(s): State<Arc<Service>>,
     Path(id): Path<String>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
-    let mut rx = s.subscribe(&id);
-    let first = s
-        .state_event(&id)
-        .ok_or_else(|| ServiceError::NotFound(id.clone()))?;
+    let (first, rx) = s.subscribe(&id)?;
     let stream = async_stream(move |tx| async move {
         let terminal =
             |e: &JobEvent| matches!(e, JobEvent::State { state, .. } if state.is_terminal());
-        let done = terminal(&first);
-        if tx.send(to_event(&first)).await.is_err() || done {
+        if tx.send(to_event(&first)).await.is_err() {
             return;
         }
+        let Some(mut rx) = rx else {
+            return;
+        };
         loop {
             match rx.recv().await {
                 Ok(e) => {
@@ -404,7 +403,7 @@ where
 }
 
 /// Trajectories after a cursor, as NDJSON in durable order.
-#[utoipa::path(get, path = "/v1/jobs/{id}/trajectories", params(PageQuery), responses((status = 200, description = "application/x-ndjson of TrajectoryRow"), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+#[utoipa::path(get, path = "/v1/jobs/{id}/trajectories", params(("id" = String, Path, description = "job id"), PageQuery), responses((status = 200, description = "application/x-ndjson of TrajectoryRow"), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 async fn trajectories(
     State(s): State<Arc<Service>>,
     Path(id): Path<String>,

@@ -82,9 +82,10 @@ fn task_bar(mp: &indicatif::MultiProgress, name: &str) -> ProgressBar {
     pb
 }
 
-/// Shows an in-process job's events until it ends; returns the last event.
+/// Shows an in-process job's events until it ends; returns the last event. `rx`: none when
+/// the job had already ended (see `Service::subscribe`).
 pub async fn watch_events(
-    rx: broadcast::Receiver<JobEvent>,
+    rx: Option<broadcast::Receiver<JobEvent>>,
     first: Option<JobEvent>,
 ) -> Option<JobEvent> {
     watch_events_with(rx, first, String::new).await
@@ -93,7 +94,7 @@ pub async fn watch_events(
 /// Like [`watch_events`], with a bar per task (success, trajectories/s, turns) and `extra()`
 /// appended to the job bar's message at every step (e.g. function instances).
 pub async fn watch_events_with(
-    mut rx: broadcast::Receiver<JobEvent>,
+    rx: Option<broadcast::Receiver<JobEvent>>,
     first: Option<JobEvent>,
     extra: impl Fn() -> String,
 ) -> Option<JobEvent> {
@@ -106,6 +107,9 @@ pub async fn watch_events_with(
     {
         return first;
     }
+    let Some(mut rx) = rx else {
+        return first;
+    };
     loop {
         match rx.recv().await {
             Ok(e) => {

@@ -278,7 +278,14 @@ fn serve(
     let data_dir = data_dir
         .or(cfg.data_dir)
         .unwrap_or_else(|| PathBuf::from("data"));
-    let grace = Duration::from_secs_f64(cfg.grace_s.unwrap_or(10.0));
+    let grace_s = cfg.grace_s.unwrap_or(10.0);
+    if !(grace_s.is_finite() && (0.0..=engine::spec::MAX_SECONDS).contains(&grace_s)) {
+        bail!(
+            "grace_s must be a number of seconds in [0, {}], got {grace_s}",
+            engine::spec::MAX_SECONDS
+        );
+    }
+    let grace = Duration::from_secs_f64(grace_s);
     let max_running = cfg.max_running.unwrap_or(2);
     runtime()?.block_on(engine::server::serve(
         &addr,
@@ -355,7 +362,7 @@ fn run_job(
             max_running: 1,
         })?;
         let id = service.submit(spec)?;
-        let rx = service.subscribe(&id);
+        let (first, rx) = service.subscribe(&id)?;
         let hub = service.functions.clone();
         let functions = move || {
             let v = hub.view();
@@ -373,7 +380,7 @@ fn run_job(
                 .collect();
             format!(" · functions {}", list.join(", "))
         };
-        let last = engine::cli::watch_events_with(rx, service.state_event(&id), functions).await;
+        let last = engine::cli::watch_events_with(rx, Some(first), functions).await;
         print_summary(&service, &id)?;
         write_report(&service, &id, report)?;
         Ok(exit_code(matches!(

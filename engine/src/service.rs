@@ -191,19 +191,45 @@ impl Service {
         Ok(JobState::Cancelled)
     }
 
-    pub fn subscribe(&self, id: &str) -> broadcast::Receiver<JobEvent> {
+    /// The job's current state event and, unless the job has ended, a receiver of its next
+    /// events. Channels exist only for jobs that exist and have not ended: an unknown id is
+    /// `NotFound` and creates nothing.
+    pub fn subscribe(
+        &self,
+        id: &str,
+    ) -> Result<(JobEvent, Option<broadcast::Receiver<JobEvent>>), ServiceError> {
         let mut ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
-        ev.entry(id.to_string())
+        // Read the state under the lock: a transition sends under it too, so none is missed
+        // between this read and the subscription.
+        let first = self
+            .state_event(id)
+            .ok_or_else(|| ServiceError::NotFound(id.to_string()))?;
+        if matches!(&first, JobEvent::State { state, .. } if state.is_terminal()) {
+            return Ok((first, None));
+        }
+        let rx = ev
+            .entry(id.to_string())
             .or_insert_with(|| broadcast::channel(EVENT_CAPACITY).0)
-            .subscribe()
+            .subscribe();
+        Ok((first, Some(rx)))
     }
 
+    /// Sends to the job's subscribers, if any; after a terminal state the channel is dropped
+    /// (subscribers still receive what was sent, then the end of the stream).
     fn send(&self, id: &str, e: JobEvent) {
         let mut ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
-        let tx = ev
-            .entry(id.to_string())
-            .or_insert_with(|| broadcast::channel(EVENT_CAPACITY).0);
-        let _ = tx.send(e);
+        let terminal = matches!(&e, JobEvent::State { state, .. } if state.is_terminal());
+        if let Some(tx) = ev.get(id) {
+            let _ = tx.send(e);
+        }
+        if terminal {
+            ev.remove(id);
+        }
+    }
+
+    /// Event channels held now (one per job with subscribers that has not ended).
+    pub fn event_channels(&self) -> usize {
+        self.events.lock().map(|e| e.len()).unwrap_or(0)
     }
 
     pub fn state_event(&self, id: &str) -> Option<JobEvent> {

@@ -77,10 +77,42 @@ pub fn parse(body: &str, format: Format) -> Result<JobSpec, SpecErrors> {
         Format::Toml => {
             let t: toml::Table = toml::from_str(body)
                 .map_err(|e| one("", format!("body is not valid TOML: {}", e.message())))?;
+            // JSON has no NaN or infinity: they would turn into `null` (an unset field).
+            let mut bad = Vec::new();
+            non_finite(&toml::Value::Table(t.clone()), "", &mut bad);
+            if !bad.is_empty() {
+                return Err(SpecErrors(bad));
+            }
             serde_json::to_value(t).map_err(|e| one("", e.to_string()))?
         }
     };
     from_value(value)
+}
+
+/// Every NaN or infinite float of a TOML document, with its field path.
+fn non_finite(v: &toml::Value, path: &str, out: &mut Vec<FieldError>) {
+    match v {
+        toml::Value::Float(f) if !f.is_finite() => out.push(FieldError {
+            field: path.to_string(),
+            message: format!("must be a finite number, got {f}"),
+        }),
+        toml::Value::Table(t) => {
+            for (k, v) in t {
+                let p = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                non_finite(v, &p, out);
+            }
+        }
+        toml::Value::Array(a) => {
+            for (i, v) in a.iter().enumerate() {
+                non_finite(v, &format!("{path}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
 }
 
 fn one(field: &str, message: String) -> SpecErrors {
@@ -217,6 +249,19 @@ impl JobSpec {
     }
 }
 
+/// Longest duration any spec field may ask for: 30 days.
+pub const MAX_SECONDS: f64 = 30.0 * 24.0 * 3600.0;
+/// Most tokens a simulated observation, prompt or response may have.
+pub const MAX_TOKENS: u64 = 1 << 20;
+/// Most turns a simulated episode may take.
+pub const MAX_TURNS: u64 = 10_000;
+/// Most episodes in flight at once (and environments per task): each holds memory.
+pub const MAX_EPISODES: usize = 100_000;
+/// Most groups in one training batch.
+pub const MAX_BATCH_GROUPS: usize = 65_536;
+/// Most training steps of one job.
+pub const MAX_STEPS: u64 = 1_000_000_000;
+
 /// Collects every problem of a spec with its dotted field path.
 #[derive(Debug, Default)]
 pub struct Problems(Vec<FieldError>);
@@ -228,6 +273,20 @@ impl Problems {
 
     pub fn into_vec(self) -> Vec<FieldError> {
         self.0
+    }
+
+    /// A duration field in seconds: finite, at least `min` (exclusive when `min` is 0 and
+    /// `positive`), and at most [`MAX_SECONDS`] (a longer time is a typo, and would overflow
+    /// the clock's arithmetic).
+    pub fn seconds(&mut self, field: String, v: f64, positive: bool) {
+        let low_ok = if positive { v > 0.0 } else { v >= 0.0 };
+        if !(v.is_finite() && low_ok && v <= MAX_SECONDS) {
+            let low = if positive { "(0" } else { "[0" };
+            self.push(
+                field,
+                format!("must be a number of seconds in {low}, {MAX_SECONDS}], got {v}"),
+            );
+        }
     }
 }
 

@@ -77,7 +77,7 @@ fn rejected_counter() -> &'static opentelemetry::metrics::Counter<u64> {
     C.get_or_init(|| {
         infra::telemetry::Metrics::global()
             .meter()
-            .u64_counter("rollarc_function_rejected_responses_total")
+            .u64_counter("rollarc_function_rejected_responses")
             .with_description("Function responses rejected: undecodable, wrong protocol, non-finite or out-of-range score, foreign trajectory id, oversized")
             .build()
     })
@@ -141,11 +141,11 @@ impl FunctionClient {
             function: self.router.function().into(),
             source: Arc::new(e),
         })?;
-        let call = Call {
-            key: req.idempotency_key.clone(),
-            body: Bytes::from(body),
-            deadline: tokio::time::Instant::now() + self.timeout,
-        };
+        let call = Call::new(
+            req.idempotency_key.clone(),
+            Bytes::from(body),
+            tokio::time::Instant::now() + self.timeout,
+        );
         let reply = match self.router.call(call).await {
             Ok(r) => r,
             Err(RouterError::Failed {

@@ -375,6 +375,26 @@ async fn health_readiness_metrics_and_openapi() {
         assert!(api["paths"].get(p).is_some(), "openapi lacks {p}");
     }
     assert!(api["components"]["schemas"].get("JobSpec").is_some());
+    // Every templated path parameter is declared on every operation (OpenAPI 3 requires it).
+    for (path, ops) in api["paths"].as_object().unwrap() {
+        let names: Vec<&str> = path
+            .split('{')
+            .skip(1)
+            .filter_map(|p| p.split('}').next())
+            .collect();
+        for (method, op) in ops.as_object().unwrap() {
+            for n in &names {
+                let declared = op["parameters"].as_array().is_some_and(|ps| {
+                    ps.iter()
+                        .any(|p| p["name"] == *n && p["in"] == "path" && p["required"] == true)
+                });
+                assert!(
+                    declared,
+                    "{method} {path} does not declare path parameter {n}"
+                );
+            }
+        }
+    }
     // Shutdown: readiness flips and intake stops.
     s.service.intake.cancel();
     assert_eq!(
@@ -492,4 +512,65 @@ async fn the_shipped_example_succeeds_and_pages() {
         rows.len() >= 8 * 8 * 8,
         "8 steps × 8 groups × 8 trajectories at least"
     );
+}
+
+/// Hardening: event streams of unknown ids are 404 and leave nothing behind; a finished job's
+/// channel is dropped (a loop over unknown ids used to grow memory without bound).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_channels_exist_only_for_live_jobs() {
+    let s = TestServer::start().await;
+    for i in 0..200 {
+        let r = s
+            .client
+            .get(s.url(&format!("/v1/jobs/x{i}/events")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 404);
+    }
+    assert_eq!(
+        s.service.event_channels(),
+        0,
+        "unknown ids created channels"
+    );
+    // A subscriber of a running job holds one channel until the job ends.
+    let id = s
+        .client
+        .post(s.url("/v1/jobs"))
+        .body(slow_job(2))
+        .send()
+        .await
+        .unwrap()
+        .json::<serde_json::Value>()
+        .await
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let r = s
+        .client
+        .get(s.url(&format!("/v1/jobs/{id}/events")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let text = tokio::time::timeout(Duration::from_secs(60), r.text())
+        .await
+        .expect("the stream ends with the job")
+        .unwrap();
+    assert!(text.contains("succeeded"), "{text}");
+    assert_eq!(
+        s.service.event_channels(),
+        0,
+        "a finished job kept its channel"
+    );
+    // A finished job still answers with its final state, without a channel.
+    let r = s
+        .client
+        .get(s.url(&format!("/v1/jobs/{id}/events")))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.text().await.unwrap().contains("succeeded"));
+    assert_eq!(s.service.event_channels(), 0);
 }

@@ -271,10 +271,12 @@ async fn one_key_one_result_even_with_concurrent_retried_and_hedged_calls() {
             ..RouterConfig::default()
         },
     );
-    let call = |k: &str| Call {
-        key: k.into(),
-        body: RawBytes::from(serde_json::to_vec(&req_for(k)).unwrap()),
-        deadline: Instant::now() + Duration::from_secs(5),
+    let call = |k: &str| {
+        Call::new(
+            k,
+            RawBytes::from(serde_json::to_vec(&req_for(k)).unwrap()),
+            Instant::now() + Duration::from_secs(5),
+        )
     };
     let (a, b) = tokio::join!(router.call(call("same")), router.call(call("same")));
     let (a, b) = (a.unwrap(), b.unwrap());
@@ -661,6 +663,26 @@ async fn a_job_scores_every_trajectory_once_through_the_runtime_which_scales_to_
         "instances gauge not exported"
     );
     assert!(metrics.contains("rollarc_router_calls_total"));
+    // Prometheus names carry their suffix once; the latency histogram is in seconds with
+    // buckets that fit calls of milliseconds.
+    assert!(!metrics.contains("_total_total"), "doubled counter suffix");
+    assert!(!metrics.contains("_seconds_seconds"), "doubled unit suffix");
+    assert!(
+        metrics.contains("rollarc_router_call_duration_seconds_bucket")
+            && metrics.contains("le=\"0.005\""),
+        "latency buckets"
+    );
+    // Tries are counted per call: concurrent calls do not count each other's attempts.
+    let name = &f.deployment.name;
+    let tries: f64 = metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("rollarc_router_tries_total{")
+                && l.contains(&format!("function=\"{name}\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(tries as u64, router.calls, "exported tries for {name}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

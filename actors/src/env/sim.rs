@@ -8,6 +8,12 @@ use rand::{Rng, SeedableRng};
 use super::{EnvError, Environment, Observation, StepOutcome};
 use crate::dist::Dist;
 
+/// Largest sampled observation or response length (a heavy tail is cut here; specs are
+/// validated against the same bound).
+const MAX_TOKENS: f64 = (1u64 << 20) as f64;
+/// Longest sampled latency of one call: 30 days.
+const MAX_LATENCY_S: f64 = 30.0 * 24.0 * 3600.0;
+
 #[derive(Clone, Debug)]
 pub struct SimEnvConfig {
     /// Seconds per reset.
@@ -69,7 +75,7 @@ impl SimEnv {
         } else {
             &self.cfg.observation_tokens
         };
-        let n = d.sample(&mut self.rng).round().max(1.0) as usize;
+        let n = d.sample(&mut self.rng).round().clamp(1.0, MAX_TOKENS) as usize;
         // Token values do not matter to the simulator: a cheap xorshift stream.
         let mut x = self.rng.random::<u64>() | 1;
         let tokens = (0..n)
@@ -85,7 +91,7 @@ impl SimEnv {
             .response_tokens
             .sample(&mut self.rng)
             .round()
-            .max(1.0) as u32;
+            .clamp(1.0, MAX_TOKENS) as u32;
         Observation {
             text: String::new(),
             tokens: Some(tokens),
@@ -102,6 +108,7 @@ impl SimEnv {
         }
         let s = d.sample(&mut self.rng);
         if s > 0.0 {
+            let s = s.min(MAX_LATENCY_S);
             tokio::time::sleep(std::time::Duration::from_secs_f64(s)).await;
         }
         if self.cfg.failure_probability > 0.0

@@ -53,7 +53,7 @@ impl ModelConfig {
         self.vocab * d + self.max_seq * d + self.n_layers * per_layer + d + d * self.vocab
     }
 
-    /// Problems with the sizes, as messages.
+    /// Problems with the sizes, as messages (every size bounded; see the `MAX_*` limits).
     pub fn problems(&self) -> Vec<String> {
         let mut v = Vec::new();
         if self.d_model == 0 || self.n_heads == 0 || !self.d_model.is_multiple_of(self.n_heads) {
@@ -67,9 +67,42 @@ impl ModelConfig {
                 "n_layers, d_ff must be positive, max_seq >= 2, vocab >= the tokenizer's".into(),
             );
         }
+        // Bounds before any allocation is sized by them (and before `params` could overflow).
+        for (name, value, max) in [
+            ("d_model", self.d_model, MAX_DIM),
+            ("n_heads", self.n_heads, MAX_HEADS),
+            ("n_layers", self.n_layers, MAX_LAYERS),
+            ("d_ff", self.d_ff, MAX_DIM * 4),
+            ("max_seq", self.max_seq, MAX_SEQ),
+        ] {
+            if value > max {
+                v.push(format!("{name} must be at most {max}, got {value}"));
+            }
+        }
+        let (d, ff, l) = (self.d_model as f64, self.d_ff as f64, self.n_layers as f64);
+        let params = (self.vocab as f64 + self.max_seq as f64) * d
+            + l * (4.0 * d * d + 2.0 * d * ff + 2.0 * d)
+            + d
+            + d * self.vocab as f64;
+        if params > MAX_PARAMS as f64 {
+            v.push(format!(
+                "the model would have {params:.3e} parameters; the built-in model allows at most {MAX_PARAMS}"
+            ));
+        }
         v
     }
 }
+
+/// Largest width of the built-in model.
+pub const MAX_DIM: usize = 1 << 14;
+/// Most attention heads.
+pub const MAX_HEADS: usize = 1 << 10;
+/// Most layers.
+pub const MAX_LAYERS: usize = 1 << 10;
+/// Longest context.
+pub const MAX_SEQ: usize = 1 << 20;
+/// Most parameters (f32: 4 GiB of weights, three times that to train).
+pub const MAX_PARAMS: u64 = 1 << 30;
 
 /// Parameters of one block.
 #[derive(Clone, Debug)]

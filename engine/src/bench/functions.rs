@@ -50,11 +50,8 @@ fn body(k: &str) -> Bytes {
 }
 
 fn call(k: String) -> Call {
-    Call {
-        body: body(&k),
-        key: k,
-        deadline: Instant::now() + Duration::from_secs(60),
-    }
+    let body = body(&k);
+    Call::new(k, body, Instant::now() + Duration::from_secs(60))
 }
 
 /// The `p` quantile of `v` (sorts it).

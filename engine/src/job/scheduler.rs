@@ -138,6 +138,8 @@ pub struct SchedState {
     ended_since_plan: u32,
     /// The roofline cost model over this job's pools.
     cost: CostModel,
+    /// The episode tasks; dropping the set (when the scheduler stops) aborts any left.
+    tasks: tokio::task::JoinSet<()>,
     rng: SmallRng,
     snap: SchedSnapshot,
 }
@@ -195,6 +197,7 @@ impl Actor for Scheduler {
             pool_credit: vec![vec![0.0; n_pools]; n_tasks],
             ended_since_plan: u32::MAX,
             cost,
+            tasks: tokio::task::JoinSet::new(),
             rng,
             snap: SchedSnapshot {
                 version,
@@ -235,6 +238,7 @@ impl Actor for Scheduler {
                 if let Some(e) = st.episodes.remove(&episode) {
                     st.release_shards(&e);
                 }
+                st.reap();
                 if failed {
                     st.snap.failed_episodes += 1;
                 } else {
@@ -371,5 +375,12 @@ impl SchedState {
         for g in ids {
             self.abort_group_episodes(g);
         }
+        self.tasks.abort_all();
+        self.reap();
+    }
+
+    /// Drops the finished episode tasks from the set (their outcomes came as messages).
+    fn reap(&mut self) {
+        while self.tasks.try_join_next().is_some() {}
     }
 }

@@ -255,18 +255,33 @@ impl EnvSpec {
         else {
             return;
         };
-        for (name, d) in [
-            ("reset_latency_s", reset_latency_s),
-            ("step_latency_s", step_latency_s),
-            ("turns", turns),
-            ("observation_tokens", observation_tokens),
-            ("prompt_tokens", prompt_tokens),
-            ("response_tokens", response_tokens),
+        // (field, distribution, the largest value it may reach)
+        for (name, d, max) in [
+            ("reset_latency_s", reset_latency_s, super::MAX_SECONDS),
+            ("step_latency_s", step_latency_s, super::MAX_SECONDS),
+            ("turns", turns, super::MAX_TURNS as f64),
+            (
+                "observation_tokens",
+                observation_tokens,
+                super::MAX_TOKENS as f64,
+            ),
+            ("prompt_tokens", prompt_tokens, super::MAX_TOKENS as f64),
+            ("response_tokens", response_tokens, super::MAX_TOKENS as f64),
         ] {
-            if let Some(d) = d {
-                for m in d.problems() {
-                    problems.push(format!("{p}.{name}"), m);
-                }
+            let Some(d) = d else { continue };
+            let found = d.problems();
+            let valid = found.is_empty();
+            for m in found {
+                problems.push(format!("{p}.{name}"), m);
+            }
+            if valid && d.upper() > max {
+                problems.push(
+                    format!("{p}.{name}"),
+                    format!(
+                        "reaches {:.3e} (its largest value, or six standard deviations up); at most {max} allowed",
+                        d.upper()
+                    ),
+                );
             }
         }
         for (name, v) in [

@@ -136,12 +136,7 @@ fn check_function_common(
     range: [f64; 2],
     problems: &mut Problems,
 ) {
-    if !(timeout_s.is_finite() && timeout_s > 0.0) {
-        problems.push(
-            format!("{p}.timeout_s"),
-            format!("must be a positive number of seconds, got {timeout_s}"),
-        );
-    }
+    problems.seconds(format!("{p}.timeout_s"), timeout_s, true);
     if !(range[0].is_finite() && range[1].is_finite() && range[0] < range[1]) {
         problems.push(
             format!("{p}.range"),
@@ -184,21 +179,15 @@ impl RewardSpec {
                             problems.push(format!("{p}.latency_s"), m);
                         }
                     }
-                    if !(cold_start_s.is_finite() && *cold_start_s >= 0.0) {
-                        problems.push(
-                            format!("{p}.cold_start_s"),
-                            format!("must be >= 0, got {cold_start_s}"),
-                        );
-                    }
+                    problems.seconds(format!("{p}.cold_start_s"), *cold_start_s, false);
                     if *concurrency == 0 {
                         problems.push(format!("{p}.concurrency"), "must be at least 1".into());
                     }
-                    if !(scale_to_zero_after_s.is_finite() && *scale_to_zero_after_s >= 0.0) {
-                        problems.push(
-                            format!("{p}.scale_to_zero_after_s"),
-                            format!("must be >= 0, got {scale_to_zero_after_s}"),
-                        );
-                    }
+                    problems.seconds(
+                        format!("{p}.scale_to_zero_after_s"),
+                        *scale_to_zero_after_s,
+                        false,
+                    );
                 }
                 FunctionSpec::Builtin {
                     function,

@@ -191,14 +191,21 @@ impl RolloutSpec {
     /// Checks the rollout knobs (and the clock they run on).
     pub(super) fn check(&self, spec: &JobSpec, problems: &mut Problems) {
         let r = self;
-        if r.batch_size == Some(0) {
+        if let Some(b) = r.batch_size
+            && !(1..=super::MAX_BATCH_GROUPS).contains(&b)
+        {
             problems.push(
                 "rollout.batch_size".into(),
-                "must be at least 1 group".into(),
+                format!("must be in 1..={} groups, got {b}", super::MAX_BATCH_GROUPS),
             );
         }
-        if r.steps == Some(0) {
-            problems.push("rollout.steps".into(), "must be at least 1".into());
+        if let Some(s) = r.steps
+            && !(1..=super::MAX_STEPS).contains(&s)
+        {
+            problems.push(
+                "rollout.steps".into(),
+                format!("must be in 1..={}, got {s}", super::MAX_STEPS),
+            );
         }
         if r.alpha.is_some_and(|a| a > 1000) {
             problems.push("rollout.alpha".into(), "must be at most 1000".into());
@@ -210,23 +217,32 @@ impl RolloutSpec {
                     .into(),
             );
         }
-        if r.max_concurrent_episodes == Some(0) {
+        if let Some(n) = r.max_concurrent_episodes
+            && !(1..=super::MAX_EPISODES).contains(&n)
+        {
             problems.push(
                 "rollout.max_concurrent_episodes".into(),
-                "must be at least 1".into(),
+                format!("must be in 1..={}, got {n}", super::MAX_EPISODES),
             );
+        } else if r.max_concurrent_episodes.is_none() {
+            let n = spec.knobs().max_concurrent_episodes;
+            if n > super::MAX_EPISODES {
+                problems.push(
+                    "rollout.max_concurrent_episodes".into(),
+                    format!(
+                        "the default, batch_size × (group_size + redundancy) × (alpha + 1) = {n}, \
+                         exceeds {}; set it explicitly",
+                        super::MAX_EPISODES
+                    ),
+                );
+            }
         }
         for (name, v) in [
             ("env_call_timeout_s", r.env_call_timeout_s),
             ("frozen_after_s", r.frozen_after_s),
         ] {
-            if let Some(v) = v
-                && !(v.is_finite() && v > 0.0)
-            {
-                problems.push(
-                    format!("rollout.{name}"),
-                    format!("must be a positive number of seconds, got {v}"),
-                );
+            if let Some(v) = v {
+                problems.seconds(format!("rollout.{name}"), v, true);
             }
         }
     }
@@ -268,9 +284,11 @@ impl JobSpec {
             batch_size,
             steps: r.steps.unwrap_or(10),
             on_weight_update: r.on_weight_update.unwrap_or(on_weight_update),
-            max_concurrent_episodes: r
-                .max_concurrent_episodes
-                .unwrap_or(batch_size * group_eps * (alpha as usize + 1)),
+            max_concurrent_episodes: r.max_concurrent_episodes.unwrap_or(
+                batch_size
+                    .saturating_mul(group_eps)
+                    .saturating_mul((alpha as usize).saturating_add(1)),
+            ),
             filter_all_equal: r.filter_all_equal.unwrap_or(false),
             max_retries_per_group: r.max_retries_per_group.unwrap_or(2),
             env_call_timeout_s: r.env_call_timeout_s.unwrap_or(600.0),

@@ -203,8 +203,13 @@ impl TaskSpec {
         {
             problems.push(format!("{p}.seeds.count"), "must be at least 1".into());
         }
-        if t.envs == Some(0) {
-            problems.push(format!("{p}.envs"), "must be at least 1".into());
+        if let Some(n) = t.envs
+            && !(1..=super::MAX_EPISODES).contains(&n)
+        {
+            problems.push(
+                format!("{p}.envs"),
+                format!("must be in 1..={}, got {n}", super::MAX_EPISODES),
+            );
         }
         t.env.check(&format!("{p}.env"), problems);
     }

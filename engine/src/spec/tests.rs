@@ -275,3 +275,136 @@ fn custom_profiles_resolve_before_the_catalogue() {
     assert_eq!(m.kv_bytes_per_token, 2.0 * 62.0 * 8.0 * 128.0 * 2.0);
     assert_eq!(s.device_profile("A100").unwrap().name, "A100");
 }
+
+/// Hardening: durations past any sane bound, NaN and infinities are rejected with their path
+/// (they used to be accepted and then panic converting to a `Duration`, or NaN became unset).
+#[test]
+fn extreme_floats_are_rejected_with_their_field_path() {
+    let function = "\n[reward.functions.j]\nkind = \"sim\"\n";
+    let cases: Vec<(String, &str)> = vec![
+        (
+            format!("{}\n[rollout]\nenv_call_timeout_s = 1e308\n", minimal()),
+            "rollout.env_call_timeout_s",
+        ),
+        (
+            format!("{}\n[rollout]\nfrozen_after_s = 1e308\n", minimal()),
+            "rollout.frozen_after_s",
+        ),
+        (
+            format!("{}\n[rollout]\nenv_call_timeout_s = nan\n", minimal()),
+            "rollout.env_call_timeout_s",
+        ),
+        (
+            format!("{}\n[rollout]\nfrozen_after_s = -inf\n", minimal()),
+            "rollout.frozen_after_s",
+        ),
+        (
+            format!(
+                "{}\n[trainer]\nkind = \"sim\"\nstep_overhead_s = 1e308\n",
+                minimal()
+            ),
+            "trainer.step_overhead_s",
+        ),
+        (
+            format!("{}{function}cold_start_s = 1e308\n", minimal()),
+            "reward.functions.j.cold_start_s",
+        ),
+        (
+            format!("{}{function}scale_to_zero_after_s = 1e300\n", minimal()),
+            "reward.functions.j.scale_to_zero_after_s",
+        ),
+        (
+            format!(
+                "{}\n[reward.functions.h]\nkind = \"http\"\nurl = \"http://127.0.0.1:9/\"\ntimeout_s = 1e308\n",
+                minimal()
+            ),
+            "reward.functions.h.timeout_s",
+        ),
+    ];
+    for (text, field) in cases {
+        let errs = parse(&text, Format::Toml).expect_err(field).0;
+        assert!(
+            errs.iter().any(|e| e.field == field),
+            "{field} not reported: {errs:?}"
+        );
+    }
+    // The bound itself is accepted.
+    let ok = format!(
+        "{}\n[rollout]\nenv_call_timeout_s = {MAX_SECONDS}\n",
+        minimal()
+    );
+    assert!(parse(&ok, Format::Toml).is_ok());
+}
+
+/// Hardening: no field can size an allocation past a bound (each of these used to abort the
+/// service with a failed allocation, grow memory without bound, or leave a job stuck).
+#[test]
+fn sizes_past_their_bounds_are_rejected_with_their_field_path() {
+    let sim_env = |extra: &str| {
+        format!(
+            "[[tasks]]\ndomain = \"t\"\n[tasks.env]\nkind = \"sim\"\n{extra}\n[[pools]]\nname = \"p\"\ndevice = \"H20\"\nbackend = {{ kind = \"sim\" }}\n"
+        )
+    };
+    let builtin = |model: &str| {
+        format!(
+            "[[tasks]]\ndomain = \"t\"\n[tasks.env]\nkind = \"arithmetic\"\n[[pools]]\nname = \"p\"\ndevice = \"CPU\"\nbackend = {{ kind = \"builtin\", model = {{ {model} }} }}\n[trainer]\nkind = \"builtin\"\n"
+        )
+    };
+    let cases: Vec<(String, &str)> = vec![
+        (
+            sim_env("observation_tokens = { constant = 1e12 }"),
+            "tasks[0].env.observation_tokens",
+        ),
+        (
+            sim_env("prompt_tokens = { constant = 1e11 }"),
+            "tasks[0].env.prompt_tokens",
+        ),
+        (
+            sim_env("response_tokens = { lognormal = { mu = 20.0, sigma = 2.0 } }"),
+            "tasks[0].env.response_tokens",
+        ),
+        (
+            sim_env("step_latency_s = { constant = 1e300 }"),
+            "tasks[0].env.step_latency_s",
+        ),
+        (
+            format!(
+                "{}\n[rollout]\nmax_concurrent_episodes = 1000000000000000000\n",
+                minimal()
+            ),
+            "rollout.max_concurrent_episodes",
+        ),
+        (
+            format!(
+                "{}\n[rollout]\nbatch_size = 4611686018427387904\n",
+                minimal()
+            ),
+            "rollout.batch_size",
+        ),
+        (
+            // The default in-flight bound would be 60,000 × 8 × 2.
+            format!("{}\n[rollout]\nbatch_size = 60000\n", minimal()),
+            "rollout.max_concurrent_episodes",
+        ),
+        (
+            minimal().replace(
+                "domain = \"lake\"\n",
+                "domain = \"lake\"\nenvs = 1000000000\n",
+            ),
+            "tasks[0].envs",
+        ),
+        (builtin("d_ff = 1125899906842624"), "pools[0].backend.model"),
+        (builtin("max_seq = 1099511627776"), "pools[0].backend.model"),
+        (
+            builtin("d_model = 2147483648, n_heads = 2147483648"),
+            "pools[0].backend.model",
+        ),
+    ];
+    for (text, field) in cases {
+        let errs = parse(&text, Format::Toml).expect_err(field).0;
+        assert!(
+            errs.iter().any(|e| e.field == field),
+            "{field} not reported: {errs:?}"
+        );
+    }
+}

@@ -186,12 +186,7 @@ impl TrainerSpec {
                 if *gpus == 0 {
                     problems.push("trainer.gpus".into(), "must be at least 1".into());
                 }
-                if !(step_overhead_s.is_finite() && *step_overhead_s >= 0.0) {
-                    problems.push(
-                        "trainer.step_overhead_s".into(),
-                        format!("must be >= 0, got {step_overhead_s}"),
-                    );
-                }
+                problems.seconds("trainer.step_overhead_s".into(), *step_overhead_s, false);
             }
         }
     }

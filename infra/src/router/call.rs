@@ -1,18 +1,42 @@
 //! A call, its reply, and how calls fail.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::time::Instant;
 
-/// One function call.
+/// One function call. Clones of it (retries, hedges) share its count of tries.
 #[derive(Clone, Debug)]
 pub struct Call {
     /// Same key → same result (trajectory id + reward spec version).
     pub key: String,
     pub body: Bytes,
     pub deadline: Instant,
+    /// Tries at instances made for this call (retries and hedges included).
+    tries: Arc<AtomicU64>,
+}
+
+impl Call {
+    pub fn new(key: impl Into<String>, body: impl Into<Bytes>, deadline: Instant) -> Self {
+        Self {
+            key: key.into(),
+            body: body.into(),
+            deadline,
+            tries: Arc::default(),
+        }
+    }
+
+    /// Counts one try at an instance.
+    pub(super) fn tried(&self) {
+        self.tries.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Tries made so far for this call.
+    pub fn tries(&self) -> u64 {
+        self.tries.load(Ordering::Relaxed)
+    }
 }
 
 /// A function's answer (2xx, or a non-retryable 4xx the caller should see).

@@ -169,16 +169,12 @@ impl Router {
         let q = self.stats.queued.fetch_add(1, Ordering::Relaxed) + 1;
         self.stats.peak_queued.fetch_max(q, Ordering::Relaxed);
         let deadline = call.deadline;
-        let tries_before = self.stats.tries.load(Ordering::Relaxed);
+        // This call's own count (the router-wide counter also moves with other calls).
+        let tries = call.clone();
         let svc = self.inner.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let r = tokio::time::timeout_at(deadline, svc.oneshot(call)).await;
         self.stats.queued.fetch_sub(1, Ordering::Relaxed);
-        let attempts = self
-            .stats
-            .tries
-            .load(Ordering::Relaxed)
-            .saturating_sub(tries_before)
-            .max(1);
+        let attempts = tries.tries().max(1);
         let function = self.function.to_string();
         let out = match r {
             Err(_) => Err(RouterError::DeadlineExceeded { function, attempts }),

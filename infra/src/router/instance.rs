@@ -45,6 +45,7 @@ impl Service<Call> for InstanceSvc {
         let me = self.clone();
         Box::pin(async move {
             me.stats.tries.fetch_add(1, Ordering::Relaxed);
+            call.tried();
             if let Ok(mut m) = me.stats.per_instance.lock() {
                 *m.entry(me.id).or_insert(0) += 1;
             }

@@ -134,21 +134,26 @@ pub(super) fn router_metrics() -> &'static RouterMetrics {
         let meter = crate::telemetry::Metrics::global().meter();
         RouterMetrics {
             calls: meter
-                .u64_counter("rollarc_router_calls_total")
+                .u64_counter("rollarc_router_calls")
                 .with_description("Function calls by outcome")
                 .build(),
             tries: meter
-                .u64_counter("rollarc_router_tries_total")
+                .u64_counter("rollarc_router_tries")
                 .with_description("HTTP tries (first tries, retries, hedges)")
                 .build(),
             ejections: meter
-                .u64_counter("rollarc_router_ejections_total")
+                .u64_counter("rollarc_router_ejections")
                 .with_description("Instances ejected as outliers")
                 .build(),
             latency: meter
-                .f64_histogram("rollarc_router_call_seconds")
+                .f64_histogram("rollarc_router_call_duration")
                 .with_description("Call latency including queueing and retries")
                 .with_unit("s")
+                // Seconds, from a fast local function (ms) to a slow judge (a minute).
+                .with_boundaries(vec![
+                    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                    30.0, 60.0,
+                ])
                 .build(),
         }
     })

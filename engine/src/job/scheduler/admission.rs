@@ -201,12 +201,11 @@ impl SchedState {
         // The episode reports its outcome through this task, so aborting the task also drops
         // the report (an aborted episode is accounted for by whoever aborted it).
         let me = self.me.clone();
-        let handle = tokio::spawn(async move {
+        let handle = self.tasks.spawn(async move {
             let outcome = episode::run(shared, params).await;
             // A scheduler that is gone has aborted its episodes already.
             let _ = me.cast(SchedMsg::EpisodeEnded(outcome));
-        })
-        .abort_handle();
+        });
         self.episodes.insert(
             eid,
             EpisodeRun {

@@ -254,7 +254,7 @@ fn metrics() -> &'static RuntimeMetrics {
             instances: meter.u64_gauge("rollarc_function_instances").with_description("Function instances by state").build(),
             desired: meter.u64_gauge("rollarc_function_desired_instances").with_description("Autoscaler decision").build(),
             events: meter
-                .u64_counter("rollarc_function_instance_events_total")
+                .u64_counter("rollarc_function_instance_events")
                 .with_description("Instance lifecycle events: started, ready, crashed, killed, startup_failed, scale_up, scale_down, panic")
                 .build(),
         }
