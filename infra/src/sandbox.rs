@@ -17,11 +17,29 @@ pub const SANDBOX_UID_BASE: u32 = 2_000_000;
 pub const SANDBOX_UIDS: u32 = 65_536;
 static NEXT_SANDBOX: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
+/// Host directories a sandboxed program sees, read-only (those that exist): the system's
+/// programs, libraries and configuration. Not `/`: the service's data directory, other
+/// users' files and host sockets (`/run`, `/var`) stay out of sight.
+pub const SANDBOX_SYSTEM_DIRS: [&str; 9] = [
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt",
+];
+
+/// The only environment variables a sandboxed program gets (besides `HOME=/tmp`): the
+/// service's own environment (tokens, keys, paths) is cleared.
+pub const SANDBOX_ENV: [(&str, &str); 4] = [
+    ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+    ("LANG", "C.UTF-8"),
+    ("OPENBLAS_NUM_THREADS", "1"),
+    ("PYTHONDONTWRITEBYTECODE", "1"),
+];
+
 /// Wraps a command in bubblewrap and setpriv: new network, PID, IPC and UTS namespaces (no
-/// network at all), the system read-only, a private writable `/tmp` as working directory, host
-/// homes hidden except `readable` paths (bound read-only, e.g. an interpreter's install),
-/// killed with its parent; then the uid drops to an unprivileged one with no new privileges;
-/// rlimits on processes, address space, CPU time, file size and open files.
+/// network at all), a new session (no terminal to inject into), an empty environment but
+/// for [`SANDBOX_ENV`], only the system directories ([`SANDBOX_SYSTEM_DIRS`]) read-only, a
+/// private writable `/tmp` as working directory, the directories of the command's absolute
+/// paths and `readable` paths bound read-only (e.g. a script's directory, an interpreter's
+/// install), killed with its parent; then the uid drops to an unprivileged one with no new
+/// privileges; rlimits on processes, address space, CPU time, file size and open files.
 pub fn sandboxed(command: &[String], readable: &[String]) -> Vec<String> {
     let mut v: Vec<String> = vec!["prlimit".into()];
     v.extend(SANDBOX_LIMITS.iter().map(|s| s.to_string()));
@@ -37,41 +55,39 @@ pub fn sandboxed(command: &[String], readable: &[String]) -> Vec<String> {
             "--unshare-cgroup-try",
             "--die-with-parent",
             "--new-session",
-            "--ro-bind",
-            "/",
-            "/",
-            "--dev",
-            "/dev",
-            "--proc",
-            "/proc",
-            "--perms",
-            "1777",
-            "--tmpfs",
-            "/tmp",
-            "--tmpfs",
-            "/root",
-            "--tmpfs",
-            "/home",
+            "--clearenv",
         ]
         .map(s),
     );
-    for p in readable {
-        v.extend([s("--ro-bind"), p.clone(), p.clone()]);
+    for d in SANDBOX_SYSTEM_DIRS {
+        v.extend([s("--ro-bind-try"), s(d), s(d)]);
     }
-    v.extend(
-        [
-            "--chdir",
-            "/tmp",
-            "--setenv",
-            "HOME",
-            "/tmp",
-            "--setenv",
-            "OPENBLAS_NUM_THREADS",
-            "1",
-            "--",
-        ]
-        .map(s),
-    );
+    v.extend(["--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp"].map(s));
+    // The program's own files: the directory of every absolute path on its command line.
+    let own = command
+        .iter()
+        .filter(|a| a.starts_with('/'))
+        .filter_map(|a| {
+            let p = std::path::Path::new(a);
+            if p.is_dir() {
+                Some(p.to_path_buf())
+            } else {
+                p.parent().filter(|d| d.is_dir()).map(|d| d.to_path_buf())
+            }
+        })
+        .map(|d| d.to_string_lossy().into_owned())
+        .filter(|d| d != "/" && !SANDBOX_SYSTEM_DIRS.iter().any(|s| d.starts_with(s)));
+    let mut binds: Vec<String> = own.chain(readable.iter().cloned()).collect();
+    binds.sort();
+    binds.dedup();
+    for p in binds {
+        v.extend([s("--ro-bind"), p.clone(), p]);
+    }
+    v.extend(["--chdir", "/tmp", "--setenv", "HOME", "/tmp"].map(s));
+    for (k, val) in SANDBOX_ENV {
+        v.extend([s("--setenv"), s(k), s(val)]);
+    }
+    v.push("--".into());
     let uid = SANDBOX_UID_BASE
         + NEXT_SANDBOX.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % SANDBOX_UIDS;
     v.extend(

@@ -248,6 +248,15 @@ async fn a_sandboxed_program_is_contained() {
     // A listener on the host's loopback: reachable from outside the sandbox only.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
+    // A data directory outside /tmp, /root and /home (like the README's `--data-dir data`),
+    // holding a database file and a unix socket.
+    let data = tempfile::Builder::new()
+        .prefix("rollarc-data-")
+        .tempdir_in(std::env::current_dir().unwrap())
+        .unwrap();
+    std::fs::write(data.path().join("rollarc.db"), "every job's spec").unwrap();
+    let sock = data.path().join("sock");
+    let _unix = std::os::unix::net::UnixListener::bind(&sock).unwrap();
     // The probe program answers the protocol with what it could do, as the observation.
     let probe = r#"read l
 r=""
@@ -258,8 +267,12 @@ touch /tmp/ok 2>/dev/null || r="$r no-tmp"
 (exec 3<>/dev/tcp/127.0.0.1/PORT) 2>/dev/null && r="$r network"
 [ "$(id -u)" = 0 ] && r="$r root"
 [ $$ -lt 10 ] || r="$r host-pids"
+env | grep -q '^CARGO' && r="$r env-leak"
+cat DATA/rollarc.db >/dev/null 2>&1 && r="$r data-read"
+[ -S DATA/sock ] && r="$r socket-visible"
 echo "{\"v\":1,\"ok\":true,\"observation\":\"contained:$r\"}""#
-        .replace("PORT", &port.to_string());
+        .replace("PORT", &port.to_string())
+        .replace("DATA", &data.path().to_string_lossy());
     let cmd = engine::envs::sandboxed(&["bash".to_string(), "-c".to_string(), probe.clone()], &[]);
     let mut e = external(cmd, 10_000, 1 << 20);
     assert_eq!(e.reset(0).await.unwrap().text, "contained:");
@@ -271,10 +284,16 @@ echo "{\"v\":1,\"ok\":true,\"observation\":\"contained:$r\"}""#
         1 << 20,
     );
     let seen = bare.reset(0).await.unwrap().text;
-    assert!(
-        seen.contains("network") && seen.contains("host-pids") && seen.contains("home-read"),
-        "{seen}"
-    );
+    for probe in [
+        "network",
+        "host-pids",
+        "home-read",
+        "env-leak",
+        "data-read",
+        "socket-visible",
+    ] {
+        assert!(seen.contains(probe), "unsandboxed probe {probe} not seen: {seen}");
+    }
     bare.close().await;
     assert!(seen.contains("wrote-outside"), "{seen}");
     let _ = std::fs::remove_file(format!("/var/tmp/rollarc-escape-{port}"));

@@ -213,7 +213,9 @@ impl RolloutSpec {
         if spec.sim.clock == Some(Clock::Virtual) && !spec.all_simulated() {
             problems.push(
                 "sim.clock".into(),
-                "a virtual clock needs every backend simulated (real compute takes real time)"
+                "a virtual clock needs every backend simulated and no external environment \
+                 (real compute and real programs take real time); leave sim.clock unset to \
+                 get the real clock"
                     .into(),
             );
         }

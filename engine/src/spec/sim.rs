@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::pool::{BackendSpec, BuiltinModelSpec};
+use super::env::EnvSpec;
 use super::reward::FunctionSpec;
 use super::trainer::TrainerSpec;
 use super::{JobSpec, Problems};
@@ -257,7 +258,8 @@ impl JobSpec {
         }
     }
 
-    /// Whether every backend is simulated (so the job can run on the virtual clock).
+    /// Whether every backend is simulated and no environment is an external program (so the
+    /// job can run on the virtual clock).
     pub fn all_simulated(&self) -> bool {
         self.pools
             .iter()
@@ -268,6 +270,11 @@ impl JobSpec {
                 .functions
                 .values()
                 .all(|f| matches!(f, FunctionSpec::Sim { .. }))
+            // An external environment is a real process: it takes real time.
+            && !self
+                .tasks
+                .iter()
+                .any(|t| matches!(t.env, EnvSpec::External { .. }))
     }
 
     /// The clock the job runs on.

@@ -408,3 +408,27 @@ fn sizes_past_their_bounds_are_rejected_with_their_field_path() {
         );
     }
 }
+
+/// Hardening: an external environment in an otherwise simulated job runs on the real clock
+/// (it used to get the virtual one, where every call failed with "IO is disabled"); asking
+/// for the virtual clock is rejected with the reason.
+#[test]
+fn an_external_environment_takes_the_real_clock() {
+    let text = minimal().replace(
+        "[tasks.env]\nkind = \"sim\"",
+        "[tasks.env]\nkind = \"external\"\ncommand = [\"python3\", \"env.py\"]",
+    );
+    let s = parse(&text, Format::Toml).expect("valid");
+    assert!(!s.all_simulated());
+    assert_eq!(s.clock(), Clock::Real);
+    let errs = parse(&format!("{text}\n[sim]\nclock = \"virtual\"\n"), Format::Toml)
+        .expect_err("virtual clock with an external environment")
+        .0;
+    assert!(
+        errs.iter()
+            .any(|e| e.field == "sim.clock" && e.message.contains("external environment")),
+        "{errs:?}"
+    );
+    // Built-in environments stay on the virtual clock.
+    assert_eq!(parse(minimal(), Format::Toml).unwrap().clock(), Clock::Virtual);
+}
