@@ -344,10 +344,12 @@ impl Service {
                     job: id.clone(),
                 });
                 let checkpoint_dir = Some(self.data_dir.join("checkpoints").join(&id));
+                let resume = (start_step > 0).then(|| self.resume_cursor(&id, start_step));
                 let run = JobRun {
                     id: id.clone(),
                     spec,
                     start_step,
+                    resume: resume.flatten(),
                     epoch,
                     sink,
                     observer,
@@ -408,6 +410,26 @@ impl Service {
             self.running_count.send_replace(r.len());
         }
         self.dispatch();
+    }
+
+    /// Where a resumed job's admission continues: the cursor stored with its last completed
+    /// step (its seeds go on from there: nothing trained is generated again), with group ids
+    /// above every group stored by any attempt (rows of an interrupted attempt keep theirs).
+    fn resume_cursor(&self, id: &str, start_step: u64) -> Option<job::scheduler::Cursor> {
+        let steps = self
+            .store
+            .step_metrics(id)
+            .map_err(|e| tracing::warn!(job = %id, error = %error_chain(&e), "no step metrics to resume from"))
+            .ok()?;
+        let last = steps
+            .iter()
+            .rfind(|m| m["step"].as_u64() == Some(start_step - 1))?;
+        let mut cursor: job::scheduler::Cursor =
+            serde_json::from_value(last["scheduler"]["cursor"].clone()).ok()?;
+        if let Ok(Some(g)) = self.store.max_group_id(id) {
+            cursor.next_group = cursor.next_group.max(g + 1);
+        }
+        Some(cursor)
     }
 
     /// Stops intake; waits up to `grace` for running jobs; then interrupts the rest, which stay

@@ -37,6 +37,7 @@ pub fn run_virtual_with(
         spec,
         start_step: 0,
         epoch: 0,
+        resume: None,
         sink,
         observer,
         cancel: CancellationToken::new(),
@@ -56,6 +57,35 @@ pub fn run_blocking(
     observer: Arc<dyn StepObserver>,
     checkpoint_dir: Option<std::path::PathBuf>,
 ) -> Result<JobSummary, JobError> {
+    let start = Start {
+        step: start_step,
+        epoch,
+        cursor: None,
+    };
+    run_from(spec, start, sink, observer, checkpoint_dir)
+}
+
+/// Where a run starts: its first step, its epoch, and admission's cursor to continue from.
+#[derive(Clone, Debug, Default)]
+pub struct Start {
+    pub step: u64,
+    pub epoch: u64,
+    pub cursor: Option<crate::job::scheduler::Cursor>,
+}
+
+/// [`run_blocking`] resuming from `start` (a restart after a crash).
+pub fn run_from(
+    spec: JobSpec,
+    start: Start,
+    sink: Arc<dyn TrajectorySink>,
+    observer: Arc<dyn StepObserver>,
+    checkpoint_dir: Option<std::path::PathBuf>,
+) -> Result<JobSummary, JobError> {
+    let Start {
+        step: start_step,
+        epoch,
+        cursor,
+    } = start;
     // Jobs on real hardware record the per-resource timeline (as the service does).
     let timeline = spec.clock() == crate::spec::Clock::Real;
     let rt = match spec.clock() {
@@ -70,6 +100,7 @@ pub fn run_blocking(
         spec,
         start_step,
         epoch,
+        resume: cursor,
         sink,
         observer,
         cancel: CancellationToken::new(),

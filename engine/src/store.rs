@@ -334,6 +334,18 @@ impl Store {
         })
     }
 
+    /// The largest group id among a job's stored trajectories (every attempt's).
+    pub fn max_group_id(&self, job: &str) -> Result<Option<u64>, StoreError> {
+        self.with(|c| {
+            Ok(c.query_row(
+                "SELECT MAX(CAST(json_extract(body, '$.group_id') AS INTEGER)) FROM trajectories WHERE job_id = ?1",
+                [job],
+                |r| r.get::<_, Option<i64>>(0),
+            )?
+            .map(|g| g.max(0) as u64))
+        })
+    }
+
     /// Rolls a job's trajectory ids into a per-run prefix on resume, so a resumed run never
     /// collides with ids committed before the restart.
     pub fn resume_epoch(&self, job: &str) -> Result<u64, StoreError> {

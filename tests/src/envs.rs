@@ -292,7 +292,10 @@ echo "{\"v\":1,\"ok\":true,\"observation\":\"contained:$r\"}""#
         "data-read",
         "socket-visible",
     ] {
-        assert!(seen.contains(probe), "unsandboxed probe {probe} not seen: {seen}");
+        assert!(
+            seen.contains(probe),
+            "unsandboxed probe {probe} not seen: {seen}"
+        );
     }
     bare.close().await;
     assert!(seen.contains("wrote-outside"), "{seen}");

@@ -123,6 +123,23 @@ async fn sigkill_mid_job_loses_and_duplicates_nothing_and_the_job_resumes() {
         after.iter().any(|r| r.1.starts_with("r1-")),
         "no trajectory from the resumed run"
     );
+    // Group numbering continues across the restart: no group id is used by two attempts
+    // (ids read `r{epoch}-g{group}-e{episode}`).
+    let mut epochs_of_group: std::collections::BTreeMap<&str, std::collections::BTreeSet<&str>> =
+        Default::default();
+    for (_, tid) in &after {
+        let mut parts = tid.split('-');
+        let (epoch, group) = (parts.next().unwrap(), parts.next().unwrap());
+        epochs_of_group.entry(group).or_default().insert(epoch);
+    }
+    let shared: Vec<_> = epochs_of_group
+        .iter()
+        .filter(|(_, e)| e.len() > 1)
+        .collect();
+    assert!(
+        shared.is_empty(),
+        "group ids reused by the resumed run: {shared:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

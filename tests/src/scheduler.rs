@@ -588,3 +588,89 @@ fn injected_environment_latency_delays_every_call_in_virtual_time() {
         );
     }
 }
+
+/// Hardening: a run resumed after a crash continues admission from the cursor stored with its
+/// last completed step. No prompt trained before the crash is generated or trained again (a
+/// resumed run used to restart its seeds and group numbering at 0), and group ids stay above
+/// every id of the interrupted attempt.
+#[test]
+fn a_resumed_run_continues_the_seed_sequence_and_group_numbering() {
+    use actors::buffer::MemorySink;
+    use std::sync::Arc;
+    use tests::BatchLog;
+    let spec = |steps: u64| {
+        SpecBuilder::new()
+            .pool("h800", "H800", 1, "")
+            .multi_turn("seeded", "seeds = { start = 0, count = 1000000 }")
+            .single_turn("drawn", "")
+            .rollout("batch_size = 2")
+            .rollout(&format!("steps = {steps}"))
+            .rollout("alpha = 1")
+            .build()
+    };
+    let trained = |log: &BatchLog| -> BTreeSet<(String, u64)> {
+        log.batches
+            .lock()
+            .unwrap()
+            .iter()
+            .flat_map(|(_, b)| {
+                b.trajectories()
+                    .map(|t| (t.task.clone(), t.seed))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    // The first attempt: 3 steps, then it "crashes" (the run ends).
+    let sink1 = Arc::new(MemorySink::default());
+    let log1 = Arc::new(BatchLog::default());
+    let first = engine::simrun::run_blocking(spec(3), 0, 0, sink1.clone(), log1.clone(), None)
+        .expect("first attempt");
+    let mut cursor = first.steps.last().unwrap().scheduler.cursor.clone();
+    assert!(cursor.next_group > 0 && cursor.rng_draws > 0, "{cursor:?}");
+    let max_gid = sink1
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|t| t.group_id)
+        .max()
+        .unwrap();
+    cursor.next_group = cursor.next_group.max(max_gid + 1);
+    // The resumed attempt: steps 3..6 in epoch 1 from the cursor.
+    let sink2 = Arc::new(MemorySink::default());
+    let log2 = Arc::new(BatchLog::default());
+    let start = engine::simrun::Start {
+        step: 3,
+        epoch: 1,
+        cursor: Some(cursor),
+    };
+    let second = engine::simrun::run_from(spec(6), start, sink2.clone(), log2.clone(), None)
+        .expect("resumed attempt");
+    assert_eq!(second.steps_done, 6);
+    let (before, after) = (trained(&log1), trained(&log2));
+    assert!(!after.is_empty());
+    let again: Vec<_> = before.intersection(&after).collect();
+    assert!(again.is_empty(), "prompts trained twice: {again:?}");
+    // Nothing generated after the resume repeats a prompt trained before it.
+    let regenerated: Vec<_> = sink2
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|t| (t.task.clone(), t.seed))
+        .filter(|k| before.contains(k))
+        .collect();
+    assert!(regenerated.is_empty(), "regenerated: {regenerated:?}");
+    let min_gid_after = sink2
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|t| t.group_id)
+        .min()
+        .unwrap();
+    assert!(
+        min_gid_after > max_gid,
+        "group ids collide: {min_gid_after} <= {max_gid}"
+    );
+}

@@ -58,6 +58,8 @@ pub struct JobRun {
     pub start_step: u64,
     /// Distinguishes trajectory ids of runs resumed after a restart.
     pub epoch: u64,
+    /// Where admission continues after a restart (group ids, seeds); none: from the start.
+    pub resume: Option<scheduler::Cursor>,
     pub sink: Arc<dyn TrajectorySink>,
     pub observer: Arc<dyn StepObserver>,
     pub cancel: CancellationToken,

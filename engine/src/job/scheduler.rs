@@ -11,8 +11,8 @@ use actors::device::{DeviceProfile, ModelProfile};
 use actors::generation::shard::ShardHandle;
 use actors::types::PolicyVersion;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use rand::SeedableRng;
 use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 
 use actors::episode::{EpisodeOutcome, EpisodeShared};
 
@@ -37,6 +37,19 @@ pub enum SchedMsg {
     Snapshot(ractor::RpcReplyPort<SchedSnapshot>),
 }
 
+/// Where admission stands: the next group id, each task's count of groups (its position in
+/// its seed sequence), the task mix's credit and how many draws the scheduler's RNG has made.
+/// Stored with every step (inside the step's metrics), so a resumed run continues the
+/// sequence instead of replaying it.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct Cursor {
+    pub next_group: u64,
+    pub task_groups: Vec<u64>,
+    pub credit: Vec<f64>,
+    pub rng_draws: u64,
+}
+
 /// Counters for metrics and tests (serialised in step metrics as is).
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
@@ -54,6 +67,8 @@ pub struct SchedSnapshot {
     pub dropped_groups: u64,
     /// Admitted groups per pool name.
     pub groups_per_pool: BTreeMap<String, u64>,
+    /// Admission's position when the snapshot was taken.
+    pub cursor: Cursor,
     /// Peak concurrent episodes.
     pub peak_active_episodes: usize,
 }
@@ -78,6 +93,8 @@ pub struct SchedArgs {
     pub buffer: ActorRef<BufferMsg>,
     pub seed: u64,
     pub start_version: PolicyVersion,
+    /// Where a resumed run's admission continues (none: from the start).
+    pub resume: Option<Cursor>,
 }
 
 struct GroupRun {
@@ -122,6 +139,8 @@ pub struct SchedState {
     /// Smooth weighted round-robin credit per task.
     credit: Vec<f64>,
     task_groups: Vec<u64>,
+    /// Values drawn from `rng` so far (a resumed run skips as many).
+    rng_draws: u64,
     /// Observed (prefill, decode) tokens per trajectory, EWMA per task.
     observed: Vec<Option<(f64, f64)>>,
     shard_active: Vec<Vec<usize>>,
@@ -158,7 +177,22 @@ impl Actor for Scheduler {
         let shard_active = a.pools.iter().map(|p| vec![0; p.shards.len()]).collect();
         let pool_task_active = vec![vec![0; n_tasks]; a.pools.len()];
         let n_pools = a.pools.len();
-        let rng = SmallRng::seed_from_u64(a.seed ^ 0x5eed_5c4e_d01e);
+        let mut rng = SmallRng::seed_from_u64(a.seed ^ 0x5eed_5c4e_d01e);
+        // A cursor of another task list (the spec changed) is not continued.
+        let resume = a
+            .resume
+            .clone()
+            .filter(|c| c.task_groups.len() == n_tasks && c.credit.len() == n_tasks);
+        if let Some(c) = &resume {
+            for _ in 0..c.rng_draws {
+                let _: u64 = rng.random();
+            }
+        }
+        let cursor = resume.unwrap_or_else(|| Cursor {
+            task_groups: vec![0; n_tasks],
+            credit: vec![0.0; n_tasks],
+            ..Cursor::default()
+        });
         let version = a.start_version;
         let cost = CostModel {
             pools: a
@@ -185,10 +219,11 @@ impl Actor for Scheduler {
             groups: BTreeMap::new(),
             episodes: BTreeMap::new(),
             open_groups: 0,
-            next_group: 0,
+            next_group: cursor.next_group,
             next_episode: 0,
-            credit: vec![0.0; n_tasks],
-            task_groups: vec![0; n_tasks],
+            credit: cursor.credit.clone(),
+            task_groups: cursor.task_groups.clone(),
+            rng_draws: cursor.rng_draws,
             observed: vec![None; n_tasks],
             shard_active,
             pool_task_active,
@@ -282,6 +317,12 @@ impl Actor for Scheduler {
             }
             SchedMsg::Snapshot(reply) => {
                 let mut s = st.snap.clone();
+                s.cursor = Cursor {
+                    next_group: st.next_group,
+                    task_groups: st.task_groups.clone(),
+                    credit: st.credit.clone(),
+                    rng_draws: st.rng_draws,
+                };
                 s.open_groups = st.open_groups;
                 s.active_episodes = st.episodes.len();
                 let _ = reply.send(s);

@@ -118,6 +118,7 @@ pub(super) async fn spawn(
             buffer: buffer.clone(),
             seed: plan.seed,
             start_version,
+            resume: job.resume.clone(),
         },
         cell.clone(),
     )

@@ -102,6 +102,12 @@ impl SchedState {
         best
     }
 
+    /// One value of the scheduler's RNG, counted (the count is part of the cursor).
+    fn draw(&mut self) -> u64 {
+        self.rng_draws += 1;
+        self.rng.random()
+    }
+
     pub(super) fn admit_group(&mut self, barrier: Option<Arc<WaveBarrier>>) {
         let t = self.next_task();
         self.admit_task_group(t, barrier);
@@ -112,11 +118,11 @@ impl SchedState {
         self.next_group += 1;
         let k = self.task_groups[task];
         self.task_groups[task] += 1;
-        let tv = &self.a.tasks[task];
-        let seed = match tv.seeds {
+        let seed = match self.a.tasks[task].seeds {
             Some((start, count)) => start + k % count.max(1),
-            None => self.rng.random(),
+            None => self.draw(),
         };
+        let tv = &self.a.tasks[task];
         let (gs, red, domain) = (tv.group_size, tv.redundancy, tv.domain.clone());
         let pool = self.choose_pool(task);
         let dispatched = gs + red;
@@ -192,7 +198,7 @@ impl SchedState {
             group: gid,
             task,
             seed,
-            sample_seed: self.rng.random(),
+            sample_seed: self.draw(),
             start_version,
             shard: self.a.pools[pool].shards[shard].clone(),
             barrier,
