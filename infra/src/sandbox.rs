@@ -62,7 +62,12 @@ pub fn sandboxed(command: &[String], readable: &[String]) -> Vec<String> {
     for d in SANDBOX_SYSTEM_DIRS {
         v.extend([s("--ro-bind-try"), s(d), s(d)]);
     }
-    v.extend(["--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp"].map(s));
+    v.extend(
+        [
+            "--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp",
+        ]
+        .map(s),
+    );
     // The program's own files: the directory of every absolute path on its command line.
     let own = command
         .iter()

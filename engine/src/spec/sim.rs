@@ -4,8 +4,8 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::pool::{BackendSpec, BuiltinModelSpec};
 use super::env::EnvSpec;
+use super::pool::{BackendSpec, BuiltinModelSpec};
 use super::reward::FunctionSpec;
 use super::trainer::TrainerSpec;
 use super::{JobSpec, Problems};

@@ -421,14 +421,20 @@ fn an_external_environment_takes_the_real_clock() {
     let s = parse(&text, Format::Toml).expect("valid");
     assert!(!s.all_simulated());
     assert_eq!(s.clock(), Clock::Real);
-    let errs = parse(&format!("{text}\n[sim]\nclock = \"virtual\"\n"), Format::Toml)
-        .expect_err("virtual clock with an external environment")
-        .0;
+    let errs = parse(
+        &format!("{text}\n[sim]\nclock = \"virtual\"\n"),
+        Format::Toml,
+    )
+    .expect_err("virtual clock with an external environment")
+    .0;
     assert!(
         errs.iter()
             .any(|e| e.field == "sim.clock" && e.message.contains("external environment")),
         "{errs:?}"
     );
     // Built-in environments stay on the virtual clock.
-    assert_eq!(parse(minimal(), Format::Toml).unwrap().clock(), Clock::Virtual);
+    assert_eq!(
+        parse(minimal(), Format::Toml).unwrap().clock(),
+        Clock::Virtual
+    );
 }
