@@ -19,7 +19,7 @@ use utoipa::{IntoParams, OpenApi, ToSchema};
 
 use crate::service::{JobEvent, Service, ServiceError};
 use crate::spec::{self, FieldError, Format};
-use crate::store::{JobRecord, JobState, TrajectoryRow};
+use crate::store::{JobRecord, JobState, TrainedFilter, TrajectoryRow};
 
 /// Largest accepted request body.
 pub const MAX_BODY_BYTES: usize = 1 << 20;
@@ -145,6 +145,8 @@ pub struct PageQuery {
     pub after: Option<i64>,
     /// Page size, 1..=1000 (default 100).
     pub limit: Option<usize>,
+    /// `true`: only rows a training step consumed; `false`: only rows none consumed.
+    pub trained: Option<bool>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -438,7 +440,12 @@ async fn trajectories(
     if s.store.get(&id)?.is_none() {
         return Err(ServiceError::NotFound(id).into());
     }
-    let rows = s.store.trajectories(&id, after, limit)?;
+    let filter = match q.trained {
+        None => TrainedFilter::All,
+        Some(true) => TrainedFilter::Trained,
+        Some(false) => TrainedFilter::Untrained,
+    };
+    let rows = s.store.trajectories(&id, after, limit, filter)?;
     let mut out = String::new();
     for r in &rows {
         out.push_str(&serde_json::to_string(r).unwrap_or_default());

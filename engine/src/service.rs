@@ -478,9 +478,15 @@ struct ServiceObserver {
 impl StepObserver for ServiceObserver {
     fn on_step(&self, m: &StepMetrics, batch: &Batch) -> Result<(), ObserverError> {
         let metrics = serde_json::to_value(m)?;
-        self.service
-            .store
-            .complete_step(&self.id, m.step + 1, &metrics)?;
+        self.service.store.complete_step(
+            &self.id,
+            m.step + 1,
+            &metrics,
+            &batch
+                .trajectories()
+                .map(|t| t.id.as_str())
+                .collect::<Vec<_>>(),
+        )?;
         self.service.metrics.record_step(m, batch);
         self.service.send(
             &self.id,

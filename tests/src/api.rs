@@ -574,3 +574,70 @@ async fn event_channels_exist_only_for_live_jobs() {
     assert!(r.text().await.unwrap().contains("succeeded"));
     assert_eq!(s.service.event_channels(), 0);
 }
+
+/// Hardening: every stored row says which training step consumed it, and the trajectories
+/// endpoint can page only trained (or only untrained) rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_record_the_step_that_trained_them() {
+    let s = TestServer::start().await;
+    let id = s
+        .client
+        .post(s.url("/v1/jobs"))
+        .body(small_job().toml())
+        .send()
+        .await
+        .unwrap()
+        .json::<serde_json::Value>()
+        .await
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let job = wait_job(&s.client, &s.url(""), &id, Duration::from_secs(60), |v| {
+        v["state"] == "succeeded" || v["state"] == "failed"
+    })
+    .await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let rows = |q: &'static str| {
+        let (client, url) = (
+            s.client.clone(),
+            s.url(&format!("/v1/jobs/{id}/trajectories?limit=1000{q}")),
+        );
+        async move {
+            client
+                .get(url)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+                .collect::<Vec<_>>()
+        }
+    };
+    let (all, trained, untrained) = (
+        rows("").await,
+        rows("&trained=true").await,
+        rows("&trained=false").await,
+    );
+    assert_eq!(all.len(), trained.len() + untrained.len());
+    // 3 steps × 2 groups × 4 trajectories, each step's batch marked with its step.
+    assert_eq!(trained.len(), 24, "trained rows");
+    let mut per_step = std::collections::BTreeMap::new();
+    for r in &trained {
+        *per_step
+            .entry(r["trained_step"].as_u64().unwrap())
+            .or_insert(0) += 1;
+        assert!(
+            r["trajectory"]["failure"].is_null(),
+            "a failed row was trained: {r}"
+        );
+    }
+    assert_eq!(
+        per_step,
+        std::collections::BTreeMap::from([(1, 8), (2, 8), (3, 8)])
+    );
+    assert!(untrained.iter().all(|r| r["trained_step"].is_null()));
+}
