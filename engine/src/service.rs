@@ -77,6 +77,11 @@ pub struct ServiceConfig {
     pub max_running: usize,
 }
 
+/// Attempts of one job during which the service process died, after which the job is failed
+/// at the next start instead of run again (a spec that takes the process down must not keep
+/// it crash-looping).
+pub const MAX_PROCESS_DEATHS: u64 = 2;
+
 /// The job manager behind the HTTP API.
 pub struct Service {
     pub store: Store,
@@ -136,6 +141,16 @@ impl Service {
         let mut n = 0;
         for j in self.store.unfinished()? {
             if j.state == JobState::Running {
+                let deaths = self.store.died_attempts(&j.id)?;
+                if deaths >= MAX_PROCESS_DEATHS {
+                    let why = format!(
+                        "the service process died during {deaths} attempts to run this job \
+                         (the limit is {MAX_PROCESS_DEATHS}); it is not run again"
+                    );
+                    tracing::error!(job = %j.id, deaths, "crash loop: failing the job");
+                    self.store.transition(&j.id, JobState::Failed, Some(&why))?;
+                    continue;
+                }
                 self.store.transition(
                     &j.id,
                     JobState::Queued,
@@ -323,6 +338,13 @@ impl Service {
         cancel: CancellationToken,
         interrupted: Arc<std::sync::atomic::AtomicBool>,
     ) {
+        // Recorded before anything of the job runs: an attempt that never ends is one during
+        // which the process died (see `recover`).
+        let attempt = self
+            .store
+            .start_attempt(&id)
+            .map_err(|e| tracing::error!(job = %id, error = %error_chain(&e), "could not record the attempt"))
+            .ok();
         // Per-resource timelines for jobs on real hardware (a simulated cluster has thousands
         // of resources; its report is the simulation summary).
         let timeline = spec.clock() == Clock::Real;
@@ -398,6 +420,12 @@ impl Service {
             }
             Err(e) => Some((JobState::Failed, Some(error_chain(e)))),
         };
+        if let Some(a) = attempt {
+            let ended = outcome.as_ref().map_or("interrupted", |o| o.0.as_str());
+            if let Err(e) = self.store.end_attempt(a, ended) {
+                tracing::error!(job = %id, error = %error_chain(&e), "could not record the attempt's end");
+            }
+        }
         if let Some((state, reason)) = outcome {
             if let Err(e) = self.store.transition(&id, state, reason.as_deref()) {
                 tracing::error!(job = %id, error = %e, "could not record the job's final state");

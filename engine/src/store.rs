@@ -157,6 +157,14 @@ CREATE TABLE IF NOT EXISTS trajectories (
   UNIQUE (job_id, traj_id)
 );
 CREATE INDEX IF NOT EXISTS trajectories_job ON trajectories (job_id, seq);
+CREATE TABLE IF NOT EXISTS attempts (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  job_id TEXT NOT NULL,
+  started_at_ms INTEGER NOT NULL,
+  ended_at_ms INTEGER,
+  outcome TEXT
+);
+CREATE INDEX IF NOT EXISTS attempts_job ON attempts (job_id, seq);
 ";
 
 /// Brings a store written by an earlier version up to the current schema.
@@ -394,6 +402,39 @@ impl Store {
         self.with(|c| {
             Ok(c.query_row(
                 "SELECT COUNT(*) FROM trajectories WHERE job_id = ?1",
+                [job],
+                |r| r.get::<_, i64>(0),
+            )? as u64)
+        })
+    }
+
+    /// Records that an attempt to run `job` starts now; returns its number.
+    pub fn start_attempt(&self, job: &str) -> Result<i64, StoreError> {
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO attempts (job_id, started_at_ms) VALUES (?1, ?2)",
+                params![job, now_ms()],
+            )?;
+            Ok(c.last_insert_rowid())
+        })
+    }
+
+    /// Records how an attempt ended (any way but the process dying).
+    pub fn end_attempt(&self, attempt: i64, outcome: &str) -> Result<(), StoreError> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE attempts SET ended_at_ms = ?1, outcome = ?2 WHERE seq = ?3",
+                params![now_ms(), outcome, attempt],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Attempts of `job` that never ended: the process died while running them.
+    pub fn died_attempts(&self, job: &str) -> Result<u64, StoreError> {
+        self.with(|c| {
+            Ok(c.query_row(
+                "SELECT COUNT(*) FROM attempts WHERE job_id = ?1 AND ended_at_ms IS NULL",
                 [job],
                 |r| r.get::<_, i64>(0),
             )? as u64)

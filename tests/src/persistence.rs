@@ -184,3 +184,57 @@ async fn sigterm_stops_intake_and_leaves_running_jobs_resumable() {
         "an interrupted job stays running, to resume at the next start"
     );
 }
+
+/// Hardening: a job during which the service process dies twice is failed at the next start
+/// (with the reason), instead of being resumed into the same death again and again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_keeps_killing_the_service_is_failed_not_crash_looped() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let kill = |s: Server| {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(s.child.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        drop(s);
+    };
+    let first = start(dir.path());
+    let id = client
+        .post(format!("{}/v1/jobs", first.base))
+        .body(slow_spec(1000))
+        .send()
+        .await
+        .unwrap()
+        .json::<serde_json::Value>()
+        .await
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut server = first;
+    for death in 1..=2u64 {
+        let seen = wait_job(&client, &server.base, &id, Duration::from_secs(60), |v| {
+            v["state"] == "running" && v["step"].as_u64().unwrap_or(0) >= death
+        })
+        .await;
+        assert_eq!(seen["state"], "running");
+        kill(server);
+        server = start(dir.path());
+        if death == 1 {
+            // One death: the job resumes.
+            let v = wait_job(&client, &server.base, &id, Duration::from_secs(60), |v| {
+                v["state"] == "running" || v["state"] == "failed"
+            })
+            .await;
+            assert_eq!(v["state"], "running", "{v}");
+        }
+    }
+    let v = wait_job(&client, &server.base, &id, Duration::from_secs(30), |v| {
+        v["state"] == "failed" || v["state"] == "succeeded"
+    })
+    .await;
+    assert_eq!(v["state"], "failed", "{v}");
+    let why = v["error"].as_str().unwrap_or_default();
+    assert!(why.contains("died during 2 attempts"), "{v}");
+}
