@@ -1,9 +1,92 @@
 //! `rollarc serve`: the HTTP server with graceful shutdown (signal → stop intake → drain
 //! under a grace deadline → interrupt the rest, which resume at the next start).
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
 use crate::service::{Service, ServiceConfig, ServiceError};
+
+/// Limits of the HTTP edge.
+#[derive(Clone, Copy, Debug)]
+pub struct EdgeLimits {
+    /// A client must send a request's headers within this (slow-header clients, idle
+    /// keep-alive connections are closed after it).
+    pub header_read_timeout: Duration,
+    /// Connections served at once; past it the server stops accepting until one closes (the
+    /// kernel's backlog holds the rest).
+    pub max_connections: usize,
+}
+
+impl Default for EdgeLimits {
+    fn default() -> Self {
+        Self {
+            header_read_timeout: Duration::from_secs(10),
+            max_connections: 1024,
+        }
+    }
+}
+
+/// Serves `app` on `listener` until `stop` is cancelled: HTTP/1.1 connections with a
+/// header-read timeout, at most `limits.max_connections` at once. On stop, the listener
+/// closes, every connection finishes its current request, and connections still open after
+/// `drain` (event streams) are dropped.
+pub async fn serve_on(
+    listener: TcpListener,
+    app: axum::Router,
+    limits: EdgeLimits,
+    stop: CancellationToken,
+    drain: Duration,
+) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        let permit = tokio::select! {
+            _ = stop.cancelled() => break,
+            p = permits.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+        };
+        let stream = tokio::select! {
+            _ = stop.cancelled() => break,
+            a = listener.accept() => match a {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let conn =
+            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+        let stop = stop.clone();
+        conns.spawn(async move {
+            let _permit = permit;
+            let mut conn = std::pin::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = stop.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+        });
+        while conns.try_join_next().is_some() {}
+    }
+    drop(listener);
+    let _ = tokio::time::timeout(drain, async { while conns.join_next().await.is_some() {} }).await;
+    conns.abort_all();
+}
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -39,13 +122,15 @@ pub async fn serve(addr: &str, cfg: ServiceConfig, grace: Duration) -> Result<()
     let local = listener.local_addr().map_err(listen_err)?;
     tracing::info!(addr = %local, data_dir = %cfg.data_dir.display(), "rollarc serving");
     let app = crate::api::router(service.clone());
-    let stop = tokio_util::sync::CancellationToken::new();
-    let stop2 = stop.clone();
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { stop2.cancelled().await })
-            .await
-    });
+    let stop = CancellationToken::new();
+    // Open event streams would hold the server: give them a moment, then go.
+    let server = tokio::spawn(serve_on(
+        listener,
+        app,
+        EdgeLimits::default(),
+        stop.clone(),
+        Duration::from_secs(2),
+    ));
     signalled.await;
     tracing::info!(
         grace_s = grace.as_secs_f64(),
@@ -53,8 +138,7 @@ pub async fn serve(addr: &str, cfg: ServiceConfig, grace: Duration) -> Result<()
     );
     let forced = service.shutdown(grace).await;
     stop.cancel();
-    // Open event streams would hold the server: give it a moment, then go.
-    let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
+    let _ = server.await;
     tracing::info!(interrupted = forced.len(), "rollarc stopped");
     Ok(())
 }

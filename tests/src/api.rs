@@ -641,3 +641,51 @@ async fn rows_record_the_step_that_trained_them() {
     );
     assert!(untrained.iter().all(|r| r["trained_step"].is_null()));
 }
+
+/// Hardening: clients that never finish their headers are disconnected after the header-read
+/// timeout, and connections beyond the cap wait instead of piling up (2,000 such clients used
+/// to be held indefinitely).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_clients_are_cut_off_and_connections_are_capped() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = TestServer::start_with(engine::server::EdgeLimits {
+        header_read_timeout: Duration::from_millis(500),
+        max_connections: 4,
+    })
+    .await;
+    // Four clients take every slot and never finish their headers.
+    let mut stalled = Vec::new();
+    for _ in 0..4 {
+        let mut c = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+        c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+        stalled.push(c);
+    }
+    // A fifth, well-behaved request waits for a slot; it is answered once the stalled ones
+    // are cut off, so by then every stalled connection has been closed by the server.
+    let r = tokio::time::timeout(
+        Duration::from_secs(20),
+        s.client.get(s.url("/healthz")).send(),
+    )
+    .await
+    .expect("answered once a slot frees")
+    .unwrap();
+    assert_eq!(r.status(), 200);
+    for mut c in stalled {
+        let mut buf = [0u8; 256];
+        // A closed connection reads EOF (or a 408 first, then EOF).
+        let n = tokio::time::timeout(Duration::from_secs(5), async {
+            let mut total = 0;
+            loop {
+                match c.read(&mut buf).await {
+                    Ok(0) | Err(_) => return total,
+                    Ok(n) => total += n,
+                }
+            }
+        })
+        .await
+        .expect("the server closed the slow connection");
+        assert!(n < 256, "unexpected response to an unfinished request");
+    }
+}

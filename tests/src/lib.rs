@@ -208,6 +208,11 @@ pub struct TestServer {
 
 impl TestServer {
     pub async fn start() -> Self {
+        Self::start_with(engine::server::EdgeLimits::default()).await
+    }
+
+    /// A server on the service's own connection loop with these edge limits.
+    pub async fn start_with(limits: engine::server::EdgeLimits) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let service = Service::open(&engine::service::ServiceConfig {
             data_dir: dir.path().to_path_buf(),
@@ -219,9 +224,14 @@ impl TestServer {
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let app = engine::api::router(service.clone());
-        let task = tokio::spawn(async move {
-            let _ = axum_serve(listener, app).await;
-        });
+        let stop = tokio_util::sync::CancellationToken::new();
+        let task = tokio::spawn(engine::server::serve_on(
+            listener,
+            app,
+            limits,
+            stop,
+            Duration::from_secs(1),
+        ));
         Self {
             addr,
             service,
@@ -234,10 +244,6 @@ impl TestServer {
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
     }
-}
-
-async fn axum_serve(listener: tokio::net::TcpListener, app: axum::Router) -> std::io::Result<()> {
-    axum::serve(listener, app).await
 }
 
 /// Polls `GET /v1/jobs/{id}` until `pred` holds or `timeout` passes.
