@@ -112,6 +112,22 @@ impl Service {
             source: e,
         })?;
         let store = Store::open(&cfg.data_dir.join("rollarc.db"))?;
+        // Before any process starts: end the function instances and environments a crash of
+        // the previous run left behind, and list the ones this run starts.
+        let ledger = cfg.data_dir.join("processes");
+        match infra::process::use_ledger(&ledger) {
+            Ok(0) => {}
+            Ok(n) => tracing::warn!(
+                groups = n,
+                "killed processes left behind by the previous run"
+            ),
+            Err(source) => {
+                return Err(ServiceError::DataDir {
+                    dir: ledger,
+                    source,
+                });
+            }
+        }
         Self::with_store(store, cfg.data_dir.clone(), cfg.max_running)
     }
 

@@ -238,3 +238,82 @@ async fn a_job_that_keeps_killing_the_service_is_failed_not_crash_looped() {
     let why = v["error"].as_str().unwrap_or_default();
     assert!(why.contains("died during 2 attempts"), "{v}");
 }
+
+/// Hardening: processes a SIGKILLed service started (here an external environment, as
+/// function instances are) do not outlive the next start: each group is listed in the data
+/// directory and killed when the service comes back (they used to keep running beside the
+/// new ones).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_left_by_a_killed_service_are_ended_at_the_next_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    // Each environment leaves a helper running in its group (it outlives the program's stdin).
+    let script = r#"sleep 300 &
+while read l; do
+case "$l" in
+  *reset*) echo '{"v":1,"ok":true,"observation":"go"}' ;;
+  *step*) sleep 0.05; echo '{"v":1,"ok":true,"observation":"","reward":1.0,"terminated":true,"info":{"success":true}}' ;;
+  *close*) echo '{"v":1,"ok":true}'; exit 0 ;;
+esac
+done"#;
+    let spec = tests::SpecBuilder::new()
+        .pool("h20", "H20", 1, "")
+        .raw_task(&format!("[[tasks]]\ndomain = \"ext\"\ngroup_size = 2\nmax_turns = 1\nenvs = 3\nenv = {{ kind = \"external\", sandbox = \"none\", command = [\"bash\", \"-c\", '''{script}'''] }}\n"))
+        .rollout("batch_size = 1")
+        .rollout("steps = 100000")
+        .toml();
+    let first = start(dir.path());
+    let id = client
+        .post(format!("{}/v1/jobs", first.base))
+        .body(spec)
+        .send()
+        .await
+        .unwrap()
+        .json::<serde_json::Value>()
+        .await
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    wait_job(&client, &first.base, &id, Duration::from_secs(60), |v| {
+        v["step"].as_u64().unwrap_or(0) >= 2
+    })
+    .await;
+    let ledger = dir.path().join("processes");
+    let groups: Vec<i32> = std::fs::read_dir(&ledger)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    assert!(
+        !groups.is_empty(),
+        "the running environments are not listed"
+    );
+    let alive = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+    };
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first.child.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    drop(first);
+    // Their helpers outlive the killed service (nothing else would end them).
+    assert!(
+        groups.iter().any(|&g| alive(g)),
+        "no environment survived the kill: the check below would prove nothing"
+    );
+    let second = start(dir.path());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while groups.iter().any(|&g| alive(g)) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "processes of the killed service still run: {:?}",
+            groups.iter().filter(|&&g| alive(g)).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = client
+        .post(format!("{}/v1/jobs/{id}/cancel", second.base))
+        .send()
+        .await;
+}
