@@ -10,6 +10,7 @@ pub mod faas;
 pub mod process;
 pub mod router;
 pub mod sandbox;
+pub mod seccomp;
 pub mod shutdown;
 pub mod telemetry;
 

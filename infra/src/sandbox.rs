@@ -45,9 +45,25 @@ pub fn sandboxed(command: &[String], readable: &[String]) -> Vec<String> {
     v.extend(SANDBOX_LIMITS.iter().map(|s| s.to_string()));
     v.push("--".into());
     let s = |x: &str| x.to_string();
+    // bubblewrap reads the seccomp filter from a descriptor: a shell opens the filter file as
+    // descriptor 9 and becomes bubblewrap. (`check_sandbox` fails when the file cannot be
+    // written, so a job never runs without the filter.)
+    let filter = crate::seccomp::filter_file().ok();
+    if let Some(f) = &filter {
+        v.extend([
+            s("sh"),
+            s("-c"),
+            s(r#"exec "$@" 9<"$0""#),
+            f.to_string_lossy().into_owned(),
+        ]);
+    }
+    if filter.is_some() {
+        v.extend([s("bwrap"), s("--seccomp"), s("9")]);
+    } else {
+        v.push(s("bwrap"));
+    }
     v.extend(
         [
-            "bwrap",
             "--unshare-net",
             "--unshare-pid",
             "--unshare-ipc",
@@ -113,6 +129,8 @@ pub fn sandboxed(command: &[String], readable: &[String]) -> Vec<String> {
 /// Why the sandbox cannot be set up here.
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
+    #[error("the sandbox's seccomp filter cannot be written to the temporary directory")]
+    Seccomp(#[source] std::io::Error),
     #[error(
         "bubblewrap cannot create its namespaces here ({status}); set sandbox = \"none\" to run without isolation"
     )]
@@ -131,6 +149,7 @@ const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 /// Whether the sandbox can be set up here: `bwrap` and `prlimit` are installed and bubblewrap
 /// can create its namespaces.
 pub fn check_sandbox() -> Result<(), SandboxError> {
+    crate::seccomp::filter_file().map_err(SandboxError::Seccomp)?;
     let probe = sandboxed(&["true".to_string()], &[]);
     let mut cmd = std::process::Command::new(&probe[0]);
     cmd.args(&probe[1..]);
