@@ -160,19 +160,7 @@ async fn oversized_bodies_unknown_jobs_and_bad_queries_are_4xx_json() {
         r.json::<serde_json::Value>().await.unwrap()["error"]["code"],
         "method_not_allowed"
     );
-    let id = s
-        .client
-        .post(s.url("/v1/jobs"))
-        .body(small_job().toml())
-        .send()
-        .await
-        .unwrap()
-        .json::<serde_json::Value>()
-        .await
-        .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = tests::submit_job(&s.client, &s.url(""), small_job().toml()).await;
     for q in ["limit=0", "limit=5000", "after=-3", "limit=abc"] {
         let r = s
             .client
@@ -191,19 +179,7 @@ async fn oversized_bodies_unknown_jobs_and_bad_queries_are_4xx_json() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_stops_a_running_job_and_a_second_cancel_conflicts() {
     let s = TestServer::start().await;
-    let id = s
-        .client
-        .post(s.url("/v1/jobs"))
-        .body(slow_job(1000))
-        .send()
-        .await
-        .unwrap()
-        .json::<serde_json::Value>()
-        .await
-        .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = tests::submit_job(&s.client, &s.url(""), slow_job(1000)).await;
     wait_job(&s.client, &s.url(""), &id, Duration::from_secs(30), |v| {
         v["step"].as_u64().unwrap_or(0) >= 1
     })
@@ -250,19 +226,7 @@ async fn cancel_stops_a_running_job_and_a_second_cancel_conflicts() {
 async fn event_stream_reports_state_changes_and_every_step() {
     use futures::StreamExt;
     let s = TestServer::start().await;
-    let id = s
-        .client
-        .post(s.url("/v1/jobs"))
-        .body(slow_job(4))
-        .send()
-        .await
-        .unwrap()
-        .json::<serde_json::Value>()
-        .await
-        .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = tests::submit_job(&s.client, &s.url(""), slow_job(4)).await;
     let r = s
         .client
         .get(s.url(&format!("/v1/jobs/{id}/events")))
@@ -327,19 +291,7 @@ async fn health_readiness_metrics_and_openapi() {
             .status(),
         200
     );
-    let id = s
-        .client
-        .post(s.url("/v1/jobs"))
-        .body(small_job().toml())
-        .send()
-        .await
-        .unwrap()
-        .json::<serde_json::Value>()
-        .await
-        .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = tests::submit_job(&s.client, &s.url(""), small_job().toml()).await;
     wait_job(&s.client, &s.url(""), &id, Duration::from_secs(60), |v| {
         v["state"] == "succeeded"
     })
@@ -423,19 +375,7 @@ async fn a_job_whose_trainer_dies_is_restarted_from_its_last_step() {
         .rollout("steps = 5")
         .extra("[sim]\ntrainer_panic_at_step = 2");
     let body = once.toml().replacen("steps = 3\n", "", 1);
-    let id = s
-        .client
-        .post(s.url("/v1/jobs"))
-        .body(body)
-        .send()
-        .await
-        .unwrap()
-        .json::<serde_json::Value>()
-        .await
-        .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = tests::submit_job(&s.client, &s.url(""), body).await;
     let job = wait_job(&s.client, &s.url(""), &id, Duration::from_secs(60), |v| {
         v["state"] == "succeeded" || v["state"] == "failed"
     })
@@ -449,19 +389,7 @@ async fn a_job_whose_trainer_dies_is_restarted_from_its_last_step() {
     );
     // A fault in every run exhausts the restart policy: the job fails with the reason.
     let always = small_job().extra("[sim]\ntrainer_panic_at_step = 1\ntrainer_panic_runs = 100");
-    let id = s
-        .client
-        .post(s.url("/v1/jobs"))
-        .body(always.toml())
-        .send()
-        .await
-        .unwrap()
-        .json::<serde_json::Value>()
-        .await
-        .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = tests::submit_job(&s.client, &s.url(""), always.toml()).await;
     let job = wait_job(&s.client, &s.url(""), &id, Duration::from_secs(60), |v| {
         v["state"] == "failed" || v["state"] == "succeeded"
     })
@@ -534,19 +462,7 @@ async fn event_channels_exist_only_for_live_jobs() {
         "unknown ids created channels"
     );
     // A subscriber of a running job holds one channel until the job ends.
-    let id = s
-        .client
-        .post(s.url("/v1/jobs"))
-        .body(slow_job(2))
-        .send()
-        .await
-        .unwrap()
-        .json::<serde_json::Value>()
-        .await
-        .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = tests::submit_job(&s.client, &s.url(""), slow_job(2)).await;
     let r = s
         .client
         .get(s.url(&format!("/v1/jobs/{id}/events")))
@@ -580,19 +496,7 @@ async fn event_channels_exist_only_for_live_jobs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_record_the_step_that_trained_them() {
     let s = TestServer::start().await;
-    let id = s
-        .client
-        .post(s.url("/v1/jobs"))
-        .body(small_job().toml())
-        .send()
-        .await
-        .unwrap()
-        .json::<serde_json::Value>()
-        .await
-        .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = tests::submit_job(&s.client, &s.url(""), small_job().toml()).await;
     let job = wait_job(&s.client, &s.url(""), &id, Duration::from_secs(60), |v| {
         v["state"] == "succeeded" || v["state"] == "failed"
     })

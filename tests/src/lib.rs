@@ -246,6 +246,25 @@ impl TestServer {
     }
 }
 
+/// Submits a job spec (TOML or JSON) to the service at `base`; returns the job's id.
+pub async fn submit_job(
+    client: &reqwest::Client,
+    base: &str,
+    body: impl Into<reqwest::Body>,
+) -> String {
+    let r = client
+        .post(format!("{base}/v1/jobs"))
+        .body(body)
+        .send()
+        .await
+        .expect("submit");
+    let v: serde_json::Value = r.json().await.expect("JSON answer");
+    v["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no job id in {v}"))
+        .to_string()
+}
+
 /// Polls `GET /v1/jobs/{id}` until `pred` holds or `timeout` passes.
 pub async fn wait_job(
     client: &reqwest::Client,

@@ -61,18 +61,7 @@ async fn sigkill_mid_job_loses_and_duplicates_nothing_and_the_job_resumes() {
     let client = reqwest::Client::new();
     let steps = 25u64;
     let first = start(dir.path());
-    let id = client
-        .post(format!("{}/v1/jobs", first.base))
-        .body(slow_spec(steps))
-        .send()
-        .await
-        .unwrap()
-        .json::<serde_json::Value>()
-        .await
-        .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = tests::submit_job(&client, &first.base, slow_spec(steps)).await;
     wait_job(&client, &first.base, &id, Duration::from_secs(60), |v| {
         v["step"].as_u64().unwrap_or(0) >= 3
     })
@@ -147,18 +136,7 @@ async fn sigterm_stops_intake_and_leaves_running_jobs_resumable() {
     let dir = tempfile::tempdir().unwrap();
     let client = reqwest::Client::new();
     let mut s = start(dir.path());
-    let id = client
-        .post(format!("{}/v1/jobs", s.base))
-        .body(slow_spec(1000))
-        .send()
-        .await
-        .unwrap()
-        .json::<serde_json::Value>()
-        .await
-        .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = tests::submit_job(&client, &s.base, slow_spec(1000)).await;
     wait_job(&client, &s.base, &id, Duration::from_secs(60), |v| {
         v["step"].as_u64().unwrap_or(0) >= 1
     })
@@ -200,18 +178,7 @@ async fn a_job_that_keeps_killing_the_service_is_failed_not_crash_looped() {
         drop(s);
     };
     let first = start(dir.path());
-    let id = client
-        .post(format!("{}/v1/jobs", first.base))
-        .body(slow_spec(1000))
-        .send()
-        .await
-        .unwrap()
-        .json::<serde_json::Value>()
-        .await
-        .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = tests::submit_job(&client, &first.base, slow_spec(1000)).await;
     let mut server = first;
     for death in 1..=2u64 {
         let seen = wait_job(&client, &server.base, &id, Duration::from_secs(60), |v| {
@@ -263,22 +230,19 @@ done"#;
         .rollout("steps = 100000")
         .toml();
     let first = start(dir.path());
-    let id = client
-        .post(format!("{}/v1/jobs", first.base))
-        .body(spec)
-        .send()
-        .await
-        .unwrap()
-        .json::<serde_json::Value>()
-        .await
-        .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = tests::submit_job(&client, &first.base, spec).await;
     wait_job(&client, &first.base, &id, Duration::from_secs(60), |v| {
         v["step"].as_u64().unwrap_or(0) >= 2
     })
     .await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first.child.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    drop(first);
+    // The ledger as the service left it: the groups it was running when it died (a group
+    // closed normally takes its entry with it).
     let ledger = dir.path().join("processes");
     let groups: Vec<i32> = std::fs::read_dir(&ledger)
         .unwrap()
@@ -288,15 +252,16 @@ done"#;
         !groups.is_empty(),
         "the running environments are not listed"
     );
-    let alive = |pid: i32| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+    // A group is alive while any of its processes is (field 5 of /proc/PID/stat: the group).
+    let alive = |pgid: i32| {
+        std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+            std::fs::read_to_string(e.path().join("stat")).is_ok_and(|s| {
+                let rest = &s[s.rfind(')').map_or(0, |i| i + 1)..];
+                let f: Vec<&str> = rest.split_whitespace().collect();
+                f.len() > 2 && f[0] != "Z" && f[2] == pgid.to_string()
+            })
+        })
     };
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(first.child.id() as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-    drop(first);
     // Their helpers outlive the killed service (nothing else would end them).
     assert!(
         groups.iter().any(|&g| alive(g)),

@@ -64,31 +64,27 @@ impl CostModel {
     /// batch `batch`: its prefill, and each decode token a decode step's share (a step serves
     /// every sequence of the batch).
     pub fn trajectory_cost(&self, p: usize, (prefill, decode): (f64, f64), batch: f64) -> f64 {
+        self.prefill_s(p, prefill) + decode * self.decode_step_s(p, prefill, decode, batch) / batch
+    }
+
+    /// Seconds of one decode step of pool `p` at `batch` sequences whose context is, on
+    /// average, half way through a trajectory of `(prefill, decode)` tokens.
+    fn decode_step_s(&self, p: usize, prefill: f64, decode: f64, batch: f64) -> f64 {
         let pool = &self.pools[p];
         let context = (prefill + decode) / 2.0;
-        let step = decode_step_seconds(
+        decode_step_seconds(
             &pool.device,
             &pool.model,
             Efficiency::default(),
             batch,
             batch * context,
-        );
-        self.prefill_s(p, prefill) + decode * step / batch
+        )
     }
 
     /// Seconds one trajectory of `(prefill, decode)` tokens takes on one shard of pool `p`:
     /// prefill, then each decode token a whole step at the pool's batch.
     pub fn trajectory_latency(&self, p: usize, (prefill, decode): (f64, f64), batch: f64) -> f64 {
-        let pool = &self.pools[p];
-        let context = (prefill + decode) / 2.0;
-        let step = decode_step_seconds(
-            &pool.device,
-            &pool.model,
-            Efficiency::default(),
-            batch,
-            batch * context,
-        );
-        self.prefill_s(p, prefill) + decode * step
+        self.prefill_s(p, prefill) + decode * self.decode_step_s(p, prefill, decode, batch)
     }
 
     /// Pools that take groups.
