@@ -230,8 +230,9 @@ impl Service {
         id: &str,
     ) -> Result<(JobEvent, Option<broadcast::Receiver<JobEvent>>), ServiceError> {
         let mut ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
-        // Read the state under the lock: a transition sends under it too, so none is missed
-        // between this read and the subscription.
+        // Read the state under the lock: a transition is stored before its event is sent
+        // under this lock, so one that this read misses reaches the new receiver (one it sees
+        // may arrive once more, which is harmless).
         let first = self
             .state_event(id)
             .ok_or_else(|| ServiceError::NotFound(id.to_string()))?;
