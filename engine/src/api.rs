@@ -8,7 +8,7 @@ use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, Extension, Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -17,6 +17,7 @@ use futures::Stream;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, OpenApi, ToSchema};
 
+use crate::access::{Access, Denied, Principal, Role};
 use crate::service::{JobEvent, Service, ServiceError};
 use crate::spec::{self, FieldError, Format};
 use crate::store::{JobRecord, JobState, TrainedFilter, TrajectoryRow};
@@ -35,7 +36,8 @@ pub struct ErrorBody {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ErrorDetail {
     /// Stable machine code: `invalid_spec`, `not_found`, `method_not_allowed`,
-    /// `body_too_large`, `bad_request`, `conflict`, `shutting_down`, `internal`.
+    /// `body_too_large`, `bad_request`, `unauthorized`, `forbidden`, `rate_limited`,
+    /// `conflict`, `shutting_down`, `internal`.
     pub code: &'static str,
     pub message: String,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -90,6 +92,12 @@ impl IntoResponse for ApiError {
             },
         };
         let mut r = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer realm=\"rollarc\""),
+            );
+        }
         if self.status == StatusCode::PAYLOAD_TOO_LARGE {
             // The unread body makes the connection unusable: tell the client not to pool it.
             r.headers_mut().insert(
@@ -239,7 +247,15 @@ pub struct DeviceView {
 )]
 pub struct ApiDoc;
 
+/// The API without access control (every caller is the local admin).
 pub fn router(service: Arc<Service>) -> Router {
+    router_with(service, Arc::new(Access::open()))
+}
+
+/// The API behind `access`: every route but `/healthz`, `/readyz`, `/openapi.json` (and
+/// `/metrics` when configured open) needs a token, and each request counts against its
+/// token's rate limit.
+pub fn router_with(service: Arc<Service>, access: Arc<Access>) -> Router {
     Router::new()
         .route("/v1/jobs", post(submit).get(list_jobs))
         .route("/v1/jobs/{id}", get(get_job))
@@ -254,7 +270,80 @@ pub fn router(service: Arc<Service>) -> Router {
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn_with_state(
+            access.clone(),
+            authorize,
+        ))
+        .layer(Extension(access))
         .with_state(service)
+}
+
+/// Routes anyone may call.
+fn is_open(path: &str, access: &Access) -> bool {
+    matches!(path, "/healthz" | "/readyz" | "/openapi.json")
+        || (path == "/metrics" && access.metrics_open())
+}
+
+/// Authenticates the caller (401 without a valid token, 429 over its rate) and hands the
+/// handlers its [`Principal`].
+async fn authorize(
+    State(access): State<Arc<Access>>,
+    mut req: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if is_open(req.uri().path(), &access) {
+        return next.run(req).await;
+    }
+    let auth = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    match access.authenticate(auth) {
+        Ok(p) => {
+            req.extensions_mut().insert(p);
+            next.run(req).await
+        }
+        Err(Denied::Unauthenticated(why)) => {
+            ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", why).into_response()
+        }
+        Err(Denied::RateLimited { retry_after_s }) => {
+            let mut r = ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limited",
+                format!("too many requests for this token; retry in {retry_after_s} s"),
+            )
+            .into_response();
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, retry_after_s.into());
+            r
+        }
+    }
+}
+
+/// 403 unless the caller has at least `role`.
+fn require(p: &Principal, role: Role) -> Result<(), ApiError> {
+    if p.role >= role {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!(
+                "this token's role ({:?}) may not do this; it needs {role:?}",
+                p.role
+            )
+            .to_lowercase(),
+        ))
+    }
+}
+
+/// The job `id` if the caller may see it; another owner's job is as absent as a missing one
+/// (404: ids of other owners are not revealed).
+fn visible_job(s: &Service, p: &Principal, id: &str) -> Result<JobRecord, ApiError> {
+    match s.store.get(id)? {
+        Some(j) if p.owns(j.owner.as_deref()) => Ok(j),
+        _ => Err(ServiceError::NotFound(id.to_string()).into()),
+    }
 }
 
 fn body_format(headers: &HeaderMap, body: &str) -> Format {
@@ -278,9 +367,12 @@ fn body_format(headers: &HeaderMap, body: &str) -> Format {
     responses((status = 201, body = Created), (status = 400, body = ErrorBody), (status = 413, body = ErrorBody), (status = 503, body = ErrorBody)))]
 async fn submit(
     State(s): State<Arc<Service>>,
+    Extension(p): Extension<Principal>,
+    Extension(access): Extension<Arc<Access>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<Created>), ApiError> {
+    require(&p, Role::Submit)?;
     let body = body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::new(
@@ -301,36 +393,53 @@ async fn submit(
         fields: e.0,
         cause: None,
     })?;
-    let id = s.submit(spec)?;
+    let denied = access.check_programs(&spec);
+    if !denied.is_empty() {
+        return Err(ApiError {
+            status: StatusCode::FORBIDDEN,
+            code: "forbidden",
+            message: format!(
+                "the service policy does not allow {} program(s) of this spec",
+                denied.len()
+            ),
+            fields: denied,
+            cause: None,
+        });
+    }
+    let id = s.submit_as(spec, p.owner())?;
     Ok((StatusCode::CREATED, Json(Created { id })))
 }
 
 /// List jobs, oldest first.
 #[utoipa::path(get, path = "/v1/jobs", responses((status = 200, body = JobList)))]
-async fn list_jobs(State(s): State<Arc<Service>>) -> Result<Json<JobList>, ApiError> {
-    Ok(Json(JobList {
-        jobs: s.store.list()?,
-    }))
+async fn list_jobs(
+    State(s): State<Arc<Service>>,
+    Extension(p): Extension<Principal>,
+) -> Result<Json<JobList>, ApiError> {
+    let mut jobs = s.store.list()?;
+    jobs.retain(|j| p.owns(j.owner.as_deref()));
+    Ok(Json(JobList { jobs }))
 }
 
 /// One job: state, step, steps, latest metrics.
 #[utoipa::path(get, path = "/v1/jobs/{id}", params(("id" = String, Path, description = "job id")), responses((status = 200, body = JobRecord), (status = 404, body = ErrorBody)))]
 async fn get_job(
     State(s): State<Arc<Service>>,
+    Extension(p): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<Json<JobRecord>, ApiError> {
-    s.store
-        .get(&id)?
-        .map(Json)
-        .ok_or_else(|| ServiceError::NotFound(id).into())
+    visible_job(&s, &p, &id).map(Json)
 }
 
 /// Cancel a queued or running job.
 #[utoipa::path(post, path = "/v1/jobs/{id}/cancel", params(("id" = String, Path, description = "job id")), responses((status = 202, body = JobRecord), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 async fn cancel_job(
     State(s): State<Arc<Service>>,
+    Extension(p): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<JobRecord>), ApiError> {
+    visible_job(&s, &p, &id)?;
+    require(&p, Role::Submit)?;
     s.cancel(&id)?;
     let j = s
         .store
@@ -344,8 +453,10 @@ async fn cancel_job(
 #[utoipa::path(get, path = "/v1/jobs/{id}/events", params(("id" = String, Path, description = "job id")), responses((status = 200, description = "text/event-stream of JobEvent"), (status = 404, body = ErrorBody)))]
 async fn job_events(
     State(s): State<Arc<Service>>,
+    Extension(p): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    visible_job(&s, &p, &id)?;
     let (first, rx) = s.subscribe(&id)?;
     let stream = async_stream(move |tx| async move {
         let terminal =
@@ -408,6 +519,7 @@ where
 #[utoipa::path(get, path = "/v1/jobs/{id}/trajectories", params(("id" = String, Path, description = "job id"), PageQuery), responses((status = 200, description = "application/x-ndjson of TrajectoryRow"), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 async fn trajectories(
     State(s): State<Arc<Service>>,
+    Extension(p): Extension<Principal>,
     Path(id): Path<String>,
     q: Result<Query<PageQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
@@ -437,9 +549,7 @@ async fn trajectories(
             ..ApiError::new(StatusCode::BAD_REQUEST, "bad_request", "negative cursor")
         });
     }
-    if s.store.get(&id)?.is_none() {
-        return Err(ServiceError::NotFound(id).into());
-    }
+    visible_job(&s, &p, &id)?;
     let filter = match q.trained {
         None => TrainedFilter::All,
         Some(true) => TrainedFilter::Trained,
@@ -467,13 +577,19 @@ async fn trajectories(
 
 /// Pools, shards, environments and functions of the running jobs, and the device catalogue.
 #[utoipa::path(get, path = "/v1/cluster", responses((status = 200, body = Cluster)))]
-async fn cluster(State(s): State<Arc<Service>>) -> Result<Json<Cluster>, ApiError> {
+async fn cluster(
+    State(s): State<Arc<Service>>,
+    Extension(p): Extension<Principal>,
+) -> Result<Json<Cluster>, ApiError> {
     let mut jobs = Vec::new();
     for id in s.running_ids() {
         let Some(spec) = s.store.spec(&id)? else {
             continue;
         };
         let rec = s.store.get(&id)?;
+        if !rec.as_ref().is_some_and(|r| p.owns(r.owner.as_deref())) {
+            continue;
+        }
         let metrics = rec.map(|r| r.metrics).unwrap_or_default();
         let knobs = spec.knobs();
         jobs.push(ClusterJob {

@@ -25,6 +25,8 @@ pub enum WatchError {
         status: reqwest::StatusCode,
         body: String,
     },
+    #[error("the token is not a valid HTTP header value")]
+    BadToken,
 }
 
 /// Why `rollarc sim` failed.
@@ -171,10 +173,31 @@ pub async fn watch_events_with(
     last
 }
 
+/// The HTTP client of the client commands: sends `token` as a bearer token on every request.
+pub fn api_client(token: Option<&str>) -> Result<reqwest::Client, WatchError> {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(t) = token {
+        let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {t}"))
+            .map_err(|_| WatchError::BadToken)?;
+        v.set_sensitive(true);
+        headers.insert(reqwest::header::AUTHORIZATION, v);
+    }
+    Ok(reqwest::Client::builder()
+        .default_headers(headers)
+        .build()?)
+}
+
 /// Follows a remote job's server-sent events.
-pub async fn watch_remote(server: &str, id: &str) -> Result<std::process::ExitCode, WatchError> {
+pub async fn watch_remote(
+    client: &reqwest::Client,
+    server: &str,
+    id: &str,
+) -> Result<std::process::ExitCode, WatchError> {
     use futures::StreamExt;
-    let r = reqwest::get(format!("{server}/v1/jobs/{id}/events")).await?;
+    let r = client
+        .get(format!("{server}/v1/jobs/{id}/events"))
+        .send()
+        .await?;
     let status = r.status();
     if !status.is_success() {
         let body = r.text().await?;

@@ -5,6 +5,7 @@
 //! Architecture invariant: the HTTP and storage types live here and nowhere else; the actors
 //! crate sees storage only through `TrajectorySink`.
 
+pub mod access;
 pub mod api;
 pub mod bench;
 pub mod cli;

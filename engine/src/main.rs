@@ -22,6 +22,9 @@ struct Cli {
         default_value = "http://127.0.0.1:8080"
     )]
     server: String,
+    /// Bearer token of the client commands (a service with `[access]` tokens needs one).
+    #[arg(long, global = true, env = "ROLLARC_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -36,9 +39,22 @@ enum Cmd {
         /// Directory of the store (overrides the config file).
         #[arg(long)]
         data_dir: Option<PathBuf>,
-        /// Service config (TOML: addr, data_dir, max_running, grace_s).
+        /// Service config (TOML: addr, data_dir, max_running, grace_s, insecure_public,
+        /// [access] tokens / metrics / rate_limit, [policy] executables / allow_unsandboxed).
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Listen on a non-loopback address even without access tokens.
+        #[arg(long)]
+        insecure_public: bool,
+    },
+    /// Print a new API token and the `[[access.tokens]]` entry (its SHA-256) for the service
+    /// config. The token is shown once; the config keeps only its digest.
+    Token {
+        #[arg(long)]
+        name: String,
+        /// read, submit or admin.
+        #[arg(long, default_value = "submit")]
+        role: String,
     },
     /// Submit a job spec (TOML or JSON) to a running service.
     Submit { file: PathBuf },
@@ -130,6 +146,12 @@ struct ServeConfig {
     data_dir: Option<PathBuf>,
     max_running: Option<usize>,
     grace_s: Option<f64>,
+    #[serde(default)]
+    insecure_public: bool,
+    #[serde(default)]
+    access: engine::access::AccessConfig,
+    #[serde(default)]
+    policy: engine::access::ProgramPolicy,
 }
 
 fn read_spec(file: &PathBuf) -> anyhow::Result<JobSpec> {
@@ -194,16 +216,21 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let server = cli.server;
+    let client = || engine::cli::api_client(cli.token.as_deref());
     match cli.cmd {
         Cmd::Serve {
             addr,
             data_dir,
             config,
-        } => serve(addr, data_dir, config),
-        Cmd::Submit { file } => submit(&server, &file),
-        Cmd::Status { id } => status(&server, id),
-        Cmd::Cancel { id } => cancel(&server, &id),
-        Cmd::Watch { id } => Ok(runtime()?.block_on(engine::cli::watch_remote(&server, &id))?),
+            insecure_public,
+        } => serve(addr, data_dir, config, insecure_public),
+        Cmd::Token { name, role } => token(&name, &role),
+        Cmd::Submit { file } => submit(&client()?, &server, &file),
+        Cmd::Status { id } => status(&client()?, &server, id),
+        Cmd::Cancel { id } => cancel(&client()?, &server, &id),
+        Cmd::Watch { id } => {
+            Ok(runtime()?.block_on(engine::cli::watch_remote(&client()?, &server, &id))?)
+        }
         Cmd::Run {
             file,
             data_dir,
@@ -262,10 +289,24 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
+fn token(name: &str, role: &str) -> anyhow::Result<ExitCode> {
+    let role: engine::access::Role = serde_json::from_value(serde_json::json!(role))
+        .with_context(|| format!("--role must be read, submit or admin, got {role:?}"))?;
+    let token = engine::access::new_token().map_err(|_| anyhow::anyhow!("no system randomness"))?;
+    println!("token (give it to the client, e.g. ROLLARC_TOKEN=…; it is not stored):\n  {token}");
+    println!("service config entry:");
+    println!("[[access.tokens]]");
+    println!("name = {name:?}");
+    println!("role = {:?}", format!("{role:?}").to_lowercase());
+    println!("sha256 = {:?}", engine::access::hash_token(&token));
+    Ok(ExitCode::SUCCESS)
+}
+
 fn serve(
     addr: Option<String>,
     data_dir: Option<PathBuf>,
     config: Option<PathBuf>,
+    insecure_public: bool,
 ) -> anyhow::Result<ExitCode> {
     let cfg: ServeConfig = match config {
         Some(p) => toml::from_str(
@@ -287,18 +328,27 @@ fn serve(
     }
     let grace = Duration::from_secs_f64(grace_s);
     let max_running = cfg.max_running.unwrap_or(2);
-    runtime()?.block_on(engine::server::serve(
+    let access =
+        engine::access::Access::new(&cfg.access, cfg.policy).context("invalid service config")?;
+    let rt = runtime()?;
+    rt.block_on(engine::server::check_exposure(
+        &addr,
+        &access,
+        insecure_public || cfg.insecure_public,
+    ))?;
+    rt.block_on(engine::server::serve(
         &addr,
         ServiceConfig {
             data_dir,
             max_running,
         },
         grace,
+        access,
     ))?;
     Ok(ExitCode::SUCCESS)
 }
 
-fn submit(server: &str, file: &PathBuf) -> anyhow::Result<ExitCode> {
+fn submit(client: &reqwest::Client, server: &str, file: &PathBuf) -> anyhow::Result<ExitCode> {
     let body =
         std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
     let ct = if file.extension().is_some_and(|e| e == "json") {
@@ -307,7 +357,7 @@ fn submit(server: &str, file: &PathBuf) -> anyhow::Result<ExitCode> {
         "application/toml"
     };
     runtime()?.block_on(async {
-        let r = reqwest::Client::new()
+        let r = client
             .post(format!("{server}/v1/jobs"))
             .header("content-type", ct)
             .body(body)
@@ -323,13 +373,13 @@ fn submit(server: &str, file: &PathBuf) -> anyhow::Result<ExitCode> {
     })
 }
 
-fn status(server: &str, id: Option<String>) -> anyhow::Result<ExitCode> {
+fn status(client: &reqwest::Client, server: &str, id: Option<String>) -> anyhow::Result<ExitCode> {
     runtime()?.block_on(async {
         let url = match id {
             Some(id) => format!("{server}/v1/jobs/{id}"),
             None => format!("{server}/v1/jobs"),
         };
-        let r = reqwest::get(url).await?;
+        let r = client.get(url).send().await?;
         let status = r.status();
         let v: serde_json::Value = r.json().await?;
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -337,9 +387,9 @@ fn status(server: &str, id: Option<String>) -> anyhow::Result<ExitCode> {
     })
 }
 
-fn cancel(server: &str, id: &str) -> anyhow::Result<ExitCode> {
+fn cancel(client: &reqwest::Client, server: &str, id: &str) -> anyhow::Result<ExitCode> {
     runtime()?.block_on(async {
-        let r = reqwest::Client::new()
+        let r = client
             .post(format!("{server}/v1/jobs/{id}/cancel"))
             .send()
             .await?;

@@ -9,6 +9,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::access::Access;
 use crate::service::{Service, ServiceConfig, ServiceError};
 
 /// Limits of the HTTP edge.
@@ -99,9 +100,46 @@ pub enum ServerError {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "refusing to listen on {addr} (not a loopback address) without access tokens: anyone \
+         who reaches it could run programs here. Configure [access] tokens, or pass \
+         --insecure-public / set insecure_public = true to accept that"
+    )]
+    PublicWithoutTokens { addr: String },
 }
 
-pub async fn serve(addr: &str, cfg: ServiceConfig, grace: Duration) -> Result<(), ServerError> {
+/// Refuses a listen address that other machines can reach when the service has no tokens,
+/// unless `insecure_public`.
+pub async fn check_exposure(
+    addr: &str,
+    access: &Access,
+    insecure_public: bool,
+) -> Result<(), ServerError> {
+    if access.enabled() || insecure_public {
+        return Ok(());
+    }
+    let addrs: Vec<std::net::SocketAddr> = tokio::net::lookup_host(addr)
+        .await
+        .map_err(|source| ServerError::Listen {
+            addr: addr.to_string(),
+            source,
+        })?
+        .collect();
+    if addrs.is_empty() || addrs.iter().any(|a| !a.ip().is_loopback()) {
+        return Err(ServerError::PublicWithoutTokens {
+            addr: addr.to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// Runs the service on `addr` until SIGTERM/SIGINT, behind `access`.
+pub async fn serve(
+    addr: &str,
+    cfg: ServiceConfig,
+    grace: Duration,
+    access: Access,
+) -> Result<(), ServerError> {
     // Handlers first: a signal that arrives during start-up still stops the server cleanly.
     let signalled = infra::shutdown::signal();
     let service = Service::open(&cfg)?;
@@ -121,7 +159,7 @@ pub async fn serve(addr: &str, cfg: ServiceConfig, grace: Duration) -> Result<()
         .map_err(listen_err)?;
     let local = listener.local_addr().map_err(listen_err)?;
     tracing::info!(addr = %local, data_dir = %cfg.data_dir.display(), "rollarc serving");
-    let app = crate::api::router(service.clone());
+    let app = crate::api::router_with(service.clone(), Arc::new(access));
     let stop = CancellationToken::new();
     // Open event streams would hold the server: give them a moment, then go.
     let server = tokio::spawn(serve_on(

@@ -180,11 +180,20 @@ impl Service {
     }
 
     pub fn submit(self: &Arc<Self>, spec: JobSpec) -> Result<String, ServiceError> {
+        self.submit_as(spec, None)
+    }
+
+    /// Accepts a job owned by `owner` (the submitting token's name).
+    pub fn submit_as(
+        self: &Arc<Self>,
+        spec: JobSpec,
+        owner: Option<&str>,
+    ) -> Result<String, ServiceError> {
         if self.intake.is_cancelled() {
             return Err(ServiceError::ShuttingDown);
         }
         let steps = spec.knobs().steps;
-        let id = self.store.create_job(&spec, steps)?;
+        let id = self.store.create_job(&spec, steps, owner)?;
         self.metrics.jobs_submitted.add(1, &[]);
         self.emit_state(&id);
         self.dispatch();

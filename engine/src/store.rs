@@ -78,6 +78,8 @@ pub struct JobRecord {
     pub error: Option<String>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+    /// Name of the token that submitted the job (none: submitted without access control).
+    pub owner: Option<String>,
 }
 
 /// A trajectory row as served by the trajectories endpoint.
@@ -133,7 +135,8 @@ CREATE TABLE IF NOT EXISTS jobs (
   metrics TEXT NOT NULL DEFAULT '{}',
   error TEXT,
   created_at_ms INTEGER NOT NULL,
-  updated_at_ms INTEGER NOT NULL
+  updated_at_ms INTEGER NOT NULL,
+  owner TEXT
 );
 CREATE TABLE IF NOT EXISTS transitions (
   seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -177,6 +180,14 @@ fn migrate(conn: &Connection) -> Result<(), StoreError> {
     if !has_trained {
         conn.execute_batch("ALTER TABLE trajectories ADD COLUMN trained_step INTEGER")?;
     }
+    let has_owner: bool = conn.query_row(
+        "SELECT COUNT(*) FROM pragma_table_info('jobs') WHERE name = 'owner'",
+        [],
+        |r| r.get::<_, i64>(0),
+    )? > 0;
+    if !has_owner {
+        conn.execute_batch("ALTER TABLE jobs ADD COLUMN owner TEXT")?;
+    }
     Ok(())
 }
 
@@ -213,15 +224,21 @@ impl Store {
         f(&mut c)
     }
 
-    /// Inserts a queued job; returns its id (`job-N`, N the insertion sequence).
-    pub fn create_job(&self, spec: &JobSpec, steps: u64) -> Result<String, StoreError> {
+    /// Inserts a queued job owned by `owner`; returns its id (`job-N`, N the insertion
+    /// sequence).
+    pub fn create_job(
+        &self,
+        spec: &JobSpec,
+        steps: u64,
+        owner: Option<&str>,
+    ) -> Result<String, StoreError> {
         let spec_json = serde_json::to_string(spec)?;
         self.with(|c| {
             let tx = c.transaction()?;
             let t = now_ms();
             tx.execute(
-                "INSERT INTO jobs (id, name, spec, state, steps, created_at_ms, updated_at_ms) VALUES ('pending', ?1, ?2, 'queued', ?3, ?4, ?4)",
-                params![spec.name, spec_json, steps as i64, t],
+                "INSERT INTO jobs (id, name, spec, state, steps, created_at_ms, updated_at_ms, owner) VALUES ('pending', ?1, ?2, 'queued', ?3, ?4, ?4, ?5)",
+                params![spec.name, spec_json, steps as i64, t, owner],
             )?;
             let seq = tx.last_insert_rowid();
             let id = format!("job-{seq}");
@@ -314,7 +331,7 @@ impl Store {
     pub fn get(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
         self.with(|c| {
             let row = c
-                .query_row("SELECT id, name, state, step, steps, metrics, error, created_at_ms, updated_at_ms FROM jobs WHERE id = ?1", [id], row_to_job)
+                .query_row("SELECT id, name, state, step, steps, metrics, error, created_at_ms, updated_at_ms, owner FROM jobs WHERE id = ?1", [id], row_to_job)
                 .optional()?;
             row.map(finish_job).transpose()
         })
@@ -322,7 +339,7 @@ impl Store {
 
     pub fn list(&self) -> Result<Vec<JobRecord>, StoreError> {
         self.with(|c| {
-            let mut st = c.prepare("SELECT id, name, state, step, steps, metrics, error, created_at_ms, updated_at_ms FROM jobs ORDER BY seq")?;
+            let mut st = c.prepare("SELECT id, name, state, step, steps, metrics, error, created_at_ms, updated_at_ms, owner FROM jobs ORDER BY seq")?;
             let rows = st.query_map([], row_to_job)?.collect::<Result<Vec<_>, _>>()?;
             rows.into_iter().map(finish_job).collect()
         })
@@ -476,6 +493,7 @@ type RawJob = (
     Option<String>,
     i64,
     i64,
+    Option<String>,
 );
 
 fn row_to_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawJob> {
@@ -489,11 +507,12 @@ fn row_to_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawJob> {
         r.get(6)?,
         r.get(7)?,
         r.get(8)?,
+        r.get(9)?,
     ))
 }
 
 fn finish_job(
-    (id, name, state, step, steps, metrics, error, created_at_ms, updated_at_ms): RawJob,
+    (id, name, state, step, steps, metrics, error, created_at_ms, updated_at_ms, owner): RawJob,
 ) -> Result<JobRecord, StoreError> {
     Ok(JobRecord {
         id,
@@ -505,6 +524,7 @@ fn finish_job(
         error,
         created_at_ms,
         updated_at_ms,
+        owner,
     })
 }
 

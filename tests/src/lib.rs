@@ -213,6 +213,18 @@ impl TestServer {
 
     /// A server on the service's own connection loop with these edge limits.
     pub async fn start_with(limits: engine::server::EdgeLimits) -> Self {
+        Self::start_full(limits, engine::access::Access::open()).await
+    }
+
+    /// A server behind `access` (tokens, rate limits, program policy).
+    pub async fn start_with_access(access: engine::access::Access) -> Self {
+        Self::start_full(engine::server::EdgeLimits::default(), access).await
+    }
+
+    async fn start_full(
+        limits: engine::server::EdgeLimits,
+        access: engine::access::Access,
+    ) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let service = Service::open(&engine::service::ServiceConfig {
             data_dir: dir.path().to_path_buf(),
@@ -223,7 +235,7 @@ impl TestServer {
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let app = engine::api::router(service.clone());
+        let app = engine::api::router_with(service.clone(), Arc::new(access));
         let stop = tokio_util::sync::CancellationToken::new();
         let task = tokio::spawn(engine::server::serve_on(
             listener,

@@ -1,5 +1,6 @@
 //! Integration tests, one binary (see the harness in lib.rs).
 
+mod access;
 mod api;
 mod builtin;
 mod code_judge;
