@@ -28,6 +28,7 @@ pub mod dist;
 pub mod env;
 pub mod episode;
 pub mod error;
+pub mod fault;
 pub mod generation;
 pub mod model;
 pub mod reward;

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use actors::reward::{FunctionReward, SharedScorer};
 use functions::client::FunctionClient;
-use infra::faas::{DeploymentConfig, DeploymentStatus, FunctionRuntime, Scaling};
+use infra::faas::{Deployment, DeploymentConfig, DeploymentStatus, FunctionRuntime, Scaling};
 use infra::router::{Router, RouterConfig, RouterSnapshot, Target};
 use serde::Serialize;
 
@@ -166,14 +166,15 @@ impl FunctionHub {
         m.entry(key.to_string()).or_insert_with(make).clone()
     }
 
-    /// The deployment (or URL) and router for one of a job's reward functions.
+    /// The deployment (or URL) and router for one of a job's reward functions; the
+    /// deployment too when the function runs here (to watch its instances).
     pub fn scorer(
         &self,
         job: &str,
         name: &str,
         spec: &FunctionSpec,
         placement: RewardPlacement,
-    ) -> Result<SharedScorer, HubError> {
+    ) -> Result<(SharedScorer, Option<Arc<Deployment>>), HubError> {
         let (mut dep, mut scaling, timeout_s, range, hedge) = match spec {
             FunctionSpec::Sim { .. } => {
                 return Err(HubError::Simulated { name: name.into() });
@@ -195,7 +196,7 @@ impl FunctionHub {
                         },
                     )
                 });
-                return Ok(reward(job, name, router, *range, *timeout_s));
+                return Ok((reward(job, name, router, *range, *timeout_s), None));
             }
             FunctionSpec::Builtin {
                 function,
@@ -262,7 +263,10 @@ impl FunctionHub {
                 },
             )
         });
-        Ok(reward(job, name, router, range, timeout_s))
+        Ok((
+            reward(job, name, router, range, timeout_s),
+            Some(deployment),
+        ))
     }
 
     /// Removes the job's dedicated deployments (shared ones stay and scale to zero).

@@ -5,6 +5,7 @@ mod api;
 mod builtin;
 mod code_judge;
 mod envs;
+mod faults;
 mod persistence;
 mod reward_functions;
 mod scheduler;

@@ -41,6 +41,22 @@ pub struct EpisodeTask {
     pub allowed_tokens: Option<Arc<[u32]>>,
     /// The prompt is re-rendered every turn: no prefix survives between turns.
     pub rewrite_context: bool,
+    /// The job's fault budgets; environment calls count against `environments of task …`.
+    pub faults: Option<Arc<crate::fault::Faults>>,
+}
+
+impl EpisodeTask {
+    /// Counts an environment call's outcome against the task's fault budget.
+    fn env_outcome<T>(&self, r: &Result<T, EnvError>) {
+        let Some(f) = &self.faults else {
+            return;
+        };
+        let dependency = format!("environments of task `{}`", self.domain);
+        match r {
+            Ok(_) => f.ok(&dependency),
+            Err(e) => f.failed(&dependency, &infra::error_chain(e)),
+        }
+    }
 }
 
 /// One episode to drive.
@@ -161,6 +177,7 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
         .instrument(tracing::trace_span!("env.reset"))
         .await;
     traj.timings.reset_s = secs(t);
+    task.env_outcome(&first);
     let mut obs = match first {
         Ok(o) => o,
         Err(e) => {
@@ -207,6 +224,7 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
             .instrument(tracing::trace_span!(parent: &turn_span, "env.step"))
             .await;
         traj.timings.env_step_s += secs(t);
+        task.env_outcome(&stepped);
         match stepped {
             Ok(s) => {
                 turn.env_reward = s.reward;

@@ -105,9 +105,15 @@ async fn next_batch(
     step: u64,
 ) -> Result<Batch, JobError> {
     let mut escalated = report.escalated.subscribe();
+    let mut faults = a.faults.subscribe();
     tokio::select! {
         biased;
         _ = job.cancel.cancelled() => Err(JobError::Cancelled),
+        f = faults.wait_for(|f| f.is_some()) => match f.ok().and_then(|f| f.clone()) {
+            Some(fault) => Err(fault.into()),
+            // The budgets outlive the driver: a closed channel cannot happen here.
+            None => Err(JobError::Escalated("the fault budgets were dropped".into())),
+        },
         r = escalated.wait_for(|e| e.is_some()) => {
             let why = r.map(|e| e.clone().unwrap_or_default()).unwrap_or_default();
             Err(JobError::Escalated(why))

@@ -54,6 +54,9 @@ pub enum JobError {
     },
     #[error("an actor of the job failed beyond its restart policy: {0}")]
     Escalated(String),
+    /// A reward function or a task's environments kept failing past the fault budget.
+    #[error(transparent)]
+    Dependency(#[from] actors::fault::Fault),
     #[error("the job runtime panicked: {0}")]
     Panicked(String),
     #[error("the job was cancelled")]

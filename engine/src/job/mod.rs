@@ -140,5 +140,9 @@ async fn run_plan(
             what: "scheduler",
             source: actors::call::CallError::Stopped,
         })?;
-    driver::drive(job, &knobs, &a, report, hub, started).await
+    let out = driver::drive(job, &knobs, &a, report, hub, started).await;
+    if let Some(w) = a.crash_watch.take() {
+        w.abort();
+    }
+    out
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use actors::buffer::{BufferArgs, BufferMsg, SampleBuffer};
 use actors::env::{EnvCounters, EnvPool};
 use actors::episode::EpisodeTask;
+use actors::fault::{Fault, FaultPolicy, Faults, GuardedScorer};
 use actors::generation::shard::{EngineFactory, ShardActor, ShardArgs, ShardHandle};
 use actors::generation::sim::SimEngine;
 use actors::generation::{InFlightPolicy, LoopPlacement};
@@ -17,6 +18,7 @@ use actors::model::runtime::{BuiltinParts, FailedEngine};
 use actors::reward::{EnvRewardPassThrough, SharedScorer, SimFunction, SimReward};
 use actors::trainer::{Trainer, TrainerActor, TrainerArgs, TrainerMsg};
 use actors::weights::{WeightStore, WeightStoreArgs, WeightStoreMsg, Weights};
+use infra::faas::Deployment;
 use ractor::{Actor, ActorCell, ActorRef};
 
 use super::metrics::PoolShards;
@@ -39,7 +41,16 @@ pub(super) struct JobActors {
     pub scheduler: ActorRef<SchedMsg>,
     pub env_counters: Vec<(String, Arc<EnvCounters>)>,
     pub tasks: Vec<EpisodeTask>,
+    /// Fault budgets of the reward functions and environments; the driver fails the job on
+    /// the first broken one.
+    pub faults: Arc<Faults>,
+    /// Watches the job's function deployments for crash loops (aborted with the job).
+    pub crash_watch: Option<tokio::task::JoinHandle<()>>,
 }
+
+/// Instances in a row that die or never become ready before a deployment counts as
+/// crash-looping (and the jobs using it fail).
+pub const CRASH_LOOP_INSTANCES: u32 = 3;
 
 /// Spawns every actor of the plan, linked to `cell` (the job supervisor).
 pub(super) async fn spawn(
@@ -79,15 +90,22 @@ pub(super) async fn spawn(
             install(a, initial.clone(), InFlightPolicy::Abort, &p.name, i).await?;
         }
     }
-    let (task_views, tasks) = spawn_tasks(
+    let faults = Faults::new(FaultPolicy {
+        window: Duration::from_secs_f64(plan.knobs.fault_window_s),
+        min_failures: plan.knobs.fault_min_failures,
+    });
+    let (task_views, tasks, deployments) = spawn_tasks(
         &plan.tasks,
         &plan.functions,
         &plan.knobs,
         cell,
         &job.id,
         hub,
+        &faults,
     )
     .await?;
+    let crash_watch = (!deployments.is_empty())
+        .then(|| tokio::spawn(watch_crash_loops(deployments, faults.clone())));
     let env_counters = tasks
         .iter()
         .map(|t| (t.domain.clone(), t.envs.counters.clone()))
@@ -134,7 +152,33 @@ pub(super) async fn spawn(
         scheduler,
         env_counters,
         tasks,
+        faults,
+        crash_watch,
     })
+}
+
+/// Breaks a reward function at once when its deployment crash-loops (calls would otherwise
+/// wait for an instance until their deadline, each).
+async fn watch_crash_loops(deployments: Vec<(String, Arc<Deployment>)>, faults: Arc<Faults>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tick.tick().await;
+        for (name, d) in &deployments {
+            if let Some((crashes, last)) = d.crash_loop(CRASH_LOOP_INSTANCES) {
+                faults.trip(Fault {
+                    dependency: format!("reward function `{name}`"),
+                    failures: u64::from(crashes),
+                    over_s: 0.0,
+                    last: format!(
+                        "its last {crashes} instances died or never became ready (deployment \
+                         {}); last: {last}",
+                        d.cfg.name
+                    ),
+                });
+                return;
+            }
+        }
+    }
 }
 
 /// The run's initial weights and its trainer: the built-in trainer owns the real weights
@@ -306,8 +350,10 @@ async fn spawn_tasks(
     cell: &ActorCell,
     job_id: &str,
     hub: Option<&Arc<FunctionHub>>,
-) -> Result<(Vec<TaskView>, Vec<EpisodeTask>), JobError> {
+    faults: &Arc<Faults>,
+) -> Result<SpawnedTasks, JobError> {
     let mut functions: BTreeMap<&str, SharedScorer> = BTreeMap::new();
+    let mut deployments = Vec::new();
     for (name, f) in function_plans {
         let scorer: SharedScorer = match f {
             FunctionPlan::SimScaled {
@@ -336,8 +382,24 @@ async fn spawn_tasks(
             )),
             FunctionPlan::Hub(spec) => {
                 let hub = hub.ok_or(JobError::NoFunctionRuntime)?;
-                hub.scorer(job_id, name, spec, knobs.placement)
-                    .map_err(JobError::Functions)?
+                let (scorer, deployment) = hub
+                    .scorer(job_id, name, spec, knobs.placement)
+                    .map_err(JobError::Functions)?;
+                let context = deployment.clone().map(|d| {
+                    Box::new(move || {
+                        let s = d.status();
+                        format!(
+                            "deployment {}: {} instance(s) ready, {} starting; last instance \
+                             failure: {}",
+                            s.name,
+                            s.ready,
+                            s.starting,
+                            d.last_failure().as_deref().unwrap_or("none")
+                        )
+                    }) as actors::fault::Context
+                });
+                deployments.extend(deployment.map(|d| (name.clone(), d)));
+                GuardedScorer::wrap(name, scorer, faults.clone(), context)
             }
         };
         functions.insert(name, scorer);
@@ -380,8 +442,17 @@ async fn spawn_tasks(
             max_tokens_per_turn: t.max_tokens_per_turn,
             allowed_tokens: t.allowed_tokens.clone(),
             rewrite_context: t.rewrite_context,
+            faults: Some(faults.clone()),
         });
         views.push(t.view.clone());
     }
-    Ok((views, out))
+    Ok((views, out, deployments))
 }
+
+/// The scheduler's task views, what episodes see of each task, and the local deployments of
+/// the job's functions.
+type SpawnedTasks = (
+    Vec<TaskView>,
+    Vec<EpisodeTask>,
+    Vec<(String, Arc<Deployment>)>,
+);

@@ -166,7 +166,18 @@ pub struct RolloutSpec {
     /// A shard with work and no progress for this long is restarted.
     #[serde(default)]
     pub frozen_after_s: Option<f64>,
+    /// Fault budget of each reward function and each task's environments: after
+    /// `fault_min_failures` consecutive failed calls spanning `fault_window_s` (no success in
+    /// between), the job fails naming the dependency and its last failure. Defaults 30 s, 5.
+    #[serde(default)]
+    pub fault_window_s: Option<f64>,
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 1000000)]
+    pub fault_min_failures: Option<u64>,
 }
+
+/// Largest `rollout.fault_min_failures`.
+pub const MAX_FAULT_FAILURES: u64 = 1_000_000;
 
 /// The concrete knobs a job runs with, after the preset and the defaults.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -185,6 +196,8 @@ pub struct Knobs {
     pub max_retries_per_group: u32,
     pub env_call_timeout_s: f64,
     pub frozen_after_s: f64,
+    pub fault_window_s: f64,
+    pub fault_min_failures: u64,
 }
 
 impl RolloutSpec {
@@ -238,6 +251,17 @@ impl RolloutSpec {
                     ),
                 );
             }
+        }
+        if let Some(n) = r.fault_min_failures
+            && !(1..=MAX_FAULT_FAILURES).contains(&n)
+        {
+            problems.push(
+                "rollout.fault_min_failures".into(),
+                format!("must be in 1..={MAX_FAULT_FAILURES}, got {n}"),
+            );
+        }
+        if let Some(w) = r.fault_window_s {
+            problems.seconds("rollout.fault_window_s".into(), w, false);
         }
         for (name, v) in [
             ("env_call_timeout_s", r.env_call_timeout_s),
@@ -295,6 +319,8 @@ impl JobSpec {
             max_retries_per_group: r.max_retries_per_group.unwrap_or(2),
             env_call_timeout_s: r.env_call_timeout_s.unwrap_or(600.0),
             frozen_after_s: r.frozen_after_s.unwrap_or(120.0),
+            fault_window_s: r.fault_window_s.unwrap_or(30.0),
+            fault_min_failures: r.fault_min_failures.unwrap_or(5),
         }
     }
 

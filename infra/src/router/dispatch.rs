@@ -111,6 +111,11 @@ impl Router {
         &self.function
     }
 
+    /// The local deployment behind this router (none for a URL or other endpoints).
+    pub fn deployment(&self) -> Option<&Arc<Deployment>> {
+        self.deployment.as_ref()
+    }
+
     /// Calls the function; one result per idempotency key. The call runs on the router's own
     /// runtime (connections and timers live there), so any runtime may await it; a caller that
     /// gives up does not cancel it (its result still lands in the idempotency cache).

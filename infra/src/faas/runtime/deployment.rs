@@ -45,7 +45,14 @@ pub(super) struct State {
     pub(super) panicking: bool,
     pub(super) peak_waiting: u64,
     pub(super) consecutive_crashes: u32,
+    /// The last instance failure, with the end of what instances wrote to stderr.
+    pub(super) last_failure: Option<String>,
+    /// The last lines instances wrote to stderr (at most [`STDERR_TAIL_LINES`]).
+    pub(super) stderr_tail: std::collections::VecDeque<String>,
 }
+
+/// Lines of instance stderr kept to explain a failure.
+pub(super) const STDERR_TAIL_LINES: usize = 6;
 
 /// Counters of one deployment (monotonic).
 #[derive(Debug, Default)]
@@ -126,6 +133,8 @@ impl Deployment {
                 panicking: false,
                 peak_waiting: 0,
                 consecutive_crashes: 0,
+                last_failure: None,
+                stderr_tail: std::collections::VecDeque::new(),
             }),
             endpoints: watch::Sender::new(Vec::new()),
             poke: Notify::new(),
@@ -191,6 +200,24 @@ impl Deployment {
                 })
                 .collect(),
         }
+    }
+
+    /// Whether the deployment is crash-looping: its last `threshold` instances or more all
+    /// died or failed to become ready, none became ready since. Returns the count and the
+    /// last failure (with the end of the instances' stderr).
+    pub fn crash_loop(&self, threshold: u32) -> Option<(u32, String)> {
+        let st = self.lock();
+        (st.consecutive_crashes >= threshold.max(1)).then(|| {
+            (
+                st.consecutive_crashes,
+                st.last_failure.clone().unwrap_or_default(),
+            )
+        })
+    }
+
+    /// The last instance failure, if any.
+    pub fn last_failure(&self) -> Option<String> {
+        self.lock().last_failure.clone()
     }
 
     /// Pids of ready instances (for fault-injection tests and the operator).

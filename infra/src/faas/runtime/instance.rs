@@ -66,6 +66,16 @@ pub(super) async fn run_instance(dep: Arc<Deployment>, id: u64, mut stop: onesho
         match &exit {
             Exit::Crashed(why) => {
                 st.consecutive_crashes += 1;
+                let tail: Vec<&str> = st.stderr_tail.iter().map(String::as_str).collect();
+                st.last_failure = Some(if tail.is_empty() {
+                    format!("instance {id} {}", crate::error_chain(why))
+                } else {
+                    format!(
+                        "instance {id} {}; its stderr ended: {}",
+                        crate::error_chain(why),
+                        tail.join(" | ")
+                    )
+                });
                 dep.counters.crashed.fetch_add(1, Ordering::Relaxed);
                 event(&dep, "crashed");
                 tracing::warn!(function = %dep.cfg.name, instance = id, why = %crate::error_chain(why), "instance failed; it will be replaced");
@@ -115,11 +125,16 @@ fn start(dep: &Arc<Deployment>, id: u64, port: u16) -> Result<Spawned, ProcessEr
         .stderr(Stdio::piped());
     let mut child = crate::process::spawn(cmd)?;
     if let Some(stderr) = child.take_stderr() {
-        let name = cfg.name.clone();
+        let dep = dep.clone();
         tokio::spawn(async move {
             let mut lines = tokio::io::BufReader::new(stderr).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                tracing::debug!(target: "rollarc::function", function = %name, instance = id, "{}", line.chars().take(2000).collect::<String>());
+                tracing::debug!(target: "rollarc::function", function = %dep.cfg.name, instance = id, "{}", line.chars().take(2000).collect::<String>());
+                let mut st = dep.lock();
+                if st.stderr_tail.len() >= super::deployment::STDERR_TAIL_LINES {
+                    st.stderr_tail.pop_front();
+                }
+                st.stderr_tail.push_back(line.chars().take(300).collect());
             }
         });
     }

@@ -1,0 +1,117 @@
+//! Bounded fault handling: a reward function or an environment that keeps failing fails its
+//! job within seconds, with an error naming it, the instance failure and the last response —
+//! instead of keeping the job busy (masking every trajectory) until someone cancels it.
+
+use std::time::Duration;
+
+use tests::{SpecBuilder, TestServer, wait_job};
+
+/// A function server (Python, stdlib only) that answers readiness, then misbehaves on every
+/// scoring call: `invalid` scores 5.0 (outside [0, 1]); `sleep` answers after 30 s.
+const BAD_FUNCTION: &str = r#"
+import json, os, sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+MODE = sys.argv[1]
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def reply(self, body):
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_GET(self):
+        self.reply(b"{}")
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
+        if MODE == "sleep":
+            time.sleep(30)
+        scores = [{"trajectory_id": i["trajectory_id"], "score": 5.0} for i in req["items"]]
+        self.reply(json.dumps({"protocol": req["protocol"], "scores": scores}).encode())
+ThreadingHTTPServer((os.environ["HOST"], int(os.environ["PORT"])), H).serve_forever()
+"#;
+
+/// A single-turn arithmetic job scored by the function `broken` (`command` + `args`), with a
+/// fault budget of 3 failures over 2 s.
+fn job_with_function(args: &str) -> String {
+    SpecBuilder::new()
+        .pool("h800", "H800", 1, "")
+        .raw_task("[[tasks]]\ndomain = \"add\"\ngroup_size = 2\nmax_turns = 1\nreward = [\"broken\"]\n[tasks.env]\nkind = \"arithmetic\"\n")
+        .rollout("batch_size = 2")
+        .rollout("steps = 1000")
+        .rollout("fault_window_s = 2")
+        .rollout("fault_min_failures = 3")
+        .extra(&format!(
+            "[sim]\nclock = \"real\"\n[reward]\nplacement = \"local\"\n[reward.functions.broken]\nkind = \"command\"\ncommand = \"python3\"\nargs = {args}\ntimeout_s = 1\n"
+        ))
+        .toml()
+}
+
+/// Submits `spec`, waits (at most 60 s) for the job to end; returns its error.
+async fn fails_with(spec: String) -> String {
+    let s = TestServer::start().await;
+    let id = tests::submit_job(&s.client, &s.url(""), spec).await;
+    let t0 = tokio::time::Instant::now();
+    let job = wait_job(&s.client, &s.url(""), &id, Duration::from_secs(60), |v| {
+        v["state"] != "queued" && v["state"] != "running"
+    })
+    .await;
+    assert_eq!(job["state"], "failed", "{job}");
+    let error = job["error"].as_str().unwrap_or_default().to_string();
+    eprintln!("failed after {:.1} s: {error}", t0.elapsed().as_secs_f64());
+    error
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_looping_function_fails_its_job_naming_it_and_its_stderr() {
+    let crash = r#"["-c", "import sys; sys.stderr.write('cannot load the model weights\\n'); sys.stderr.flush(); sys.exit(3)"]"#;
+    let error = fails_with(job_with_function(crash)).await;
+    assert!(error.contains("reward function `broken`"), "{error}");
+    assert!(error.contains("never became ready"), "{error}");
+    assert!(error.contains("exit status: 3"), "{error}");
+    assert!(error.contains("cannot load the model weights"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_function_that_never_becomes_ready_fails_its_job() {
+    let idle = r#"["-c", "import time; time.sleep(600)"]"#;
+    let error = fails_with(job_with_function(idle)).await;
+    assert!(error.contains("reward function `broken`"), "{error}");
+    assert!(error.contains("0 instance(s) ready, 1 starting"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_function_returning_invalid_scores_fails_its_job_with_the_last_response() {
+    let args = format!("['-c', '''{BAD_FUNCTION}''', 'invalid']");
+    let error = fails_with(job_with_function(&args)).await;
+    assert!(error.contains("reward function `broken`"), "{error}");
+    assert!(error.contains("is 5, outside [0, 1]"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_function_that_times_out_fails_its_job() {
+    let args = format!("['-c', '''{BAD_FUNCTION}''', 'sleep']");
+    let error = fails_with(job_with_function(&args)).await;
+    assert!(error.contains("reward function `broken`"), "{error}");
+    assert!(
+        error.contains("timed out") || error.contains("deadline"),
+        "{error}"
+    );
+    assert!(error.contains("1 instance(s) ready"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_environment_that_keeps_crashing_fails_its_job() {
+    let spec = SpecBuilder::new()
+        .pool("h800", "H800", 1, "")
+        .raw_task("[[tasks]]\ndomain = \"ext\"\ngroup_size = 2\nmax_turns = 2\nenvs = 2\nenv = { kind = \"external\", sandbox = \"none\", command = [\"python3\", \"-c\", \"import sys; sys.stderr.write('no such map: level-9\\\\n'); sys.exit(2)\"] }\n")
+        .rollout("batch_size = 2")
+        .rollout("steps = 1000")
+        .rollout("fault_window_s = 2")
+        .rollout("fault_min_failures = 3")
+        .toml();
+    let error = fails_with(spec).await;
+    assert!(error.contains("environments of task `ext`"), "{error}");
+    assert!(error.contains("consecutive failures"), "{error}");
+}
