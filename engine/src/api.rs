@@ -37,7 +37,7 @@ pub struct ErrorBody {
 pub struct ErrorDetail {
     /// Stable machine code: `invalid_spec`, `not_found`, `method_not_allowed`,
     /// `body_too_large`, `bad_request`, `unauthorized`, `forbidden`, `rate_limited`,
-    /// `conflict`, `shutting_down`, `internal`.
+    /// `over_memory_budget`, `conflict`, `shutting_down`, `internal`.
     pub code: &'static str,
     pub message: String,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -125,6 +125,16 @@ impl From<ServiceError> for ApiError {
             ServiceError::Terminal { .. } => {
                 Self::new(StatusCode::CONFLICT, "conflict", e.to_string())
             }
+            ServiceError::OverBudget { ref parts, .. } => Self {
+                fields: parts
+                    .iter()
+                    .map(|(field, message)| FieldError {
+                        field: field.clone(),
+                        message: message.clone(),
+                    })
+                    .collect(),
+                ..Self::new(StatusCode::BAD_REQUEST, "over_memory_budget", e.to_string())
+            },
             // Internals are logged (once, by the response), not leaked.
             other => Self::internal(&other),
         }

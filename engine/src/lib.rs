@@ -6,6 +6,7 @@
 //! crate sees storage only through `TrajectorySink`.
 
 pub mod access;
+pub mod admission;
 pub mod api;
 pub mod bench;
 pub mod cli;

@@ -39,7 +39,8 @@ enum Cmd {
         /// Directory of the store (overrides the config file).
         #[arg(long)]
         data_dir: Option<PathBuf>,
-        /// Service config (TOML: addr, data_dir, max_running, grace_s, insecure_public,
+        /// Service config (TOML: addr, data_dir, max_running, grace_s, max_memory_gib,
+        /// insecure_public,
         /// [access] tokens / metrics / rate_limit, [policy] executables / allow_unsandboxed).
         #[arg(long)]
         config: Option<PathBuf>,
@@ -146,6 +147,8 @@ struct ServeConfig {
     data_dir: Option<PathBuf>,
     max_running: Option<usize>,
     grace_s: Option<f64>,
+    /// Memory budget of the running jobs together, in GiB (default: 60 % of the machine's).
+    max_memory_gib: Option<f64>,
     #[serde(default)]
     insecure_public: bool,
     #[serde(default)]
@@ -240,6 +243,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let service = Service::open(&ServiceConfig {
                 data_dir,
                 max_running: 1,
+                max_memory: None,
             })?;
             write_report(&service, &job, &out)?;
             Ok(ExitCode::SUCCESS)
@@ -328,6 +332,11 @@ fn serve(
     }
     let grace = Duration::from_secs_f64(grace_s);
     let max_running = cfg.max_running.unwrap_or(2);
+    let max_memory = match cfg.max_memory_gib {
+        None => None,
+        Some(g) if g.is_finite() && g > 0.0 && g <= 1e6 => Some((g * (1u64 << 30) as f64) as u64),
+        Some(g) => bail!("max_memory_gib must be a number of GiB in (0, 1e6], got {g}"),
+    };
     let access =
         engine::access::Access::new(&cfg.access, cfg.policy).context("invalid service config")?;
     let rt = runtime()?;
@@ -341,6 +350,7 @@ fn serve(
         ServiceConfig {
             data_dir,
             max_running,
+            max_memory,
         },
         grace,
         access,
@@ -410,6 +420,7 @@ fn run_job(
         let service = Service::open(&ServiceConfig {
             data_dir,
             max_running: 1,
+            max_memory: None,
         })?;
         let id = service.submit(spec)?;
         let (first, rx) = service.subscribe(&id)?;

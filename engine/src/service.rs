@@ -63,9 +63,22 @@ pub enum ServiceError {
     NotFound(String),
     #[error("job {id} is already {state}")]
     Terminal { id: String, state: &'static str },
+    #[error(
+        "the job needs an estimated {} of memory; the service's budget (max_memory) is {}",
+        crate::admission::human(*estimate),
+        crate::admission::human(*budget)
+    )]
+    OverBudget {
+        estimate: u64,
+        budget: u64,
+        /// The estimate's parts, largest first: (spec field, what and how much).
+        parts: Vec<(String, String)>,
+    },
 }
 
 struct Running {
+    /// Estimated peak memory (counted against the budget while it runs).
+    memory: u64,
     cancel: CancellationToken,
     /// Set when the service stops: the job stays `running` in the store and resumes later.
     interrupted: Arc<std::sync::atomic::AtomicBool>,
@@ -75,6 +88,8 @@ struct Running {
 pub struct ServiceConfig {
     pub data_dir: PathBuf,
     pub max_running: usize,
+    /// Memory the jobs may use together, in bytes (default: 60 % of the machine's).
+    pub max_memory: Option<u64>,
 }
 
 /// Attempts of one job during which the service process died, after which the job is failed
@@ -87,6 +102,8 @@ pub struct Service {
     pub store: Store,
     data_dir: PathBuf,
     max_running: usize,
+    /// Memory budget of all running jobs together (see [`crate::admission`]).
+    memory_budget: u64,
     running: Mutex<BTreeMap<String, Running>>,
     /// How many jobs run now (a drain waits for 0).
     running_count: tokio::sync::watch::Sender<usize>,
@@ -128,20 +145,20 @@ impl Service {
                 });
             }
         }
-        Self::with_store(store, cfg.data_dir.clone(), cfg.max_running)
+        Self::with_store(store, cfg)
     }
 
-    pub fn with_store(
-        store: Store,
-        data_dir: PathBuf,
-        max_running: usize,
-    ) -> Result<Arc<Self>, ServiceError> {
+    /// The service over an open store (`cfg.data_dir` for the jobs' files).
+    pub fn with_store(store: Store, cfg: &ServiceConfig) -> Result<Arc<Self>, ServiceError> {
         let functions = crate::hub::FunctionHub::new(crate::hub::default_fn_bin())
             .map_err(ServiceError::Functions)?;
         Ok(Arc::new(Self {
             store,
-            data_dir,
-            max_running: max_running.max(1),
+            data_dir: cfg.data_dir.clone(),
+            max_running: cfg.max_running.max(1),
+            memory_budget: cfg
+                .max_memory
+                .unwrap_or_else(crate::admission::default_budget),
             running: Mutex::new(BTreeMap::new()),
             running_count: tokio::sync::watch::Sender::new(0),
             events: Mutex::new(BTreeMap::new()),
@@ -164,6 +181,15 @@ impl Service {
                          (the limit is {MAX_PROCESS_DEATHS}); it is not run again"
                     );
                     tracing::error!(job = %j.id, deaths, "crash loop: failing the job");
+                    self.store.transition(&j.id, JobState::Failed, Some(&why))?;
+                    continue;
+                }
+                // The budget may have shrunk since the job was accepted.
+                if let Some(spec) = self.store.spec(&j.id)?
+                    && let Err(e) = self.admit(&spec)
+                {
+                    tracing::error!(job = %j.id, error = %e, "over the memory budget: failing the job");
+                    let why = format!("not resumed: {e}");
                     self.store.transition(&j.id, JobState::Failed, Some(&why))?;
                     continue;
                 }
@@ -192,12 +218,31 @@ impl Service {
         if self.intake.is_cancelled() {
             return Err(ServiceError::ShuttingDown);
         }
+        self.admit(&spec)?;
         let steps = spec.knobs().steps;
         let id = self.store.create_job(&spec, steps, owner)?;
         self.metrics.jobs_submitted.add(1, &[]);
         self.emit_state(&id);
         self.dispatch();
         Ok(id)
+    }
+
+    /// The job's estimated peak memory if it fits the budget on its own.
+    pub fn admit(&self, spec: &JobSpec) -> Result<u64, ServiceError> {
+        let e = crate::admission::estimate(spec);
+        let estimate = e.total();
+        if estimate > self.memory_budget {
+            return Err(ServiceError::OverBudget {
+                estimate,
+                budget: self.memory_budget,
+                parts: e.breakdown(),
+            });
+        }
+        Ok(estimate)
+    }
+
+    pub fn memory_budget(&self) -> u64 {
+        self.memory_budget
     }
 
     pub fn cancel(self: &Arc<Self>, id: &str) -> Result<JobState, ServiceError> {
@@ -321,6 +366,13 @@ impl Service {
             let Ok(Some(spec)) = self.store.spec(&j.id) else {
                 continue;
             };
+            // Jobs start in order while the running ones leave room in the memory budget; a
+            // job that does not fit waits (it fits alone: admission checked that).
+            let memory = crate::admission::estimate(&spec).total();
+            let in_use: u64 = running.values().map(|r| r.memory).sum();
+            if !running.is_empty() && in_use.saturating_add(memory) > self.memory_budget {
+                break;
+            }
             let epoch = self.store.resume_epoch(&j.id).unwrap_or(0);
             if self
                 .store
@@ -339,6 +391,7 @@ impl Service {
                 running.insert(
                     j.id.clone(),
                     Running {
+                        memory,
                         cancel,
                         interrupted,
                         thread,

@@ -213,22 +213,30 @@ impl TestServer {
 
     /// A server on the service's own connection loop with these edge limits.
     pub async fn start_with(limits: engine::server::EdgeLimits) -> Self {
-        Self::start_full(limits, engine::access::Access::open()).await
+        Self::start_full(limits, engine::access::Access::open(), None).await
     }
 
     /// A server behind `access` (tokens, rate limits, program policy).
     pub async fn start_with_access(access: engine::access::Access) -> Self {
-        Self::start_full(engine::server::EdgeLimits::default(), access).await
+        Self::start_full(engine::server::EdgeLimits::default(), access, None).await
+    }
+
+    /// A server whose jobs share a memory budget of `bytes`.
+    pub async fn start_with_budget(bytes: u64) -> Self {
+        let open = engine::access::Access::open();
+        Self::start_full(engine::server::EdgeLimits::default(), open, Some(bytes)).await
     }
 
     async fn start_full(
         limits: engine::server::EdgeLimits,
         access: engine::access::Access,
+        max_memory: Option<u64>,
     ) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let service = Service::open(&engine::service::ServiceConfig {
             data_dir: dir.path().to_path_buf(),
             max_running: 2,
+            max_memory,
         })
         .expect("service");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

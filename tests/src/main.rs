@@ -1,6 +1,7 @@
 //! Integration tests, one binary (see the harness in lib.rs).
 
 mod access;
+mod admission;
 mod api;
 mod builtin;
 mod code_judge;

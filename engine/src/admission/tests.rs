@@ -1,0 +1,86 @@
+use super::*;
+
+fn parse(path: &str) -> JobSpec {
+    let body = std::fs::read_to_string(format!("{}/../{path}", env!("CARGO_MANIFEST_DIR")))
+        .expect("example spec");
+    crate::spec::parse(&body, crate::spec::Format::Toml).expect("valid example")
+}
+
+fn builtin(model: &str, extra_rollout: &str) -> JobSpec {
+    let toml = format!(
+        r#"
+[[tasks]]
+domain = "lake"
+env = {{ kind = "frozenlake" }}
+[[pools]]
+name = "cpu"
+device = "CPU"
+count = 2
+backend = {{ kind = "builtin", max_batch = 64, model = {{ {model} }} }}
+[trainer]
+kind = "builtin"
+[rollout]
+batch_size = 4
+{extra_rollout}
+"#
+    );
+    crate::spec::parse(&toml, crate::spec::Format::Toml).expect("valid spec")
+}
+
+#[test]
+fn the_shipped_examples_fit_a_small_machine() {
+    for path in [
+        "examples/quickstart.toml",
+        "examples/sim-small.toml",
+        "examples/sim-sigma.toml",
+    ] {
+        let e = estimate(&parse(path));
+        assert!(
+            e.total() < 2 << 30,
+            "{path}: {} ({:?})",
+            human(e.total()),
+            e.breakdown()
+        );
+        assert!(e.total() > JOB_BASE_BYTES);
+    }
+}
+
+#[test]
+fn the_kv_cache_of_a_big_builtin_model_dominates_and_names_its_pool() {
+    let small = estimate(&builtin("d_model = 64", ""));
+    let big = estimate(&builtin(
+        "d_model = 2048, n_heads = 16, n_layers = 16, d_ff = 8192, max_seq = 8192",
+        "",
+    ));
+    // KV alone: 2 shards × 64 slots × 16 layers × 2 × 8192 positions × 2048 × 4 bytes.
+    let kv = 2u64 * 64 * 16 * 2 * 8192 * 2048 * 4;
+    assert!(big.total() > kv, "{}", human(big.total()));
+    assert!(small.total() < big.total() / 100);
+    assert_eq!(big.breakdown()[0].0, "pools[0]", "{:?}", big.breakdown());
+}
+
+#[test]
+fn more_episodes_and_envs_cost_more() {
+    let a = estimate(&builtin("d_model = 64", "max_concurrent_episodes = 100"));
+    let b = estimate(&builtin("d_model = 64", "max_concurrent_episodes = 10000"));
+    assert!(b.total() > a.total());
+    let part = |e: &MemoryEstimate, f: &str| {
+        e.parts
+            .iter()
+            .filter(|p| p.field == f)
+            .map(|p| p.bytes)
+            .sum::<u64>()
+    };
+    assert_eq!(
+        part(&b, "rollout.max_concurrent_episodes"),
+        100 * part(&a, "rollout.max_concurrent_episodes")
+    );
+    // Without `envs`, a task gets one environment per concurrent episode.
+    assert_eq!(part(&b, "tasks[0].envs"), 100 * part(&a, "tasks[0].envs"));
+}
+
+#[test]
+fn the_default_budget_is_a_fraction_of_the_machine() {
+    let m = machine_memory().expect("/proc/meminfo on Linux");
+    assert_eq!(default_budget(), m / 5 * 3);
+}
