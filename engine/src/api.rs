@@ -253,9 +253,70 @@ pub struct DeviceView {
         JobEvent,
         Health,
         spec::JobSpec
-    ))
+    )),
+    modifiers(&Security)
 )]
 pub struct ApiDoc;
+
+/// Declares the bearer scheme and, on every operation behind it, the answers of the access
+/// layer: 401 (no or unknown token) and 429 (over the token's rate, with `Retry-After`).
+struct Security;
+
+impl utoipa::Modify for Security {
+    fn modify(&self, api: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        use utoipa::openapi::{
+            ContentBuilder, HeaderBuilder, Ref, ResponseBuilder, SecurityRequirement, Type,
+            schema::ObjectBuilder,
+        };
+        let components = api.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+        let error = |what: &str| {
+            ResponseBuilder::new().description(what).content(
+                "application/json",
+                ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name("ErrorBody")))
+                    .build(),
+            )
+        };
+        let retry_after = HeaderBuilder::new()
+            .schema(
+                ObjectBuilder::new()
+                    .schema_type(Type::Integer)
+                    .minimum(Some(1)),
+            )
+            .description(Some("seconds until the token may call again"))
+            .build();
+        for (path, item) in api.paths.paths.iter_mut() {
+            if matches!(path.as_str(), "/healthz" | "/readyz" | "/openapi.json") {
+                continue;
+            }
+            for op in [&mut item.get, &mut item.post].into_iter().flatten() {
+                // `/metrics` may be configured open: the empty requirement says so.
+                let mut security = vec![SecurityRequirement::new("bearer", Vec::<String>::new())];
+                if path == "/metrics" {
+                    security.push(SecurityRequirement::default());
+                }
+                op.security = Some(security);
+                let r = &mut op.responses.responses;
+                r.insert(
+                    "401".into(),
+                    error("missing or unknown bearer token").build().into(),
+                );
+                r.insert(
+                    "429".into(),
+                    error("over the token's rate limit")
+                        .header("Retry-After", retry_after.clone())
+                        .build()
+                        .into(),
+                );
+            }
+        }
+    }
+}
 
 /// The API without access control (every caller is the local admin).
 pub fn router(service: Arc<Service>) -> Router {
@@ -374,7 +435,7 @@ fn body_format(headers: &HeaderMap, body: &str) -> Format {
 
 /// Submit a job (JSON or TOML body).
 #[utoipa::path(post, path = "/v1/jobs", request_body(content = spec::JobSpec, description = "job spec as JSON or TOML"),
-    responses((status = 201, body = Created), (status = 400, body = ErrorBody), (status = 413, body = ErrorBody), (status = 503, body = ErrorBody)))]
+    responses((status = 201, body = Created), (status = 400, description = "invalid spec, or over the memory budget", body = ErrorBody), (status = 403, description = "the token may not submit, or the service policy forbids a program of the spec", body = ErrorBody), (status = 413, body = ErrorBody), (status = 503, body = ErrorBody)))]
 async fn submit(
     State(s): State<Arc<Service>>,
     Extension(p): Extension<Principal>,
@@ -442,7 +503,7 @@ async fn get_job(
 }
 
 /// Cancel a queued or running job.
-#[utoipa::path(post, path = "/v1/jobs/{id}/cancel", params(("id" = String, Path, description = "job id")), responses((status = 202, body = JobRecord), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+#[utoipa::path(post, path = "/v1/jobs/{id}/cancel", params(("id" = String, Path, description = "job id")), responses((status = 202, body = JobRecord), (status = 403, description = "a read token", body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 async fn cancel_job(
     State(s): State<Arc<Service>>,
     Extension(p): Extension<Principal>,
@@ -710,4 +771,9 @@ async fn no_method(method: axum::http::Method, uri: axum::http::Uri) -> ApiError
 
 async fn openapi() -> Json<utoipa::openapi::OpenApi> {
     Json(ApiDoc::openapi())
+}
+
+/// The OpenAPI document `/openapi.json` serves.
+pub fn openapi_document() -> serde_json::Value {
+    serde_json::to_value(ApiDoc::openapi()).unwrap_or_default()
 }

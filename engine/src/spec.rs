@@ -36,7 +36,9 @@ pub struct JobSpec {
     /// Knob values to start from; explicit knobs override them.
     #[serde(default)]
     pub preset: Option<Preset>,
+    #[schema(min_items = 1)]
     pub tasks: Vec<TaskSpec>,
+    #[schema(min_items = 1)]
     pub pools: Vec<PoolSpec>,
     #[serde(default)]
     pub mapping: MappingSpec,

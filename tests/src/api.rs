@@ -593,3 +593,91 @@ async fn slow_clients_are_cut_off_and_connections_are_capped() {
         assert!(n < 256, "unexpected response to an unfinished request");
     }
 }
+
+/// The OpenAPI spec schema says what validation enforces: at each documented bound a field
+/// is accepted, one past it the spec is rejected naming that field.
+#[test]
+fn the_schema_bounds_of_the_spec_match_validation() {
+    use engine::spec::{Format, parse};
+    let api = engine::api::openapi_document();
+    let schemas = &api["components"]["schemas"];
+    // (schema, property, field path in errors)
+    let cases = [
+        ("TaskSpec", "group_size", "tasks[0].group_size"),
+        ("TaskSpec", "max_turns", "tasks[0].max_turns"),
+        (
+            "TaskSpec",
+            "max_tokens_per_turn",
+            "tasks[0].max_tokens_per_turn",
+        ),
+        ("TaskSpec", "envs", "tasks[0].envs"),
+        ("TaskSpec", "redundancy", "tasks[0].redundancy"),
+        ("PoolSpec", "count", "pools[0].count"),
+        ("RolloutSpec", "batch_size", "rollout.batch_size"),
+        ("RolloutSpec", "steps", "rollout.steps"),
+        ("RolloutSpec", "alpha", "rollout.alpha"),
+        (
+            "RolloutSpec",
+            "max_concurrent_episodes",
+            "rollout.max_concurrent_episodes",
+        ),
+        (
+            "RolloutSpec",
+            "fault_min_failures",
+            "rollout.fault_min_failures",
+        ),
+    ];
+    let spec_with = |field: &str, value: i64| -> Vec<String> {
+        let (section, key) = field.split_once('.').unwrap();
+        let mut b = SpecBuilder::new().pool("h800", "H800", 1, "");
+        let task = format!(
+            "[[tasks]]\ndomain = \"t\"\nenv = {{ kind = \"arithmetic\" }}\n{}",
+            if section == "tasks[0]" {
+                format!("{key} = {value}\n")
+            } else {
+                String::new()
+            }
+        );
+        b = b.raw_task(&task);
+        if section == "rollout" {
+            b = b.rollout(&format!("{key} = {value}"));
+        }
+        let mut toml = b.toml();
+        if field == "pools[0].count" {
+            toml = toml.replace("count = 1", &format!("count = {value}"));
+        }
+        match parse(&toml, Format::Toml) {
+            Ok(_) => Vec::new(),
+            Err(e) => e.0.into_iter().map(|f| f.field).collect(),
+        }
+    };
+    for (schema, prop, field) in cases {
+        let p = &schemas[schema]["properties"][prop];
+        assert!(p.is_object(), "{schema}.{prop} is not in the document");
+        if let Some(max) = p["maximum"].as_i64() {
+            assert!(
+                !spec_with(field, max).contains(&field.to_string()),
+                "{field} = {max} (the schema's maximum) is rejected"
+            );
+            assert!(
+                spec_with(field, max + 1).contains(&field.to_string()),
+                "{field} = {} (past the schema's maximum) is accepted",
+                max + 1
+            );
+        } else {
+            panic!("{schema}.{prop} documents no maximum");
+        }
+        let min = p["minimum"].as_i64().unwrap_or(0);
+        assert!(
+            !spec_with(field, min).contains(&field.to_string()),
+            "{field} = {min}"
+        );
+        if min > 0 {
+            assert!(
+                spec_with(field, min - 1).contains(&field.to_string()),
+                "{field} = {} (under the schema's minimum) is accepted",
+                min - 1
+            );
+        }
+    }
+}

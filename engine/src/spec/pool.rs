@@ -16,6 +16,7 @@ pub struct PoolSpec {
     /// Device class: H800, H20, H100, A100 or CPU.
     pub device: String,
     #[serde(default = "default_shard_count")]
+    #[schema(minimum = 1, maximum = 4096)]
     pub count: usize,
     pub backend: BackendSpec,
 }

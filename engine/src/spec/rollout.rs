@@ -144,17 +144,21 @@ pub struct RolloutSpec {
     #[serde(default)]
     pub barrier: Option<Barrier>,
     #[serde(default)]
+    #[schema(maximum = 1000)]
     pub alpha: Option<u64>,
     #[serde(default)]
     pub overlap_training: Option<bool>,
     /// Groups per training batch.
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 65536)]
     pub batch_size: Option<usize>,
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 1000000000)]
     pub steps: Option<u64>,
     #[serde(default)]
     pub on_weight_update: Option<OnWeightUpdate>,
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 100000)]
     pub max_concurrent_episodes: Option<usize>,
     /// Drop groups whose rewards are all equal (dynamic sampling).
     #[serde(default)]
@@ -162,14 +166,17 @@ pub struct RolloutSpec {
     #[serde(default)]
     pub max_retries_per_group: Option<u32>,
     #[serde(default)]
+    #[schema(exclusive_minimum = 0.0, maximum = 2592000.0)]
     pub env_call_timeout_s: Option<f64>,
     /// A shard with work and no progress for this long is restarted.
     #[serde(default)]
+    #[schema(exclusive_minimum = 0.0, maximum = 2592000.0)]
     pub frozen_after_s: Option<f64>,
     /// Fault budget of each reward function and each task's environments: after
     /// `fault_min_failures` consecutive failed calls spanning `fault_window_s` (no success in
     /// between), the job fails naming the dependency and its last failure. Defaults 30 s, 5.
     #[serde(default)]
+    #[schema(minimum = 0.0, maximum = 2592000.0)]
     pub fault_window_s: Option<f64>,
     #[serde(default)]
     #[schema(minimum = 1, maximum = 1000000)]

@@ -17,24 +17,31 @@ pub struct TaskSpec {
     pub domain: String,
     pub env: EnvSpec,
     #[serde(default = "default_group_size")]
+    #[schema(minimum = 1, maximum = 1024)]
     pub group_size: usize,
     /// Extra episodes dispatched per group; the slowest are cancelled once the group is full.
     #[serde(default)]
+    #[schema(maximum = 1024)]
     pub redundancy: usize,
     #[serde(default = "default_max_turns")]
+    #[schema(minimum = 1, maximum = 10000)]
     pub max_turns: u32,
     #[serde(default = "default_max_tokens_per_turn")]
+    #[schema(minimum = 1, maximum = 1000000)]
     pub max_tokens_per_turn: u32,
     /// Reward function names; `env` is the environment's own reward.
     #[serde(default = "default_reward")]
+    #[schema(min_items = 1)]
     pub reward: Vec<String>,
     /// Share of groups drawn from this task.
     #[serde(default = "default_task_weight")]
+    #[schema(exclusive_minimum = 0.0)]
     pub weight: f64,
     #[serde(default)]
     pub seeds: Option<SeedRange>,
     /// Environments (and so concurrent episodes) for this task; default from the rollout size.
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 100000)]
     pub envs: Option<usize>,
     /// Constrained decoding (built-in model): the policy samples only the environment's
     /// action alphabet (`LDRU` for the grid games, digits and `-` for arithmetic, `1`–`9` for
