@@ -92,9 +92,10 @@ pub struct ServiceConfig {
     pub max_memory: Option<u64>,
 }
 
-/// Attempts of one job during which the service process died, after which the job is failed
-/// at the next start instead of run again (a spec that takes the process down must not keep
-/// it crash-looping).
+/// Attempts of one job in a row during which the service process died before a training step
+/// completed, after which the job is failed at the next start instead of run again (a spec
+/// that takes the process down must not keep it crash-looping; a job killed while it makes
+/// progress is resumed however often that happens).
 pub const MAX_PROCESS_DEATHS: u64 = 2;
 
 /// The job manager behind the HTTP API.
@@ -177,8 +178,9 @@ impl Service {
                 let deaths = self.store.died_attempts(&j.id)?;
                 if deaths >= MAX_PROCESS_DEATHS {
                     let why = format!(
-                        "the service process died during {deaths} attempts to run this job \
-                         (the limit is {MAX_PROCESS_DEATHS}); it is not run again"
+                        "the service process died during {deaths} attempts to run this job in a \
+                         row, none completing a training step (the limit is \
+                         {MAX_PROCESS_DEATHS}); it is not run again"
                     );
                     tracing::error!(job = %j.id, deaths, "crash loop: failing the job");
                     self.store.transition(&j.id, JobState::Failed, Some(&why))?;
@@ -421,7 +423,7 @@ impl Service {
         // which the process died (see `recover`).
         let attempt = self
             .store
-            .start_attempt(&id)
+            .start_attempt(&id, start_step)
             .map_err(|e| tracing::error!(job = %id, error = %error_chain(&e), "could not record the attempt"))
             .ok();
         // Per-resource timelines for jobs on real hardware (a simulated cluster has thousands

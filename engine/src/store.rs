@@ -165,7 +165,8 @@ CREATE TABLE IF NOT EXISTS attempts (
   job_id TEXT NOT NULL,
   started_at_ms INTEGER NOT NULL,
   ended_at_ms INTEGER,
-  outcome TEXT
+  outcome TEXT,
+  start_step INTEGER
 );
 CREATE INDEX IF NOT EXISTS attempts_job ON attempts (job_id, seq);
 ";
@@ -187,6 +188,14 @@ fn migrate(conn: &Connection) -> Result<(), StoreError> {
     )? > 0;
     if !has_owner {
         conn.execute_batch("ALTER TABLE jobs ADD COLUMN owner TEXT")?;
+    }
+    let has_start_step: bool = conn.query_row(
+        "SELECT COUNT(*) FROM pragma_table_info('attempts') WHERE name = 'start_step'",
+        [],
+        |r| r.get::<_, i64>(0),
+    )? > 0;
+    if !has_start_step {
+        conn.execute_batch("ALTER TABLE attempts ADD COLUMN start_step INTEGER")?;
     }
     Ok(())
 }
@@ -287,7 +296,6 @@ impl Store {
         })
     }
 
-    /// Records a completed training step and its metrics.
     /// Records a completed step: its metrics, the job's progress and which trajectories the
     /// step trained on, in one transaction.
     pub fn complete_step(
@@ -425,12 +433,12 @@ impl Store {
         })
     }
 
-    /// Records that an attempt to run `job` starts now; returns its number.
-    pub fn start_attempt(&self, job: &str) -> Result<i64, StoreError> {
+    /// Records that an attempt to run `job` from `start_step` starts now; returns its number.
+    pub fn start_attempt(&self, job: &str, start_step: u64) -> Result<i64, StoreError> {
         self.with(|c| {
             c.execute(
-                "INSERT INTO attempts (job_id, started_at_ms) VALUES (?1, ?2)",
-                params![job, now_ms()],
+                "INSERT INTO attempts (job_id, started_at_ms, start_step) VALUES (?1, ?2, ?3)",
+                params![job, now_ms(), start_step as i64],
             )?;
             Ok(c.last_insert_rowid())
         })
@@ -448,13 +456,33 @@ impl Store {
     }
 
     /// Attempts of `job` that never ended: the process died while running them.
+    ///
+    /// Counts the latest attempts, back to the first one that ended normally or completed a
+    /// training step: a job killed while making progress (an operator's restart, a host
+    /// failure) is resumed however often that happens; one that takes the process down
+    /// before completing any step is a crash loop.
     pub fn died_attempts(&self, job: &str) -> Result<u64, StoreError> {
         self.with(|c| {
-            Ok(c.query_row(
-                "SELECT COUNT(*) FROM attempts WHERE job_id = ?1 AND ended_at_ms IS NULL",
-                [job],
-                |r| r.get::<_, i64>(0),
-            )? as u64)
+            let step: i64 = c.query_row("SELECT step FROM jobs WHERE id = ?1", [job], |r| {
+                r.get(0)
+            })?;
+            let mut st = c.prepare(
+                "SELECT COALESCE(start_step, 0), ended_at_ms IS NULL FROM attempts WHERE job_id = ?1 ORDER BY seq DESC",
+            )?;
+            let attempts = st
+                .query_map([job], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, bool>(1)?)))?
+                .collect::<Result<Vec<_>, _>>()?;
+            // Newest first: the step each attempt reached is where the next one started.
+            let mut reached = step;
+            let mut deaths = 0;
+            for (start, died) in attempts {
+                if !died || reached > start {
+                    break;
+                }
+                deaths += 1;
+                reached = start;
+            }
+            Ok(deaths)
         })
     }
 
@@ -543,5 +571,38 @@ impl TrajectorySink for JobSink {
                 id: traj.id.clone(),
                 message: e.to_string(),
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_deaths_without_progress_count_towards_a_crash_loop() {
+        let store = Store::in_memory().unwrap();
+        let spec: JobSpec = crate::spec::parse(
+            "[[tasks]]\ndomain = \"t\"\nenv = { kind = \"arithmetic\" }\n[[pools]]\nname = \"p\"\ndevice = \"H800\"\ncount = 1\nbackend = { kind = \"sim\", model = \"qwen3-8b\" }\n",
+            crate::spec::Format::Toml,
+        )
+        .unwrap();
+        let id = store.create_job(&spec, 10, None).unwrap();
+        let metrics = serde_json::json!({});
+        // Died after completing steps 1 and 2: progress, not a crash loop.
+        store.start_attempt(&id, 0).unwrap();
+        store.complete_step(&id, 2, &metrics, &[]).unwrap();
+        assert_eq!(store.died_attempts(&id).unwrap(), 0);
+        // Resumed at 2, died before a step: one.
+        store.start_attempt(&id, 2).unwrap();
+        assert_eq!(store.died_attempts(&id).unwrap(), 1);
+        // Again: two in a row.
+        store.start_attempt(&id, 2).unwrap();
+        assert_eq!(store.died_attempts(&id).unwrap(), 2);
+        // An attempt that ends normally resets the count.
+        let a = store.start_attempt(&id, 2).unwrap();
+        store.end_attempt(a, "interrupted").unwrap();
+        assert_eq!(store.died_attempts(&id).unwrap(), 0);
+        store.start_attempt(&id, 2).unwrap();
+        assert_eq!(store.died_attempts(&id).unwrap(), 1);
     }
 }
