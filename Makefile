@@ -5,7 +5,7 @@ JOBS ?= 2
 export CARGO_BUILD_JOBS := $(JOBS)
 export CARGO_TERM_COLOR := never
 
-.PHONY: run test bench bench-sim learn plan lint fmt-check clippy ci build cuda-check setup sim
+.PHONY: run test bench bench-sim learn plan lint fmt-check clippy ci build cuda-check setup sim chaos
 
 GYMNASIUM_VERSION := 1.0.0
 
@@ -67,5 +67,12 @@ test: setup fmt-check clippy cuda-check
 
 bench: setup
 	$(CARGO) run --release -p engine --bin rollarc -- bench --preset-steps 40
+
+## SIGKILL loop over mixed jobs (24 kills, function instances killed between them): 0 lost,
+## changed, duplicated or replayed rows, 0 orphan processes, every row scored or masked, and a
+## crash-looping function failing its job in bounded time. `make test` runs a 4-kill form.
+chaos: setup
+	$(CARGO) build --workspace --bins
+	$(CARGO) run -p tests --bin chaos -- $(or $(KILLS),24)
 
 ci: test

@@ -11,6 +11,9 @@ use engine::job::{ObserverError, StepMetrics, StepObserver};
 use engine::service::Service;
 use engine::spec::JobSpec;
 
+pub mod chaos;
+pub mod server;
+
 /// A small fully simulated spec (TOML) with knobs to tweak per test.
 pub struct SpecBuilder {
     pub tasks: Vec<String>,

@@ -11,3 +11,4 @@ mod persistence;
 mod reward_functions;
 mod scheduler;
 mod serverless;
+mod sigkill_loop;

@@ -1,54 +1,13 @@
 //! Restart persistence: SIGKILL the service mid-job, start it again on the same data dir.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use tests::{page_all, rollarc_bin, wait_job};
+use tests::{page_all, wait_job};
 
-struct Server {
-    child: Child,
-    base: String,
-}
+use tests::server::{ServerProcess as Server, group_alive, ledger_groups};
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts `rollarc serve` on an OS-assigned port and reads the bound address from its log.
 fn start(dir: &std::path::Path) -> Server {
-    let mut child = Command::new(rollarc_bin())
-        .args(["serve", "--addr", "127.0.0.1:0", "--data-dir"])
-        .arg(dir)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn rollarc serve");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(i) = line.find("addr=") {
-                let addr: String = line[i + 5..]
-                    .chars()
-                    .take_while(|c| !c.is_whitespace())
-                    .collect();
-                let _ = tx.send(addr);
-            }
-        }
-    });
-    let addr = rx
-        .recv_timeout(Duration::from_secs(30))
-        .expect("the server logs its address");
-    Server {
-        child,
-        base: format!("http://{addr}"),
-    }
+    Server::start(dir)
 }
 
 fn slow_spec(steps: u64) -> String {
@@ -249,24 +208,13 @@ done"#;
     // The ledger as the service left it: the groups it was running when it died (a group
     // closed normally takes its entry with it).
     let ledger = dir.path().join("processes");
-    let groups: Vec<i32> = std::fs::read_dir(&ledger)
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
+    assert!(ledger.is_dir());
+    let groups = ledger_groups(dir.path());
     assert!(
         !groups.is_empty(),
         "the running environments are not listed"
     );
-    // A group is alive while any of its processes is (field 5 of /proc/PID/stat: the group).
-    let alive = |pgid: i32| {
-        std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
-            std::fs::read_to_string(e.path().join("stat")).is_ok_and(|s| {
-                let rest = &s[s.rfind(')').map_or(0, |i| i + 1)..];
-                let f: Vec<&str> = rest.split_whitespace().collect();
-                f.len() > 2 && f[0] != "Z" && f[2] == pgid.to_string()
-            })
-        })
-    };
+    let alive = group_alive;
     // Their helpers outlive the killed service (nothing else would end them).
     assert!(
         groups.iter().any(|&g| alive(g)),

@@ -1,0 +1,101 @@
+//! `rollarc serve` as a child process, for crash tests: start it on a data directory, kill it
+//! without warning, and inspect the process groups it left in the data directory's ledger.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// A running `rollarc serve`; killed (SIGKILL) when dropped.
+pub struct ServerProcess {
+    pub child: Child,
+    /// `http://ADDR` the server logged.
+    pub base: String,
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl ServerProcess {
+    /// Starts `rollarc serve` on an OS-assigned port and reads the bound address from its log.
+    pub fn start(dir: &std::path::Path) -> Self {
+        Self::start_with(dir, None)
+    }
+
+    /// The same, with a service config (TOML, written next to the data directory).
+    pub fn start_with(dir: &std::path::Path, config: Option<&str>) -> Self {
+        let mut cmd = Command::new(crate::rollarc_bin());
+        cmd.args(["serve", "--addr", "127.0.0.1:0", "--data-dir"])
+            .arg(dir);
+        if let Some(c) = config {
+            let path = dir.with_extension("serve.toml");
+            std::fs::write(&path, c).expect("write the service config");
+            cmd.arg("--config").arg(path);
+        }
+        let mut child = cmd
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn rollarc serve");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(i) = line.find("addr=") {
+                    let addr: String = line[i + 5..]
+                        .chars()
+                        .take_while(|c| !c.is_whitespace())
+                        .collect();
+                    let _ = tx.send(addr);
+                }
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the server logs its address");
+        Self {
+            child,
+            base: format!("http://{addr}"),
+        }
+    }
+
+    /// SIGKILL: no chance to clean up.
+    pub fn sigkill(self) {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .expect("kill the server");
+        drop(self);
+    }
+}
+
+/// The process groups the ledger of data directory `dir` lists (those the service was running
+/// when it stopped; a group closed normally takes its entry with it).
+pub fn ledger_groups(dir: &std::path::Path) -> Vec<i32> {
+    std::fs::read_dir(dir.join("processes"))
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether any live (not zombie) process is in group `pgid` (field 5 of `/proc/PID/stat`).
+pub fn group_alive(pgid: i32) -> bool {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    procs.flatten().any(|e| {
+        std::fs::read_to_string(e.path().join("stat")).is_ok_and(|s| {
+            let rest = &s[s.rfind(')').map_or(0, |i| i + 1)..];
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            f.len() > 2 && f[0] != "Z" && f[2] == pgid.to_string()
+        })
+    })
+}
