@@ -5,12 +5,17 @@ JOBS ?= 2
 export CARGO_BUILD_JOBS := $(JOBS)
 export CARGO_TERM_COLOR := never
 
-.PHONY: run test bench bench-sim learn plan lint fmt-check clippy ci build cuda-check setup sim chaos
+.PHONY: run test bench bench-sim learn plan lint fmt-check clippy ci build cuda-check setup sim chaos fuzz-api
 
 GYMNASIUM_VERSION := 1.0.0
+SCHEMATHESIS_VERSION := 4.32.5
+## The API fuzzer lives in its own virtual environment, outside the tree.
+FUZZ_VENV ?= $(HOME)/.cache/rollarc/schemathesis-$(SCHEMATHESIS_VERSION)
+ST := $(FUZZ_VENV)/bin/st
 
 ## Installs what the project needs (idempotent): the pinned toolchain's components,
-## cargo-nextest, gymnasium (for the bridge and its tests) and bubblewrap (the sandbox).
+## cargo-nextest, gymnasium (for the bridge and its tests), bubblewrap (the sandbox) and
+## schemathesis (the API fuzzer, in its own virtual environment).
 setup:
 	@rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
 	@command -v cargo-nextest >/dev/null || $(CARGO) install cargo-nextest --locked
@@ -18,6 +23,8 @@ setup:
 		python3 -m pip install --quiet --disable-pip-version-check "gymnasium==$(GYMNASIUM_VERSION)"
 	@command -v bwrap >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; } || \
 		echo "warning: bubblewrap could not be installed; external environments need sandbox = \"none\""
+	@test -x $(ST) || { python3 -m venv $(FUZZ_VENV) && \
+		$(FUZZ_VENV)/bin/pip install --quiet --disable-pip-version-check "schemathesis==$(SCHEMATHESIS_VERSION)"; }
 
 build: setup
 	$(CARGO) build --workspace
@@ -64,6 +71,12 @@ lint: setup fmt-check clippy
 test: setup fmt-check clippy cuda-check
 	$(CARGO) build --workspace --bins
 	$(CARGO) nextest run --workspace --no-fail-fast
+	ST=$(ST) tests/fuzz-api.sh
+
+## The API fuzz pass alone (schemathesis against /openapi.json; 0 × 5xx, 0 schema violations).
+fuzz-api: setup
+	$(CARGO) build -p engine --bin rollarc
+	ST=$(ST) tests/fuzz-api.sh
 
 bench: setup
 	$(CARGO) run --release -p engine --bin rollarc -- bench --preset-steps 40

@@ -769,11 +769,32 @@ async fn no_method(method: axum::http::Method, uri: axum::http::Uri) -> ApiError
     )
 }
 
-async fn openapi() -> Json<utoipa::openapi::OpenApi> {
-    Json(ApiDoc::openapi())
+async fn openapi() -> Json<serde_json::Value> {
+    Json(openapi_document())
 }
 
 /// The OpenAPI document `/openapi.json` serves.
 pub fn openapi_document() -> serde_json::Value {
-    serde_json::to_value(ApiDoc::openapi()).unwrap_or_default()
+    let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or_default();
+    // The id a submit returns feeds the operations on one job (clients and API fuzzers follow
+    // these links; the event stream is left out: it lasts as long as the job). Written as JSON:
+    // utoipa 5.5 serialises a link's `operationId` as `operation_id`, which is not OpenAPI.
+    if let Some(created) = doc.pointer_mut("/paths/~1v1~1jobs/post/responses/201") {
+        let link = |op: &str| serde_json::json!({"operationId": op, "parameters": {"id": "$response.body#/id"}});
+        created["links"] = serde_json::json!({
+            "job": link("get_job"),
+            "trajectories": link("trajectories"),
+            "cancel": link("cancel_job"),
+        });
+    }
+    // A small valid spec: a simulated cluster, two steps in virtual time.
+    if let Some(spec) = doc.pointer_mut("/components/schemas/JobSpec") {
+        spec["examples"] = serde_json::json!([{
+            "tasks": [{"domain": "math", "env": {"kind": "arithmetic"}}],
+            "pools": [{"name": "h800", "device": "H800", "count": 1,
+                       "backend": {"kind": "sim", "model": "qwen3-8b"}}],
+            "rollout": {"batch_size": 2, "steps": 2},
+        }]);
+    }
+    doc
 }

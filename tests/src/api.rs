@@ -681,3 +681,26 @@ fn the_schema_bounds_of_the_spec_match_validation() {
         }
     }
 }
+
+/// The document's example spec is a valid spec, and its links name real operations.
+#[test]
+fn the_openapi_example_is_valid_and_links_resolve() {
+    let doc = engine::api::openapi_document();
+    let example = &doc["components"]["schemas"]["JobSpec"]["examples"][0];
+    let spec = engine::spec::parse(&example.to_string(), engine::spec::Format::Json);
+    assert!(spec.is_ok(), "{spec:?}");
+    let ops: Vec<&str> = doc["paths"]
+        .as_object()
+        .unwrap()
+        .values()
+        .flat_map(|m| m.as_object().unwrap().values())
+        .filter_map(|o| o["operationId"].as_str())
+        .collect();
+    let links = doc["paths"]["/v1/jobs"]["post"]["responses"]["201"]["links"]
+        .as_object()
+        .unwrap();
+    assert_eq!(links.len(), 3);
+    for l in links.values() {
+        assert!(ops.contains(&l["operationId"].as_str().unwrap()), "{l}");
+    }
+}
