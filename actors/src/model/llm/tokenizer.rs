@@ -1,0 +1,221 @@
+//! The checkpoint's own tokenizer (byte-level BPE from the GGUF metadata, through the
+//! `tokenizers` crate) and its chat template (rendered by minijinja, a Jinja engine).
+//!
+//! Token-in/token-out: a multi-turn context grows by generated ids and the ids of each new
+//! observation; history is never re-tokenised.
+
+use serde::Serialize;
+use tokenizers::models::bpe::{BPE, Vocab};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::{AddedToken, PreTokenizerWrapper, Tokenizer};
+
+use super::checkpoint::{Checkpoint, CheckpointError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error("tokenizer model {0:?} is not supported (gpt2 byte-level BPE is)")]
+    Model(String),
+    #[error("tokenizer pre-processing {0:?} is not supported (smollm, gpt2 and default are)")]
+    Pre(String),
+    #[error("malformed merge rule {0:?}")]
+    Merge(String),
+    #[error("cannot build the tokenizer")]
+    Build(#[source] tokenizers::Error),
+    #[error("cannot encode the text")]
+    Encode(#[source] tokenizers::Error),
+    #[error("cannot decode ids")]
+    Decode(#[source] tokenizers::Error),
+    #[error("the checkpoint has no chat template")]
+    NoTemplate,
+    #[error("the chat template does not render")]
+    Template(#[source] minijinja::Error),
+}
+
+/// One message of a chat.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: &str, content: &str) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// A checkpoint's tokenizer: with its special tokens recognised in text, and without (a
+/// literal `<|im_start|>` in an observation is then ordinary text).
+pub struct LlmTokenizer {
+    with_specials: Tokenizer,
+    plain: Tokenizer,
+    pub bos_id: Option<u32>,
+    pub eos_id: Option<u32>,
+    /// Ids that end a generation (EOS and the template's end-of-turn).
+    pub stop_ids: Vec<u32>,
+    pieces: Vec<String>,
+    chat_template: Option<String>,
+}
+
+/// GGUF token types (llama.cpp's `llama_token_type`).
+const TOKEN_CONTROL: i64 = 3;
+const TOKEN_USER_DEFINED: i64 = 4;
+
+impl LlmTokenizer {
+    /// The tokenizer described by a GGUF checkpoint's `tokenizer.ggml.*` metadata.
+    pub fn from_gguf(ck: &Checkpoint) -> Result<Self, TokenizerError> {
+        let m = ck.meta();
+        let model = m.get_str("tokenizer.ggml.model")?;
+        if model != "gpt2" {
+            return Err(TokenizerError::Model(model.into()));
+        }
+        let pre = m.get_str("tokenizer.ggml.pre").unwrap_or("default");
+        let tokens = m.get_strings("tokenizer.ggml.tokens")?;
+        let types = m.get_ints("tokenizer.ggml.token_type").unwrap_or_default();
+        let merges = m
+            .get_strings("tokenizer.ggml.merges")?
+            .into_iter()
+            .map(|r| {
+                r.split_once(' ')
+                    .map(|(a, b)| (a.to_string(), b.to_string()))
+                    .ok_or_else(|| TokenizerError::Merge(r.into()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let vocab: Vocab = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| ((*t).to_string(), i as u32))
+            .collect();
+        let specials: Vec<AddedToken> = tokens
+            .iter()
+            .zip(types.iter().chain(std::iter::repeat(&1)))
+            .filter(|(_, t)| **t == TOKEN_CONTROL || **t == TOKEN_USER_DEFINED)
+            .map(|(s, t)| AddedToken::from((*s).to_string(), *t == TOKEN_CONTROL))
+            .collect();
+        let build = || -> Result<Tokenizer, TokenizerError> {
+            let bpe = BPE::builder()
+                .vocab_and_merges(vocab.clone(), merges.clone())
+                .build()
+                .map_err(TokenizerError::Build)?;
+            let mut t = Tokenizer::new(bpe);
+            t.with_pre_tokenizer(Some(pre_tokenizer(pre)?));
+            t.with_decoder(Some(ByteLevel::default()));
+            Ok(t)
+        };
+        let plain = build()?;
+        let mut with_specials = build()?;
+        with_specials
+            .add_special_tokens(specials)
+            .map_err(TokenizerError::Build)?;
+        let id = |key: &str| m.get_u64(key).ok().map(|v| v as u32);
+        let (bos_id, eos_id) = (
+            id("tokenizer.ggml.bos_token_id"),
+            id("tokenizer.ggml.eos_token_id"),
+        );
+        let mut stop_ids: Vec<u32> = eos_id.into_iter().collect();
+        for end in ["<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<end_of_turn>"] {
+            if let Some(&i) = vocab.get(end)
+                && !stop_ids.contains(&i)
+            {
+                stop_ids.push(i);
+            }
+        }
+        Ok(Self {
+            with_specials,
+            plain,
+            bos_id,
+            eos_id,
+            stop_ids,
+            pieces: tokens.iter().map(|t| (*t).to_string()).collect(),
+            chat_template: m
+                .get_str("tokenizer.chat_template")
+                .ok()
+                .map(str::to_string),
+        })
+    }
+
+    /// Token ids of `text`; `specials`: recognise the checkpoint's special tokens in it.
+    pub fn encode(&self, text: &str, specials: bool) -> Result<Vec<u32>, TokenizerError> {
+        let t = if specials {
+            &self.with_specials
+        } else {
+            &self.plain
+        };
+        Ok(t.encode(text, false)
+            .map_err(TokenizerError::Encode)?
+            .get_ids()
+            .to_vec())
+    }
+
+    /// The text of `ids` (special tokens included as written).
+    pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
+        self.with_specials
+            .decode(ids, false)
+            .map_err(TokenizerError::Decode)
+    }
+
+    /// The vocabulary entry of `id` (byte-level pieces, e.g. `Ġworld`).
+    pub fn piece(&self, id: u32) -> Option<&str> {
+        self.pieces.get(id as usize).map(String::as_str)
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.pieces.len()
+    }
+
+    /// The checkpoint's chat template rendered for `messages`.
+    pub fn render_chat(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError> {
+        let template = self
+            .chat_template
+            .as_deref()
+            .ok_or(TokenizerError::NoTemplate)?;
+        let mut env = minijinja::Environment::new();
+        env.add_template("chat", template)
+            .map_err(TokenizerError::Template)?;
+        let token = |id: Option<u32>| id.and_then(|i| self.piece(i)).unwrap_or_default();
+        env.get_template("chat")
+            .and_then(|t| {
+                t.render(minijinja::context! {
+                    messages => messages,
+                    add_generation_prompt => add_generation_prompt,
+                    bos_token => token(self.bos_id),
+                    eos_token => token(self.eos_id),
+                })
+            })
+            .map_err(TokenizerError::Template)
+    }
+
+    /// The ids of a chat, special tokens recognised (the template writes them as text).
+    pub fn encode_chat(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        self.encode(&self.render_chat(messages, add_generation_prompt)?, true)
+    }
+}
+
+/// The pre-tokenizer llama.cpp names `pre`: byte-level splitting (GPT-2's pattern), with
+/// every digit its own piece for `smollm`.
+fn pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper, TokenizerError> {
+    let byte_level = PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, true));
+    match pre {
+        "smollm" => Ok(PreTokenizerWrapper::Sequence(Sequence::new(vec![
+            PreTokenizerWrapper::Digits(Digits::new(true)),
+            byte_level,
+        ]))),
+        "default" | "gpt2" => Ok(byte_level),
+        other => Err(TokenizerError::Pre(other.into())),
+    }
+}
