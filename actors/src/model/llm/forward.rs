@@ -3,7 +3,7 @@
 //! (`rms_norm` by hand, RoPE by hand, `candle_nn::ops::softmax`), so the same code is the
 //! trainer's differentiable forward and the reference for the generation engine.
 
-use candle_core::{D, DType, Device, Module, Tensor};
+use candle_core::{D, DType, Device, Module, Tensor, Var};
 
 use super::checkpoint::{Checkpoint, CheckpointError};
 use super::config::{LlmConfig, RopeLayout};
@@ -89,6 +89,41 @@ impl LlmWeights {
         })
     }
 
+    /// A copy whose every weight is a trainable variable (listed by name, in a fixed order):
+    /// the trainer's parameters, and what gradient checks walk.
+    pub fn trainable(&self) -> candle_core::Result<(LlmWeights, Vec<(String, Var)>)> {
+        let mut vars = VarList(Vec::new());
+        let embed = vars.add("token_embd".into(), &self.embed)?;
+        let mut blocks = Vec::with_capacity(self.blocks.len());
+        for (i, b) in self.blocks.iter().enumerate() {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            blocks.push(Block {
+                attn_norm: vars.add(n("attn_norm"), &b.attn_norm)?,
+                wq: vars.add(n("attn_q"), &b.wq)?,
+                wk: vars.add(n("attn_k"), &b.wk)?,
+                wv: vars.add(n("attn_v"), &b.wv)?,
+                wo: vars.add(n("attn_output"), &b.wo)?,
+                bq: vars.add_opt(n("attn_q.bias"), &b.bq)?,
+                bk: vars.add_opt(n("attn_k.bias"), &b.bk)?,
+                bv: vars.add_opt(n("attn_v.bias"), &b.bv)?,
+                q_norm: vars.add_opt(n("attn_q_norm"), &b.q_norm)?,
+                k_norm: vars.add_opt(n("attn_k_norm"), &b.k_norm)?,
+                ffn_norm: vars.add(n("ffn_norm"), &b.ffn_norm)?,
+                w_gate: vars.add(n("ffn_gate"), &b.w_gate)?,
+                w_up: vars.add(n("ffn_up"), &b.w_up)?,
+                w_down: vars.add(n("ffn_down"), &b.w_down)?,
+            });
+        }
+        let weights = LlmWeights {
+            cfg: self.cfg.clone(),
+            embed,
+            blocks,
+            out_norm: vars.add("output_norm".into(), &self.out_norm)?,
+            lm_head: vars.add_opt("output".into(), &self.lm_head)?,
+        };
+        Ok((weights, vars.0))
+    }
+
     /// Logits `[T, vocab]` of every position of `tokens` (causal: position t sees 0..=t).
     pub fn forward(&self, tokens: &[u32]) -> candle_core::Result<Tensor> {
         let dev = self.embed.device();
@@ -144,6 +179,22 @@ impl LlmWeights {
             .transpose(0, 1)?
             .reshape((t, c.n_heads * c.head_dim))?;
         linear(&o, &b.wo, None)
+    }
+}
+
+/// Named variables made from tensors.
+struct VarList(Vec<(String, Var)>);
+
+impl VarList {
+    fn add(&mut self, name: String, t: &Tensor) -> candle_core::Result<Tensor> {
+        let v = Var::from_tensor(t)?;
+        let out = v.as_tensor().clone();
+        self.0.push((name, v));
+        Ok(out)
+    }
+
+    fn add_opt(&mut self, name: String, t: &Option<Tensor>) -> candle_core::Result<Option<Tensor>> {
+        t.as_ref().map(|t| self.add(name, t)).transpose()
     }
 }
 

@@ -248,3 +248,51 @@ fn the_f32_forward_matches_the_float64_reference_and_its_greedy_continuation() {
         g["text"].as_str().unwrap()
     );
 }
+
+/// Guards against candle ops without a backward (gradients would silently stop there): a
+/// loss on a short sequence reaches every weight, and the trainable copy computes the same
+/// logits as the weights it was made from.
+#[test]
+fn every_weight_gets_a_gradient_and_the_trainable_copy_is_the_same_model() {
+    let ck = open();
+    let w = LlmWeights::from_gguf(&ck).expect("weights");
+    let (tw, vars) = w.trainable().unwrap();
+    assert_eq!(
+        vars.len(),
+        1 + 9 * w.cfg.n_layers + 1,
+        "tied: no separate output weight"
+    );
+    let tokens = [1u32, 4093, 198, 1780, 314, 216, 39, 26];
+    let a = w.forward(&tokens).unwrap();
+    let b = tw.forward(&tokens).unwrap();
+    let diff: f32 = (a - &b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar()
+        .unwrap();
+    assert!(diff <= 1e-4, "{diff}");
+    // Negative log-likelihood of the sequence's next tokens.
+    let lp = candle_nn::ops::log_softmax(&b.narrow(0, 0, tokens.len() - 1).unwrap(), 1).unwrap();
+    let next = candle_core::Tensor::new(&tokens[1..], b.device())
+        .unwrap()
+        .unsqueeze(1)
+        .unwrap();
+    let loss = lp
+        .gather(&next, 1)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .neg()
+        .unwrap();
+    let grads = loss.backward().unwrap();
+    for (name, v) in &vars {
+        let g = grads
+            .get(v.as_tensor())
+            .unwrap_or_else(|| panic!("{name} got no gradient"));
+        let norm: f32 = g.sqr().unwrap().sum_all().unwrap().to_scalar().unwrap();
+        assert!(norm > 0.0 && norm.is_finite(), "{name}: |grad|² = {norm}");
+    }
+}
