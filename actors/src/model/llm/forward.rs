@@ -126,23 +126,47 @@ impl LlmWeights {
 
     /// Logits `[T, vocab]` of every position of `tokens` (causal: position t sees 0..=t).
     pub fn forward(&self, tokens: &[u32]) -> candle_core::Result<Tensor> {
+        self.run(tokens, None)
+    }
+
+    /// An empty key/value cache for one sequence.
+    pub fn new_cache(&self) -> SeqCache {
+        SeqCache {
+            layers: vec![None; self.blocks.len()],
+            len: 0,
+        }
+    }
+
+    /// Appends `tokens` to the sequence `cache` holds; logits `[n, vocab]` of the new
+    /// positions. The same computation as [`Self::forward`] over the whole sequence.
+    pub fn extend(&self, cache: &mut SeqCache, tokens: &[u32]) -> candle_core::Result<Tensor> {
+        self.run(tokens, Some(cache))
+    }
+
+    fn run(&self, tokens: &[u32], mut cache: Option<&mut SeqCache>) -> candle_core::Result<Tensor> {
         let dev = self.embed.device();
-        let t = tokens.len();
-        let ids = Tensor::from_slice(tokens, t, dev)?;
+        let n = tokens.len();
+        let past = cache.as_ref().map_or(0, |c| c.len);
+        let ids = Tensor::from_slice(tokens, n, dev)?;
         let mut x = self.embed.index_select(&ids, 0)?;
-        let (cos, sin) = rope_tables(&self.cfg, t, dev)?;
-        let mask = causal_mask(t, dev)?;
-        for b in &self.blocks {
-            x = (&x + self.attention(b, &x, &cos, &sin, &mask)?)?;
+        let (cos, sin) = rope_tables(&self.cfg, past, n, dev)?;
+        let mask = causal_mask(past, n, dev)?;
+        for (i, b) in self.blocks.iter().enumerate() {
+            let kv = cache.as_deref_mut().map(|c| &mut c.layers[i]);
+            x = (&x + self.attention(b, &x, &cos, &sin, &mask, kv)?)?;
             let h = rms_norm(&x, &b.ffn_norm, self.cfg.rms_eps)?;
             let gate = linear(&h, &b.w_gate, None)?.silu()?;
             let up = linear(&h, &b.w_up, None)?;
             x = (&x + linear(&(gate * up)?, &b.w_down, None)?)?;
         }
+        if let Some(c) = cache {
+            c.len += n;
+        }
         let x = rms_norm(&x, &self.out_norm, self.cfg.rms_eps)?;
         linear(&x, self.lm_head.as_ref().unwrap_or(&self.embed), None)
     }
 
+    /// Self-attention of the new positions `x` `[n, d]` over the cached ones and themselves.
     fn attention(
         &self,
         b: &Block,
@@ -150,11 +174,12 @@ impl LlmWeights {
         cos: &Tensor,
         sin: &Tensor,
         mask: &Tensor,
+        cache: Option<&mut Option<(Tensor, Tensor)>>,
     ) -> candle_core::Result<Tensor> {
         let c = &self.cfg;
         let t = x.dim(0)?;
         let h = rms_norm(x, &b.attn_norm, c.rms_eps)?;
-        // [T, heads·hd] → [heads, T, hd]
+        // [n, heads·hd] → [heads, n, hd]
         let heads = |w: &Tensor, bias: Option<&Tensor>, n: usize, norm: Option<&Tensor>| {
             let y = linear(&h, w, bias)?
                 .reshape((t, n, c.head_dim))?
@@ -168,7 +193,15 @@ impl LlmWeights {
         let k = heads(&b.wk, b.bk.as_ref(), c.n_kv_heads, b.k_norm.as_ref())?;
         let v = heads(&b.wv, b.bv.as_ref(), c.n_kv_heads, None)?;
         let q = rope(&q, cos, sin, c.rope)?;
-        let k = rope(&k, cos, sin, c.rope)?;
+        let mut k = rope(&k, cos, sin, c.rope)?;
+        let mut v = v;
+        if let Some(slot) = cache {
+            if let Some((pk, pv)) = slot.as_ref() {
+                k = Tensor::cat(&[pk, &k], 1)?;
+                v = Tensor::cat(&[pv, &v], 1)?;
+            }
+            *slot = Some((k.clone(), v.clone()));
+        }
         // Query head h reads key/value head h / group.
         let (k, v) = (repeat_kv(&k, c.group())?, repeat_kv(&v, c.group())?);
         let scale = 1.0 / (c.head_dim as f64).sqrt();
@@ -179,6 +212,36 @@ impl LlmWeights {
             .transpose(0, 1)?
             .reshape((t, c.n_heads * c.head_dim))?;
         linear(&o, &b.wo, None)
+    }
+}
+
+/// The keys and values (after RoPE) of one sequence, per layer `[kv heads, len, hd]`.
+#[derive(Clone)]
+pub struct SeqCache {
+    layers: Vec<Option<(Tensor, Tensor)>>,
+    len: usize,
+}
+
+impl SeqCache {
+    /// Positions cached.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Keeps the first `len` positions (a shared prefix; the rest is recomputed).
+    pub fn truncate(&mut self, len: usize) -> candle_core::Result<()> {
+        if len >= self.len {
+            return Ok(());
+        }
+        for l in self.layers.iter_mut().flatten() {
+            *l = (l.0.narrow(1, 0, len)?, l.1.narrow(1, 0, len)?);
+        }
+        self.len = len;
+        Ok(())
     }
 }
 
@@ -210,14 +273,20 @@ pub fn rms_norm(x: &Tensor, g: &Tensor, eps: f64) -> candle_core::Result<Tensor>
     x.broadcast_div(&(ms + eps)?.sqrt()?)?.broadcast_mul(g)
 }
 
-/// cos and sin of every position's angles, `[T, hd/2]`: angle(p, i) = p·θ^(−2i/hd).
-fn rope_tables(c: &LlmConfig, t: usize, dev: &Device) -> candle_core::Result<(Tensor, Tensor)> {
+/// cos and sin of the angles of positions `past..past + t`, `[t, hd/2]`:
+/// angle(p, i) = p·θ^(−2i/hd).
+fn rope_tables(
+    c: &LlmConfig,
+    past: usize,
+    t: usize,
+    dev: &Device,
+) -> candle_core::Result<(Tensor, Tensor)> {
     let half = c.head_dim / 2;
     let inv: Vec<f32> = (0..half)
         .map(|i| (c.rope_theta.powf(-2.0 * i as f64 / c.head_dim as f64)) as f32)
         .collect();
     let inv = Tensor::from_vec(inv, (1, half), dev)?;
-    let pos = Tensor::arange(0u32, t as u32, dev)?
+    let pos = Tensor::arange(past as u32, (past + t) as u32, dev)?
         .to_dtype(DType::F32)?
         .reshape((t, 1))?;
     let ang = pos.broadcast_mul(&inv)?;
@@ -257,10 +326,20 @@ fn repeat_kv(x: &Tensor, group: usize) -> candle_core::Result<Tensor> {
         .reshape((kv * group, t, hd))
 }
 
-/// 0 on and below the diagonal, −∞ above: `[T, T]`.
-fn causal_mask(t: usize, dev: &Device) -> candle_core::Result<Tensor> {
+/// For `t` new positions after `past` cached ones, `[t, past + t]`: 0 where new position i
+/// may attend (every cached position, new ones up to itself), −∞ elsewhere.
+fn causal_mask(past: usize, t: usize, dev: &Device) -> candle_core::Result<Tensor> {
+    let all = past + t;
     let m: Vec<f32> = (0..t)
-        .flat_map(|i| (0..t).map(move |j| if j <= i { 0.0 } else { f32::NEG_INFINITY }))
+        .flat_map(|i| {
+            (0..all).map(move |j| {
+                if j <= past + i {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+        })
         .collect();
-    Tensor::from_vec(m, (t, t), dev)
+    Tensor::from_vec(m, (t, all), dev)
 }

@@ -13,7 +13,7 @@ pub mod tokenizer;
 
 pub use checkpoint::{Checkpoint, CheckpointError};
 pub use config::{Family, LlmConfig, RopeLayout};
-pub use forward::LlmWeights;
+pub use forward::{LlmWeights, SeqCache};
 pub use tokenizer::{ChatMessage, LlmTokenizer, TokenizerError};
 
 #[cfg(test)]

@@ -296,3 +296,56 @@ fn every_weight_gets_a_gradient_and_the_trainable_copy_is_the_same_model() {
         assert!(norm > 0.0 && norm.is_finite(), "{name}: |grad|² = {norm}");
     }
 }
+
+/// The cached extension (how the engine generates) gives the full forward's logits (how the
+/// trainer recomputes them): token by token, in chunks, and after truncating to a prefix.
+#[test]
+fn the_cached_extension_equals_the_full_forward() {
+    let ck = open();
+    let w = LlmWeights::from_gguf(&ck).expect("weights");
+    let r = reference();
+    let tokens = ids(&r["sequences"][0]["tokens"]);
+    let full: Vec<Vec<f32>> = w.forward(&tokens).unwrap().to_vec2().unwrap();
+    let lp_full: Vec<Vec<f64>> = full.iter().map(|row| log_softmax(row)).collect();
+    let check = |rows: Vec<Vec<f32>>, from: usize, what: &str| {
+        for (i, row) in rows.iter().enumerate() {
+            let p = from + i;
+            let lp = log_softmax(row);
+            let worst = lp
+                .iter()
+                .zip(&lp_full[p])
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f64, f64::max);
+            assert!(worst <= 1e-4, "{what}: position {p} differs by {worst}");
+        }
+    };
+    // Prefill 30, then one token at a time.
+    let mut cache = w.new_cache();
+    check(
+        w.extend(&mut cache, &tokens[..30])
+            .unwrap()
+            .to_vec2()
+            .unwrap(),
+        0,
+        "prefill",
+    );
+    for (p, &t) in tokens.iter().enumerate().skip(30) {
+        check(
+            w.extend(&mut cache, &[t]).unwrap().to_vec2().unwrap(),
+            p,
+            "decode",
+        );
+    }
+    assert_eq!(cache.len(), tokens.len());
+    // Back to a 20-token prefix, then the rest in chunks of 7.
+    cache.truncate(20).unwrap();
+    let mut p = 20;
+    for chunk in tokens[20..].chunks(7) {
+        check(
+            w.extend(&mut cache, chunk).unwrap().to_vec2().unwrap(),
+            p,
+            "chunk",
+        );
+        p += chunk.len();
+    }
+}
