@@ -65,7 +65,7 @@ pub struct AccessConfig {
     pub tokens: Vec<TokenEntry>,
     #[serde(default)]
     pub metrics: MetricsAccess,
-    /// Requests per token (per caller when the service has no tokens); over it: 429.
+    /// Requests per token (one shared bucket when the service has no tokens); over it: 429.
     #[serde(default)]
     pub rate_limit: Option<RateLimit>,
 }
@@ -80,11 +80,23 @@ pub struct ProgramPolicy {
     /// the service has no tokens, none when it has.
     #[serde(default)]
     pub executables: Option<Vec<String>>,
-    /// Whether a spec may opt out of the sandbox (`sandbox = "none"` on an environment or
-    /// the `code` function). Absent: allowed when the service has no tokens, denied when it
-    /// has.
+    /// Whether a spec may run programs outside the sandbox: `sandbox = "none"` on an
+    /// environment or the `code` function, and `command` functions (which run as plain
+    /// processes). Absent: allowed when the service has no tokens, denied when it has.
     #[serde(default)]
     pub allow_unsandboxed: Option<bool>,
+    /// Host directories a spec may make readable inside the sandbox (`readable_paths` of an
+    /// environment or of the `code` function): a listed directory and what is below it.
+    /// Absent: any when the service has no tokens, none when it has. The data directory is
+    /// never bound whatever this says.
+    #[serde(default)]
+    pub readable_paths: Option<Vec<String>>,
+    /// Whether a spec may make the service call out over the network: `http` functions (any
+    /// URL) and the `judge` function's `endpoint` and `api_key_env` (a variable of the
+    /// service's environment sent as a bearer token). Absent: allowed when the service has
+    /// no tokens, denied when it has.
+    #[serde(default)]
+    pub allow_network_functions: Option<bool>,
 }
 
 /// A problem with the access configuration.
@@ -137,6 +149,31 @@ pub struct Access {
     metrics: MetricsAccess,
     limiter: Option<Limiter>,
     policy: ProgramPolicy,
+    /// Event streams open per owner (bounded by the owners of the config, plus `local`).
+    streams: Mutex<HashMap<String, usize>>,
+}
+
+/// Event streams one owner may hold open at once (each holds a connection for as long as
+/// its job runs: without a cap one token could take every connection of the server).
+pub const MAX_STREAMS_PER_OWNER: usize = 32;
+
+/// One open event stream, counted against its owner until dropped.
+pub struct StreamGuard {
+    access: std::sync::Arc<Access>,
+    owner: String,
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        let mut s = self
+            .access
+            .streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = s.get_mut(&self.owner) {
+            *n = n.saturating_sub(1);
+        }
+    }
 }
 
 impl Access {
@@ -146,6 +183,7 @@ impl Access {
             tokens: HashMap::new(),
             metrics: MetricsAccess::Open,
             limiter: None,
+            streams: Mutex::new(HashMap::new()),
             policy: ProgramPolicy::default(),
         }
     }
@@ -179,6 +217,7 @@ impl Access {
             tokens,
             metrics: cfg.metrics,
             limiter,
+            streams: Mutex::new(HashMap::new()),
             policy,
         })
     }
@@ -227,19 +266,56 @@ impl Access {
         Ok(principal)
     }
 
+    /// Counts an event stream against `p`'s owner; none when it already holds
+    /// [`MAX_STREAMS_PER_OWNER`].
+    pub fn open_stream(self: &std::sync::Arc<Self>, p: &Principal) -> Option<StreamGuard> {
+        let mut s = self.streams.lock().unwrap_or_else(|e| e.into_inner());
+        let n = s.entry(p.name.clone()).or_insert(0);
+        if *n >= MAX_STREAMS_PER_OWNER {
+            return None;
+        }
+        *n += 1;
+        Some(StreamGuard {
+            access: self.clone(),
+            owner: p.name.clone(),
+        })
+    }
+
     /// Checks every program a spec would start against the policy: one 403 field error per
     /// disallowed program or sandbox opt-out.
     pub fn check_programs(&self, spec: &JobSpec) -> Vec<FieldError> {
         let strict = self.enabled();
         let allow_unsandboxed = self.policy.allow_unsandboxed.unwrap_or(!strict);
+        let allow_network = self.policy.allow_network_functions.unwrap_or(!strict);
         let allowed = Allowlist::new(self.policy.executables.as_deref(), strict);
+        let readable = ReadableList::new(self.policy.readable_paths.as_deref(), strict);
         let mut out = Vec::new();
         let mut deny = |field: String, message: String| out.push(FieldError { field, message });
+        let check_readable = |at: String,
+                              paths: &[String],
+                              deny: &mut dyn FnMut(String, String)| {
+            for (j, p) in paths.iter().enumerate() {
+                if !readable.permits(p) {
+                    deny(
+                        format!("{at}[{j}]"),
+                        format!("the service does not allow making {p:?} readable in the sandbox"),
+                    );
+                }
+            }
+        };
         for (i, t) in spec.tasks.iter().enumerate() {
             if let EnvSpec::External {
-                command, sandbox, ..
+                command,
+                sandbox,
+                readable_paths,
+                ..
             } = &t.env
             {
+                check_readable(
+                    format!("tasks[{i}].env.readable_paths"),
+                    readable_paths,
+                    &mut deny,
+                );
                 if let Some(program) = command.first().filter(|c| !allowed.permits(c)) {
                     deny(
                         format!("tasks[{i}].env.command"),
@@ -257,10 +333,51 @@ impl Access {
         for (name, f) in &spec.reward.functions {
             let p = format!("reward.functions.{name}");
             match f {
-                FunctionSpec::Command { command, .. } if !allowed.permits(command) => deny(
-                    format!("{p}.command"),
-                    format!("the service does not allow running `{command}`"),
+                FunctionSpec::Command { command, env, .. } => {
+                    if !allowed.permits(command) {
+                        deny(
+                            format!("{p}.command"),
+                            format!("the service does not allow running `{command}`"),
+                        );
+                    }
+                    if !allow_unsandboxed {
+                        deny(
+                            format!("{p}.kind"),
+                            "`command` functions run outside the sandbox; the service does \
+                             not allow that"
+                                .into(),
+                        );
+                    }
+                    // Variables that choose which code runs: a listed program could load another.
+                    for k in env.keys() {
+                        if strict
+                            && (k == "PATH" || k.starts_with("LD_") || k.starts_with("PYTHON"))
+                        {
+                            deny(
+                                format!("{p}.env.{k}"),
+                                format!("the service does not allow setting {k}"),
+                            );
+                        }
+                    }
+                }
+                FunctionSpec::Http { .. } if !allow_network => deny(
+                    format!("{p}.url"),
+                    "the service does not allow calling functions at arbitrary URLs".into(),
                 ),
+                FunctionSpec::Builtin {
+                    function, config, ..
+                } if function == "judge" && !allow_network => {
+                    for key in ["endpoint", "api_key_env"] {
+                        if config.as_ref().and_then(|c| c.get(key)).is_some() {
+                            deny(
+                                format!("{p}.config.{key}"),
+                                "the service does not allow the judge to call out over the \
+                                 network"
+                                    .into(),
+                            );
+                        }
+                    }
+                }
                 FunctionSpec::Builtin {
                     function, config, ..
                 } if function == "code" => {
@@ -275,6 +392,11 @@ impl Access {
                             format!("the service does not allow running `{python}`"),
                         );
                     }
+                    let paths: Vec<String> = cfg
+                        .and_then(|c| c.get("readable_paths"))
+                        .and_then(|v| serde_json::from_value(v.clone()).ok())
+                        .unwrap_or_default();
+                    check_readable(format!("{p}.config.readable_paths"), &paths, &mut deny);
                     let unsandboxed = cfg
                         .and_then(|c| c.get("sandbox"))
                         .is_some_and(|v| v == "none");
@@ -320,6 +442,36 @@ impl Allowlist {
         };
         names.iter().any(|n| n == program)
             || resolve_program(program).is_some_and(|f| self.files.contains(&f))
+    }
+}
+
+/// The directories of the policy a spec may make readable in the sandbox.
+struct ReadableList {
+    /// None: any.
+    dirs: Option<Vec<PathBuf>>,
+}
+
+impl ReadableList {
+    fn new(configured: Option<&[String]>, strict: bool) -> Self {
+        let dirs = match configured {
+            Some(list) => Some(
+                list.iter()
+                    .filter_map(|d| std::fs::canonicalize(d).ok())
+                    .collect(),
+            ),
+            None if strict => Some(Vec::new()),
+            None => None,
+        };
+        Self { dirs }
+    }
+
+    /// A path (resolved: `..` and symlinks cannot leave a listed directory) inside a listed
+    /// directory. A path that does not exist is refused when a list applies.
+    fn permits(&self, path: &str) -> bool {
+        let Some(dirs) = &self.dirs else {
+            return true;
+        };
+        std::fs::canonicalize(path).is_ok_and(|p| dirs.iter().any(|d| p.starts_with(d)))
     }
 }
 

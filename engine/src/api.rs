@@ -525,11 +525,23 @@ async fn cancel_job(
 async fn job_events(
     State(s): State<Arc<Service>>,
     Extension(p): Extension<Principal>,
+    Extension(access): Extension<Arc<Access>>,
     Path(id): Path<String>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     visible_job(&s, &p, &id)?;
+    let guard = access.open_stream(&p).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            format!(
+                "this owner already has {} event streams open",
+                crate::access::MAX_STREAMS_PER_OWNER
+            ),
+        )
+    })?;
     let (first, rx) = s.subscribe(&id)?;
     let stream = async_stream(move |tx| async move {
+        let _guard = guard;
         let terminal =
             |e: &JobEvent| matches!(e, JobEvent::State { state, .. } if state.is_terminal());
         if tx.send(to_event(&first)).await.is_err() {
@@ -719,7 +731,13 @@ async fn cluster(
     Ok(Json(Cluster {
         jobs,
         devices,
-        functions: s.functions.view(),
+        // Deployments are shared by every owner's jobs and name them (with their instances'
+        // URLs and pids): the admin's view only.
+        functions: if p.role == Role::Admin {
+            s.functions.view()
+        } else {
+            Vec::new()
+        },
     }))
 }
 

@@ -143,7 +143,7 @@ pub async fn serve(
     // Handlers first: a signal that arrives during start-up still stops the server cleanly.
     let signalled = infra::shutdown::signal();
     let service = Service::open(&cfg)?;
-    let resumed = service.recover()?;
+    let resumed = service.recover_with(&|spec| access.check_programs(spec))?;
     if resumed > 0 {
         tracing::info!(
             jobs = resumed,

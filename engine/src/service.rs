@@ -132,6 +132,11 @@ impl Service {
         let store = Store::open(&cfg.data_dir.join("rollarc.db"))?;
         // Before any process starts: end the function instances and environments a crash of
         // the previous run left behind, and list the ones this run starts.
+        // No sandbox ever sees the data directory (every job's spec and trajectories).
+        infra::sandbox::protect(&cfg.data_dir).map_err(|source| ServiceError::DataDir {
+            dir: cfg.data_dir.clone(),
+            source,
+        })?;
         let ledger = cfg.data_dir.join("processes");
         match infra::process::use_ledger(&ledger) {
             Ok(0) => {}
@@ -172,8 +177,41 @@ impl Service {
 
     /// Re-queues jobs that were running when the service last stopped, then starts jobs.
     pub fn recover(self: &Arc<Self>) -> Result<usize, ServiceError> {
+        self.recover_with(&|_| Vec::new())
+    }
+
+    /// [`Self::recover`], re-checking every unfinished job against today's limits first: the
+    /// memory budget and `policy` (the programs the service allows, which may have changed
+    /// since the job was accepted). A job that no longer passes is failed with the reason.
+    pub fn recover_with(
+        self: &Arc<Self>,
+        policy: &dyn Fn(&JobSpec) -> Vec<crate::spec::FieldError>,
+    ) -> Result<usize, ServiceError> {
         let mut n = 0;
         for j in self.store.unfinished()? {
+            if let Some(spec) = self.store.spec(&j.id)? {
+                let why = match self.admit(&spec) {
+                    Err(e) => Some(format!("not resumed: {e}")),
+                    Ok(_) => {
+                        let denied = policy(&spec);
+                        (!denied.is_empty()).then(|| {
+                            let fields: Vec<String> = denied
+                                .iter()
+                                .map(|f| format!("{}: {}", f.field, f.message))
+                                .collect();
+                            format!(
+                                "not resumed: the service policy forbids {}",
+                                fields.join("; ")
+                            )
+                        })
+                    }
+                };
+                if let Some(why) = why {
+                    tracing::error!(job = %j.id, error = %why, "failing a recovered job");
+                    self.store.transition(&j.id, JobState::Failed, Some(&why))?;
+                    continue;
+                }
+            }
             if j.state == JobState::Running {
                 let deaths = self.store.died_attempts(&j.id)?;
                 if deaths >= MAX_PROCESS_DEATHS {
@@ -183,15 +221,6 @@ impl Service {
                          {MAX_PROCESS_DEATHS}); it is not run again"
                     );
                     tracing::error!(job = %j.id, deaths, "crash loop: failing the job");
-                    self.store.transition(&j.id, JobState::Failed, Some(&why))?;
-                    continue;
-                }
-                // The budget may have shrunk since the job was accepted.
-                if let Some(spec) = self.store.spec(&j.id)?
-                    && let Err(e) = self.admit(&spec)
-                {
-                    tracing::error!(job = %j.id, error = %e, "over the memory budget: failing the job");
-                    let why = format!("not resumed: {e}");
                     self.store.transition(&j.id, JobState::Failed, Some(&why))?;
                     continue;
                 }
@@ -352,9 +381,7 @@ impl Service {
         let Ok(unfinished) = self.store.unfinished() else {
             return;
         };
-        let Ok(mut running) = self.running.lock() else {
-            return;
-        };
+        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
         for j in unfinished
             .into_iter()
             .filter(|j| j.state == JobState::Queued)
@@ -402,10 +429,7 @@ impl Service {
                 self.running_count.send_replace(running.len());
                 drop(running);
                 self.emit_state(&j.id);
-                running = match self.running.lock() {
-                    Ok(r) => r,
-                    Err(_) => return,
-                };
+                running = self.running.lock().unwrap_or_else(|p| p.into_inner());
             }
         }
     }
@@ -447,12 +471,13 @@ impl Service {
                     job: id.clone(),
                 });
                 let checkpoint_dir = Some(self.data_dir.join("checkpoints").join(&id));
-                let resume = (start_step > 0).then(|| self.resume_cursor(&id, start_step));
+                // Also before any step completed: an attempt may have stored rows.
+                let resume = self.resume_cursor(&id, start_step);
                 let run = JobRun {
                     id: id.clone(),
                     spec,
                     start_step,
-                    resume: resume.flatten(),
+                    resume,
                     epoch,
                     sink,
                     observer,
@@ -524,21 +549,36 @@ impl Service {
     /// Where a resumed job's admission continues: the cursor stored with its last completed
     /// step (its seeds go on from there: nothing trained is generated again), with group ids
     /// above every group stored by any attempt (rows of an interrupted attempt keep theirs).
+    /// Without a stored cursor (older metrics), only the group-id floor is kept (the
+    /// scheduler starts its sequences afresh but never reuses a stored group id).
     fn resume_cursor(&self, id: &str, start_step: u64) -> Option<job::scheduler::Cursor> {
-        let steps = self
-            .store
-            .step_metrics(id)
+        let stored = (start_step > 0)
+            .then(|| self.store.step_metrics(id))
+            .transpose()
             .map_err(|e| tracing::warn!(job = %id, error = %error_chain(&e), "no step metrics to resume from"))
-            .ok()?;
-        let last = steps
-            .iter()
-            .rfind(|m| m["step"].as_u64() == Some(start_step - 1))?;
-        let mut cursor: job::scheduler::Cursor =
-            serde_json::from_value(last["scheduler"]["cursor"].clone()).ok()?;
-        if let Ok(Some(g)) = self.store.max_group_id(id) {
-            cursor.next_group = cursor.next_group.max(g + 1);
+            .ok()
+            .flatten()
+            .and_then(|steps| {
+                let last = steps
+                    .iter()
+                    .rfind(|m| m["step"].as_u64() == Some(start_step - 1))?;
+                serde_json::from_value::<job::scheduler::Cursor>(
+                    last["scheduler"]["cursor"].clone(),
+                )
+                .ok()
+            });
+        let floor = self.store.max_group_id(id).ok().flatten().map(|g| g + 1);
+        match (stored, floor) {
+            (Some(mut c), f) => {
+                c.next_group = c.next_group.max(f.unwrap_or(0));
+                Some(c)
+            }
+            (None, Some(f)) => Some(job::scheduler::Cursor {
+                next_group: f,
+                ..Default::default()
+            }),
+            (None, None) => None,
         }
-        Some(cursor)
     }
 
     /// Stops intake; waits up to `grace` for running jobs; then interrupts the rest, which stay

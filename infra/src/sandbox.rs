@@ -24,6 +24,45 @@ pub const SANDBOX_SYSTEM_DIRS: [&str; 9] = [
     "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt",
 ];
 
+/// Directories no sandbox may see (the service's data directory), resolved.
+static PROTECTED: std::sync::Mutex<Vec<std::path::PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// Keeps `dir` (e.g. the service's data directory, with every job's spec and trajectories)
+/// out of every sandbox: a bind that is `dir`, lies inside it or contains it is dropped. Fails
+/// when `dir` lies in a system directory that every sandbox sees read-only.
+pub fn protect(dir: &std::path::Path) -> std::io::Result<()> {
+    let d = std::fs::canonicalize(dir)?;
+    if let Some(sys) = SANDBOX_SYSTEM_DIRS.iter().find(|s| d.starts_with(s)) {
+        return Err(std::io::Error::other(format!(
+            "{} lies in {sys}, which every sandbox sees read-only: put the data directory elsewhere",
+            d.display()
+        )));
+    }
+    let mut p = PROTECTED.lock().unwrap_or_else(|e| e.into_inner());
+    if !p.contains(&d) {
+        p.push(d);
+    }
+    Ok(())
+}
+
+/// A path the sandbox may bind read-only, resolved (`..`, `//` and symlinks): not the root,
+/// not already visible (a system directory), and not a protected directory, inside one or
+/// holding one.
+fn bindable(p: &std::path::Path) -> Option<String> {
+    let c = std::fs::canonicalize(p).ok()?;
+    if c.parent().is_none() || SANDBOX_SYSTEM_DIRS.iter().any(|s| c.starts_with(s)) {
+        return None;
+    }
+    let protected = PROTECTED.lock().unwrap_or_else(|e| e.into_inner());
+    if protected
+        .iter()
+        .any(|d| c.starts_with(d) || d.starts_with(&c))
+    {
+        return None;
+    }
+    Some(c.to_string_lossy().into_owned())
+}
+
 /// The only environment variables a sandboxed program gets (besides `HOME=/tmp`): the
 /// service's own environment (tokens, keys, paths) is cleared.
 pub const SANDBOX_ENV: [(&str, &str); 4] = [
@@ -48,20 +87,25 @@ pub fn sandboxed(command: &[String], readable: &[String]) -> Vec<String> {
     // bubblewrap reads the seccomp filter from a descriptor: a shell opens the filter file as
     // descriptor 9 and becomes bubblewrap. (`check_sandbox` fails when the file cannot be
     // written, so a job never runs without the filter.)
-    let filter = crate::seccomp::filter_file().ok();
-    if let Some(f) = &filter {
-        v.extend([
-            s("sh"),
-            s("-c"),
-            s(r#"exec "$@" 9<"$0""#),
-            f.to_string_lossy().into_owned(),
-        ]);
-    }
-    if filter.is_some() {
-        v.extend([s("bwrap"), s("--seccomp"), s("9")]);
-    } else {
-        v.push(s("bwrap"));
-    }
+    let Ok(filter) = crate::seccomp::filter_file() else {
+        // Never without the filter: the program does not run at all.
+        return [
+            "sh",
+            "-c",
+            "echo 'rollarc: the sandbox seccomp filter cannot be written' >&2; exit 126",
+        ]
+        .map(str::to_string)
+        .to_vec();
+    };
+    v.extend([
+        s("sh"),
+        s("-c"),
+        s(r#"exec "$@" 9<"$0""#),
+        filter.to_string_lossy().into_owned(),
+        s("bwrap"),
+        s("--seccomp"),
+        s("9"),
+    ]);
     v.extend(
         [
             "--unshare-net",
@@ -95,10 +139,11 @@ pub fn sandboxed(command: &[String], readable: &[String]) -> Vec<String> {
             } else {
                 p.parent().filter(|d| d.is_dir()).map(|d| d.to_path_buf())
             }
-        })
-        .map(|d| d.to_string_lossy().into_owned())
-        .filter(|d| d != "/" && !SANDBOX_SYSTEM_DIRS.iter().any(|s| d.starts_with(s)));
-    let mut binds: Vec<String> = own.chain(readable.iter().cloned()).collect();
+        });
+    let mut binds: Vec<String> = own
+        .chain(readable.iter().map(std::path::PathBuf::from))
+        .filter_map(|p| bindable(&p))
+        .collect();
     binds.sort();
     binds.dedup();
     for p in binds {

@@ -3,8 +3,9 @@
 //! leave open: creating user namespaces (`unshare` / `clone` with `CLONE_NEWUSER`; `clone3`,
 //! whose flags a filter cannot read, answers `ENOSYS` so the C library falls back to `clone`)
 //! and the kernel keyrings (`keyctl`, `add_key`, `request_key`: the session keyring of the
-//! service would otherwise be readable). Everything else is allowed. x86_64 only; on another
-//! architecture the filter allows everything (the other layers still apply).
+//! service would otherwise be readable), and every call of another ABI (i386 through
+//! `int 0x80`, x32). Everything else is allowed. x86_64 only; built for another architecture
+//! the filter allows everything (the other layers still apply).
 
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
@@ -22,6 +23,13 @@ const CLONE_NEWUSER: u32 = 0x1000_0000;
 /// Set in the numbers of the x32 ABI's system calls (same architecture value).
 const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 const RET_ALLOW: u32 = 0x7fff_0000;
+/// Calls of another architecture: on x86_64 those are the i386 ones (`int 0x80`), which have
+/// their own numbers for `unshare` and `keyctl`: denied. Built elsewhere, the filter checks
+/// nothing (its numbers are x86_64's) and allows them.
+#[cfg(target_arch = "x86_64")]
+const OTHER_ARCH: u32 = RET_ERRNO | EPERM;
+#[cfg(not(target_arch = "x86_64"))]
+const OTHER_ARCH: u32 = RET_ALLOW;
 const RET_ERRNO: u32 = 0x0005_0000;
 const EPERM: u32 = 1;
 const ENOSYS: u32 = 38;
@@ -53,7 +61,7 @@ pub fn program() -> Vec<u8> {
     let prog = [
         /* 0 */ op(LD_W_ABS, 0, 0, OFF_ARCH),
         /* 1 */ op(JEQ_K, 1, 0, ARCH_X86_64),
-        /* 2 */ op(RET_K, 0, 0, RET_ALLOW),
+        /* 2 */ op(RET_K, 0, 0, OTHER_ARCH),
         /* 3 */ op(LD_W_ABS, 0, 0, OFF_NR),
         /* 4 */ op(JGE_K, 10, 0, X32_SYSCALL_BIT), // x32 calls: denied → 15
         /* 5 */ op(JEQ_K, 6, 0, SYS_UNSHARE), // → 12

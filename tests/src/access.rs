@@ -267,7 +267,7 @@ async fn disallowed_program_kinds_are_403_with_the_field_path() {
     };
     let policy = ProgramPolicy {
         executables: Some(vec!["python3".into()]),
-        allow_unsandboxed: None,
+        ..ProgramPolicy::default()
     };
     let s = TestServer::start_with_access(guarded(None, policy)).await;
     let post = |body: String| {
@@ -350,4 +350,30 @@ fn serve_refuses_a_public_address_without_tokens() {
     let _ = child.kill();
     let _ = child.wait();
     assert!(served, "--insecure-public did not serve");
+}
+
+/// Review finding: event streams hold a connection each for as long as their job runs; one
+/// owner may hold at most `MAX_STREAMS_PER_OWNER` of them (else one token could take every
+/// connection of the server).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_holds_a_bounded_number_of_event_streams() {
+    let s = TestServer::start().await;
+    let id = tests::submit_job(&s.client, &s.url(""), wall_clock_job(100_000, 1, 0.05)).await;
+    let url = s.url(&format!("/v1/jobs/{id}/events"));
+    let mut open = Vec::new();
+    for i in 0..engine::access::MAX_STREAMS_PER_OWNER {
+        let r = reqwest::Client::new().get(&url).send().await.unwrap();
+        assert_eq!(r.status(), 200, "stream {i}");
+        open.push(r);
+    }
+    let r = reqwest::Client::new().get(&url).send().await.unwrap();
+    assert_eq!(r.status(), 429);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "rate_limited");
+    drop(open);
+    let _ = s
+        .client
+        .post(s.url(&format!("/v1/jobs/{id}/cancel")))
+        .send()
+        .await;
 }

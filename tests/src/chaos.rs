@@ -13,7 +13,7 @@ use std::time::Duration;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::server::{ServerProcess, group_alive, ledger_groups};
+use crate::server::{ServerProcess, descendants, group_alive, ledger_groups, still_running};
 use crate::{SpecBuilder, submit_job, wait_job};
 
 /// What to run.
@@ -29,6 +29,8 @@ pub struct ChaosOptions {
 pub struct ChaosReport {
     pub kills: usize,
     pub function_kills: usize,
+    /// Processes the killed services were running (function instances, environments).
+    pub processes_seen: usize,
     pub rows: usize,
     pub lost: usize,
     pub changed: usize,
@@ -49,7 +51,11 @@ pub struct ChaosReport {
 
 impl ChaosReport {
     pub fn clean(&self) -> bool {
-        self.lost + self.changed + self.duplicated + self.replayed + self.orphans == 0
+        // Function instances were killed too (every other round), or the test proved less.
+        let instances_killed = self.kills < 2 || self.function_kills > 0;
+        instances_killed
+            && (self.kills == 0 || self.processes_seen > 0)
+            && self.lost + self.changed + self.duplicated + self.replayed + self.orphans == 0
             && self.bad_steps + self.unscored == 0
             && self.crash_loop_error.contains("reward function `broken`")
             && self.problems.is_empty()
@@ -220,6 +226,18 @@ async fn survivors(groups: &[i32]) -> usize {
     }
 }
 
+/// Waits (at most 10 s) for the processes of a killed service to die; returns the survivors.
+async fn survivors_of(procs: &[(u32, u64)]) -> usize {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let alive = still_running(procs);
+        if alive == 0 || tokio::time::Instant::now() > deadline {
+            return alive;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Runs the chaos loop on a fresh data directory under `dir`.
 pub async fn run(opts: &ChaosOptions, dir: &Path) -> ChaosReport {
     let client = reqwest::Client::new();
@@ -252,11 +270,15 @@ pub async fn run(opts: &ChaosOptions, dir: &Path) -> ChaosReport {
             report.duplicated += dup;
             snapshot.insert(id.clone(), r);
         }
+        // What the server runs, seen from /proc (not from its own ledger).
+        let procs = descendants(server.child.id());
         server.sigkill();
         report.kills += 1;
+        report.processes_seen += procs.len();
         let groups = ledger_groups(dir);
         server = ServerProcess::start_with(dir, Some(CONFIG));
         report.orphans += survivors(&groups).await;
+        report.orphans += survivors_of(&procs).await;
         for (_, id, _) in &ids {
             let (after, dup) = rows(&client, &server.base, id).await;
             report.duplicated += dup;

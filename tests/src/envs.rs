@@ -498,3 +498,62 @@ done"#;
             .any(|t| matches!(t.failure, Some(actors::types::FailureReason::EnvFailed(_))))
     );
 }
+
+/// Review finding: a command-line argument or a `readable_paths` entry under (or above) the
+/// data directory used to bind it into the sandbox; once the directory is protected, no bind
+/// reaches it, however the path is written — while an unprotected directory stays readable
+/// (so the probe can succeed).
+#[tokio::test]
+async fn no_path_binds_the_protected_data_directory_into_a_sandbox() {
+    let data = tempfile::tempdir().unwrap();
+    let open = tempfile::tempdir().unwrap();
+    for d in [&data, &open] {
+        std::fs::write(d.path().join("secret"), "s3cret").unwrap();
+    }
+    infra::sandbox::protect(data.path()).unwrap();
+    let probe = |file: std::path::PathBuf, readable: Vec<String>| {
+        let script = format!(
+            "read l; if cat '{}' >/dev/null 2>&1; then o=read; else o=denied; fi; echo \"{{\\\"v\\\":1,\\\"ok\\\":true,\\\"observation\\\":\\\"$o\\\"}}\"",
+            file.display()
+        );
+        // The file as an argument makes its directory one of the program's own.
+        let mut cmd = vec!["bash".to_string(), "-c".to_string(), script];
+        cmd.push(file.to_string_lossy().into_owned());
+        engine::envs::sandboxed(&cmd, &readable)
+    };
+    let dd = data.path().to_string_lossy().into_owned();
+    let parent = data.path().parent().unwrap().to_string_lossy().into_owned();
+    for (what, file, readable) in [
+        ("own directory", data.path().join("secret"), vec![]),
+        (
+            "readable path",
+            data.path().join("secret"),
+            vec![dd.clone()],
+        ),
+        ("its parent", data.path().join("secret"), vec![parent]),
+        (
+            "written with ..",
+            data.path().join("secret"),
+            vec![format!(
+                "{dd}/../{}",
+                data.path().file_name().unwrap().to_string_lossy()
+            )],
+        ),
+        (
+            "written with //",
+            data.path().join("secret"),
+            vec![format!("/{dd}")],
+        ),
+    ] {
+        let mut e = external(probe(file, readable), 10_000, 1 << 20);
+        assert_eq!(e.reset(0).await.unwrap().text, "denied", "{what}");
+        e.close().await;
+    }
+    let mut e = external(probe(open.path().join("secret"), vec![]), 10_000, 1 << 20);
+    assert_eq!(
+        e.reset(0).await.unwrap().text,
+        "read",
+        "an unprotected directory"
+    );
+    e.close().await;
+}

@@ -99,3 +99,47 @@ pub fn group_alive(pgid: i32) -> bool {
         })
     })
 }
+
+/// (pid, start time) of a process from `/proc/PID/stat`, with its parent.
+fn stat(pid: u32) -> Option<(u32, u64)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &s[s.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // Fields from 3 on: state (3), ppid (4), …, starttime (22).
+    if f.first() == Some(&"Z") {
+        return None;
+    }
+    Some((f.get(1)?.parse().ok()?, f.get(19)?.parse().ok()?))
+}
+
+/// Every live descendant of `root` as (pid, start time), read from `/proc` — independent of
+/// the service's own bookkeeping.
+pub fn descendants(root: u32) -> Vec<(u32, u64)> {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let all: Vec<(u32, u32, u64)> = procs
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| stat(pid).map(|(ppid, start)| (pid, ppid, start)))
+        .collect();
+    let mut out = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(p) = frontier.pop() {
+        for &(pid, ppid, start) in &all {
+            if ppid == p {
+                out.push((pid, start));
+                frontier.push(pid);
+            }
+        }
+    }
+    out
+}
+
+/// How many of `procs` still run (the same pid with the same start time).
+pub fn still_running(procs: &[(u32, u64)]) -> usize {
+    procs
+        .iter()
+        .filter(|(pid, start)| stat(*pid).is_some_and(|(_, s)| s == *start))
+        .count()
+}

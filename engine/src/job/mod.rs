@@ -140,9 +140,6 @@ async fn run_plan(
             what: "scheduler",
             source: actors::call::CallError::Stopped,
         })?;
-    let out = driver::drive(job, &knobs, &a, report, hub, started).await;
-    if let Some(w) = a.crash_watch.take() {
-        w.abort();
-    }
-    out
+    // The crash watcher ends with `a` (aborted on drop), whichever way this returns.
+    driver::drive(job, &knobs, &a, report, hub, started).await
 }

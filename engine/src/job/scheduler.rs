@@ -188,11 +188,15 @@ impl Actor for Scheduler {
                 let _: u64 = rng.random();
             }
         }
-        let cursor = resume.unwrap_or_else(|| Cursor {
+        let mut cursor = resume.unwrap_or_else(|| Cursor {
             task_groups: vec![0; n_tasks],
             credit: vec![0.0; n_tasks],
             ..Cursor::default()
         });
+        // Group ids stay above every stored group, even when the sequences start afresh.
+        if let Some(c) = &a.resume {
+            cursor.next_group = cursor.next_group.max(c.next_group);
+        }
         let version = a.start_version;
         let cost = CostModel {
             pools: a

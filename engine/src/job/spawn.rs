@@ -44,8 +44,8 @@ pub(super) struct JobActors {
     /// Fault budgets of the reward functions and environments; the driver fails the job on
     /// the first broken one.
     pub faults: Arc<Faults>,
-    /// Watches the job's function deployments for crash loops (aborted with the job).
-    pub crash_watch: Option<tokio::task::JoinHandle<()>>,
+    /// Watches the job's function deployments for crash loops (aborted when dropped).
+    pub _crash_watch: Option<tokio_util::task::AbortOnDropHandle<()>>,
 }
 
 /// Instances in a row that die or never become ready before a deployment counts as
@@ -104,8 +104,12 @@ pub(super) async fn spawn(
         &faults,
     )
     .await?;
-    let crash_watch = (!deployments.is_empty())
-        .then(|| tokio::spawn(watch_crash_loops(deployments, faults.clone())));
+    let crash_watch = (!deployments.is_empty()).then(|| {
+        tokio_util::task::AbortOnDropHandle::new(tokio::spawn(watch_crash_loops(
+            deployments,
+            faults.clone(),
+        )))
+    });
     let env_counters = tasks
         .iter()
         .map(|t| (t.domain.clone(), t.envs.counters.clone()))
@@ -153,17 +157,29 @@ pub(super) async fn spawn(
         env_counters,
         tasks,
         faults,
-        crash_watch,
+        _crash_watch: crash_watch,
     })
 }
 
 /// Breaks a reward function at once when its deployment crash-loops (calls would otherwise
 /// wait for an instance until their deadline, each).
+///
+/// Only crashes during this job count: a shared deployment that crash-looped for an earlier
+/// job gets fresh instances to prove itself.
 async fn watch_crash_loops(deployments: Vec<(String, Arc<Deployment>)>, faults: Arc<Faults>) {
+    use std::sync::atomic::Ordering;
+    let base: Vec<u64> = deployments
+        .iter()
+        .map(|(_, d)| d.counters.crashed.load(Ordering::Relaxed))
+        .collect();
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     loop {
         tick.tick().await;
-        for (name, d) in &deployments {
+        for ((name, d), base) in deployments.iter().zip(&base) {
+            let ours = d.counters.crashed.load(Ordering::Relaxed) - base;
+            if ours < u64::from(CRASH_LOOP_INSTANCES) {
+                continue;
+            }
             if let Some((crashes, last)) = d.crash_loop(CRASH_LOOP_INSTANCES) {
                 faults.trip(Fault {
                     dependency: format!("reward function `{name}`"),
