@@ -78,7 +78,9 @@ async fn a_function_that_never_becomes_ready_fails_its_job() {
     let idle = r#"["-c", "import time; time.sleep(600)"]"#;
     let error = fails_with(job_with_function(idle)).await;
     assert!(error.contains("reward function `broken`"), "{error}");
-    assert!(error.contains("0 instance(s) ready, 1 starting"), "{error}");
+    // (The autoscaler may have asked for more than one instance by then.)
+    assert!(error.contains("0 instance(s) ready"), "{error}");
+    assert!(!error.contains(", 0 starting"), "{error}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -98,7 +100,8 @@ async fn a_function_that_times_out_fails_its_job() {
         error.contains("timed out") || error.contains("deadline"),
         "{error}"
     );
-    assert!(error.contains("1 instance(s) ready"), "{error}");
+    assert!(error.contains("instance(s) ready"), "{error}");
+    assert!(!error.contains("0 instance(s) ready"), "{error}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
