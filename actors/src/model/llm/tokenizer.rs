@@ -99,46 +99,70 @@ impl LlmTokenizer {
             .filter(|(_, t)| **t == TOKEN_CONTROL || **t == TOKEN_USER_DEFINED)
             .map(|(s, t)| AddedToken::from((*s).to_string(), *t == TOKEN_CONTROL))
             .collect();
-        let build = || -> Result<Tokenizer, TokenizerError> {
-            let bpe = BPE::builder()
-                .vocab_and_merges(vocab.clone(), merges.clone())
-                .build()
-                .map_err(TokenizerError::Build)?;
-            let mut t = Tokenizer::new(bpe);
-            t.with_pre_tokenizer(Some(pre_tokenizer(pre)?));
-            t.with_decoder(Some(ByteLevel::default()));
-            Ok(t)
-        };
-        let plain = build()?;
-        let mut with_specials = build()?;
-        with_specials
-            .add_special_tokens(specials)
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, merges)
+            .build()
+            .map_err(TokenizerError::Build)?;
+        let mut t = Tokenizer::new(bpe);
+        t.with_pre_tokenizer(Some(pre_tokenizer(pre)?));
+        t.with_decoder(Some(ByteLevel::default()));
+        t.add_special_tokens(specials)
             .map_err(TokenizerError::Build)?;
         let id = |key: &str| m.get_u64(key).ok().map(|v| v as u32);
-        let (bos_id, eos_id) = (
+        Ok(Self::from_parts(
+            t,
             id("tokenizer.ggml.bos_token_id"),
             id("tokenizer.ggml.eos_token_id"),
-        );
+            m.get_str("tokenizer.chat_template")
+                .ok()
+                .map(str::to_string),
+        ))
+    }
+
+    /// A tokenizer that recognises its special tokens in text, with the checkpoint's special
+    /// ids and chat template.
+    pub fn from_parts(
+        with_specials: Tokenizer,
+        bos_id: Option<u32>,
+        eos_id: Option<u32>,
+        chat_template: Option<String>,
+    ) -> Self {
+        // The same tokenizer, splitting special tokens' text like any other text.
+        let mut plain = with_specials.clone();
+        plain.set_encode_special_tokens(true);
+        let mut pieces = vec![String::new(); with_specials.get_vocab_size(true)];
+        for (piece, id) in with_specials.get_vocab(true) {
+            if let Some(slot) = pieces.get_mut(id as usize) {
+                *slot = piece;
+            }
+        }
         let mut stop_ids: Vec<u32> = eos_id.into_iter().collect();
         for end in ["<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<end_of_turn>"] {
-            if let Some(&i) = vocab.get(end)
+            if let Some(i) = with_specials.token_to_id(end)
                 && !stop_ids.contains(&i)
             {
                 stop_ids.push(i);
             }
         }
-        Ok(Self {
+        Self {
             with_specials,
             plain,
             bos_id,
             eos_id,
             stop_ids,
-            pieces: tokens.iter().map(|t| (*t).to_string()).collect(),
-            chat_template: m
-                .get_str("tokenizer.chat_template")
-                .ok()
-                .map(str::to_string),
-        })
+            pieces,
+            chat_template,
+        }
+    }
+
+    /// The underlying tokenizer (special tokens recognised), e.g. to save as `tokenizer.json`.
+    pub fn inner(&self) -> &Tokenizer {
+        &self.with_specials
+    }
+
+    /// The checkpoint's chat template, if any.
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
     }
 
     /// Token ids of `text`; `specials`: recognise the checkpoint's special tokens in it.
