@@ -237,8 +237,10 @@ impl Access {
         let principal = if self.enabled() {
             let token = authorization
                 .ok_or(Denied::Unauthenticated("missing bearer token"))?
-                .strip_prefix("Bearer ")
-                .map(str::trim)
+                // The scheme is case-insensitive (RFC 9110).
+                .split_once(' ')
+                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+                .map(|(_, t)| t.trim())
                 .filter(|t| !t.is_empty())
                 .ok_or(Denied::Unauthenticated(
                     "the Authorization header must read `Bearer <token>`",

@@ -56,6 +56,7 @@ fn tokens_authenticate_by_digest_only() {
     .unwrap();
     assert!(a.enabled());
     let p = a.authenticate(Some("Bearer t-alice")).unwrap();
+    assert_eq!(a.authenticate(Some("bearer t-alice")).unwrap(), p);
     assert_eq!((p.name.as_str(), p.role), ("alice", Role::Submit));
     assert_eq!(p.owner(), Some("alice"));
     assert!(p.owns(Some("alice")) && !p.owns(Some("bob")) && !p.owns(None));
