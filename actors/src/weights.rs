@@ -19,10 +19,30 @@ pub struct Tensor {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Weights {
     pub version: PolicyVersion,
-    /// Real tensors for real backends; empty for simulated ones.
+    /// Real tensors for real backends, copied out as plain rows (small models, external
+    /// trainers); empty for simulated ones.
     pub tensors: Vec<Tensor>,
+    /// Real tensors shared without a copy (large models in this process): immutable once
+    /// published, read by every engine of the job.
+    pub shared: Option<SharedTensors>,
     /// Size the transfer is modelled with (bytes), for simulated weight sync.
     pub modelled_bytes: f64,
+}
+
+/// Named candle tensors behind one `Arc`; equal when they are the same publication.
+#[derive(Clone)]
+pub struct SharedTensors(pub Arc<Vec<(String, candle_core::Tensor)>>);
+
+impl PartialEq for SharedTensors {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl std::fmt::Debug for SharedTensors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SharedTensors({} tensors)", self.0.len())
+    }
 }
 
 impl Weights {
@@ -30,8 +50,43 @@ impl Weights {
         Self {
             version,
             tensors: Vec::new(),
+            shared: None,
             modelled_bytes,
         }
+    }
+
+    /// Weights of `version` shared as candle tensors (sized by their f32 bytes).
+    pub fn from_shared(
+        version: PolicyVersion,
+        tensors: Vec<(String, candle_core::Tensor)>,
+    ) -> Self {
+        let bytes: usize = tensors.iter().map(|(_, t)| t.elem_count() * 4).sum();
+        Self {
+            version,
+            tensors: Vec::new(),
+            shared: Some(SharedTensors(Arc::new(tensors))),
+            modelled_bytes: bytes as f64,
+        }
+    }
+
+    /// Every real tensor as candle tensors on `dev`, by name: the shared ones as they are,
+    /// plain rows converted.
+    pub fn candle_tensors(
+        &self,
+        dev: &candle_core::Device,
+    ) -> candle_core::Result<Vec<(String, candle_core::Tensor)>> {
+        let mut v: Vec<(String, candle_core::Tensor)> = self
+            .shared
+            .as_ref()
+            .map(|s| s.0.as_ref().clone())
+            .unwrap_or_default();
+        for t in &self.tensors {
+            v.push((
+                t.name.clone(),
+                candle_core::Tensor::from_slice(&t.data, t.shape.as_slice(), dev)?,
+            ));
+        }
+        Ok(v)
     }
 }
 

@@ -325,6 +325,8 @@ async fn generate(
             },
             seed: p.sample_seed ^ (u64::from(turn_no) << 48),
             allowed_tokens: task.allowed_tokens.clone(),
+            top_k: 0,
+            stop_strings: Vec::new(),
         },
         sim_response_len: obs.sim_response_len,
         prefilled: false,

@@ -22,6 +22,8 @@ pub fn request(id: u64, context: Vec<u32>, max_tokens: u32, seed: u64) -> GenReq
             stop_tokens: vec![],
             seed,
             allowed_tokens: None,
+            top_k: 0,
+            stop_strings: Vec::new(),
         },
         sim_response_len: Some(max_tokens),
         prefilled: false,

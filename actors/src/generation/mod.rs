@@ -32,8 +32,13 @@ pub enum InFlightPolicy {
 pub struct SamplingParams {
     pub temperature: f32,
     pub top_p: f32,
+    /// Sample among the `top_k` most likely tokens only (0: all).
+    pub top_k: u32,
     pub max_tokens: u32,
     pub stop_tokens: Vec<u32>,
+    /// Generation stops once the decoded answer contains one of these (the tokens that
+    /// completed it are kept: they were sampled and are trained on).
+    pub stop_strings: Vec<String>,
     /// Seed of this request's RNG, so a run can be replayed.
     pub seed: u64,
     /// Constrained decoding: when set, only these tokens may be sampled (the environment's
@@ -47,8 +52,10 @@ impl Default for SamplingParams {
         Self {
             temperature: 1.0,
             top_p: 1.0,
+            top_k: 0,
             max_tokens: 64,
             stop_tokens: Vec::new(),
+            stop_strings: Vec::new(),
             seed: 0,
             allowed_tokens: None,
         }

@@ -1,7 +1,8 @@
-//! The built-in generation engine: the transformer behind [`GenerationEngine`], with
+//! The built-in generation engine: any [`Decoder`] behind [`GenerationEngine`], with
 //! continuous batching (prefill of newly added sequences, then one batched decode step for
-//! every running sequence), per-request seeded sampling (temperature, top-p, max tokens, stop
-//! tokens), a prefix cache per session, and weight swaps under the abort / recompute policies.
+//! every running sequence), per-request seeded sampling (temperature, top-k, top-p, max
+//! tokens, stop ids and stop strings), per-token log-probabilities, a prefix cache per
+//! session, and weight swaps under the abort / recompute policies.
 //! Runs on its own thread (`LoopPlacement::Thread`): its steps are real compute.
 
 use crate::error::SharedError;
@@ -12,6 +13,7 @@ use candle_core::{DType, Device, Tensor};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+use super::decoder::Decoder;
 use super::tokenizer::EOT;
 use super::transformer::{ModelConfig, Params, SeqCache, Transformer};
 use crate::generation::{
@@ -21,9 +23,9 @@ use crate::generation::{
 use crate::types::{PolicyVersion, VersionSpan};
 use crate::weights::Weights;
 
-struct Seq {
+struct Seq<C> {
     req: GenRequest,
-    cache: SeqCache,
+    cache: C,
     /// Context tokens not yet fed (prefill pending).
     pending_context: usize,
     tokens: Vec<u32>,
@@ -33,12 +35,14 @@ struct Seq {
     last: Option<u32>,
     rng: SmallRng,
     prefilled: u32,
+    /// The answer contains one of the request's stop strings.
+    stopped: bool,
 }
 
 /// A cached prefix kept between the turns of a session.
-struct Cached {
+struct Cached<C> {
     tokens: Vec<u32>,
-    cache: SeqCache,
+    cache: C,
 }
 
 /// Time spent in each phase since start.
@@ -50,106 +54,201 @@ pub struct PhaseTimes {
     pub decode_tokens: u64,
 }
 
-pub struct BuiltinEngine {
+/// The tiny byte-level transformer as a [`Decoder`].
+pub struct TinyDecoder {
     model: Transformer,
     params: Params,
+}
+
+impl Decoder for TinyDecoder {
+    type Cache = SeqCache;
+
+    fn max_seq(&self) -> usize {
+        self.model.cfg.max_seq
+    }
+    fn new_cache(&self) -> SeqCache {
+        SeqCache::new(&self.model.cfg)
+    }
+    fn cache_len(cache: &SeqCache) -> usize {
+        cache.len()
+    }
+    fn prefill(&self, tokens: &[u32], cache: &mut SeqCache) -> candle_core::Result<Vec<f32>> {
+        self.model
+            .prefill(&self.params, tokens, cache)?
+            .to_dtype(DType::F32)?
+            .to_vec1()
+    }
+    fn decode(
+        &self,
+        tokens: &[u32],
+        caches: &mut [&mut SeqCache],
+    ) -> candle_core::Result<Vec<Vec<f32>>> {
+        self.model
+            .decode(&self.params, tokens, caches)?
+            .to_dtype(DType::F32)?
+            .to_vec2()
+    }
+    fn install(&mut self, weights: &Weights) -> candle_core::Result<()> {
+        self.params = Params::from_weights(&self.model.cfg, weights, &Device::Cpu)?;
+        Ok(())
+    }
+    fn stop_ids(&self) -> &[u32] {
+        &[EOT]
+    }
+    fn text(&self, ids: &[u32]) -> Option<String> {
+        Some(super::tokenizer::ByteTokenizer.decode(ids))
+    }
+    fn kv_bytes_per_token(&self) -> u64 {
+        (2 * self.model.cfg.n_layers * self.model.cfg.d_model * 4) as u64
+    }
+}
+
+pub struct BuiltinEngine<D: Decoder = TinyDecoder> {
+    model: D,
     version: PolicyVersion,
-    waiting: VecDeque<Seq>,
-    running: Vec<Seq>,
-    sessions: HashMap<u64, Cached>,
+    waiting: VecDeque<Seq<D::Cache>>,
+    running: Vec<Seq<D::Cache>>,
+    sessions: HashMap<u64, Cached<D::Cache>>,
     max_batch: usize,
     pub times: PhaseTimes,
 }
 
-impl BuiltinEngine {
+impl BuiltinEngine<TinyDecoder> {
+    /// The engine over the tiny transformer of `cfg` with `weights`.
     pub fn new(cfg: ModelConfig, weights: &Weights, max_batch: usize) -> Result<Self, GenError> {
         let params = Params::from_weights(&cfg, weights, &Device::Cpu)
             .map_err(|e| GenError::Backend(SharedError::new(e)))?;
-        Ok(Self {
+        let model = TinyDecoder {
             model: Transformer::new(cfg),
             params,
-            version: weights.version,
+        };
+        Ok(Self::with_decoder(model, weights.version, max_batch))
+    }
+}
+
+/// Samples from `logits` [V] with temperature, top-k and top-p (and the constrained
+/// alphabet, if any); returns the token and its log-probability under the
+/// temperature-scaled distribution before truncation (at temperature 1: the model's own,
+/// which the trainer recomputes).
+pub fn sample(
+    logits: &[f32],
+    params: &crate::generation::SamplingParams,
+    rng: &mut SmallRng,
+) -> (u32, f32) {
+    let (temperature, top_p, top_k) = (params.temperature, params.top_p, params.top_k);
+    let allowed = params.allowed_tokens.as_deref();
+    let masked: Vec<f32>;
+    let logits = match allowed {
+        Some(a) if !a.is_empty() => {
+            let mut m = vec![f32::NEG_INFINITY; logits.len()];
+            for &i in a {
+                if let Some(&l) = logits.get(i as usize) {
+                    m[i as usize] = l;
+                }
+            }
+            masked = m;
+            &masked[..]
+        }
+        _ => logits,
+    };
+    let t = if temperature > 0.0 { temperature } else { 1.0 };
+    let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let scaled: Vec<f64> = logits.iter().map(|&l| ((l - max) / t) as f64).collect();
+    let z: f64 = scaled.iter().map(|s| s.exp()).sum();
+    let logz = z.ln();
+    if temperature <= 0.0 {
+        let best = (0..logits.len()).fold(0, |b, i| if logits[i] > logits[b] { i } else { b });
+        return (best as u32, (scaled[best] - logz) as f32);
+    }
+    let probs: Vec<f64> = scaled.iter().map(|s| (s - logz).exp()).collect();
+    let mut order: Vec<usize> = (0..probs.len()).collect();
+    let mut nucleus = probs.len();
+    let k = top_k as usize;
+    if top_p < 1.0 || (k > 0 && k < probs.len()) {
+        let by_prob = |a: &usize, b: &usize| probs[*b].total_cmp(&probs[*a]).then(a.cmp(b));
+        if k > 0 && k < probs.len() {
+            order.select_nth_unstable_by(k - 1, by_prob);
+            order.truncate(k);
+            nucleus = k;
+        }
+        order.sort_by(by_prob);
+        if top_p < 1.0 {
+            // The nucleus of the (top-k) distribution, renormalised.
+            let kept: f64 = order.iter().map(|&i| probs[i]).sum();
+            let mut acc = 0.0;
+            for (n, &i) in order.iter().enumerate() {
+                acc += probs[i];
+                if acc >= top_p as f64 * kept {
+                    nucleus = n + 1;
+                    break;
+                }
+            }
+        }
+    }
+    let mass: f64 = order[..nucleus].iter().map(|&i| probs[i]).sum();
+    let mut u = rng.random::<f64>() * mass;
+    let mut pick = order[nucleus - 1];
+    for &i in &order[..nucleus] {
+        u -= probs[i];
+        if u <= 0.0 {
+            pick = i;
+            break;
+        }
+    }
+    (pick as u32, (scaled[pick] - logz) as f32)
+}
+
+impl<D: Decoder> BuiltinEngine<D> {
+    /// The engine over `model`, whose weights are of `version`.
+    pub fn with_decoder(model: D, version: PolicyVersion, max_batch: usize) -> Self {
+        Self {
+            model,
+            version,
             waiting: VecDeque::new(),
             running: Vec::new(),
             sessions: HashMap::new(),
             max_batch: max_batch.max(1),
             times: PhaseTimes::default(),
-        })
+        }
     }
 
-    /// Samples from `logits` [V] with the request's temperature and top-p; returns the token
-    /// and its log-probability under the (temperature-scaled) distribution.
-    fn sample(
-        logits: &[f32],
-        temperature: f32,
-        top_p: f32,
-        allowed: Option<&[u32]>,
-        rng: &mut SmallRng,
-    ) -> (u32, f32) {
-        let masked: Vec<f32>;
-        let logits = match allowed {
-            Some(a) if !a.is_empty() => {
-                let mut m = vec![f32::NEG_INFINITY; logits.len()];
-                for &i in a {
-                    if let Some(&l) = logits.get(i as usize) {
-                        m[i as usize] = l;
-                    }
-                }
-                masked = m;
-                &masked[..]
-            }
-            _ => logits,
-        };
-        let t = if temperature > 0.0 { temperature } else { 1.0 };
-        let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-        let scaled: Vec<f64> = logits.iter().map(|&l| ((l - max) / t) as f64).collect();
-        let z: f64 = scaled.iter().map(|s| s.exp()).sum();
-        let logz = z.ln();
-        if temperature <= 0.0 {
-            let best = (0..logits.len()).fold(0, |b, i| if logits[i] > logits[b] { i } else { b });
-            return (best as u32, (scaled[best] - logz) as f32);
-        }
-        let probs: Vec<f64> = scaled.iter().map(|s| (s - logz).exp()).collect();
-        let mut order: Vec<usize> = (0..probs.len()).collect();
-        let mut nucleus = probs.len();
-        if top_p < 1.0 {
-            order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
-            let mut acc = 0.0;
-            for (k, &i) in order.iter().enumerate() {
-                acc += probs[i];
-                if acc >= top_p as f64 {
-                    nucleus = k + 1;
-                    break;
-                }
-            }
-        }
-        let mass: f64 = order[..nucleus].iter().map(|&i| probs[i]).sum();
-        let mut u = rng.random::<f64>() * mass;
-        let mut pick = order[nucleus - 1];
-        for &i in &order[..nucleus] {
-            u -= probs[i];
-            if u <= 0.0 {
-                pick = i;
-                break;
-            }
-        }
-        (pick as u32, (scaled[pick] - logz) as f32)
+    /// The model served.
+    pub fn decoder(&self) -> &D {
+        &self.model
     }
 
-    fn done(&self, s: &Seq) -> Option<FinishReason> {
+    fn done(&self, s: &Seq<D::Cache>) -> Option<FinishReason> {
         let last = s.tokens.last()?;
-        if *last == EOT || s.req.params.stop_tokens.contains(last) {
+        if s.stopped
+            || self.model.stop_ids().contains(last)
+            || s.req.params.stop_tokens.contains(last)
+        {
             return Some(FinishReason::Stop);
         }
         let at_limit = s.tokens.len() as u32 >= s.req.params.max_tokens
-            || s.cache.len() + 1 >= self.model.cfg.max_seq;
+            || D::cache_len(&s.cache) + 1 >= self.model.max_seq();
         at_limit.then_some(FinishReason::Length)
     }
 }
 
-impl GenerationEngine for BuiltinEngine {
+/// Appends a sampled token; marks the sequence stopped once its text holds a stop string.
+fn push<D: Decoder>(model: &D, version: PolicyVersion, s: &mut Seq<D::Cache>, tok: u32, lp: f32) {
+    push_token(s, version, tok, lp);
+    if !s.req.params.stop_strings.is_empty()
+        && let Some(text) = model.text(&s.tokens)
+    {
+        s.stopped = s
+            .req
+            .params
+            .stop_strings
+            .iter()
+            .any(|x| text.contains(x.as_str()));
+    }
+}
+
+impl<D: Decoder> GenerationEngine for BuiltinEngine<D> {
     fn add(&mut self, req: GenRequest) {
-        let mut cache = SeqCache::new(&self.model.cfg);
+        let mut cache = self.model.new_cache();
         let mut pending = req.context.len();
         // Prefix cache: the session's previous context, if the new one extends it.
         if let Some(c) = self.sessions.remove(&req.session)
@@ -170,6 +269,7 @@ impl GenerationEngine for BuiltinEngine {
             last: None,
             rng,
             prefilled: 0,
+            stopped: false,
         });
     }
 
@@ -190,16 +290,18 @@ impl GenerationEngine for BuiltinEngine {
         weights: &Weights,
         policy: InFlightPolicy,
     ) -> Result<Duration, GenError> {
-        self.params = Params::from_weights(&self.model.cfg, weights, &Device::Cpu)
+        self.model
+            .install(weights)
             .map_err(|e| GenError::Backend(SharedError::new(e)))?;
         self.version = version;
         // KV computed under the old weights is stale.
         self.sessions.clear();
         for s in self.running.iter_mut().chain(self.waiting.iter_mut()) {
-            s.cache.reset();
+            s.cache = self.model.new_cache();
             s.last = None;
             match policy {
                 InFlightPolicy::Abort => {
+                    s.stopped = false;
                     s.tokens.clear();
                     s.logprobs.clear();
                     s.versions.clear();
@@ -233,8 +335,12 @@ impl GenerationEngine for BuiltinEngine {
         LoadReport {
             running: self.running.len(),
             waiting: self.waiting.len(),
-            kv_tokens: self.running.iter().map(|s| s.cache.len() as u64).sum(),
-            kv_capacity_tokens: (self.max_batch * self.model.cfg.max_seq) as u64,
+            kv_tokens: self
+                .running
+                .iter()
+                .map(|s| D::cache_len(&s.cache) as u64)
+                .sum(),
+            kv_capacity_tokens: (self.max_batch * self.model.max_seq()) as u64,
             version: self.version,
             prefill_tokens: self.times.prefill_tokens,
             decode_tokens: self.times.decode_tokens,
@@ -244,7 +350,7 @@ impl GenerationEngine for BuiltinEngine {
 }
 
 /// The phases of one engine step.
-impl BuiltinEngine {
+impl<D: Decoder> BuiltinEngine<D> {
     /// Moves waiting requests into the running batch (up to `max_batch`); a request whose
     /// context cannot fit fails at once.
     fn admit(&mut self, report: &mut StepReport) {
@@ -252,13 +358,13 @@ impl BuiltinEngine {
             let Some(s) = self.waiting.pop_front() else {
                 break;
             };
-            if s.req.context.is_empty() || s.req.context.len() >= self.model.cfg.max_seq {
+            if s.req.context.is_empty() || s.req.context.len() >= self.model.max_seq() {
                 let len = s.req.context.len();
                 report.finished.push((
                     s.req.id,
                     Err(GenError::ContextTooLong {
                         len,
-                        limit: self.model.cfg.max_seq - 1,
+                        limit: self.model.max_seq() - 1,
                     }),
                 ));
                 continue;
@@ -279,24 +385,13 @@ impl BuiltinEngine {
             full.extend_from_slice(&s.tokens);
             let start = full.len() - s.pending_context;
             let feed = &full[start..];
-            match self
-                .model
-                .prefill(&self.params, feed, &mut s.cache)
-                .and_then(|l| l.to_dtype(DType::F32)?.to_vec1::<f32>())
-            {
+            match self.model.prefill(feed, &mut s.cache) {
                 Ok(logits) => {
                     report.prefill_tokens += feed.len() as u64;
                     s.prefilled += feed.len() as u32;
                     s.pending_context = 0;
-                    let (temp, top_p) = (s.req.params.temperature, s.req.params.top_p);
-                    let (tok, lp) = Self::sample(
-                        &logits,
-                        temp,
-                        top_p,
-                        s.req.params.allowed_tokens.as_deref(),
-                        &mut s.rng,
-                    );
-                    push_token(s, self.version, tok, lp);
+                    let (tok, lp) = sample(&logits, &s.req.params, &mut s.rng);
+                    push(&self.model, self.version, s, tok, lp);
                 }
                 Err(e) => failed.push((i, SharedError::new(e))),
             }
@@ -320,33 +415,23 @@ impl BuiltinEngine {
                 .iter()
                 .map(|&i| self.running[i].last.unwrap_or(EOT))
                 .collect();
-            // Take the ready sequences' caches out for the batched step, then put them back.
-            let mut taken: Vec<SeqCache> = ready
-                .iter()
-                .map(|&i| std::mem::replace(&mut self.running[i].cache, SeqCache::empty()))
+            // The ready sequences' caches, borrowed together (ready is ascending).
+            let mut caches: Vec<&mut D::Cache> = self
+                .running
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| ready.binary_search(i).is_ok())
+                .map(|(_, s)| &mut s.cache)
                 .collect();
-            let mut caches: Vec<&mut SeqCache> = taken.iter_mut().collect();
-            let out = self
-                .model
-                .decode(&self.params, &toks, &mut caches)
-                .and_then(|l| l.to_dtype(DType::F32)?.to_vec2::<f32>());
-            for (&i, c) in ready.iter().zip(taken) {
-                self.running[i].cache = c;
-            }
+            let out = self.model.decode(&toks, &mut caches);
+            drop(caches);
             match out {
                 Ok(rows) => {
                     report.decode_tokens += ready.len() as u64;
                     for (k, &i) in ready.iter().enumerate() {
-                        let version = self.version;
                         let s = &mut self.running[i];
-                        let (tok, lp) = Self::sample(
-                            &rows[k],
-                            s.req.params.temperature,
-                            s.req.params.top_p,
-                            s.req.params.allowed_tokens.as_deref(),
-                            &mut s.rng,
-                        );
-                        push_token(s, version, tok, lp);
+                        let (tok, lp) = sample(&rows[k], &s.req.params, &mut s.rng);
+                        push(&self.model, self.version, s, tok, lp);
                     }
                 }
                 Err(e) => {
@@ -377,7 +462,7 @@ impl BuiltinEngine {
                         // The cache holds the context and every token but the last sampled one.
                         let mut held: Vec<u32> = s.req.context.to_vec();
                         held.extend_from_slice(&s.tokens[..s.tokens.len().saturating_sub(1)]);
-                        if held.len() == s.cache.len() {
+                        if held.len() == D::cache_len(&s.cache) {
                             self.sessions.insert(
                                 s.req.session,
                                 Cached {
@@ -406,7 +491,7 @@ impl BuiltinEngine {
     }
 }
 
-fn push_token(s: &mut Seq, version: PolicyVersion, tok: u32, lp: f32) {
+fn push_token<C>(s: &mut Seq<C>, version: PolicyVersion, tok: u32, lp: f32) {
     s.tokens.push(tok);
     s.logprobs.push(lp);
     match s.versions.last_mut() {

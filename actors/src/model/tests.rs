@@ -246,6 +246,8 @@ fn req(id: u64, context: Vec<u32>, max_tokens: u32, seed: u64, temperature: f32)
             stop_tokens: vec![],
             seed,
             allowed_tokens: None,
+            top_k: 0,
+            stop_strings: Vec::new(),
         },
         sim_response_len: None,
         prefilled: false,

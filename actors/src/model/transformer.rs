@@ -234,6 +234,7 @@ impl Params {
         Ok(weights::Weights {
             version,
             tensors,
+            shared: None,
             modelled_bytes: bytes,
         })
     }

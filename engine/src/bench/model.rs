@@ -77,6 +77,8 @@ fn request(id: u64, ctx_len: usize, max_tokens: u32) -> GenRequest {
             stop_tokens: vec![],
             seed: id,
             allowed_tokens: None,
+            top_k: 0,
+            stop_strings: Vec::new(),
         },
         sim_response_len: None,
         prefilled: false,

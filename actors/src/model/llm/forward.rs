@@ -89,44 +89,127 @@ impl LlmWeights {
         })
     }
 
-    /// A copy whose every weight is a trainable variable (listed by name, in a fixed order):
-    /// the trainer's parameters, and what gradient checks walk.
-    pub fn trainable(&self) -> candle_core::Result<(LlmWeights, Vec<(String, Var)>)> {
-        let mut vars = VarList(Vec::new());
-        let embed = vars.add("token_embd".into(), &self.embed)?;
-        let mut blocks = Vec::with_capacity(self.blocks.len());
+    /// Every weight with its stable name, in a fixed order (the trainer's parameter list,
+    /// checkpoints and weight sync use these names).
+    pub fn named(&self) -> Vec<(String, &Tensor)> {
+        let mut v = vec![("token_embd".to_string(), &self.embed)];
         for (i, b) in self.blocks.iter().enumerate() {
             let n = |s: &str| format!("blk.{i}.{s}");
+            let all: [(&str, Option<&Tensor>); 14] = [
+                ("attn_norm", Some(&b.attn_norm)),
+                ("attn_q", Some(&b.wq)),
+                ("attn_k", Some(&b.wk)),
+                ("attn_v", Some(&b.wv)),
+                ("attn_output", Some(&b.wo)),
+                ("attn_q.bias", b.bq.as_ref()),
+                ("attn_k.bias", b.bk.as_ref()),
+                ("attn_v.bias", b.bv.as_ref()),
+                ("attn_q_norm", b.q_norm.as_ref()),
+                ("attn_k_norm", b.k_norm.as_ref()),
+                ("ffn_norm", Some(&b.ffn_norm)),
+                ("ffn_gate", Some(&b.w_gate)),
+                ("ffn_up", Some(&b.w_up)),
+                ("ffn_down", Some(&b.w_down)),
+            ];
+            for (name, t) in all {
+                if let Some(t) = t {
+                    v.push((n(name), t));
+                }
+            }
+        }
+        v.push(("output_norm".to_string(), &self.out_norm));
+        if let Some(h) = &self.lm_head {
+            v.push(("output".to_string(), h));
+        }
+        v
+    }
+
+    /// Rebuilds weights of `cfg` from named tensors (the names of [`Self::named`]); optional
+    /// tensors (biases, QK norms, an untied head) are taken when `has` says they exist.
+    pub fn from_named(
+        cfg: &LlmConfig,
+        has: impl Fn(&str) -> bool,
+        mut get: impl FnMut(&str) -> candle_core::Result<Tensor>,
+    ) -> candle_core::Result<Self> {
+        let mut blocks = Vec::with_capacity(cfg.n_layers);
+        for i in 0..cfg.n_layers {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            let mut opt = |s: &str| {
+                let name = n(s);
+                if has(&name) {
+                    get(&name).map(Some)
+                } else {
+                    Ok(None)
+                }
+            };
+            let (bq, bk, bv) = (
+                opt("attn_q.bias")?,
+                opt("attn_k.bias")?,
+                opt("attn_v.bias")?,
+            );
+            let (q_norm, k_norm) = (opt("attn_q_norm")?, opt("attn_k_norm")?);
             blocks.push(Block {
-                attn_norm: vars.add(n("attn_norm"), &b.attn_norm)?,
-                wq: vars.add(n("attn_q"), &b.wq)?,
-                wk: vars.add(n("attn_k"), &b.wk)?,
-                wv: vars.add(n("attn_v"), &b.wv)?,
-                wo: vars.add(n("attn_output"), &b.wo)?,
-                bq: vars.add_opt(n("attn_q.bias"), &b.bq)?,
-                bk: vars.add_opt(n("attn_k.bias"), &b.bk)?,
-                bv: vars.add_opt(n("attn_v.bias"), &b.bv)?,
-                q_norm: vars.add_opt(n("attn_q_norm"), &b.q_norm)?,
-                k_norm: vars.add_opt(n("attn_k_norm"), &b.k_norm)?,
-                ffn_norm: vars.add(n("ffn_norm"), &b.ffn_norm)?,
-                w_gate: vars.add(n("ffn_gate"), &b.w_gate)?,
-                w_up: vars.add(n("ffn_up"), &b.w_up)?,
-                w_down: vars.add(n("ffn_down"), &b.w_down)?,
+                attn_norm: get(&n("attn_norm"))?,
+                wq: get(&n("attn_q"))?,
+                wk: get(&n("attn_k"))?,
+                wv: get(&n("attn_v"))?,
+                wo: get(&n("attn_output"))?,
+                bq,
+                bk,
+                bv,
+                q_norm,
+                k_norm,
+                ffn_norm: get(&n("ffn_norm"))?,
+                w_gate: get(&n("ffn_gate"))?,
+                w_up: get(&n("ffn_up"))?,
+                w_down: get(&n("ffn_down"))?,
             });
         }
-        let weights = LlmWeights {
-            cfg: self.cfg.clone(),
-            embed,
+        Ok(Self {
+            cfg: cfg.clone(),
+            embed: get("token_embd")?,
             blocks,
-            out_norm: vars.add("output_norm".into(), &self.out_norm)?,
-            lm_head: vars.add_opt("output".into(), &self.lm_head)?,
-        };
-        Ok((weights, vars.0))
+            out_norm: get("output_norm")?,
+            lm_head: if has("output") {
+                Some(get("output")?)
+            } else {
+                None
+            },
+        })
+    }
+
+    /// A copy whose every weight is a trainable variable (listed by name, in the order of
+    /// [`Self::named`]): the trainer's parameters, and what gradient checks walk.
+    pub fn trainable(&self) -> candle_core::Result<(LlmWeights, Vec<(String, Var)>)> {
+        let mut vars: Vec<(String, Var)> = Vec::new();
+        for (name, t) in self.named() {
+            vars.push((name, Var::from_tensor(t)?));
+        }
+        let weights =
+            self.with_tensors(vars.iter().map(|(n, v)| (n.clone(), v.as_tensor().clone())))?;
+        Ok((weights, vars))
+    }
+
+    /// The same architecture over other tensors (named as in [`Self::named`]).
+    pub fn with_tensors(
+        &self,
+        tensors: impl IntoIterator<Item = (String, Tensor)>,
+    ) -> candle_core::Result<LlmWeights> {
+        let map: std::collections::HashMap<String, Tensor> = tensors.into_iter().collect();
+        Self::from_named(
+            &self.cfg,
+            |n| map.contains_key(n),
+            |n| {
+                map.get(n)
+                    .cloned()
+                    .ok_or_else(|| candle_core::Error::Msg(format!("no tensor {n}")))
+            },
+        )
     }
 
     /// Logits `[T, vocab]` of every position of `tokens` (causal: position t sees 0..=t).
     pub fn forward(&self, tokens: &[u32]) -> candle_core::Result<Tensor> {
-        self.run(tokens, None)
+        self.run(tokens, None, false)
     }
 
     /// An empty key/value cache for one sequence.
@@ -140,10 +223,21 @@ impl LlmWeights {
     /// Appends `tokens` to the sequence `cache` holds; logits `[n, vocab]` of the new
     /// positions. The same computation as [`Self::forward`] over the whole sequence.
     pub fn extend(&self, cache: &mut SeqCache, tokens: &[u32]) -> candle_core::Result<Tensor> {
-        self.run(tokens, Some(cache))
+        self.run(tokens, Some(cache), false)
     }
 
-    fn run(&self, tokens: &[u32], mut cache: Option<&mut SeqCache>) -> candle_core::Result<Tensor> {
+    /// Like [`Self::extend`], but only the last position's logits `[vocab]` (prefill: the
+    /// output head runs once, not per token).
+    pub fn extend_last(&self, cache: &mut SeqCache, tokens: &[u32]) -> candle_core::Result<Tensor> {
+        self.run(tokens, Some(cache), true)?.squeeze(0)
+    }
+
+    fn run(
+        &self,
+        tokens: &[u32],
+        mut cache: Option<&mut SeqCache>,
+        last_only: bool,
+    ) -> candle_core::Result<Tensor> {
         let dev = self.embed.device();
         let n = tokens.len();
         let past = cache.as_ref().map_or(0, |c| c.len);
@@ -162,8 +256,87 @@ impl LlmWeights {
         if let Some(c) = cache {
             c.len += n;
         }
-        let x = rms_norm(&x, &self.out_norm, self.cfg.rms_eps)?;
+        let x = if last_only { x.narrow(0, n - 1, 1)? } else { x };
+        self.head(&x)
+    }
+
+    /// Final norm and output projection of hidden states `[n, d]`.
+    fn head(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let x = rms_norm(x, &self.out_norm, self.cfg.rms_eps)?;
         linear(&x, self.lm_head.as_ref().unwrap_or(&self.embed), None)
+    }
+
+    /// One decode step for many sequences of any lengths: feeds `tokens[i]` after the
+    /// positions `caches[i]` holds; logits `[B, vocab]`. Projections, MLP and head run
+    /// batched; attention runs per sequence over its own cache. Same maths as
+    /// [`Self::extend`] of one token.
+    pub fn decode_batch(
+        &self,
+        tokens: &[u32],
+        caches: &mut [&mut SeqCache],
+    ) -> candle_core::Result<Tensor> {
+        let c = &self.cfg;
+        let dev = self.embed.device();
+        let b = tokens.len();
+        if b != caches.len() {
+            candle_core::bail!("{b} tokens for {} caches", caches.len());
+        }
+        let ids = Tensor::from_slice(tokens, b, dev)?;
+        let mut x = self.embed.index_select(&ids, 0)?;
+        let positions: Vec<u32> = caches.iter().map(|s| s.len as u32).collect();
+        let (cos, sin) = rope_at(c, &positions, dev)?;
+        for (li, blk) in self.blocks.iter().enumerate() {
+            let h = rms_norm(&x, &blk.attn_norm, c.rms_eps)?;
+            // [B, heads·hd] → [heads, B, hd]: the batch stands where a sequence's positions
+            // would, so RoPE rotates each row by its own position.
+            let heads = |w: &Tensor, bias: Option<&Tensor>, n: usize, norm: Option<&Tensor>| {
+                let y = linear(&h, w, bias)?
+                    .reshape((b, n, c.head_dim))?
+                    .transpose(0, 1)?;
+                let y = match norm {
+                    Some(g) => rms_norm(&y, g, c.rms_eps)?,
+                    None => y,
+                };
+                rope(&y.contiguous()?, &cos, &sin, c.rope)
+            };
+            let q = heads(&blk.wq, blk.bq.as_ref(), c.n_heads, blk.q_norm.as_ref())?;
+            let k = heads(&blk.wk, blk.bk.as_ref(), c.n_kv_heads, blk.k_norm.as_ref())?;
+            let v = linear(&h, &blk.wv, blk.bv.as_ref())?
+                .reshape((b, c.n_kv_heads, c.head_dim))?
+                .transpose(0, 1)?;
+            let scale = 1.0 / (c.head_dim as f64).sqrt();
+            let mut outs = Vec::with_capacity(b);
+            for (i, cache) in caches.iter_mut().enumerate() {
+                let slot = &mut cache.layers[li];
+                let (mut ki, mut vi) = (k.narrow(1, i, 1)?, v.narrow(1, i, 1)?);
+                if let Some((pk, pv)) = slot.as_ref() {
+                    ki = Tensor::cat(&[pk, &ki], 1)?;
+                    vi = Tensor::cat(&[pv, &vi], 1)?;
+                } else {
+                    ki = ki.contiguous()?;
+                    vi = vi.contiguous()?;
+                }
+                *slot = Some((ki.clone(), vi.clone()));
+                let (ki, vi) = (repeat_kv(&ki, c.group())?, repeat_kv(&vi, c.group())?);
+                let qi = q.narrow(1, i, 1)?;
+                let s = (qi.matmul(&ki.transpose(1, 2)?.contiguous()?)? * scale)?;
+                let p = candle_nn::ops::softmax_last_dim(&s)?;
+                outs.push(
+                    p.matmul(&vi.contiguous()?)?
+                        .reshape((1, c.n_heads * c.head_dim))?,
+                );
+            }
+            let o = Tensor::cat(&outs, 0)?;
+            x = (&x + linear(&o, &blk.wo, None)?)?;
+            let h = rms_norm(&x, &blk.ffn_norm, c.rms_eps)?;
+            let gate = linear(&h, &blk.w_gate, None)?.silu()?;
+            let up = linear(&h, &blk.w_up, None)?;
+            x = (&x + linear(&(gate * up)?, &blk.w_down, None)?)?;
+        }
+        for cache in caches.iter_mut() {
+            cache.len += 1;
+        }
+        self.head(&x)
     }
 
     /// Self-attention of the new positions `x` `[n, d]` over the cached ones and themselves.
@@ -245,22 +418,6 @@ impl SeqCache {
     }
 }
 
-/// Named variables made from tensors.
-struct VarList(Vec<(String, Var)>);
-
-impl VarList {
-    fn add(&mut self, name: String, t: &Tensor) -> candle_core::Result<Tensor> {
-        let v = Var::from_tensor(t)?;
-        let out = v.as_tensor().clone();
-        self.0.push((name, v));
-        Ok(out)
-    }
-
-    fn add_opt(&mut self, name: String, t: &Option<Tensor>) -> candle_core::Result<Option<Tensor>> {
-        t.as_ref().map(|t| self.add(name, t)).transpose()
-    }
-}
-
 /// `x · wᵀ (+ bias)` for `x` of rank 2 or 3.
 fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> candle_core::Result<Tensor> {
     let y = candle_nn::Linear::new(w.clone(), bias.cloned()).forward(x)?;
@@ -281,14 +438,24 @@ fn rope_tables(
     t: usize,
     dev: &Device,
 ) -> candle_core::Result<(Tensor, Tensor)> {
+    let positions: Vec<u32> = (past as u32..(past + t) as u32).collect();
+    rope_at(c, &positions, dev)
+}
+
+/// cos and sin of the angles of arbitrary `positions`, `[len, hd/2]`.
+fn rope_at(
+    c: &LlmConfig,
+    positions: &[u32],
+    dev: &Device,
+) -> candle_core::Result<(Tensor, Tensor)> {
     let half = c.head_dim / 2;
     let inv: Vec<f32> = (0..half)
         .map(|i| (c.rope_theta.powf(-2.0 * i as f64 / c.head_dim as f64)) as f32)
         .collect();
     let inv = Tensor::from_vec(inv, (1, half), dev)?;
-    let pos = Tensor::arange(past as u32, (past + t) as u32, dev)?
+    let pos = Tensor::from_slice(positions, positions.len(), dev)?
         .to_dtype(DType::F32)?
-        .reshape((t, 1))?;
+        .reshape((positions.len(), 1))?;
     let ang = pos.broadcast_mul(&inv)?;
     Ok((ang.cos()?, ang.sin()?))
 }

@@ -8,15 +8,46 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod decoder;
 pub mod forward;
 pub mod hf;
 pub mod tokenizer;
 
 pub use checkpoint::{Checkpoint, CheckpointError};
 pub use config::{Family, LlmConfig, RopeLayout};
+pub use decoder::LlmDecoder;
 pub use forward::{LlmWeights, SeqCache};
 pub use hf::{HfError, load_hf};
 pub use tokenizer::{ChatMessage, LlmTokenizer, TokenizerError};
 
+/// Why a checkpoint could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(transparent)]
+    Gguf(#[from] CheckpointError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Hf(#[from] HfError),
+    #[error("{0} is neither a GGUF file nor a Hugging Face checkpoint directory")]
+    NotACheckpoint(std::path::PathBuf),
+}
+
+/// Loads a checkpoint: a GGUF file (dequantised to f32) or a Hugging Face directory.
+pub fn load(path: &std::path::Path) -> Result<(LlmWeights, LlmTokenizer), LoadError> {
+    if path.is_dir() {
+        return Ok(load_hf(path)?);
+    }
+    if !path.exists() {
+        return Err(LoadError::NotACheckpoint(path.to_path_buf()));
+    }
+    let ck = Checkpoint::open_gguf(path)?;
+    let tokenizer = LlmTokenizer::from_gguf(&ck)?;
+    let weights = LlmWeights::from_gguf(&ck)?;
+    Ok((weights, tokenizer))
+}
+
+#[cfg(test)]
+mod engine_tests;
 #[cfg(test)]
 mod tests;

@@ -22,7 +22,7 @@ pub fn smollm2_path() -> PathBuf {
     p
 }
 
-fn reference() -> serde_json::Value {
+pub fn reference() -> serde_json::Value {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../shared/fixtures/smollm2/reference.json");
     let text = std::fs::read_to_string(&p).unwrap_or_else(|e| {
@@ -34,7 +34,7 @@ fn reference() -> serde_json::Value {
     serde_json::from_str(&text).expect("reference.json")
 }
 
-fn ids(v: &serde_json::Value) -> Vec<u32> {
+pub fn ids(v: &serde_json::Value) -> Vec<u32> {
     v.as_array()
         .expect("id list")
         .iter()

@@ -1,0 +1,101 @@
+//! A real checkpoint as the built-in engine's [`Decoder`]: prefill through the cached
+//! extension (the head runs on the last position only), decode through the batched step,
+//! weight swaps from published tensors, stop ids and text from the checkpoint's tokenizer.
+
+use std::sync::Arc;
+
+use candle_core::Device;
+
+use super::forward::{LlmWeights, SeqCache};
+use super::tokenizer::LlmTokenizer;
+use crate::model::decoder::Decoder;
+use crate::weights::Weights;
+
+pub struct LlmDecoder {
+    weights: LlmWeights,
+    tokenizer: Arc<LlmTokenizer>,
+    max_seq: usize,
+}
+
+impl LlmDecoder {
+    /// Serves `weights`; sequences hold at most `max_seq` tokens (bounded by the
+    /// checkpoint's context length).
+    pub fn new(weights: LlmWeights, tokenizer: Arc<LlmTokenizer>, max_seq: usize) -> Self {
+        let max_seq = max_seq.clamp(2, weights.cfg.context_length.max(2));
+        Self {
+            weights,
+            tokenizer,
+            max_seq,
+        }
+    }
+
+    pub fn weights(&self) -> &LlmWeights {
+        &self.weights
+    }
+}
+
+impl Decoder for LlmDecoder {
+    type Cache = SeqCache;
+
+    fn max_seq(&self) -> usize {
+        self.max_seq
+    }
+    fn new_cache(&self) -> SeqCache {
+        self.weights.new_cache()
+    }
+    fn cache_len(cache: &SeqCache) -> usize {
+        cache.len()
+    }
+    fn prefill(&self, tokens: &[u32], cache: &mut SeqCache) -> candle_core::Result<Vec<f32>> {
+        self.weights.extend_last(cache, tokens)?.to_vec1()
+    }
+    fn decode(
+        &self,
+        tokens: &[u32],
+        caches: &mut [&mut SeqCache],
+    ) -> candle_core::Result<Vec<Vec<f32>>> {
+        self.weights.decode_batch(tokens, caches)?.to_vec2()
+    }
+    fn install(&mut self, weights: &Weights) -> candle_core::Result<()> {
+        let mut current: Vec<(String, candle_core::Tensor)> = self
+            .weights
+            .named()
+            .into_iter()
+            .map(|(n, t)| (n, t.clone()))
+            .collect();
+        // A publication may carry every tensor or only some (adapters merged by the trainer
+        // into the projections it trains); names it lacks keep their current tensors.
+        let new = weights.candle_tensors(&Device::Cpu)?;
+        for (name, t) in new {
+            match current.iter_mut().find(|(n, _)| *n == name) {
+                Some(slot) => {
+                    if slot.1.dims() != t.dims() {
+                        candle_core::bail!(
+                            "weights v{}: {name} has shape {:?}, the model's is {:?}",
+                            weights.version,
+                            t.dims(),
+                            slot.1.dims()
+                        );
+                    }
+                    slot.1 = t;
+                }
+                None => candle_core::bail!(
+                    "weights v{} carry {name}, which the model does not have",
+                    weights.version
+                ),
+            }
+        }
+        self.weights = self.weights.with_tensors(current)?;
+        Ok(())
+    }
+    fn stop_ids(&self) -> &[u32] {
+        &self.tokenizer.stop_ids
+    }
+    fn text(&self, ids: &[u32]) -> Option<String> {
+        self.tokenizer.decode(ids).ok()
+    }
+    fn kv_bytes_per_token(&self) -> u64 {
+        let c = &self.weights.cfg;
+        (2 * c.n_layers * c.n_kv_heads * c.head_dim * 4) as u64
+    }
+}

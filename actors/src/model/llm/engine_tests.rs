@@ -1,0 +1,192 @@
+//! The built-in engine serving SmolLM2: the generation contract, the reference greedy
+//! continuation, generation log-probabilities equal to the trainer's full-forward
+//! recomputation (batched decode of ragged sequences, prefix reuse between turns), stop
+//! strings and top-k.
+
+use std::sync::Arc;
+
+use super::tests::{ids, reference, smollm2_path};
+use super::*;
+use crate::generation::contract::{check_add_abort, check_install, drain, request};
+use crate::generation::{FinishReason, GenerationEngine, InFlightPolicy};
+use crate::model::engine::BuiltinEngine;
+use crate::weights::Weights;
+
+fn model() -> (LlmWeights, Arc<LlmTokenizer>) {
+    let (w, t) = load(&smollm2_path()).expect("SmolLM2 loads");
+    (w, Arc::new(t))
+}
+
+fn engine(w: &LlmWeights, tok: &Arc<LlmTokenizer>, max_batch: usize) -> BuiltinEngine<LlmDecoder> {
+    let copy = w
+        .with_tensors(w.named().into_iter().map(|(n, t)| (n, t.clone())))
+        .unwrap();
+    BuiltinEngine::with_decoder(LlmDecoder::new(copy, tok.clone(), 512), 0, max_batch)
+}
+
+fn chat_prompt() -> Vec<u32> {
+    ids(&reference()["tokenizer"]["chat"][0]["ids"])
+}
+
+/// Log-probabilities of `answer` after `context` under the full (training) forward.
+fn recomputed(w: &LlmWeights, context: &[u32], answer: &[u32]) -> Vec<f64> {
+    let mut all = context.to_vec();
+    all.extend_from_slice(answer);
+    let logits: Vec<Vec<f32>> = w.forward(&all).unwrap().to_vec2().unwrap();
+    answer
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| {
+            let row = &logits[context.len() + i - 1];
+            let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let z: f64 = row.iter().map(|&l| (l as f64 - max).exp()).sum();
+            row[t as usize] as f64 - max - z.ln()
+        })
+        .collect()
+}
+
+#[test]
+fn the_engine_honours_the_generation_contract_on_smollm2() {
+    let (w, tok) = model();
+    check_add_abort(&mut engine(&w, &tok, 4), chat_prompt());
+    // New weights: the embedding (tied head) scaled, every other tensor unchanged.
+    let scaled: Vec<(String, candle_core::Tensor)> =
+        vec![("token_embd".into(), (w.embed.clone() * 1.05).unwrap())];
+    let new = Weights::from_shared(1, scaled);
+    for policy in [InFlightPolicy::Abort, InFlightPolicy::Recompute] {
+        check_install(&mut engine(&w, &tok, 4), chat_prompt(), &new, policy);
+    }
+    // A tensor of the wrong shape, or one the model lacks, is refused by name.
+    let bad = Weights::from_shared(
+        2,
+        vec![(
+            "output_norm".into(),
+            candle_core::Tensor::zeros(3, candle_core::DType::F32, &candle_core::Device::Cpu)
+                .unwrap(),
+        )],
+    );
+    let e = engine(&w, &tok, 4)
+        .install(2, &bad, InFlightPolicy::Abort)
+        .expect_err("wrong shape");
+    assert!(
+        infra::error_chain(&e).contains("output_norm has shape [3]"),
+        "{}",
+        infra::error_chain(&e)
+    );
+}
+
+#[test]
+fn greedy_generation_equals_the_reference_continuation() {
+    let (w, tok) = model();
+    let g = &reference()["forward"]["greedy"];
+    let want = ids(&g["ids"]);
+    let mut e = engine(&w, &tok, 4);
+    let mut r = request(1, chat_prompt(), want.len() as u32, 0);
+    r.params.temperature = 0.0;
+    e.add(r.clone());
+    // top-k 1 at temperature 1 is greedy too.
+    r.id = 2;
+    r.session = 2;
+    r.params.temperature = 1.0;
+    r.params.top_k = 1;
+    e.add(r);
+    for (id, out) in drain(&mut e) {
+        let o = out.expect("generates");
+        assert_eq!(o.tokens, want, "request {id}");
+        assert_eq!(tok.decode(&o.tokens).unwrap(), g["text"].as_str().unwrap());
+    }
+}
+
+/// Zero train/infer mismatch: sampled answers of three prompts of different lengths decoded
+/// together, then a second turn reusing the session's prefix; every token's logprob equals
+/// the training forward's within 1e-4.
+#[test]
+fn generation_logprobs_equal_the_trainers_recomputation() {
+    let (w, tok) = model();
+    let r = reference();
+    let prompts: Vec<Vec<u32>> = vec![
+        chat_prompt(),
+        ids(&r["sequences"][0]["tokens"]),
+        ids(&r["sequences"][1]["tokens"]),
+    ];
+    let mut e = engine(&w, &tok, 8);
+    for (i, p) in prompts.iter().enumerate() {
+        e.add(request(i as u64, p.clone(), 12, 40 + i as u64));
+    }
+    let mut worst = 0.0f64;
+    let mut firsts = Vec::new();
+    for (id, out) in drain(&mut e) {
+        let o = out.expect("generates");
+        let p = &prompts[id as usize];
+        let want = recomputed(&w, p, &o.tokens);
+        for (k, (a, b)) in o.logprobs.iter().zip(&want).enumerate() {
+            worst = worst.max((*a as f64 - b).abs());
+            assert!(
+                (*a as f64 - b).abs() <= 1e-4,
+                "request {id} token {k}: {a} vs {b}"
+            );
+        }
+        assert_eq!(o.prefill_tokens as usize, p.len());
+        firsts.push((id, o));
+    }
+    // Turn two of session 0: the context grows by the answer and new tokens; only what the
+    // cache lacks is prefilled (the answer's last token and the new ones).
+    let (_, first) = &firsts[0];
+    let mut ctx = prompts[0].clone();
+    ctx.extend_from_slice(&first.tokens);
+    let more = tok
+        .encode(
+            "\n<|im_start|>user\nAnd 9*9?<|im_end|>\n<|im_start|>assistant\n",
+            true,
+        )
+        .unwrap();
+    ctx.extend_from_slice(&more);
+    e.add(request(0, ctx.clone(), 8, 9));
+    let (_, out) = drain(&mut e).pop().unwrap();
+    let o = out.unwrap();
+    assert_eq!(
+        o.prefill_tokens as usize,
+        more.len() + 1,
+        "the session's prefix is reused"
+    );
+    for (k, (a, b)) in o
+        .logprobs
+        .iter()
+        .zip(recomputed(&w, &ctx, &o.tokens))
+        .enumerate()
+    {
+        worst = worst.max((*a as f64 - b).abs());
+        assert!(
+            (*a as f64 - b).abs() <= 1e-4,
+            "turn 2 token {k}: {a} vs {b}"
+        );
+    }
+    eprintln!("max |engine − trainer| logprob: {worst:.2e}");
+}
+
+#[test]
+fn a_stop_string_ends_the_answer_and_the_checkpoint_stop_ids_end_it_too() {
+    let (w, tok) = model();
+    let g = &reference()["forward"]["greedy"];
+    // The greedy answer is "To calculate 7*8, you multiply …": stop at "multiply".
+    let mut e = engine(&w, &tok, 2);
+    let mut r = request(1, chat_prompt(), 16, 0);
+    r.params.temperature = 0.0;
+    r.params.stop_strings = vec!["multiply".into()];
+    e.add(r);
+    let (_, out) = drain(&mut e).pop().unwrap();
+    let o = out.unwrap();
+    let text = tok.decode(&o.tokens).unwrap();
+    assert_eq!(o.finish, FinishReason::Stop);
+    assert!(text.ends_with("multiply"), "{text:?}");
+    assert!(g["text"].as_str().unwrap().starts_with(&text));
+    // Without a limit the answer ends at the template's end-of-turn id.
+    let mut e = engine(&w, &tok, 2);
+    let mut r = request(2, chat_prompt(), 200, 0);
+    r.params.temperature = 0.0;
+    e.add(r);
+    let (_, out) = drain(&mut e).pop().unwrap();
+    let o = out.unwrap();
+    assert_eq!(o.finish, FinishReason::Stop, "{:?}", tok.decode(&o.tokens));
+    assert!(tok.stop_ids.contains(o.tokens.last().unwrap()));
+}
