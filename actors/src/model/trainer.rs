@@ -118,6 +118,25 @@ pub fn flatten(t: &Trajectory) -> (Vec<u32>, Vec<bool>, Vec<f32>) {
     (toks, gen_flag, lps)
 }
 
+/// How a model's batches are laid out: longest row, vocabulary, padding id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchShape {
+    pub max_seq: usize,
+    pub vocab: usize,
+    pub pad: u32,
+}
+
+impl BatchShape {
+    /// The tiny byte-level model's.
+    pub fn tiny(max_seq: usize) -> Self {
+        Self {
+            max_seq,
+            vocab: crate::model::tokenizer::VOCAB,
+            pad: PAD,
+        }
+    }
+}
+
 /// Builds the padded tensors of a batch, with advantages computed per group.
 pub fn tensor_batch(
     batch: &Batch,
@@ -126,7 +145,8 @@ pub fn tensor_batch(
     dtype: DType,
     dev: &Device,
 ) -> Result<TensorBatch> {
-    let mut v = tensor_batches(batch, kind, max_seq, usize::MAX, dtype, dev)?;
+    let shape = BatchShape::tiny(max_seq);
+    let mut v = tensor_batches_for(batch, kind, &shape, usize::MAX, dtype, dev)?;
     Ok(v.pop().expect("one chunk"))
 }
 
@@ -144,6 +164,26 @@ pub fn tensor_batches(
     dtype: DType,
     dev: &Device,
 ) -> Result<Vec<TensorBatch>> {
+    tensor_batches_for(
+        batch,
+        kind,
+        &BatchShape::tiny(max_seq),
+        max_rows,
+        dtype,
+        dev,
+    )
+}
+
+/// [`tensor_batches`] for a model of any vocabulary and padding id.
+pub fn tensor_batches_for(
+    batch: &Batch,
+    kind: AdvantageKind,
+    shape: &BatchShape,
+    max_rows: usize,
+    dtype: DType,
+    dev: &Device,
+) -> Result<Vec<TensorBatch>> {
+    let max_seq = shape.max_seq;
     let mut rows: Vec<Row<'_>> = Vec::new();
     for g in &batch.groups {
         let adv = advantages(kind, &g.rewards());
@@ -158,19 +198,24 @@ pub fn tensor_batches(
         }
     }
     if rows.is_empty() || max_rows == usize::MAX {
-        return Ok(vec![build_chunk(&rows, dtype, dev)?]);
+        return Ok(vec![build_chunk(&rows, shape, dtype, dev)?]);
     }
     rows.sort_by_key(|r| r.0.len());
     rows.chunks(max_rows.max(1))
-        .map(|c| build_chunk(c, dtype, dev))
+        .map(|c| build_chunk(c, shape, dtype, dev))
         .collect()
 }
 
-fn build_chunk(rows: &[Row<'_>], dtype: DType, dev: &Device) -> Result<TensorBatch> {
+fn build_chunk(
+    rows: &[Row<'_>],
+    shape: &BatchShape,
+    dtype: DType,
+    dev: &Device,
+) -> Result<TensorBatch> {
     let b = rows.len().max(1);
     let t = rows.iter().map(|r| r.0.len() - 1).max().unwrap_or(1).max(1);
-    let mut inputs = vec![PAD; b * t];
-    let mut targets = vec![PAD; b * t];
+    let mut inputs = vec![shape.pad; b * t];
+    let mut targets = vec![shape.pad; b * t];
     let mut mask = vec![0f32; b * t];
     let mut beh = vec![0f32; b * t];
     let mut adv = vec![0f32; b];
@@ -191,7 +236,7 @@ fn build_chunk(rows: &[Row<'_>], dtype: DType, dev: &Device) -> Result<TensorBat
         seqs += usize::from(tokens > before);
     }
     let allow = if rows.iter().any(|r| r.4.is_some()) {
-        let v = crate::model::tokenizer::VOCAB;
+        let v = shape.vocab;
         let mut m = vec![0f32; b * t * v];
         for (i, (_, flag, _, _, allowed)) in rows.iter().enumerate() {
             let Some(a) = allowed else { continue };
@@ -263,11 +308,62 @@ pub fn kl_k3(new: &Tensor, reference: &Tensor, mask: &Tensor) -> Result<Tensor> 
     (k * mask)?.sum_all()?.div(&mask.sum_all()?.maximum(1e-12)?)
 }
 
-/// Rows per training chunk (gradients accumulate over chunks).
+/// Rows per training chunk of the tiny model (gradients accumulate over chunks).
 pub const TRAIN_CHUNK_ROWS: usize = 32;
 
-pub struct BuiltinTrainer {
-    pub model: Transformer,
+/// What the trainer needs of a model: its parameters built from (variable) tensors by name,
+/// all-position logits of a padded batch, the batch layout, and the weights it publishes.
+pub trait TrainModel: Send + 'static {
+    /// The parameters a forward runs with.
+    type Params: Send;
+
+    /// Parameters from the trainable tensors, by name (frozen ones the model keeps itself).
+    fn build(&self, get: &dyn Fn(&str) -> Result<Tensor>) -> Result<Self::Params>;
+    /// Logits `[B, T, vocab]` of inputs `[B, T]` (right-padded rows).
+    fn logits(&self, p: &Self::Params, inputs: &Tensor) -> Result<Tensor>;
+    fn shape(&self) -> BatchShape;
+    /// Rows per micro-batch: gradients accumulate over micro-batches, so this bounds the
+    /// activations a step keeps alive.
+    fn micro_batch_rows(&self) -> usize;
+    /// The weights engines install for `version`, from the trainable tensors by name.
+    fn publish(&self, trained: &[(String, Tensor)], version: PolicyVersion) -> Result<Weights>;
+}
+
+/// The tiny byte-level transformer as a [`TrainModel`].
+pub struct TinyModel(pub Transformer);
+
+impl TrainModel for TinyModel {
+    type Params = Params;
+
+    fn build(&self, get: &dyn Fn(&str) -> Result<Tensor>) -> Result<Params> {
+        Params::from_named(&self.0.cfg, get)
+    }
+    fn logits(&self, p: &Params, inputs: &Tensor) -> Result<Tensor> {
+        self.0.forward(p, inputs)
+    }
+    fn shape(&self) -> BatchShape {
+        BatchShape::tiny(self.0.cfg.max_seq)
+    }
+    fn micro_batch_rows(&self) -> usize {
+        TRAIN_CHUNK_ROWS
+    }
+    fn publish(&self, trained: &[(String, Tensor)], version: PolicyVersion) -> Result<Weights> {
+        let p = self.build(&|n| find(trained, n))?;
+        p.to_weights(version)
+    }
+}
+
+/// The tensor named `name` in `named`.
+pub fn find(named: &[(String, Tensor)], name: &str) -> Result<Tensor> {
+    named
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, t)| t.clone())
+        .ok_or_else(|| candle_core::Error::Msg(format!("no parameter {name}")))
+}
+
+pub struct BuiltinTrainer<M: TrainModel = TinyModel> {
+    pub model: M,
     names: Vec<String>,
     vars: Vec<Var>,
     m: Vec<Tensor>,
@@ -275,33 +371,52 @@ pub struct BuiltinTrainer {
     pub cfg: TrainerConfig,
     step: u64,
     version: PolicyVersion,
-    reference: Option<Params>,
+    reference: Option<M::Params>,
     dtype: DType,
     dev: Device,
 }
 
-impl BuiltinTrainer {
-    /// A trainer starting from `init` (version 0 unless resumed).
+impl BuiltinTrainer<TinyModel> {
+    /// A trainer of the tiny transformer starting from `init` (version 0 unless resumed).
     pub fn new(model_cfg: ModelConfig, init: &Params, cfg: TrainerConfig) -> Result<Self> {
-        let dtype = init.tok_emb.dtype();
-        let dev = init.tok_emb.device().clone();
+        let named: Vec<(String, Tensor)> = init
+            .named()
+            .into_iter()
+            .map(|(n, t)| (n, t.clone()))
+            .collect();
+        Self::with_model(TinyModel(Transformer::new(model_cfg)), &named, cfg)
+    }
+}
+
+impl<M: TrainModel> BuiltinTrainer<M> {
+    /// A trainer of `model` whose trainable tensors start as `init` (copied; version 0
+    /// unless resumed).
+    pub fn with_model(model: M, init: &[(String, Tensor)], cfg: TrainerConfig) -> Result<Self> {
+        let (dtype, dev) = match init.first() {
+            Some((_, t)) => (t.dtype(), t.device().clone()),
+            None => candle_core::bail!("a model with no trainable tensors"),
+        };
         let mut names = Vec::new();
         let mut vars = Vec::new();
         let mut m = Vec::new();
         let mut v = Vec::new();
-        for (n, t) in init.named() {
-            names.push(n);
+        for (n, t) in init {
+            names.push(n.clone());
             vars.push(Var::from_tensor(&t.copy()?)?);
             m.push(t.zeros_like()?);
             v.push(t.zeros_like()?);
         }
         let reference = if cfg.kl_beta > 0.0 {
-            Some(init.clone())
+            let copies: Vec<(String, Tensor)> = init
+                .iter()
+                .map(|(n, t)| Ok((n.clone(), t.copy()?)))
+                .collect::<Result<_>>()?;
+            Some(model.build(&|n| find(&copies, n))?)
         } else {
             None
         };
         Ok(Self {
-            model: Transformer::new(model_cfg),
+            model,
             names,
             vars,
             m,
@@ -316,18 +431,39 @@ impl BuiltinTrainer {
     }
 
     /// The current parameters (Var-backed: gradients flow into them).
-    pub fn params(&self) -> Result<Params> {
+    pub fn params(&self) -> Result<M::Params> {
         let map: HashMap<&str, &Var> = self
             .names
             .iter()
             .map(String::as_str)
             .zip(self.vars.iter())
             .collect();
-        Params::from_named(&self.model.cfg, |n| {
+        self.model.build(&|n| {
             map.get(n)
                 .map(|v| v.as_tensor().clone())
                 .ok_or_else(|| candle_core::Error::Msg(format!("no parameter {n}")))
         })
+    }
+
+    /// The trainable tensors by name, as they are now (shared with the variables: copy
+    /// before the next step if they must outlive it).
+    pub fn trained(&self) -> Vec<(String, Tensor)> {
+        self.names
+            .iter()
+            .cloned()
+            .zip(self.vars.iter().map(|v| v.as_tensor().clone()))
+            .collect()
+    }
+
+    /// The weights of the current version, for engines.
+    pub fn published(&self) -> Result<Weights> {
+        // Copies: a variable's storage is updated in place by the next step.
+        let copies: Vec<(String, Tensor)> = self
+            .trained()
+            .into_iter()
+            .map(|(n, t)| Ok((n, t.copy()?)))
+            .collect::<Result<_>>()?;
+        self.model.publish(&copies, self.version)
     }
 
     /// Replaces one parameter (tests: finite differences).
@@ -345,8 +481,8 @@ impl BuiltinTrainer {
     }
 
     /// Log-probabilities of the targets under the current parameters [B, T].
-    pub fn logprobs(&self, p: &Params, tb: &TensorBatch) -> Result<Tensor> {
-        let logits = self.model.forward(p, &tb.inputs)?;
+    pub fn logprobs(&self, p: &M::Params, tb: &TensorBatch) -> Result<Tensor> {
+        let logits = self.model.logits(p, &tb.inputs)?;
         let logits = match &tb.allow {
             Some(a) => (logits + a)?,
             None => logits,
@@ -410,11 +546,11 @@ impl BuiltinTrainer {
     pub fn step(&mut self, batch: &Batch) -> Result<(TrainStats, Weights)> {
         // Chunks of similar length; the objective is the same as on the whole batch: each
         // chunk's mean is weighted by its share of the tokens (token-mean) or sequences.
-        let chunks = tensor_batches(
+        let chunks = tensor_batches_for(
             batch,
             self.cfg.advantage,
-            self.model.cfg.max_seq,
-            TRAIN_CHUNK_ROWS,
+            &self.model.shape(),
+            self.model.micro_batch_rows(),
             self.dtype,
             &self.dev,
         )?;
@@ -489,7 +625,7 @@ impl BuiltinTrainer {
             mean_reward: trajs.iter().map(|t| t.reward.unwrap_or(0.0)).sum::<f64>() / n,
             seconds: 0.0,
         };
-        let w = self.params()?.to_weights(self.version)?;
+        let w = self.published()?;
         Ok((stats, w))
     }
 
@@ -528,7 +664,7 @@ impl BuiltinTrainer {
     }
 }
 
-impl Trainer for BuiltinTrainer {
+impl<M: TrainModel> Trainer for BuiltinTrainer<M> {
     fn train(
         &mut self,
         batch: &Batch,

@@ -4,15 +4,18 @@
 
 use std::sync::Arc;
 
-use candle_core::Device;
+use candle_core::{Device, Tensor};
 
 use super::forward::{LlmWeights, SeqCache};
 use super::tokenizer::LlmTokenizer;
+use super::train::{LORA_SCALE, merge};
 use crate::model::decoder::Decoder;
 use crate::weights::Weights;
 
 pub struct LlmDecoder {
     weights: LlmWeights,
+    /// The weights served first: LoRA publications are merged into these.
+    base: Vec<(String, Tensor)>,
     tokenizer: Arc<LlmTokenizer>,
     max_seq: usize,
 }
@@ -22,8 +25,14 @@ impl LlmDecoder {
     /// checkpoint's context length).
     pub fn new(weights: LlmWeights, tokenizer: Arc<LlmTokenizer>, max_seq: usize) -> Self {
         let max_seq = max_seq.clamp(2, weights.cfg.context_length.max(2));
+        let base = weights
+            .named()
+            .into_iter()
+            .map(|(n, t)| (n, t.clone()))
+            .collect();
         Self {
             weights,
+            base,
             tokenizer,
             max_seq,
         }
@@ -31,6 +40,40 @@ impl LlmDecoder {
 
     pub fn weights(&self) -> &LlmWeights {
         &self.weights
+    }
+}
+
+impl LlmDecoder {
+    /// A LoRA publication: every adapter pair merged into the base (`W + scale · B · A`).
+    fn install_adapters(
+        &mut self,
+        new: &[(String, Tensor)],
+        scale: f64,
+        version: u64,
+    ) -> candle_core::Result<()> {
+        for (name, _) in new {
+            let Some(target) = name
+                .strip_suffix(".lora_a")
+                .or_else(|| name.strip_suffix(".lora_b"))
+            else {
+                if name == LORA_SCALE {
+                    continue;
+                }
+                candle_core::bail!("weights v{version}: {name} is not an adapter");
+            };
+            if !self.base.iter().any(|(n, _)| n == target) {
+                candle_core::bail!("weights v{version}: adapter {name} of unknown weight {target}");
+            }
+        }
+        let lookup = |n: &str| {
+            let a = new.iter().find(|(x, _)| *x == format!("{n}.lora_a"))?;
+            let b = new.iter().find(|(x, _)| *x == format!("{n}.lora_b"))?;
+            Some((a.1.clone(), b.1.clone()))
+        };
+        self.weights = self
+            .weights
+            .with_tensors(merge(&self.base, &lookup, scale)?)?;
+        Ok(())
     }
 }
 
@@ -57,6 +100,14 @@ impl Decoder for LlmDecoder {
         self.weights.decode_batch(tokens, caches)?.to_vec2()
     }
     fn install(&mut self, weights: &Weights) -> candle_core::Result<()> {
+        let new = weights.candle_tensors(&Device::Cpu)?;
+        if let Some((_, scale)) = new.iter().find(|(n, _)| n == LORA_SCALE) {
+            return self.install_adapters(
+                &new,
+                scale.flatten_all()?.to_vec1::<f32>()?[0] as f64,
+                weights.version,
+            );
+        }
         let mut current: Vec<(String, candle_core::Tensor)> = self
             .weights
             .named()
@@ -65,7 +116,6 @@ impl Decoder for LlmDecoder {
             .collect();
         // A publication may carry every tensor or only some (adapters merged by the trainer
         // into the projections it trains); names it lacks keep their current tensors.
-        let new = weights.candle_tensors(&Device::Cpu)?;
         for (name, t) in new {
             match current.iter_mut().find(|(n, _)| *n == name) {
                 Some(slot) => {

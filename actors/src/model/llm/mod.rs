@@ -12,6 +12,7 @@ pub mod decoder;
 pub mod forward;
 pub mod hf;
 pub mod tokenizer;
+pub mod train;
 
 pub use checkpoint::{Checkpoint, CheckpointError};
 pub use config::{Family, LlmConfig, RopeLayout};
@@ -19,6 +20,7 @@ pub use decoder::LlmDecoder;
 pub use forward::{LlmWeights, SeqCache};
 pub use hf::{HfError, load_hf};
 pub use tokenizer::{ChatMessage, LlmTokenizer, TokenizerError};
+pub use train::{LlmModel, LoraConfig};
 
 /// Why a checkpoint could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -51,3 +53,5 @@ pub fn load(path: &std::path::Path) -> Result<(LlmWeights, LlmTokenizer), LoadEr
 mod engine_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod train_tests;
