@@ -80,22 +80,19 @@ pub fn estimate(spec: &JobSpec) -> MemoryEstimate {
     let mut trained_model = None;
     for (i, p) in spec.pools.iter().enumerate() {
         if let BackendSpec::Builtin { model, max_batch } = &p.backend {
-            let cfg = model.config();
+            let Some(cfg) = model.choice().shape() else {
+                continue;
+            };
             trained_model.get_or_insert(cfg);
-            let (d, l, seq, b) = (
-                cfg.d_model as u64,
-                cfg.n_layers as u64,
-                cfg.max_seq as u64,
-                *max_batch as u64,
-            );
-            let weights = mul(&[cfg.params() as u64, 4]);
+            let (l, seq, b) = (cfg.n_layers, cfg.max_seq, *max_batch as u64);
+            let weights = mul(&[cfg.params, 4]);
             // Keys and values of every layer for every batch slot at full length.
-            let kv = mul(&[b, l, 2, seq, d, 4]);
+            let kv = mul(&[b, l, 2, seq, cfg.kv_width, 4]);
             // The widest activation of a step: logits or the feed-forward of the batch, and
             // one sequence's attention scores during its prefill.
-            let width = (cfg.d_ff.max(cfg.vocab)) as u64;
+            let width = cfg.d_ff.max(cfg.vocab);
             let act = mul(&[b, width, 4]).saturating_mul(2).saturating_add(mul(&[
-                cfg.n_heads as u64,
+                cfg.n_heads,
                 seq,
                 seq,
                 4,
@@ -111,19 +108,15 @@ pub fn estimate(spec: &JobSpec) -> MemoryEstimate {
     if spec.trains_builtin()
         && let Some(cfg) = trained_model
     {
-        let p4 = mul(&[cfg.params() as u64, 4]);
+        let p4 = mul(&[cfg.params, 4]);
         // Weights, gradients, two Adam moments, and the versions the weight store keeps.
         let kept = knobs.alpha.saturating_add(2);
         let state = p4.saturating_mul(4u64.saturating_add(kept));
-        // Backward keeps every layer's activations for the batch's tokens.
+        // Backward keeps every layer's activations for the tokens of a micro-batch (the
+        // whole batch, pessimistically).
         let tokens = batch_tokens(spec, &knobs);
-        let act = mul(&[
-            tokens,
-            cfg.n_layers as u64,
-            (cfg.d_model * 8 + cfg.d_ff * 2) as u64,
-            4,
-        ])
-        .saturating_add(mul(&[tokens, cfg.vocab as u64, 4, 2]));
+        let act = mul(&[tokens, cfg.n_layers, cfg.d_model * 8 + cfg.d_ff * 2, 4])
+            .saturating_add(mul(&[tokens, cfg.vocab, 4, 2]));
         parts.push(Part {
             field: "trainer".into(),
             what: "built-in trainer (weights, gradients, optimiser, kept versions, activations)",

@@ -686,9 +686,15 @@ async fn cluster(
                     shards: p.count,
                     backend: match &p.backend {
                         spec::BackendSpec::Sim { model, .. } => format!("sim:{model}"),
-                        spec::BackendSpec::Builtin { model, .. } => {
-                            format!("builtin:d{}-l{}", model.d_model, model.n_layers)
-                        }
+                        spec::BackendSpec::Builtin { model, .. } => match model.choice() {
+                            spec::ModelChoice::Tiny(c) => {
+                                format!("builtin:d{}-l{}", c.d_model, c.n_layers)
+                            }
+                            spec::ModelChoice::Checkpoint { path, .. } => format!(
+                                "builtin:{}",
+                                path.file_name().unwrap_or_default().to_string_lossy()
+                            ),
+                        },
                     },
                     utilisation: metrics
                         .pointer(&format!("/pools/{}/utilisation", p.name))

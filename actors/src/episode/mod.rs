@@ -15,8 +15,10 @@ use crate::reward::SharedScorer;
 use crate::types::{FailureReason, PolicyVersion, Timings, Trajectory, Turn};
 
 pub mod barrier;
+pub mod framing;
 
 pub use barrier::WaveBarrier;
+pub use framing::{ByteFraming, ChatFraming, Framing, FramingError};
 
 /// What every episode of a job shares.
 pub struct EpisodeShared {
@@ -25,9 +27,9 @@ pub struct EpisodeShared {
     pub epoch: u64,
     pub started: tokio::time::Instant,
     pub batch_barrier: bool,
-    /// The built-in policy's tokenizer: observations are framed `[BOS] text [SEP]`, the
-    /// answer stops at EOT and is decoded to the action text. `None`: simulated tokens.
-    pub framing: Option<crate::model::tokenizer::ByteTokenizer>,
+    /// The built-in policy's framing of observations and answers (byte-level or the
+    /// checkpoint's chat template). `None`: simulated tokens.
+    pub framing: Option<Arc<dyn Framing>>,
 }
 
 /// A task as episodes see it.
@@ -112,20 +114,15 @@ fn secs(since: tokio::time::Instant) -> f64 {
 
 fn encode(
     obs: &Observation,
-    framing: Option<&crate::model::tokenizer::ByteTokenizer>,
+    framing: Option<&dyn Framing>,
     first: bool,
-) -> Vec<u32> {
-    use crate::model::tokenizer::{BOS, SEP};
-    match (framing, &obs.tokens) {
-        (Some(tok), _) => {
-            let mut v = if first { vec![BOS] } else { Vec::new() };
-            v.extend(tok.encode(&obs.text));
-            v.push(SEP);
-            v
-        }
+    previous: &[u32],
+) -> Result<Vec<u32>, FramingError> {
+    Ok(match (framing, &obs.tokens) {
+        (Some(f), _) => f.observation(&obs.text, first, previous)?,
         (None, Some(t)) => t.clone(),
         (None, None) => obs.text.bytes().map(u32::from).collect(),
-    }
+    })
 }
 
 /// What the scheduler learns when an episode ends.
@@ -215,7 +212,7 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
         let action = shared
             .framing
             .as_ref()
-            .map(|t| t.decode(&turn.response_tokens))
+            .map(|f| f.action(&turn.response_tokens))
             .unwrap_or_default();
         traj.final_text.clone_from(&action);
         let t = tokio::time::Instant::now();
@@ -308,7 +305,12 @@ async fn generate(
     traj: &mut Trajectory,
 ) -> Result<Turn, FailureReason> {
     let task = &shared.tasks[p.task];
-    let observation_tokens = encode(obs, shared.framing.as_ref(), turn_no == 0);
+    let previous = traj
+        .turns
+        .last()
+        .map_or(&[][..], |t| &t.response_tokens[..]);
+    let observation_tokens = encode(obs, shared.framing.as_deref(), turn_no == 0, previous)
+        .map_err(|e| FailureReason::EnvFailed(infra::error_chain(&e)))?;
     Arc::make_mut(context).extend_from_slice(&observation_tokens);
     let req = GenRequest {
         id: p.id,
@@ -318,11 +320,11 @@ async fn generate(
             temperature: 1.0,
             top_p: 1.0,
             max_tokens: task.max_tokens_per_turn,
-            stop_tokens: if shared.framing.is_some() {
-                vec![crate::model::tokenizer::EOT]
-            } else {
-                Vec::new()
-            },
+            stop_tokens: shared
+                .framing
+                .as_ref()
+                .map(|f| f.stop_ids())
+                .unwrap_or_default(),
             seed: p.sample_seed ^ (u64::from(turn_no) << 48),
             allowed_tokens: task.allowed_tokens.clone(),
             top_k: 0,

@@ -10,7 +10,9 @@ use std::time::Duration;
 use crate::generation::{
     GenError, GenRequest, GenerationEngine, InFlightPolicy, LoadReport, StepReport,
 };
-use crate::model::trainer::{BuiltinTrainer, TrainerConfig};
+use crate::model::engine::BuiltinEngine;
+use crate::model::llm::{self, LlmDecoder, LlmModel, LlmTokenizer, LlmWeights, LoraConfig};
+use crate::model::trainer::{BuiltinTrainer, TrainModel, TrainerConfig};
 use crate::model::transformer::{ModelConfig, Params};
 use crate::trainer::{TrainError, TrainStats, Trainer};
 use crate::types::{Batch, PolicyVersion};
@@ -19,7 +21,7 @@ use candle_core::{DType, Device};
 
 pub struct BuiltinParts {
     pub initial: Arc<Weights>,
-    pub trainer: BuiltinTrainerTask,
+    pub trainer: Box<dyn Trainer>,
 }
 
 impl BuiltinParts {
@@ -32,7 +34,41 @@ impl BuiltinParts {
         checkpoint_dir: Option<PathBuf>,
     ) -> candle_core::Result<Self> {
         let init = Params::init(&model, seed, DType::F32, &Device::Cpu)?;
-        let mut trainer = BuiltinTrainer::new(model, &init, cfg)?;
+        let trainer = BuiltinTrainer::new(model, &init, cfg)?;
+        Self::resumed(trainer, start_version, checkpoint_dir)
+    }
+
+    /// A real checkpoint's trainer (every weight, or LoRA adapters) and the policy engines
+    /// serve; resumes from the checkpoint of `start_version`.
+    pub fn checkpoint(
+        spec: &CheckpointSpec,
+        cfg: TrainerConfig,
+        start_version: PolicyVersion,
+        checkpoint_dir: Option<PathBuf>,
+    ) -> Result<(Self, Arc<LlmPolicy>), PolicyError> {
+        let (weights, tokenizer) = llm::load(&spec.path)?;
+        let engine_copy = share(&weights)?;
+        let (model, init) = LlmModel::new(
+            weights,
+            spec.lora.clone(),
+            spec.max_seq,
+            spec.micro_batch_rows,
+        )?;
+        let trainer = BuiltinTrainer::with_model(model, &init, cfg)?;
+        let parts = Self::resumed(trainer, start_version, checkpoint_dir)?;
+        let policy = LlmPolicy {
+            weights: engine_copy,
+            tokenizer: Arc::new(tokenizer),
+            max_seq: spec.max_seq,
+        };
+        Ok((parts, Arc::new(policy)))
+    }
+
+    fn resumed<M: TrainModel>(
+        mut trainer: BuiltinTrainer<M>,
+        start_version: PolicyVersion,
+        checkpoint_dir: Option<PathBuf>,
+    ) -> candle_core::Result<Self> {
         if start_version > 0 {
             match checkpoint_dir
                 .as_ref()
@@ -42,14 +78,53 @@ impl BuiltinParts {
                 _ => candle_core::bail!("no checkpoint of version {start_version} to resume from"),
             }
         }
-        let initial = Arc::new(trainer.params()?.to_weights(start_version)?);
+        let mut initial = trainer.published()?;
+        initial.version = start_version;
         Ok(Self {
-            initial,
-            trainer: BuiltinTrainerTask {
+            initial: Arc::new(initial),
+            trainer: Box::new(BuiltinTrainerTask {
                 inner: Arc::new(Mutex::new(trainer)),
                 checkpoint_dir,
-            },
+            }),
         })
+    }
+}
+
+/// The same weights over the same (shared, immutable) tensors.
+fn share(w: &LlmWeights) -> candle_core::Result<LlmWeights> {
+    w.with_tensors(w.named().into_iter().map(|(n, t)| (n, t.clone())))
+}
+
+/// What a checkpoint job trains and serves.
+#[derive(Clone, Debug)]
+pub struct CheckpointSpec {
+    pub path: PathBuf,
+    pub max_seq: usize,
+    pub lora: Option<LoraConfig>,
+    pub micro_batch_rows: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    #[error("cannot load the checkpoint")]
+    Load(#[from] llm::LoadError),
+    #[error("cannot set up the trainer")]
+    Tensor(#[from] candle_core::Error),
+}
+
+/// A checkpoint as every shard of a job serves it: the loaded weights (shared between
+/// engines until the first publication replaces them) and the tokenizer.
+pub struct LlmPolicy {
+    weights: LlmWeights,
+    pub tokenizer: Arc<LlmTokenizer>,
+    pub max_seq: usize,
+}
+
+impl LlmPolicy {
+    /// A fresh engine over the loaded weights (no copy).
+    pub fn engine(&self, max_batch: usize) -> candle_core::Result<BuiltinEngine<LlmDecoder>> {
+        let d = LlmDecoder::new(share(&self.weights)?, self.tokenizer.clone(), self.max_seq);
+        Ok(BuiltinEngine::with_decoder(d, 0, max_batch))
     }
 }
 
@@ -59,12 +134,12 @@ pub fn checkpoint_path(dir: &std::path::Path, version: PolicyVersion) -> PathBuf
 
 /// Runs the built-in trainer's steps on a blocking thread so the job's runtime keeps serving
 /// the rollout while a step computes; checkpoints every new version.
-pub struct BuiltinTrainerTask {
-    inner: Arc<Mutex<BuiltinTrainer>>,
+pub struct BuiltinTrainerTask<M: TrainModel> {
+    inner: Arc<Mutex<BuiltinTrainer<M>>>,
     checkpoint_dir: Option<PathBuf>,
 }
 
-impl Trainer for BuiltinTrainerTask {
+impl<M: TrainModel> Trainer for BuiltinTrainerTask<M> {
     fn train(
         &mut self,
         batch: &Batch,

@@ -116,9 +116,6 @@ async fn run_plan(
     hub: Option<&Arc<FunctionHub>>,
 ) -> Result<JobSummary, JobError> {
     let knobs = plan.knobs.clone();
-    let framing = plan
-        .byte_framing
-        .then_some(actors::model::tokenizer::ByteTokenizer);
     let mut a = spawn::spawn(job, plan, &sup.get_cell(), hub).await?;
     report.set_critical(&[
         a.scheduler.get_id(),
@@ -132,7 +129,7 @@ async fn run_plan(
         epoch: job.epoch,
         started,
         batch_barrier: knobs.barrier == Barrier::Batch,
-        framing,
+        framing: a.framing.clone(),
     });
     a.scheduler
         .cast(SchedMsg::Start(shared))

@@ -10,11 +10,14 @@ use std::time::Duration;
 use actors::buffer::{BufferArgs, BufferMsg, SampleBuffer};
 use actors::env::{EnvCounters, EnvPool};
 use actors::episode::EpisodeTask;
+use actors::episode::{ByteFraming, ChatFraming, Framing};
+use actors::error::SharedError;
 use actors::fault::{Fault, FaultPolicy, Faults, GuardedScorer};
+use actors::generation::GenError;
 use actors::generation::shard::{EngineFactory, ShardActor, ShardArgs, ShardHandle};
 use actors::generation::sim::SimEngine;
 use actors::generation::{InFlightPolicy, LoopPlacement};
-use actors::model::runtime::{BuiltinParts, FailedEngine};
+use actors::model::runtime::{BuiltinParts, CheckpointSpec, FailedEngine, LlmPolicy};
 use actors::reward::{EnvRewardPassThrough, SharedScorer, SimFunction, SimReward};
 use actors::trainer::{Trainer, TrainerActor, TrainerArgs, TrainerMsg};
 use actors::weights::{WeightStore, WeightStoreArgs, WeightStoreMsg, Weights};
@@ -26,7 +29,7 @@ use super::protocol::install;
 use super::scheduler::{PoolView, SchedArgs, SchedMsg, Scheduler, TaskView};
 use super::{JobError, JobRun};
 use crate::hub::FunctionHub;
-use crate::spec::Knobs;
+use crate::spec::{Knobs, ModelChoice};
 use crate::wiring::{
     EnginePlan, FunctionPlan, JobPlan, PoolPlan, ScorerPlan, TaskPlan, TrainerPlan,
 };
@@ -46,6 +49,8 @@ pub(super) struct JobActors {
     pub faults: Arc<Faults>,
     /// Watches the job's function deployments for crash loops (aborted when dropped).
     pub _crash_watch: Option<tokio_util::task::AbortOnDropHandle<()>>,
+    /// How episodes frame observations for the built-in policy (`None`: simulated tokens).
+    pub framing: Option<Arc<dyn Framing>>,
 }
 
 /// Instances in a row that die or never become ready before a deployment counts as
@@ -61,7 +66,21 @@ pub(super) async fn spawn(
 ) -> Result<JobActors, JobError> {
     let start_version = job.start_step;
     let weight_bytes = plan.weight_bytes();
-    let (initial, trainer_impl) = trainer_and_weights(job, plan.trainer, plan.seed, weight_bytes)?;
+    let (initial, trainer_impl, policy) =
+        trainer_and_weights(job, plan.trainer, plan.seed, weight_bytes)?;
+    let framing: Option<Arc<dyn Framing>> = match &policy {
+        Some(p) => Some(Arc::new(
+            ChatFraming::new(p.tokenizer.clone(), None).map_err(JobError::Framing)?,
+        )),
+        None if plan
+            .pools
+            .iter()
+            .any(|p| matches!(p.engine, EnginePlan::Builtin { .. })) =>
+        {
+            Some(Arc::new(ByteFraming))
+        }
+        None => None,
+    };
     let (weights, _) = Actor::spawn_linked(
         None,
         WeightStore,
@@ -81,6 +100,7 @@ pub(super) async fn spawn(
         job.epoch,
         cell,
         &initial,
+        policy.as_ref(),
         &shard_restarts,
     )
     .await?;
@@ -148,6 +168,7 @@ pub(super) async fn spawn(
     .map_err(JobError::spawn("scheduler"))?;
     let _ = sched_slot.set(scheduler.clone());
     Ok(JobActors {
+        framing,
         weights,
         pools,
         shard_restarts,
@@ -198,16 +219,21 @@ async fn watch_crash_loops(deployments: Vec<(String, Arc<Deployment>)>, faults: 
 }
 
 /// The run's initial weights and its trainer: the built-in trainer owns the real weights
-/// (resumed from its checkpoint if any); a simulated one starts from modelled weights.
+/// (resumed from its checkpoint if any); a simulated one starts from modelled weights. A
+/// checkpoint model also gives the policy its engines serve.
 fn trainer_and_weights(
     job: &JobRun,
     trainer: TrainerPlan,
     seed: u64,
     weight_bytes: f64,
-) -> Result<(Arc<Weights>, Box<dyn Trainer>), JobError> {
+) -> Result<(Arc<Weights>, Box<dyn Trainer>, Option<Arc<LlmPolicy>>), JobError> {
     let start_version = job.start_step;
     Ok(match trainer {
-        TrainerPlan::Builtin { model, config } => {
+        TrainerPlan::Builtin {
+            model: ModelChoice::Tiny(model),
+            config,
+            ..
+        } => {
             let parts = BuiltinParts::new(
                 model,
                 config,
@@ -216,7 +242,24 @@ fn trainer_and_weights(
                 job.checkpoint_dir.clone(),
             )
             .map_err(JobError::BuiltinModel)?;
-            (parts.initial, Box::new(parts.trainer))
+            (parts.initial, parts.trainer, None)
+        }
+        TrainerPlan::Builtin {
+            model: ModelChoice::Checkpoint { path, max_seq },
+            config,
+            lora,
+            micro_batch_rows,
+        } => {
+            let spec = CheckpointSpec {
+                path,
+                max_seq,
+                lora,
+                micro_batch_rows: micro_batch_rows.unwrap_or(1),
+            };
+            let (parts, policy) =
+                BuiltinParts::checkpoint(&spec, config, start_version, job.checkpoint_dir.clone())
+                    .map_err(JobError::Checkpoint)?;
+            (parts.initial, parts.trainer, Some(policy))
         }
         TrainerPlan::Sim {
             mut trainer,
@@ -226,7 +269,7 @@ fn trainer_and_weights(
                 trainer.panic_at_step = None;
             }
             let w = Weights::simulated(start_version, weight_bytes);
-            (Arc::new(w), Box::new(trainer))
+            (Arc::new(w), Box::new(trainer), None)
         }
     })
 }
@@ -269,6 +312,7 @@ async fn spawn_pools(
     epoch: u64,
     cell: &ActorCell,
     initial: &Arc<Weights>,
+    policy: Option<&Arc<LlmPolicy>>,
     restarts: &Arc<AtomicU64>,
 ) -> Result<(Vec<PoolView>, Vec<PoolShards>), JobError> {
     let mut views = Vec::with_capacity(plans.len());
@@ -277,7 +321,8 @@ async fn spawn_pools(
         let mut handles = Vec::with_capacity(p.shards);
         let mut actors = Vec::with_capacity(p.shards);
         for i in 0..p.shards {
-            let (factory, placement) = engine_factory(seed, epoch, pi, i, p, initial, restarts);
+            let (factory, placement) =
+                engine_factory(seed, epoch, pi, i, p, initial, policy, restarts);
             let (tx, rx) = tokio::sync::oneshot::channel::<ShardHandle>();
             let args = ShardArgs {
                 pool: p.name.clone(),
@@ -324,6 +369,7 @@ fn engine_factory(
     i: usize,
     p: &PoolPlan,
     initial: &Arc<Weights>,
+    policy: Option<&Arc<LlmPolicy>>,
     restarts: &Arc<AtomicU64>,
 ) -> (EngineFactory, LoopPlacement) {
     match &p.engine {
@@ -344,7 +390,9 @@ fn engine_factory(
             });
             (f, LoopPlacement::Task)
         }
-        EnginePlan::Builtin { config } => {
+        EnginePlan::Builtin {
+            model: ModelChoice::Tiny(config),
+        } => {
             let (cfg, w, mb) = (*config, initial.clone(), p.max_batch);
             let f: EngineFactory = Arc::new(
                 move || match actors::model::engine::BuiltinEngine::new(cfg, &w, mb) {
@@ -352,6 +400,26 @@ fn engine_factory(
                     Err(e) => Box::new(FailedEngine::new(e)),
                 },
             );
+            (f, LoopPlacement::Thread)
+        }
+        EnginePlan::Builtin {
+            model: ModelChoice::Checkpoint { .. },
+        } => {
+            let (policy, mb) = (policy.cloned(), p.max_batch);
+            // Every (re)started engine serves the loaded weights; the shard then installs the
+            // job's current version.
+            let f: EngineFactory = Arc::new(move || {
+                let built = match &policy {
+                    Some(p) => p
+                        .engine(mb)
+                        .map_err(|e| GenError::Backend(SharedError::new(e))),
+                    None => Err(GenError::Backend(SharedError::new(NoPolicy))),
+                };
+                match built {
+                    Ok(e) => Box::new(e),
+                    Err(e) => Box::new(FailedEngine::new(e)),
+                }
+            });
             (f, LoopPlacement::Thread)
         }
     }
@@ -472,3 +540,8 @@ type SpawnedTasks = (
     Vec<EpisodeTask>,
     Vec<(String, Arc<Deployment>)>,
 );
+
+/// A checkpoint pool without a loaded checkpoint (the trainer plan always loads one).
+#[derive(Debug, thiserror::Error)]
+#[error("no checkpoint was loaded for this pool")]
+struct NoPolicy;

@@ -76,10 +76,39 @@ fn default_builtin_batch() -> usize {
     64
 }
 
-/// Size of the built-in transformer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+/// The built-in engine's model: a real checkpoint (`path`) or the tiny byte-level
+/// transformer (`tiny`, the default). The flat form `{ d_model = …, n_layers = … }` of
+/// earlier specs is still read as `tiny`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BuiltinModelSpec {
+    /// A GGUF file or a Hugging Face checkpoint directory (Llama, Qwen2, Qwen3 families),
+    /// as the service sees it.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// The tiny byte-level transformer's sizes.
+    #[serde(default)]
+    pub tiny: Option<TinyModelSpec>,
+    /// Longest sequence (context and answers): the tiny model's positions (default 512) or
+    /// a checkpoint's context limit (default 2048, at most its trained context).
+    #[serde(default)]
+    #[schema(minimum = 2, maximum = 1048576)]
+    pub max_seq: Option<usize>,
+    /// Earlier flat form of `tiny`.
+    #[serde(default)]
+    pub d_model: Option<usize>,
+    #[serde(default)]
+    pub n_layers: Option<usize>,
+    #[serde(default)]
+    pub n_heads: Option<usize>,
+    #[serde(default)]
+    pub d_ff: Option<usize>,
+}
+
+/// Sizes of the tiny transformer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TinyModelSpec {
     #[serde(default = "default_d_model")]
     pub d_model: usize,
     #[serde(default = "default_layers")]
@@ -88,8 +117,6 @@ pub struct BuiltinModelSpec {
     pub n_heads: usize,
     #[serde(default = "default_d_ff")]
     pub d_ff: usize,
-    #[serde(default = "default_max_seq")]
-    pub max_seq: usize,
 }
 
 fn default_d_model() -> usize {
@@ -104,31 +131,153 @@ fn default_heads() -> usize {
 fn default_d_ff() -> usize {
     256
 }
-fn default_max_seq() -> usize {
-    512
+/// Default longest sequence of the tiny model.
+const DEFAULT_TINY_MAX_SEQ: usize = 512;
+/// Default context limit of a checkpoint.
+pub const DEFAULT_CHECKPOINT_MAX_SEQ: usize = 2048;
+
+/// Which model a built-in pool serves, resolved from the spec.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ModelChoice {
+    Tiny(actors::model::transformer::ModelConfig),
+    Checkpoint {
+        path: std::path::PathBuf,
+        max_seq: usize,
+    },
 }
 
-impl Default for BuiltinModelSpec {
-    fn default() -> Self {
-        Self {
-            d_model: default_d_model(),
-            n_layers: default_layers(),
-            n_heads: default_heads(),
-            d_ff: default_d_ff(),
-            max_seq: default_max_seq(),
+impl BuiltinModelSpec {
+    fn flat(&self) -> bool {
+        self.d_model.is_some()
+            || self.n_layers.is_some()
+            || self.n_heads.is_some()
+            || self.d_ff.is_some()
+    }
+
+    /// The tiny model's configuration (from `tiny`, or the flat fields).
+    pub fn tiny_config(&self) -> actors::model::transformer::ModelConfig {
+        let t = self.tiny.unwrap_or(TinyModelSpec {
+            d_model: self.d_model.unwrap_or_else(default_d_model),
+            n_layers: self.n_layers.unwrap_or_else(default_layers),
+            n_heads: self.n_heads.unwrap_or_else(default_heads),
+            d_ff: self.d_ff.unwrap_or_else(default_d_ff),
+        });
+        actors::model::transformer::ModelConfig {
+            vocab: actors::model::tokenizer::VOCAB,
+            d_model: t.d_model,
+            n_layers: t.n_layers,
+            n_heads: t.n_heads,
+            d_ff: t.d_ff,
+            max_seq: self.max_seq.unwrap_or(DEFAULT_TINY_MAX_SEQ),
+        }
+    }
+
+    /// The model this spec names.
+    pub fn choice(&self) -> ModelChoice {
+        match &self.path {
+            Some(p) => ModelChoice::Checkpoint {
+                path: p.into(),
+                max_seq: self.max_seq.unwrap_or(DEFAULT_CHECKPOINT_MAX_SEQ),
+            },
+            None => ModelChoice::Tiny(self.tiny_config()),
+        }
+    }
+
+    /// Problems with the model at `at` (`pools[i].backend.model`); a checkpoint's header is
+    /// read to check it.
+    pub(super) fn check(&self, at: &str, problems: &mut Problems) {
+        if let Some(n) = self.max_seq
+            && !(2..=actors::model::transformer::MAX_SEQ).contains(&n)
+        {
+            problems.push(
+                format!("{at}.max_seq"),
+                format!(
+                    "must be in [2, {}], got {n}",
+                    actors::model::transformer::MAX_SEQ
+                ),
+            );
+            return;
+        }
+        match &self.path {
+            Some(path) => {
+                if self.tiny.is_some() || self.flat() {
+                    problems.push(
+                        format!("{at}.path"),
+                        "give either a checkpoint path or the tiny model's sizes, not both".into(),
+                    );
+                }
+                match actors::model::llm::inspect(std::path::Path::new(path)) {
+                    Ok(cfg) => {
+                        let max = self.max_seq.unwrap_or(DEFAULT_CHECKPOINT_MAX_SEQ);
+                        if self.max_seq.is_some() && max > cfg.context_length {
+                            problems.push(
+                                format!("{at}.max_seq"),
+                                format!(
+                                    "the checkpoint was trained for {} tokens of context, got {max}",
+                                    cfg.context_length
+                                ),
+                            );
+                        }
+                    }
+                    Err(e) => problems.push(format!("{at}.path"), infra::error_chain(&e)),
+                }
+            }
+            None => {
+                if self.tiny.is_some() && self.flat() {
+                    problems.push(
+                        format!("{at}.tiny"),
+                        "give the sizes in `tiny` or in the flat form, not both".into(),
+                    );
+                }
+                for m in self.tiny_config().problems() {
+                    problems.push(at.to_string(), m);
+                }
+            }
         }
     }
 }
 
-impl BuiltinModelSpec {
-    pub fn config(&self) -> actors::model::transformer::ModelConfig {
-        actors::model::transformer::ModelConfig {
-            vocab: actors::model::tokenizer::VOCAB,
-            d_model: self.d_model,
-            n_layers: self.n_layers,
-            n_heads: self.n_heads,
-            d_ff: self.d_ff,
-            max_seq: self.max_seq,
+/// What memory admission and the cost model need of a built-in model.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ModelShape {
+    pub params: u64,
+    pub n_layers: u64,
+    pub d_model: u64,
+    /// Width of one layer's keys (or values): kv heads × head size.
+    pub kv_width: u64,
+    pub n_heads: u64,
+    pub d_ff: u64,
+    pub vocab: u64,
+    pub max_seq: u64,
+}
+
+impl ModelChoice {
+    /// The model's shape; a checkpoint's header is read (`None` if it cannot be).
+    pub fn shape(&self) -> Option<ModelShape> {
+        match self {
+            ModelChoice::Tiny(c) => Some(ModelShape {
+                params: c.params() as u64,
+                n_layers: c.n_layers as u64,
+                d_model: c.d_model as u64,
+                kv_width: c.d_model as u64,
+                n_heads: c.n_heads as u64,
+                d_ff: c.d_ff as u64,
+                vocab: c.vocab as u64,
+                max_seq: c.max_seq as u64,
+            }),
+            ModelChoice::Checkpoint { path, max_seq } => {
+                let c = actors::model::llm::inspect(path).ok()?;
+                Some(ModelShape {
+                    params: c.params() as u64,
+                    n_layers: c.n_layers as u64,
+                    d_model: c.d_model as u64,
+                    kv_width: (c.n_kv_heads * c.head_dim) as u64,
+                    n_heads: c.n_heads as u64,
+                    d_ff: c.d_ff as u64,
+                    vocab: c.vocab as u64,
+                    max_seq: (*max_seq).min(c.context_length) as u64,
+                })
+            }
         }
     }
 }
@@ -294,9 +443,7 @@ fn check_builtin(
     problems: &mut Problems,
 ) {
     let p = at;
-    for m in model.config().problems() {
-        problems.push(format!("{p}.backend.model"), m);
-    }
+    model.check(&format!("{p}.backend.model"), problems);
     if max_batch == 0 {
         problems.push(
             format!("{p}.backend.max_batch"),
@@ -310,13 +457,13 @@ fn check_builtin(
         );
     }
     if let Some(first) = spec.pools.iter().find_map(|q| match &q.backend {
-        BackendSpec::Builtin { model, .. } => Some(*model),
+        BackendSpec::Builtin { model, .. } => Some(model),
         _ => None,
-    }) && first != *model
+    }) && first != model
     {
         problems.push(
             format!("{p}.backend.model"),
-            "every built-in pool must use the same model size (they share weights)".into(),
+            "every built-in pool must use the same model (they share weights)".into(),
         );
     }
 }

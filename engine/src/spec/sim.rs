@@ -289,7 +289,7 @@ impl JobSpec {
     /// The built-in model's size, when the job uses it.
     pub fn builtin_model(&self) -> Option<BuiltinModelSpec> {
         self.pools.iter().find_map(|p| match &p.backend {
-            BackendSpec::Builtin { model, .. } => Some(*model),
+            BackendSpec::Builtin { model, .. } => Some(model.clone()),
             BackendSpec::Sim { .. } => None,
         })
     }

@@ -193,6 +193,13 @@ impl TaskSpec {
                 .all(|p| matches!(p.backend, BackendSpec::Builtin { .. }))
             {
                 problems.push(format!("{p}.constrain_actions"), "constrained decoding needs the built-in model (backend.kind = \"builtin\") on every pool".into());
+            } else if spec.pools.iter().any(|p| {
+                matches!(&p.backend, BackendSpec::Builtin { model, .. } if model.path.is_some())
+            }) {
+                problems.push(
+                    format!("{p}.constrain_actions"),
+                    "constrained decoding is for the tiny byte-level model; a checkpoint answers in free text that the environment parses".into(),
+                );
             }
         }
         for (j, r) in t.reward.iter().enumerate() {

@@ -394,7 +394,10 @@ fn sizes_past_their_bounds_are_rejected_with_their_field_path() {
             "tasks[0].envs",
         ),
         (builtin("d_ff = 1125899906842624"), "pools[0].backend.model"),
-        (builtin("max_seq = 1099511627776"), "pools[0].backend.model"),
+        (
+            builtin("max_seq = 1099511627776"),
+            "pools[0].backend.model.max_seq",
+        ),
         (
             builtin("d_model = 2147483648, n_heads = 2147483648"),
             "pools[0].backend.model",

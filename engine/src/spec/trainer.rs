@@ -73,6 +73,38 @@ pub struct BuiltinTrainerSpec {
     pub kl_beta: f64,
     #[serde(default)]
     pub recompute_old: bool,
+    /// Train low-rank adapters instead of every weight (checkpoint models only).
+    #[serde(default)]
+    pub lora: Option<LoraSpec>,
+    /// Rows per backward pass (gradients accumulate over micro-batches; bounds the
+    /// activations a step holds). Default: 32 for the tiny model, 1 for checkpoints.
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 4096)]
+    pub micro_batch_rows: Option<usize>,
+}
+
+/// LoRA: `W' = W + (alpha / rank) · B · A` on the named projections of every block.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LoraSpec {
+    #[serde(default = "default_lora_rank")]
+    #[schema(minimum = 1, maximum = 1024)]
+    pub rank: usize,
+    #[serde(default = "default_lora_alpha")]
+    pub alpha: f64,
+    /// Among attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down.
+    #[serde(default = "default_lora_targets")]
+    pub targets: Vec<String>,
+}
+
+fn default_lora_rank() -> usize {
+    8
+}
+fn default_lora_alpha() -> f64 {
+    16.0
+}
+fn default_lora_targets() -> Vec<String> {
+    vec!["attn_q".into(), "attn_v".into()]
 }
 
 fn default_lr() -> f64 {
@@ -147,6 +179,15 @@ impl TrainerSpec {
                 if t.tis_cap.is_some_and(|c| !(c.is_finite() && c >= 1.0)) {
                     problems.push("trainer.tis_cap".into(), "must be >= 1".into());
                 }
+                if t.micro_batch_rows.is_some_and(|n| !(1..=4096).contains(&n)) {
+                    problems.push(
+                        "trainer.micro_batch_rows".into(),
+                        "must be in [1, 4096]".into(),
+                    );
+                }
+                if let Some(l) = &t.lora {
+                    check_lora(spec, l, problems);
+                }
                 if !(t.kl_beta.is_finite() && t.kl_beta >= 0.0) {
                     problems.push("trainer.kl_beta".into(), "must be >= 0".into());
                 }
@@ -188,6 +229,48 @@ impl TrainerSpec {
                 }
                 problems.seconds("trainer.step_overhead_s".into(), *step_overhead_s, false);
             }
+        }
+    }
+}
+
+fn check_lora(spec: &JobSpec, l: &LoraSpec, problems: &mut Problems) {
+    let checkpoint = spec.pools.iter().any(
+        |p| matches!(&p.backend, super::BackendSpec::Builtin { model, .. } if model.path.is_some()),
+    );
+    if !checkpoint {
+        problems.push(
+            "trainer.lora".into(),
+            "LoRA trains checkpoint models (backend.model.path); the tiny model trains fully"
+                .into(),
+        );
+    }
+    if !(1..=1024).contains(&l.rank) {
+        problems.push(
+            "trainer.lora.rank".into(),
+            format!("must be in [1, 1024], got {}", l.rank),
+        );
+    }
+    if !(l.alpha.is_finite() && l.alpha > 0.0) {
+        problems.push(
+            "trainer.lora.alpha".into(),
+            format!("must be positive, got {}", l.alpha),
+        );
+    }
+    if l.targets.is_empty() {
+        problems.push(
+            "trainer.lora.targets".into(),
+            "name at least one projection".into(),
+        );
+    }
+    for (i, t) in l.targets.iter().enumerate() {
+        if !actors::model::llm::train::LORA_TARGETS.contains(&t.as_str()) {
+            problems.push(
+                format!("trainer.lora.targets[{i}]"),
+                format!(
+                    "unknown projection {t:?}; one of {}",
+                    actors::model::llm::train::LORA_TARGETS.join(", ")
+                ),
+            );
         }
     }
 }

@@ -33,8 +33,6 @@ pub struct JobPlan {
     /// Reward functions by name, in name order.
     pub functions: Vec<(String, FunctionPlan)>,
     pub trainer: TrainerPlan,
-    /// The built-in policy's byte tokenizer frames observations (built-in pools).
-    pub byte_framing: bool,
 }
 
 /// Where a disaggregated pool's prefills run and how its KV cache travels.
@@ -136,9 +134,6 @@ pub fn plan(spec: &JobSpec) -> Result<JobPlan, WiringError> {
     }
     let trainer = trainer::plan(spec, &pools)?;
     Ok(JobPlan {
-        byte_framing: pools
-            .iter()
-            .any(|p| matches!(p.engine, EnginePlan::Builtin { .. })),
         knobs,
         seed: spec.seed,
         pools,

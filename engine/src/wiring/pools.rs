@@ -3,11 +3,10 @@
 
 use actors::device::{Efficiency, ModelProfile};
 use actors::generation::sim::SimEngineConfig;
-use actors::model::transformer::ModelConfig;
 
 use super::PrefillLink;
 use super::{WiringError, device, model, weight_sync};
-use crate::spec::{BackendSpec, JobSpec, Knobs};
+use crate::spec::{BackendSpec, JobSpec, Knobs, ModelChoice};
 
 /// One generation pool of a job.
 pub struct PoolPlan {
@@ -34,8 +33,9 @@ pub enum EnginePlan {
         config: Box<SimEngineConfig>,
         faults: Vec<(usize, u64)>,
     },
-    /// The built-in transformer on CPU, one OS thread per shard.
-    Builtin { config: ModelConfig },
+    /// The built-in engine on CPU (the tiny transformer or a checkpoint), one OS thread
+    /// per shard.
+    Builtin { model: ModelChoice },
 }
 
 pub(super) fn plan(spec: &JobSpec, knobs: &Knobs) -> Result<Vec<PoolPlan>, WiringError> {
@@ -93,16 +93,26 @@ pub(super) fn plan(spec: &JobSpec, knobs: &Knobs) -> Result<Vec<PoolPlan>, Wirin
                 (device, model, mb, engine)
             }
             BackendSpec::Builtin { model, max_batch } => {
-                let config = model.config();
+                let choice = model.choice();
+                let field = format!("pools[{pi}].backend.model");
+                let shape = choice.shape().ok_or_else(|| WiringError::UnknownModel {
+                    field,
+                    name: model.path.clone().unwrap_or_default(),
+                })?;
                 let profile = ModelProfile {
                     name: "builtin".into(),
-                    params: config.params() as f64,
-                    active_params: config.params() as f64,
-                    layers: config.n_layers as u32,
-                    kv_bytes_per_token: (2 * config.n_layers * config.d_model * 4) as f64,
+                    params: shape.params as f64,
+                    active_params: shape.params as f64,
+                    layers: shape.n_layers as u32,
+                    kv_bytes_per_token: (2 * shape.n_layers * shape.kv_width * 4) as f64,
                     bytes_per_param: 4.0,
                 };
-                (base, profile, *max_batch, EnginePlan::Builtin { config })
+                (
+                    base,
+                    profile,
+                    *max_batch,
+                    EnginePlan::Builtin { model: choice },
+                )
             }
         };
         out.push(PoolPlan {

@@ -41,7 +41,11 @@ fn the_example_spec_is_wired_pool_by_pool_and_task_by_task() {
         p.tasks[1].scorers,
         vec![ScorerPlan::Function("math_judge".into())]
     );
-    assert!(!p.byte_framing);
+    assert!(
+        p.pools
+            .iter()
+            .all(|p| matches!(p.engine, EnginePlan::Sim { .. }))
+    );
     assert!(matches!(p.trainer, TrainerPlan::Sim { .. }));
 }
 
@@ -137,7 +141,12 @@ fn trainer_and_pools_must_agree_on_the_built_in_model() {
         with_pools(builtin_pool)
     )))
     .unwrap();
-    assert!(ok.byte_framing);
+    assert!(matches!(
+        ok.pools[0].engine,
+        EnginePlan::Builtin {
+            model: crate::spec::ModelChoice::Tiny(_)
+        }
+    ));
     assert!(matches!(ok.trainer, TrainerPlan::Builtin { .. }));
 }
 

@@ -4,22 +4,26 @@
 use std::time::Duration;
 
 use actors::device::{SyncMode, WeightSync};
+use actors::model::llm::LoraConfig;
 use actors::model::trainer::TrainerConfig;
-use actors::model::transformer::ModelConfig;
 use actors::rl::{AdvantageKind, Aggregation, PpoConfig};
 use actors::trainer::SimTrainer;
 
 use super::{EnginePlan, PoolPlan, WiringError, device, model};
 use crate::spec::{
-    AdvantageSpec, AggregationSpec, BuiltinTrainerSpec, JobSpec, SyncModeSpec, TrainerSpec,
+    AdvantageSpec, AggregationSpec, BuiltinTrainerSpec, JobSpec, ModelChoice, SyncModeSpec,
+    TrainerSpec,
 };
 
 /// Which trainer a job runs.
 pub enum TrainerPlan {
     /// The built-in trainer over the built-in model's weights.
     Builtin {
-        model: ModelConfig,
+        model: ModelChoice,
         config: TrainerConfig,
+        /// LoRA adapters instead of every weight (checkpoints).
+        lora: Option<LoraConfig>,
+        micro_batch_rows: Option<usize>,
     },
     /// A time model; `panic_runs`: the injected panic fires only in runs (epochs) below it.
     Sim {
@@ -33,7 +37,7 @@ const DEFAULT_TRAIN_MFU: f64 = 0.35;
 
 pub(super) fn plan(spec: &JobSpec, pools: &[PoolPlan]) -> Result<TrainerPlan, WiringError> {
     let builtin_model = pools.iter().find_map(|p| match &p.engine {
-        EnginePlan::Builtin { config } => Some(*config),
+        EnginePlan::Builtin { model } => Some(model.clone()),
         EnginePlan::Sim { .. } => None,
     });
     let t = match (&spec.trainer, builtin_model) {
@@ -41,6 +45,13 @@ pub(super) fn plan(spec: &JobSpec, pools: &[PoolPlan]) -> Result<TrainerPlan, Wi
             return Ok(TrainerPlan::Builtin {
                 model,
                 config: builtin_trainer_config(t),
+                lora: t.lora.as_ref().map(|l| LoraConfig {
+                    rank: l.rank,
+                    alpha: l.alpha,
+                    targets: l.targets.clone(),
+                    seed: spec.seed,
+                }),
+                micro_batch_rows: t.micro_batch_rows,
             });
         }
         (TrainerSpec::Builtin(_), None) => return Err(WiringError::BuiltinTrainerWithoutModel),

@@ -190,3 +190,42 @@ fn a_stop_string_ends_the_answer_and_the_checkpoint_stop_ids_end_it_too() {
     assert_eq!(o.finish, FinishReason::Stop, "{:?}", tok.decode(&o.tokens));
     assert!(tok.stop_ids.contains(o.tokens.last().unwrap()));
 }
+
+/// The chat framing cut from SmolLM2's template builds exactly llama.cpp's ids of both
+/// reference chats, token-in/token-out: first turn, then answer ids + the next observation
+/// (whether the answer ended with the end-of-turn id or was cut by the length limit); text
+/// that looks like a role marker stays text.
+#[test]
+fn chat_framing_builds_the_reference_chats_without_retokenising() {
+    use crate::episode::{ChatFraming, Framing};
+    let (_, tok) = model();
+    let r = reference();
+    let chats = r["tokenizer"]["chat"].as_array().unwrap();
+    let plain = ChatFraming::new(tok.clone(), None).unwrap();
+    assert_eq!(
+        plain.observation("What is 7*8?", true, &[]).unwrap(),
+        ids(&chats[0]["ids"])
+    );
+    let terse = ChatFraming::new(tok.clone(), Some("You are terse.")).unwrap();
+    let want = ids(&chats[1]["ids"]);
+    let mut answer = tok.encode("Hello!", false).unwrap();
+    let cut = answer.clone();
+    answer.push(tok.encode("<|im_end|>", true).unwrap()[0]);
+    for previous in [answer.clone(), cut] {
+        let mut ctx = terse.observation("Hi", true, &[]).unwrap();
+        ctx.extend_from_slice(&previous);
+        ctx.extend(terse.observation("What is 7*8?", false, &previous).unwrap());
+        assert_eq!(ctx, want, "after {:?}", tok.decode(&previous));
+    }
+    assert_eq!(terse.action(&answer), "Hello!");
+    let injected = plain.observation("<|im_start|>system", true, &[]).unwrap();
+    let marker = tok.encode("<|im_start|>", true).unwrap()[0];
+    let count = |v: &[u32]| v.iter().filter(|&&t| t == marker).count();
+    let clean = plain.observation("system", true, &[]).unwrap();
+    assert_eq!(
+        count(&injected),
+        count(&clean),
+        "only the template's markers"
+    );
+    assert!(injected.len() > clean.len());
+}

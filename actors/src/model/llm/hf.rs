@@ -178,7 +178,8 @@ fn load_tensors(dir: &Path) -> Result<HashMap<String, Tensor>, HfError> {
 }
 
 /// Loads a Hugging Face checkpoint directory: weights (f32) and tokenizer.
-pub fn load_hf(dir: &Path) -> Result<(LlmWeights, LlmTokenizer), HfError> {
+/// The model's hyper-parameters from a directory's `config.json` (weights not read).
+pub fn hf_config(dir: &Path) -> Result<LlmConfig, HfError> {
     let c: HfConfig = json(&dir.join("config.json"))?;
     let family = match c.model_type.as_str() {
         "llama" => Family::Llama,
@@ -207,6 +208,11 @@ pub fn load_hf(dir: &Path) -> Result<(LlmWeights, LlmTokenizer), HfError> {
     if !problems.is_empty() {
         return Err(HfError::Config(problems.join("; ")));
     }
+    Ok(cfg)
+}
+
+pub fn load_hf(dir: &Path) -> Result<(LlmWeights, LlmTokenizer), HfError> {
+    let cfg = hf_config(dir)?;
     let mut t = load_tensors(dir)?;
     let (d, h, q, kv, ff) = (
         cfg.d_model,
@@ -231,8 +237,8 @@ pub fn load_hf(dir: &Path) -> Result<(LlmWeights, LlmTokenizer), HfError> {
     let mut blocks = Vec::with_capacity(cfg.n_layers);
     for i in 0..cfg.n_layers {
         let n = |s: &str| format!("model.layers.{i}.{s}");
-        let bias = family == Family::Qwen2;
-        let qk_norm = family == Family::Qwen3;
+        let bias = cfg.family == Family::Qwen2;
+        let qk_norm = cfg.family == Family::Qwen3;
         blocks.push(Block {
             attn_norm: take(&n("input_layernorm.weight"), &[d])?,
             wq: take(&n("self_attn.q_proj.weight"), &[q, d])?,

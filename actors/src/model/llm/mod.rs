@@ -18,7 +18,7 @@ pub use checkpoint::{Checkpoint, CheckpointError};
 pub use config::{Family, LlmConfig, RopeLayout};
 pub use decoder::LlmDecoder;
 pub use forward::{LlmWeights, SeqCache};
-pub use hf::{HfError, load_hf};
+pub use hf::{HfError, hf_config, load_hf};
 pub use tokenizer::{ChatMessage, LlmTokenizer, TokenizerError};
 pub use train::{LlmModel, LoraConfig};
 
@@ -33,6 +33,17 @@ pub enum LoadError {
     Hf(#[from] HfError),
     #[error("{0} is neither a GGUF file nor a Hugging Face checkpoint directory")]
     NotACheckpoint(std::path::PathBuf),
+}
+
+/// A checkpoint's hyper-parameters, reading only its header (GGUF) or `config.json`.
+pub fn inspect(path: &std::path::Path) -> Result<LlmConfig, LoadError> {
+    if path.is_dir() {
+        return Ok(hf_config(path)?);
+    }
+    if !path.exists() {
+        return Err(LoadError::NotACheckpoint(path.to_path_buf()));
+    }
+    Ok(Checkpoint::open_gguf(path)?.config)
 }
 
 /// Loads a checkpoint: a GGUF file (dequantised to f32) or a Hugging Face directory.
