@@ -7,6 +7,7 @@ mod builtin;
 mod code_judge;
 mod envs;
 mod faults;
+mod llm;
 mod persistence;
 mod reward_functions;
 mod scheduler;

