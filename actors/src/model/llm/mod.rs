@@ -9,6 +9,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod decoder;
+pub mod export;
 pub mod forward;
 pub mod hf;
 pub mod tokenizer;
@@ -17,6 +18,7 @@ pub mod train;
 pub use checkpoint::{Checkpoint, CheckpointError};
 pub use config::{Family, LlmConfig, RopeLayout};
 pub use decoder::LlmDecoder;
+pub use export::{ExportError, GgufType};
 pub use forward::{LlmWeights, SeqCache};
 pub use hf::{HfError, hf_config, load_hf};
 pub use tokenizer::{ChatMessage, LlmTokenizer, TokenizerError};

@@ -12,6 +12,7 @@ use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::{AddedToken, PreTokenizerWrapper, Tokenizer};
 
 use super::checkpoint::{Checkpoint, CheckpointError};
+use candle_core::quantized::gguf_file::Value as GgufValue;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
@@ -62,6 +63,8 @@ pub struct LlmTokenizer {
     pub stop_ids: Vec<u32>,
     pieces: Vec<String>,
     chat_template: Option<String>,
+    /// llama.cpp's name of the pre-tokenizer (GGUF `tokenizer.ggml.pre`), when known.
+    pub pre: Option<String>,
 }
 
 /// GGUF token types (llama.cpp's `llama_token_type`).
@@ -109,14 +112,16 @@ impl LlmTokenizer {
         t.add_special_tokens(specials)
             .map_err(TokenizerError::Build)?;
         let id = |key: &str| m.get_u64(key).ok().map(|v| v as u32);
-        Ok(Self::from_parts(
+        let mut tok = Self::from_parts(
             t,
             id("tokenizer.ggml.bos_token_id"),
             id("tokenizer.ggml.eos_token_id"),
             m.get_str("tokenizer.chat_template")
                 .ok()
                 .map(str::to_string),
-        ))
+        );
+        tok.pre = Some(pre.to_string());
+        Ok(tok)
     }
 
     /// A tokenizer that recognises its special tokens in text, with the checkpoint's special
@@ -152,7 +157,80 @@ impl LlmTokenizer {
             stop_ids,
             pieces,
             chat_template,
+            pre: None,
         }
+    }
+
+    /// The GGUF `tokenizer.*` metadata describing this tokenizer (byte-level BPE): pieces,
+    /// merge rules, token types (control for special tokens), special ids, chat template.
+    pub fn gguf_metadata(&self) -> Result<Vec<(String, GgufValue)>, TokenizerError> {
+        let json = serde_json::to_value(&self.with_specials)
+            .map_err(|e| TokenizerError::Build(e.into()))?;
+        let merges: Vec<String> = json["model"]["merges"]
+            .as_array()
+            .map(|rules| {
+                rules
+                    .iter()
+                    .filter_map(|r| match r {
+                        serde_json::Value::String(s) => Some(s.clone()),
+                        serde_json::Value::Array(p) => {
+                            Some(format!("{} {}", p.first()?.as_str()?, p.get(1)?.as_str()?))
+                        }
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let added = self.with_specials.get_added_tokens_decoder();
+        let types: Vec<GgufValue> = (0..self.pieces.len() as u32)
+            .map(|i| {
+                GgufValue::I32(match added.get(&i) {
+                    Some(t) if t.special => TOKEN_CONTROL as i32,
+                    Some(_) => TOKEN_USER_DEFINED as i32,
+                    None => 1,
+                })
+            })
+            .collect();
+        let strings =
+            |v: Vec<String>| GgufValue::Array(v.into_iter().map(GgufValue::String).collect());
+        let mut m = vec![
+            (
+                "tokenizer.ggml.model".to_string(),
+                GgufValue::String("gpt2".into()),
+            ),
+            (
+                "tokenizer.ggml.pre".to_string(),
+                GgufValue::String(self.pre.clone().unwrap_or_else(|| "default".into())),
+            ),
+            (
+                "tokenizer.ggml.tokens".to_string(),
+                strings(self.pieces.clone()),
+            ),
+            (
+                "tokenizer.ggml.token_type".to_string(),
+                GgufValue::Array(types),
+            ),
+            ("tokenizer.ggml.merges".to_string(), strings(merges)),
+            (
+                "tokenizer.ggml.add_bos_token".to_string(),
+                GgufValue::Bool(false),
+            ),
+        ];
+        for (key, id) in [
+            ("tokenizer.ggml.bos_token_id", self.bos_id),
+            ("tokenizer.ggml.eos_token_id", self.eos_id),
+        ] {
+            if let Some(id) = id {
+                m.push((key.to_string(), GgufValue::U32(id)));
+            }
+        }
+        if let Some(t) = &self.chat_template {
+            m.push((
+                "tokenizer.chat_template".to_string(),
+                GgufValue::String(t.clone()),
+            ));
+        }
+        Ok(m)
     }
 
     /// The underlying tokenizer (special tokens recognised), e.g. to save as `tokenizer.json`.
