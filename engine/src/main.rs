@@ -82,6 +82,20 @@ enum Cmd {
         #[arg(long, default_value = "report")]
         out: PathBuf,
     },
+    /// Export the policy a checkpoint job trained (its newest checkpoint, or `--version`) as
+    /// a GGUF file or a Hugging Face directory, for inference servers.
+    Export {
+        job: String,
+        #[arg(long, default_value = "data")]
+        data_dir: PathBuf,
+        #[arg(long)]
+        version: Option<u64>,
+        /// gguf (f32), gguf-q8 (q8_0 matrices) or hf.
+        #[arg(long, default_value = "gguf")]
+        format: String,
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Run a fully simulated job in virtual time and print its figures.
     Sim {
         file: PathBuf,
@@ -246,6 +260,17 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 max_memory: None,
             })?;
             write_report(&service, &job, &out)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Export {
+            job,
+            data_dir,
+            version,
+            format,
+            out,
+        } => {
+            let v = engine::export::export_job(&data_dir, &job, version, &format, &out)?;
+            println!("exported {job} v{v} to {}", out.display());
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Sim {

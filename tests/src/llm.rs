@@ -120,14 +120,58 @@ fn a_smollm2_job_generates_free_text_trains_lora_and_resumes() {
     let ck = dir.path().join("v2.safetensors");
     let size = std::fs::metadata(&ck).expect("checkpoint of v2").len();
     assert!(size < 20 << 20, "LoRA checkpoint of {size} bytes");
+    let resumed = Arc::new(BatchLog::default());
     let s = engine::simrun::run_blocking(
         spec(3),
         2,
         1,
         Arc::new(MemorySink::default()),
-        Arc::new(BatchLog::default()),
+        resumed.clone(),
         Some(dir.path().to_path_buf()),
     )
     .expect("resumed run");
     assert_eq!(s.steps.first().map(|m| m.version), Some(3));
+    // Export v2 (base + merged adapters) as GGUF: the exported model recomputes the
+    // logprobs the engines generated with under v2 (the resumed run's first batch).
+    let plan = engine::wiring::plan(&spec(3)).unwrap();
+    let ck = engine::wiring::checkpoint_spec(&plan.trainer).unwrap();
+    let out = dir.path().join("v2.gguf");
+    actors::model::runtime::export_policy(
+        &ck,
+        &ck_path(&dir, 2),
+        actors::model::runtime::ExportFormat::Gguf,
+        &out,
+    )
+    .unwrap();
+    let (exported, _) = actors::model::llm::load(&out).unwrap();
+    let batches = resumed.batches.lock().unwrap();
+    let mut checked = 0;
+    let mut worst = 0.0f64;
+    for t in batches[0].1.trajectories() {
+        let mut ctx: Vec<u32> = Vec::new();
+        for u in &t.turns {
+            ctx.extend_from_slice(&u.observation_tokens);
+            if u.versions.iter().all(|v| v.version == 2) {
+                let mut all = ctx.clone();
+                all.extend_from_slice(&u.response_tokens);
+                let logits: Vec<Vec<f32>> = exported.forward(&all).unwrap().to_vec2().unwrap();
+                for (k, (&tok, &lp)) in u.response_tokens.iter().zip(&u.logprobs).enumerate() {
+                    let row = &logits[ctx.len() + k - 1];
+                    let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+                    let z: f64 = row.iter().map(|&l| (l as f64 - max).exp()).sum();
+                    let want = row[tok as usize] as f64 - max - z.ln();
+                    worst = worst.max((want - lp as f64).abs());
+                }
+                checked += 1;
+            }
+            ctx.extend_from_slice(&u.response_tokens);
+        }
+    }
+    assert!(checked > 0, "no turn generated entirely under v2");
+    assert!(worst <= 1e-3, "exported v2 vs engine logprobs: {worst}");
+    eprintln!("exported v2 recomputes {checked} turns' logprobs within {worst:.2e}");
+}
+
+fn ck_path(dir: &tempfile::TempDir, v: u64) -> PathBuf {
+    dir.path().join(format!("v{v}.safetensors"))
 }

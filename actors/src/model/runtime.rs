@@ -231,3 +231,61 @@ impl GenerationEngine for FailedEngine {
         LoadReport::default()
     }
 }
+
+/// What an exported policy is written as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExportFormat {
+    /// A GGUF file, f32.
+    Gguf,
+    /// A GGUF file, q8_0 matrices.
+    GgufQ8,
+    /// A Hugging Face directory (f32 safetensors, tokenizer, config).
+    Hf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExportPolicyError {
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    #[error("cannot read the trainer checkpoint {path}")]
+    Checkpoint {
+        path: PathBuf,
+        #[source]
+        source: candle_core::Error,
+    },
+    #[error(transparent)]
+    Gguf(#[from] llm::ExportError),
+    #[error(transparent)]
+    Hf(#[from] llm::HfError),
+}
+
+/// Writes the policy a checkpoint job trained: the base checkpoint with the trained tensors
+/// of `trained` (a trainer checkpoint: every weight, or LoRA adapters merged into the base).
+pub fn export_policy(
+    spec: &CheckpointSpec,
+    trained: &std::path::Path,
+    format: ExportFormat,
+    out: &std::path::Path,
+) -> Result<(), ExportPolicyError> {
+    let (weights, tokenizer) = llm::load(&spec.path).map_err(PolicyError::from)?;
+    let (model, _) =
+        LlmModel::new(weights, spec.lora.clone(), spec.max_seq, 1).map_err(PolicyError::from)?;
+    let read = |source| ExportPolicyError::Checkpoint {
+        path: trained.to_path_buf(),
+        source,
+    };
+    let map = candle_core::safetensors::load(trained, &Device::Cpu).map_err(read)?;
+    let policy = model
+        .build(&|n| {
+            map.get(&format!("param.{n}"))
+                .cloned()
+                .ok_or_else(|| candle_core::Error::Msg(format!("the checkpoint lacks {n}")))
+        })
+        .map_err(read)?;
+    match format {
+        ExportFormat::Gguf => policy.save_gguf(&tokenizer, out, llm::GgufType::F32)?,
+        ExportFormat::GgufQ8 => policy.save_gguf(&tokenizer, out, llm::GgufType::Q8_0)?,
+        ExportFormat::Hf => policy.save_hf(&tokenizer, out)?,
+    }
+    Ok(())
+}

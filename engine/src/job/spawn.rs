@@ -17,7 +17,7 @@ use actors::generation::GenError;
 use actors::generation::shard::{EngineFactory, ShardActor, ShardArgs, ShardHandle};
 use actors::generation::sim::SimEngine;
 use actors::generation::{InFlightPolicy, LoopPlacement};
-use actors::model::runtime::{BuiltinParts, CheckpointSpec, FailedEngine, LlmPolicy};
+use actors::model::runtime::{BuiltinParts, FailedEngine, LlmPolicy};
 use actors::reward::{EnvRewardPassThrough, SharedScorer, SimFunction, SimReward};
 use actors::trainer::{Trainer, TrainerActor, TrainerArgs, TrainerMsg};
 use actors::weights::{WeightStore, WeightStoreArgs, WeightStoreMsg, Weights};
@@ -255,17 +255,13 @@ fn trainer_and_weights(
             };
             (start, parts.trainer)
         }
-        TrainerPlan::Builtin {
-            model: ModelChoice::Checkpoint { path, max_seq },
-            config,
-            lora,
-            micro_batch_rows,
+        plan @ TrainerPlan::Builtin {
+            model: ModelChoice::Checkpoint { .. },
+            ..
         } => {
-            let spec = CheckpointSpec {
-                path,
-                max_seq,
-                lora,
-                micro_batch_rows: micro_batch_rows.unwrap_or(1),
+            let spec = crate::wiring::checkpoint_spec(&plan).expect("a checkpoint plan");
+            let TrainerPlan::Builtin { config, .. } = plan else {
+                unreachable!("matched above")
             };
             let (parts, policy) =
                 BuiltinParts::checkpoint(&spec, config, start_version, job.checkpoint_dir.clone())

@@ -22,7 +22,7 @@ use crate::spec::{FunctionSpec, JobSpec, Knobs};
 
 pub use pools::{EnginePlan, PoolPlan};
 pub use tasks::{ScorerPlan, TaskPlan, prior_tokens};
-pub use trainer::{TrainerPlan, builtin_trainer_config, weight_sync};
+pub use trainer::{TrainerPlan, builtin_trainer_config, checkpoint_spec, weight_sync};
 
 /// Everything a job run is built from.
 pub struct JobPlan {

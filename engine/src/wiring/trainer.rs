@@ -144,3 +144,21 @@ pub fn weight_sync(spec: &JobSpec) -> WeightSync {
         gpus_per_shard: 1,
     }
 }
+
+/// What a checkpoint job trains (its model, adapters and micro-batches), if it is one.
+pub fn checkpoint_spec(plan: &TrainerPlan) -> Option<actors::model::runtime::CheckpointSpec> {
+    match plan {
+        TrainerPlan::Builtin {
+            model: ModelChoice::Checkpoint { path, max_seq },
+            lora,
+            micro_batch_rows,
+            ..
+        } => Some(actors::model::runtime::CheckpointSpec {
+            path: path.clone(),
+            max_seq: *max_seq,
+            lora: lora.clone(),
+            micro_batch_rows: micro_batch_rows.unwrap_or(1),
+        }),
+        _ => None,
+    }
+}
