@@ -20,7 +20,7 @@ pub enum ExportJobError {
     #[error("unknown format {0:?} (gguf, gguf-q8 or hf)")]
     Format(String),
     #[error("cannot export the policy")]
-    Export(#[from] ExportPolicyError),
+    Export(#[source] Box<ExportPolicyError>),
 }
 
 /// Exports job `job`'s policy at `version` (default: its newest checkpoint); returns the
@@ -51,7 +51,7 @@ pub fn export_job(
         job: job.into(),
         version,
     })?;
-    export_policy(&ck, &path, format, out)?;
+    export_policy(&ck, &path, format, out).map_err(|e| ExportJobError::Export(Box::new(e)))?;
     Ok(v)
 }
 
