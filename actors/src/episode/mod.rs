@@ -329,6 +329,7 @@ async fn generate(
             allowed_tokens: task.allowed_tokens.clone(),
             top_k: 0,
             stop_strings: Vec::new(),
+            ignore_eos: false,
         },
         sim_response_len: obs.sim_response_len,
         prefilled: false,

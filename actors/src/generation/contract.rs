@@ -24,6 +24,7 @@ pub fn request(id: u64, context: Vec<u32>, max_tokens: u32, seed: u64) -> GenReq
             allowed_tokens: None,
             top_k: 0,
             stop_strings: Vec::new(),
+            ignore_eos: false,
         },
         sim_response_len: Some(max_tokens),
         prefilled: false,

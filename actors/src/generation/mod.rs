@@ -39,6 +39,9 @@ pub struct SamplingParams {
     /// Generation stops once the decoded answer contains one of these (the tokens that
     /// completed it are kept: they were sampled and are trained on).
     pub stop_strings: Vec<String>,
+    /// Keep generating past the model's own end-of-turn ids (benchmarks); `stop_tokens` and
+    /// `stop_strings` still apply.
+    pub ignore_eos: bool,
     /// Seed of this request's RNG, so a run can be replayed.
     pub seed: u64,
     /// Constrained decoding: when set, only these tokens may be sampled (the environment's
@@ -56,6 +59,7 @@ impl Default for SamplingParams {
             max_tokens: 64,
             stop_tokens: Vec::new(),
             stop_strings: Vec::new(),
+            ignore_eos: false,
             seed: 0,
             allowed_tokens: None,
         }

@@ -220,7 +220,7 @@ impl<D: Decoder> BuiltinEngine<D> {
     fn done(&self, s: &Seq<D::Cache>) -> Option<FinishReason> {
         let last = s.tokens.last()?;
         if s.stopped
-            || self.model.stop_ids().contains(last)
+            || (!s.req.params.ignore_eos && self.model.stop_ids().contains(last))
             || s.req.params.stop_tokens.contains(last)
         {
             return Some(FinishReason::Stop);

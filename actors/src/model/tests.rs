@@ -248,6 +248,7 @@ fn req(id: u64, context: Vec<u32>, max_tokens: u32, seed: u64, temperature: f32)
             allowed_tokens: None,
             top_k: 0,
             stop_strings: Vec::new(),
+            ignore_eos: false,
         },
         sim_response_len: None,
         prefilled: false,

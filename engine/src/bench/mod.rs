@@ -2,12 +2,14 @@
 //!
 //! - `scheduler`: orchestration overhead on zero-latency simulated backends;
 //! - `model`: the built-in model against this machine's roofline;
+//! - `llm`: SmolLM2 on the built-in engine and trainer, against the roofline and llama.cpp;
 //! - `env`: environment steps through an actor, built-in and external (bare, sandboxed);
 //! - `functions`: the function router and runtime on real `rollarc-fn` processes;
 //! - `presets`: the quickstart job under each scheduling preset.
 
 mod env;
 mod functions;
+mod llm;
 mod model;
 mod presets;
 mod scheduler;
@@ -16,6 +18,7 @@ use std::path::Path;
 
 pub use env::{EnvBenchError, bench_env};
 pub use functions::{FunctionsBenchError, bench_functions};
+pub use llm::{LlmBenchError, bench_llm};
 pub use model::{ModelBenchError, bench_model};
 pub use presets::{PresetsBenchError, bench_presets};
 pub use scheduler::{SchedulerBenchError, bench_scheduler};
@@ -25,6 +28,7 @@ pub use scheduler::{SchedulerBenchError, bench_scheduler};
 pub enum Benchmark {
     Scheduler,
     Model,
+    Llm,
     Env,
     Functions,
     Presets,
@@ -32,9 +36,10 @@ pub enum Benchmark {
 
 impl Benchmark {
     /// Every benchmark, in the order `all` runs them.
-    pub const ALL: [Benchmark; 5] = [
+    pub const ALL: [Benchmark; 6] = [
         Benchmark::Scheduler,
         Benchmark::Model,
+        Benchmark::Llm,
         Benchmark::Env,
         Benchmark::Functions,
         Benchmark::Presets,
@@ -44,6 +49,7 @@ impl Benchmark {
         match self {
             Self::Scheduler => "scheduler",
             Self::Model => "model",
+            Self::Llm => "llm",
             Self::Env => "env",
             Self::Functions => "functions",
             Self::Presets => "presets",
@@ -77,12 +83,14 @@ pub struct BenchOptions<'a> {
 /// Why `rollarc bench` failed.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
-    #[error("unknown benchmark {0:?}: scheduler, model, env, functions, presets or all")]
+    #[error("unknown benchmark {0:?}: scheduler, model, llm, env, functions, presets or all")]
     Unknown(String),
     #[error(transparent)]
     Scheduler(#[from] SchedulerBenchError),
     #[error(transparent)]
     Model(#[from] ModelBenchError),
+    #[error(transparent)]
+    Llm(#[from] LlmBenchError),
     #[error(transparent)]
     Env(#[from] EnvBenchError),
     #[error(transparent)]
@@ -98,6 +106,7 @@ pub fn run(what: &str, opts: &BenchOptions<'_>) -> Result<(), BenchError> {
         match b {
             Benchmark::Scheduler => bench_scheduler(opts.episodes)?,
             Benchmark::Model => bench_model()?,
+            Benchmark::Llm => bench_llm()?,
             Benchmark::Env => bench_env()?,
             Benchmark::Functions => bench_functions()?,
             Benchmark::Presets => bench_presets(opts.preset_file, opts.preset_steps)?,
@@ -121,7 +130,7 @@ mod tests {
         assert!(matches!(&e, BenchError::Unknown(w) if w == "gpu"), "{e:?}");
         assert_eq!(
             e.to_string(),
-            "unknown benchmark \"gpu\": scheduler, model, env, functions, presets or all"
+            "unknown benchmark \"gpu\": scheduler, model, llm, env, functions, presets or all"
         );
     }
 }

@@ -26,12 +26,12 @@ pub enum ModelBenchError {
 
 /// Measured peak of this machine: dense f32 matmul FLOP/s (candle, all cores) and memory
 /// copy bandwidth. The roofline the built-in model is reported against.
-struct Roofline {
-    flops: f64,
-    bandwidth: f64,
+pub(super) struct Roofline {
+    pub flops: f64,
+    pub bandwidth: f64,
 }
 
-fn machine_roofline() -> Result<Roofline, candle_core::Error> {
+pub(super) fn machine_roofline() -> Result<Roofline, candle_core::Error> {
     let n = 1024;
     let a = Tensor::randn(0f32, 1.0, (n, n), &Device::Cpu)?;
     let b = Tensor::randn(0f32, 1.0, (n, n), &Device::Cpu)?;
@@ -79,6 +79,7 @@ fn request(id: u64, ctx_len: usize, max_tokens: u32) -> GenRequest {
             allowed_tokens: None,
             top_k: 0,
             stop_strings: Vec::new(),
+            ignore_eos: false,
         },
         sim_response_len: None,
         prefilled: false,
