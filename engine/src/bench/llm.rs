@@ -150,7 +150,7 @@ fn bench_engine(
             + b as f64 * (DECODE_CONTEXT as f64 + DECODE_NEW as f64 / 2.0) * kv_per_token;
         let bw = tok_s / b as f64 * step_bytes;
         println!(
-            "  batch {b:2}: {tok_s:8.0} tokens/s = {:6.2} GB/s of weights + KV ({:4.1}% of copy bandwidth)",
+            "  batch {b:2}: {tok_s:8.0} tokens/s = {:6.2} GB/s of weights + KV ({:4.1}% of read bandwidth)",
             bw / 1e9,
             100.0 * bw / peak.bandwidth
         );
@@ -272,7 +272,7 @@ pub fn bench_llm() -> Result<(), LlmBenchError> {
     let tok = Arc::new(tok);
     let peak = machine_roofline()?;
     println!(
-        "SmolLM2-135M-Instruct ({} parameters, f32 on CPU); machine roofline (measured): {:.1} GFLOP/s f32 matmul, {:.1} GB/s memory copy",
+        "SmolLM2-135M-Instruct ({} parameters, f32 on CPU); machine roofline (measured): {:.1} GFLOP/s f32 matmul, {:.1} GB/s memory read",
         w.cfg.params(),
         peak.flops / 1e9,
         peak.bandwidth / 1e9

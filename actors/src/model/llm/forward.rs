@@ -215,7 +215,7 @@ impl LlmWeights {
     /// An empty key/value cache for one sequence.
     pub fn new_cache(&self) -> SeqCache {
         SeqCache {
-            layers: vec![None; self.blocks.len()],
+            layers: (0..self.blocks.len()).map(|_| None).collect(),
             len: 0,
         }
     }
@@ -246,7 +246,7 @@ impl LlmWeights {
         let (cos, sin) = rope_tables(&self.cfg, past, n, dev)?;
         let mask = causal_mask(past, n, dev)?;
         for (i, b) in self.blocks.iter().enumerate() {
-            let kv = cache.as_deref_mut().map(|c| &mut c.layers[i]);
+            let kv = cache.as_deref_mut().map(|c| (&mut c.layers[i], past));
             x = (&x + self.attention(b, &x, &cos, &sin, &mask, kv)?)?;
             let h = rms_norm(&x, &b.ffn_norm, self.cfg.rms_eps)?;
             let gate = linear(&h, &b.w_gate, None)?.silu()?;
@@ -285,8 +285,18 @@ impl LlmWeights {
         let mut x = self.embed.index_select(&ids, 0)?;
         let positions: Vec<u32> = caches.iter().map(|s| s.len as u32).collect();
         let (cos, sin) = rope_at(c, &positions, dev)?;
+        // Every sequence attends over the first `longest` buffered positions: its own
+        // `len + 1`, the rest masked.
+        let longest = caches.iter().map(|s| s.len + 1).max().unwrap_or(1);
+        let mask: Vec<f32> = caches
+            .iter()
+            .flat_map(|s| {
+                (0..longest).map(move |j| if j <= s.len { 0.0 } else { f32::NEG_INFINITY })
+            })
+            .collect();
+        let mask = Tensor::from_vec(mask, (b, 1, 1, longest), dev)?;
         for (li, blk) in self.blocks.iter().enumerate() {
-            let h = rms_norm(&x, &blk.attn_norm, c.rms_eps)?;
+            let h = fused_rms_norm(&x, &blk.attn_norm, c.rms_eps)?;
             // [B, heads·hd] → [heads, B, hd]: the batch stands where a sequence's positions
             // would, so RoPE rotates each row by its own position.
             let heads = |w: &Tensor, bias: Option<&Tensor>, n: usize, norm: Option<&Tensor>| {
@@ -294,10 +304,10 @@ impl LlmWeights {
                     .reshape((b, n, c.head_dim))?
                     .transpose(0, 1)?;
                 let y = match norm {
-                    Some(g) => rms_norm(&y, g, c.rms_eps)?,
+                    Some(g) => fused_rms_norm(&y, g, c.rms_eps)?,
                     None => y,
                 };
-                rope(&y.contiguous()?, &cos, &sin, c.rope)
+                fused_rope(&y.contiguous()?, &cos, &sin, c.rope)
             };
             let q = heads(&blk.wq, blk.bq.as_ref(), c.n_heads, blk.q_norm.as_ref())?;
             let k = heads(&blk.wk, blk.bk.as_ref(), c.n_kv_heads, blk.k_norm.as_ref())?;
@@ -305,30 +315,31 @@ impl LlmWeights {
                 .reshape((b, c.n_kv_heads, c.head_dim))?
                 .transpose(0, 1)?;
             let scale = 1.0 / (c.head_dim as f64).sqrt();
-            let mut outs = Vec::with_capacity(b);
+            // Each sequence's new key/value goes into its buffer; the batch then attends
+            // over the buffers' first `longest` positions at once (positions a sequence
+            // does not have are masked out).
+            let mut ks = Vec::with_capacity(b);
+            let mut vs = Vec::with_capacity(b);
             for (i, cache) in caches.iter_mut().enumerate() {
-                let slot = &mut cache.layers[li];
-                let (mut ki, mut vi) = (k.narrow(1, i, 1)?, v.narrow(1, i, 1)?);
-                if let Some((pk, pv)) = slot.as_ref() {
-                    ki = Tensor::cat(&[pk, &ki], 1)?;
-                    vi = Tensor::cat(&[pv, &vi], 1)?;
-                } else {
-                    ki = ki.contiguous()?;
-                    vi = vi.contiguous()?;
-                }
-                *slot = Some((ki.clone(), vi.clone()));
-                let (ki, vi) = (repeat_kv(&ki, c.group())?, repeat_kv(&vi, c.group())?);
-                let qi = q.narrow(1, i, 1)?;
-                let s = (qi.matmul(&ki.transpose(1, 2)?.contiguous()?)? * scale)?;
-                let p = candle_nn::ops::softmax_last_dim(&s)?;
-                outs.push(
-                    p.matmul(&vi.contiguous()?)?
-                        .reshape((1, c.n_heads * c.head_dim))?,
-                );
+                let past = cache.len;
+                let ki = k.narrow(1, i, 1)?;
+                let buf = KvBuf::reserve(&mut cache.layers[li], &ki, longest)?;
+                buf.k.slice_set(&ki.contiguous()?, 1, past)?;
+                buf.v
+                    .slice_set(&v.narrow(1, i, 1)?.contiguous()?, 1, past)?;
+                ks.push(buf.k.narrow(1, 0, longest)?);
+                vs.push(buf.v.narrow(1, 0, longest)?);
             }
-            let o = Tensor::cat(&outs, 0)?;
+            let (kv, g, hd) = (c.n_kv_heads, c.group(), c.head_dim);
+            let keys = Tensor::stack(&ks, 0)?; // [B, kv, L, hd]
+            let values = Tensor::stack(&vs, 0)?;
+            // Query head h = kv head h / g: [H, B, hd] → [B, kv, g, hd].
+            let q = q.transpose(0, 1)?.reshape((b, kv, g, hd))?;
+            let scores = (q.matmul(&keys.transpose(2, 3)?)? * scale)?.broadcast_add(&mask)?;
+            let p = candle_nn::ops::softmax_last_dim(&scores)?;
+            let o = p.matmul(&values)?.reshape((b, c.n_heads * hd))?;
             x = (&x + linear(&o, &blk.wo, None)?)?;
-            let h = rms_norm(&x, &blk.ffn_norm, c.rms_eps)?;
+            let h = fused_rms_norm(&x, &blk.ffn_norm, c.rms_eps)?;
             let gate = linear(&h, &blk.w_gate, None)?.silu()?;
             let up = linear(&h, &blk.w_up, None)?;
             x = (&x + linear(&(gate * up)?, &blk.w_down, None)?)?;
@@ -336,7 +347,8 @@ impl LlmWeights {
         for cache in caches.iter_mut() {
             cache.len += 1;
         }
-        self.head(&x)
+        let x = fused_rms_norm(&x, &self.out_norm, self.cfg.rms_eps)?;
+        linear(&x, self.lm_head.as_ref().unwrap_or(&self.embed), None)
     }
 
     /// Self-attention of the new positions `x` `[n, d]` over the cached ones and themselves.
@@ -347,7 +359,7 @@ impl LlmWeights {
         cos: &Tensor,
         sin: &Tensor,
         mask: &Tensor,
-        cache: Option<&mut Option<(Tensor, Tensor)>>,
+        cache: Option<(&mut Option<KvBuf>, usize)>,
     ) -> candle_core::Result<Tensor> {
         let c = &self.cfg;
         let t = x.dim(0)?;
@@ -368,12 +380,12 @@ impl LlmWeights {
         let q = rope(&q, cos, sin, c.rope)?;
         let mut k = rope(&k, cos, sin, c.rope)?;
         let mut v = v;
-        if let Some(slot) = cache {
-            if let Some((pk, pv)) = slot.as_ref() {
-                k = Tensor::cat(&[pk, &k], 1)?;
-                v = Tensor::cat(&[pv, &v], 1)?;
-            }
-            *slot = Some((k.clone(), v.clone()));
+        if let Some((slot, past)) = cache {
+            let buf = KvBuf::reserve(slot, &k, past + t)?;
+            buf.k.slice_set(&k.contiguous()?, 1, past)?;
+            buf.v.slice_set(&v.contiguous()?, 1, past)?;
+            k = buf.k.narrow(1, 0, past + t)?;
+            v = buf.v.narrow(1, 0, past + t)?;
         }
         // Query head h reads key/value head h / group.
         let (k, v) = (repeat_kv(&k, c.group())?, repeat_kv(&v, c.group())?);
@@ -388,11 +400,43 @@ impl LlmWeights {
     }
 }
 
-/// The keys and values (after RoPE) of one sequence, per layer `[kv heads, len, hd]`.
-#[derive(Clone)]
+/// The keys and values (after RoPE) of one sequence: per layer, buffers `[kv heads,
+/// capacity, hd]` of which the first `len` positions hold the sequence. Appending writes in
+/// place (capacity doubles when full), so a decode step does not copy the history.
+/// Not `Clone`: two caches must never share a buffer.
 pub struct SeqCache {
-    layers: Vec<Option<(Tensor, Tensor)>>,
+    layers: Vec<Option<KvBuf>>,
     len: usize,
+}
+
+/// One layer's key and value buffers.
+struct KvBuf {
+    k: Tensor,
+    v: Tensor,
+}
+
+impl KvBuf {
+    /// The layer's buffers with room for `need` positions (allocated or grown, keeping
+    /// what they hold); `like`: new keys `[kv heads, n, hd]`.
+    fn reserve<'a>(
+        slot: &'a mut Option<KvBuf>,
+        like: &Tensor,
+        need: usize,
+    ) -> candle_core::Result<&'a mut KvBuf> {
+        let cap = slot.as_ref().map_or(0, |b| b.k.dim(1).unwrap_or(0));
+        if need > cap {
+            let (heads, _, hd) = like.dims3()?;
+            let new_cap = need.max(2 * cap).max(64).next_multiple_of(64);
+            let k = Tensor::zeros((heads, new_cap, hd), like.dtype(), like.device())?;
+            let v = k.zeros_like()?;
+            if let Some(old) = slot.as_ref() {
+                k.slice_set(&old.k, 1, 0)?;
+                v.slice_set(&old.v, 1, 0)?;
+            }
+            *slot = Some(KvBuf { k, v });
+        }
+        Ok(slot.as_mut().expect("reserved"))
+    }
 }
 
 impl SeqCache {
@@ -407,13 +451,7 @@ impl SeqCache {
 
     /// Keeps the first `len` positions (a shared prefix; the rest is recomputed).
     pub fn truncate(&mut self, len: usize) -> candle_core::Result<()> {
-        if len >= self.len {
-            return Ok(());
-        }
-        for l in self.layers.iter_mut().flatten() {
-            *l = (l.0.narrow(1, 0, len)?, l.1.narrow(1, 0, len)?);
-        }
-        self.len = len;
+        self.len = self.len.min(len);
         Ok(())
     }
 }
@@ -440,6 +478,26 @@ fn rope_tables(
 ) -> candle_core::Result<(Tensor, Tensor)> {
     let positions: Vec<u32> = (past as u32..(past + t) as u32).collect();
     rope_at(c, &positions, dev)
+}
+
+/// RMS norm by candle's fused kernel (no backward: inference only).
+fn fused_rms_norm(x: &Tensor, g: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
+    candle_nn::ops::rms_norm(&x.contiguous()?, g, eps as f32)
+}
+
+/// RoPE by candle's fused kernels (no backward: inference only) on `x` `[heads, T, hd]`.
+fn fused_rope(
+    x: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    layout: RopeLayout,
+) -> candle_core::Result<Tensor> {
+    let x = x.unsqueeze(0)?;
+    let y = match layout {
+        RopeLayout::Interleaved => candle_nn::rotary_emb::rope_i(&x, cos, sin)?,
+        RopeLayout::Neox => candle_nn::rotary_emb::rope(&x, cos, sin)?,
+    };
+    y.squeeze(0)
 }
 
 /// cos and sin of the angles of arbitrary `positions`, `[len, hd/2]`.
