@@ -5,7 +5,7 @@ JOBS ?= 2
 export CARGO_BUILD_JOBS := $(JOBS)
 export CARGO_TERM_COLOR := never
 
-.PHONY: run test bench bench-sim learn plan lint fmt-check clippy ci build cuda-check setup sim chaos fuzz-api
+.PHONY: run test bench bench-setup bench-sim learn plan lint fmt-check clippy ci build cuda-check setup sim chaos fuzz-api
 
 GYMNASIUM_VERSION := 1.0.0
 SCHEMATHESIS_VERSION := 4.32.5
@@ -90,7 +90,14 @@ fuzz-api: setup
 	$(CARGO) build -p engine --bin rollarc
 	ST=$(ST) tests/fuzz-api.sh
 
-bench: setup
+## llama.cpp (the xllamacpp wheel's embedded server) for the side-by-side in `bench --what llm`.
+XLLAMACPP := $(HOME)/.cache/rollarc/xllamacpp-venv
+export ROLLARC_XLLAMACPP_PYTHON := $(XLLAMACPP)/bin/python
+bench-setup:
+	test -x $(XLLAMACPP)/bin/python || python3 -m venv $(XLLAMACPP)
+	$(XLLAMACPP)/bin/python -c 'import xllamacpp' 2>/dev/null || $(XLLAMACPP)/bin/pip install -q xllamacpp
+
+bench: setup bench-setup
 	$(CARGO) run --release -p engine --bin rollarc -- bench --preset-steps 40
 
 ## SIGKILL loop over mixed jobs (24 kills, function instances killed between them): 0 lost,
