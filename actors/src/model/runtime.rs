@@ -126,6 +126,68 @@ impl LlmPolicy {
         let d = LlmDecoder::new(share(&self.weights)?, self.tokenizer.clone(), self.max_seq);
         Ok(BuiltinEngine::with_decoder(d, 0, max_batch))
     }
+
+    /// Writes the policy with `weights` installed (a full, partial or LoRA publication) as a
+    /// GGUF file.
+    pub fn save_gguf(
+        &self,
+        weights: &Weights,
+        path: &std::path::Path,
+        ty: llm::GgufType,
+    ) -> Result<(), ExportPolicyError> {
+        use crate::model::decoder::Decoder;
+        let base = share(&self.weights).map_err(PolicyError::from)?;
+        let mut d = LlmDecoder::new(base, self.tokenizer.clone(), self.max_seq);
+        d.install(weights).map_err(PolicyError::from)?;
+        d.weights().save_gguf(&self.tokenizer, path, ty)?;
+        Ok(())
+    }
+
+    /// Exports each published version once, as `dir/v{version}.gguf`, for inference servers
+    /// that load GGUF files (llama.cpp restarts on them). Shared by every shard of a job;
+    /// the three newest files are kept.
+    pub fn gguf_exporter(
+        self: &Arc<Self>,
+        dir: PathBuf,
+        ty: llm::GgufType,
+    ) -> crate::generation::remote::llamacpp::GgufExporter {
+        use crate::generation::remote::ServerError;
+        let done: Arc<tokio::sync::Mutex<Vec<PolicyVersion>>> = Default::default();
+        let policy = self.clone();
+        Arc::new(move |version, weights| {
+            let (policy, dir, done) = (policy.clone(), dir.clone(), done.clone());
+            Box::pin(async move {
+                let path = dir.join(format!("v{version}.gguf"));
+                let mut done = done.lock().await;
+                if done.contains(&version) {
+                    return Ok(path);
+                }
+                let (p, out) = (policy.clone(), path.clone());
+                tokio::task::spawn_blocking(move || {
+                    std::fs::create_dir_all(&dir)
+                        .map_err(|e| ServerError::Other(format!("{}: {e}", dir.display())))?;
+                    let tmp = out.with_extension("gguf.part");
+                    p.save_gguf(&weights, &tmp, ty).map_err(|e| {
+                        ServerError::Other(format!(
+                            "exporting v{version} as GGUF: {}",
+                            infra::error_chain(&e)
+                        ))
+                    })?;
+                    std::fs::rename(&tmp, &out)
+                        .map_err(|e| ServerError::Other(format!("{}: {e}", out.display())))
+                })
+                .await
+                .map_err(|e| ServerError::Other(format!("the export thread failed: {e}")))??;
+                done.push(version);
+                done.sort_unstable();
+                while done.len() > 3 {
+                    let old = done.remove(0);
+                    let _ = std::fs::remove_file(path.with_file_name(format!("v{old}.gguf")));
+                }
+                Ok(path)
+            })
+        })
+    }
 }
 
 pub fn checkpoint_path(dir: &std::path::Path, version: PolicyVersion) -> PathBuf {

@@ -248,14 +248,14 @@ fn llamacpp(models: &[&Path]) -> Vec<serde_json::Value> {
             .collect(),
         Ok(o) => {
             println!(
-                "llama.cpp comparison failed ({}): run `make bench-setup`",
+                "llama.cpp comparison failed ({}): run `make setup`",
                 o.status
             );
             Vec::new()
         }
         Err(e) => {
             println!(
-                "llama.cpp comparison skipped ({}: {e}): run `make bench-setup`",
+                "llama.cpp comparison skipped ({}: {e}): run `make setup`",
                 python.display()
             );
             Vec::new()

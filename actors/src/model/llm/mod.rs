@@ -65,6 +65,6 @@ pub fn load(path: &std::path::Path) -> Result<(LlmWeights, LlmTokenizer), LoadEr
 #[cfg(test)]
 mod engine_tests;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 #[cfg(test)]
 mod train_tests;

@@ -1,0 +1,409 @@
+//! llama.cpp's HTTP server (`llama-server`, or the one the `xllamacpp` wheel embeds) as a
+//! generation backend.
+//!
+//! Generation is `POST /completion` with the context as token ids, streamed (`stream`,
+//! `return_tokens`, `n_probs = 1` for the sampled token's log-probability), on the slot that
+//! holds the session's prefix (`id_slot`, `cache_prompt`), with llama.cpp's default sampler
+//! chain narrowed to top-k → top-p → temperature (its defaults add min-p 0.05, which would
+//! change the distribution the trainer assumes). Stop ids and stop strings are checked here,
+//! on the streamed tokens and their text pieces, so the tokens that completed a stop are kept
+//! exactly as the built-in engine keeps them. Closing the request cancels it on the server.
+//!
+//! llama.cpp has no weight-update endpoint: a managed server installs new weights by
+//! restarting on the exported GGUF of the new version; an attached one cannot install.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+use super::managed::ManagedServer;
+use super::{BoxFut, Completion, ServerClient, ServerError, ServerInfo, ServerRequest};
+use crate::generation::FinishReason;
+use crate::types::PolicyVersion;
+use crate::weights::Weights;
+
+/// Writes the weights of a version as a GGUF file the server can load; returns its path.
+pub type GgufExporter =
+    Arc<dyn Fn(PolicyVersion, Arc<Weights>) -> BoxFut<Result<PathBuf, ServerError>> + Send + Sync>;
+
+/// Where the server is.
+#[derive(Clone)]
+pub enum Target {
+    /// A server someone else runs.
+    Attached(String),
+    /// A child process this client owns, and how to make a GGUF of new weights for it.
+    Managed {
+        server: Arc<ManagedServer>,
+        export: GgufExporter,
+    },
+}
+
+/// A llama.cpp server.
+#[derive(Clone)]
+pub struct LlamaCpp {
+    http: reqwest::Client,
+    target: Target,
+    /// Per-request limit (a whole answer on a slow CPU server).
+    pub request_timeout: Duration,
+}
+
+impl LlamaCpp {
+    pub fn new(http: reqwest::Client, target: Target) -> Self {
+        Self {
+            http,
+            target,
+            request_timeout: Duration::from_secs(600),
+        }
+    }
+
+    /// The managed server, if this client owns one.
+    pub fn managed(&self) -> Option<&Arc<ManagedServer>> {
+        match &self.target {
+            Target::Managed { server, .. } => Some(server),
+            Target::Attached(_) => None,
+        }
+    }
+
+    fn url(&self) -> String {
+        match &self.target {
+            Target::Attached(u) => u.trim_end_matches('/').to_string(),
+            Target::Managed { server, .. } => server.url(),
+        }
+    }
+
+    fn describe_url(url: &str) -> String {
+        format!("llama.cpp at {url}")
+    }
+}
+
+/// The JSON body of a `/completion` request.
+pub fn completion_body(req: &ServerRequest) -> Value {
+    let p = &req.params;
+    let mut body = json!({
+        "prompt": &*req.context,
+        "n_predict": p.max_tokens,
+        "temperature": p.temperature,
+        "top_k": p.top_k,
+        "top_p": p.top_p,
+        "min_p": 0.0,
+        "samplers": ["top_k", "top_p", "temperature"],
+        "seed": p.seed as u32,
+        "ignore_eos": p.ignore_eos,
+        "cache_prompt": true,
+        "n_probs": 1,
+        "return_tokens": true,
+        "stream": true,
+    });
+    if let Some(s) = req.slot {
+        body["id_slot"] = json!(s);
+    }
+    body
+}
+
+/// Reads one streamed chunk into `out`; returns whether generation ended (and why).
+fn take_chunk(
+    v: &Value,
+    req: &ServerRequest,
+    text: &mut String,
+    out: &mut Completion,
+) -> Option<FinishReason> {
+    let probs = v
+        .get("completion_probabilities")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let tokens: Vec<u32> = match v.get("tokens").and_then(Value::as_array) {
+        Some(t) => t
+            .iter()
+            .filter_map(|x| x.as_u64())
+            .map(|x| x as u32)
+            .collect(),
+        None => probs
+            .iter()
+            .filter_map(|p| p.get("id").and_then(Value::as_u64))
+            .map(|x| x as u32)
+            .collect(),
+    };
+    for (i, &tok) in tokens.iter().enumerate() {
+        let pr = probs.get(i);
+        let lp = pr
+            .and_then(|p| p.get("logprob"))
+            .and_then(Value::as_f64)
+            .unwrap_or(f64::NAN) as f32;
+        if let Some(piece) = pr.and_then(|p| p.get("token")).and_then(Value::as_str) {
+            text.push_str(piece);
+        }
+        out.tokens.push(tok);
+        out.logprobs.push(lp);
+        if let Ok(mut g) = req.progress.lock() {
+            g.tokens.push(tok);
+            g.logprobs.push(lp);
+        }
+        if req.params.stop_tokens.contains(&tok) {
+            return Some(FinishReason::Stop);
+        }
+        if req
+            .params
+            .stop_strings
+            .iter()
+            .any(|s| !s.is_empty() && text.contains(s.as_str()))
+        {
+            return Some(FinishReason::Stop);
+        }
+        if out.tokens.len() >= req.params.max_tokens as usize {
+            return Some(FinishReason::Length);
+        }
+    }
+    if let Some(n) = v
+        .get("timings")
+        .and_then(|t| t.get("prompt_n"))
+        .and_then(Value::as_u64)
+    {
+        out.prefill_tokens = n as u32;
+    }
+    if v.get("stop").and_then(Value::as_bool) == Some(true) {
+        return Some(match v.get("stop_type").and_then(Value::as_str) {
+            Some("limit") => FinishReason::Length,
+            _ => FinishReason::Stop,
+        });
+    }
+    None
+}
+
+async fn generate(
+    http: reqwest::Client,
+    url: String,
+    req: ServerRequest,
+    timeout: Duration,
+) -> Result<Completion, ServerError> {
+    let server = LlamaCpp::describe_url(&url);
+    let path = "/completion";
+    if req.params.allowed_tokens.is_some() {
+        return Err(ServerError::Other(format!(
+            "{server}: constrained decoding (allowed tokens) is not supported"
+        )));
+    }
+    let unreachable = |e: reqwest::Error| ServerError::Unreachable {
+        server: server.clone(),
+        source: crate::error::SharedError::new(e),
+    };
+    let resp = http
+        .post(format!("{url}{path}"))
+        .timeout(timeout)
+        .json(&completion_body(&req))
+        .send()
+        .await
+        .map_err(unreachable)?;
+    let status = resp.status();
+    if !status.is_success() {
+        let body = resp.text().await.unwrap_or_default();
+        return Err(ServerError::Status {
+            server,
+            path: path.into(),
+            status: status.as_u16(),
+            body: error_message(&body),
+        });
+    }
+    let mut out = Completion::default();
+    let mut text = String::new();
+    let mut buf: Vec<u8> = Vec::new();
+    let mut stream = resp.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        buf.extend_from_slice(&chunk.map_err(unreachable)?);
+        // Server-sent events: "data: {json}" lines, separated by blank lines.
+        while let Some(end) = buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=end).collect();
+            let line = String::from_utf8_lossy(&line);
+            let Some(data) = line.trim().strip_prefix("data:") else {
+                continue;
+            };
+            let v: Value =
+                serde_json::from_str(data.trim()).map_err(|e| ServerError::Protocol {
+                    server: server.clone(),
+                    path: path.into(),
+                    detail: format!("{e} in {}", data.trim()),
+                })?;
+            if let Some(err) = v.get("error") {
+                return Err(ServerError::Status {
+                    server,
+                    path: path.into(),
+                    status: err.get("code").and_then(Value::as_u64).unwrap_or(500) as u16,
+                    body: error_message(&err.to_string()),
+                });
+            }
+            if let Some(f) = take_chunk(&v, &req, &mut text, &mut out) {
+                out.finish = Some(f);
+                return Ok(out);
+            }
+        }
+    }
+    Err(ServerError::Protocol {
+        server,
+        path: path.into(),
+        detail: "the stream ended before the answer did".into(),
+    })
+}
+
+/// The message of a llama.cpp error body (`{"error": {"code", "message", "type"}}`).
+fn error_message(body: &str) -> String {
+    serde_json::from_str::<Value>(body)
+        .ok()
+        .and_then(|v| {
+            let e = v.get("error").unwrap_or(&v);
+            e.get("message").and_then(Value::as_str).map(str::to_string)
+        })
+        .unwrap_or_else(|| body.chars().take(500).collect())
+}
+
+async fn get_json(http: &reqwest::Client, url: &str, path: &str) -> Result<Value, ServerError> {
+    let server = LlamaCpp::describe_url(url);
+    let resp = http
+        .get(format!("{url}{path}"))
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .map_err(|e| ServerError::Unreachable {
+            server: server.clone(),
+            source: crate::error::SharedError::new(e),
+        })?;
+    let status = resp.status();
+    let body = resp.text().await.unwrap_or_default();
+    if !status.is_success() {
+        return Err(ServerError::Status {
+            server,
+            path: path.into(),
+            status: status.as_u16(),
+            body: error_message(&body),
+        });
+    }
+    serde_json::from_str(&body).map_err(|e| ServerError::Protocol {
+        server,
+        path: path.into(),
+        detail: e.to_string(),
+    })
+}
+
+impl ServerClient for LlamaCpp {
+    fn describe(&self) -> String {
+        Self::describe_url(&self.url())
+    }
+
+    fn info(&self) -> BoxFut<Result<ServerInfo, ServerError>> {
+        let (http, url) = (self.http.clone(), self.url());
+        Box::pin(async move {
+            let v = get_json(&http, &url, "/props").await?;
+            let slots = v.get("total_slots").and_then(Value::as_u64);
+            let context = v
+                .get("default_generation_settings")
+                .and_then(|g| g.get("n_ctx"))
+                .and_then(Value::as_u64);
+            match (slots, context) {
+                (Some(s), Some(c)) if s > 0 && c > 0 => Ok(ServerInfo {
+                    slots: s as usize,
+                    context: c as usize,
+                }),
+                _ => Err(ServerError::Protocol {
+                    server: Self::describe_url(&url),
+                    path: "/props".into(),
+                    detail: "no total_slots or default_generation_settings.n_ctx".into(),
+                }),
+            }
+        })
+    }
+
+    fn generate(&self, req: ServerRequest) -> BoxFut<Result<Completion, ServerError>> {
+        Box::pin(generate(
+            self.http.clone(),
+            self.url(),
+            req,
+            self.request_timeout,
+        ))
+    }
+
+    fn install(
+        &self,
+        version: PolicyVersion,
+        weights: Arc<Weights>,
+    ) -> BoxFut<Result<(), ServerError>> {
+        let me = self.clone();
+        Box::pin(async move {
+            let Target::Managed { server, export } = &me.target else {
+                return Err(ServerError::CannotInstall {
+                    server: me.describe(),
+                    reason: "llama.cpp has no weight-update endpoint; run it managed \
+                             (launch = {…}) so rollarc can restart it on the new weights"
+                        .into(),
+                });
+            };
+            let path = export(version, weights).await?;
+            server.restart_on(path).await?;
+            // Healthy again on the new file.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+            loop {
+                if me.health().await.is_ok() {
+                    return Ok(());
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(ServerError::NotHealthy {
+                        server: me.describe(),
+                        seconds: 300.0,
+                    });
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    }
+
+    fn health(&self) -> BoxFut<Result<(), ServerError>> {
+        let me = self.clone();
+        Box::pin(async move {
+            if let Some(s) = me.managed()
+                && !s.ensure_running().await
+            {
+                return Err(ServerError::Unreachable {
+                    server: me.describe(),
+                    source: crate::error::SharedError::new(std::io::Error::other(
+                        "the server process is restarting",
+                    )),
+                });
+            }
+            let url = me.url();
+            get_json(&me.http, &url, "/health").await?;
+            if let Some(s) = me.managed() {
+                s.mark_healthy().await;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// A launcher for llama.cpp's server from the `xllamacpp` wheel, with llama-server's flags
+/// (written next to the job's files and run by the wheel's Python).
+pub const XLLAMACPP_SERVE: &str = include_str!("xllamacpp_serve.py");
+
+/// The command line of a managed llama.cpp server run through [`XLLAMACPP_SERVE`] by
+/// `python`, with `threads` CPU threads (placeholders filled at each start).
+pub fn xllamacpp_command(python: &str, script: &std::path::Path, threads: usize) -> Vec<String> {
+    let mut v: Vec<String> = vec![python.into(), script.to_string_lossy().into_owned()];
+    v.extend(
+        [
+            "-m",
+            "{model}",
+            "--host",
+            "{host}",
+            "--port",
+            "{port}",
+            "-np",
+            "{slots}",
+            "-c",
+            "{total_context}",
+            "-t",
+        ]
+        .map(String::from),
+    );
+    v.push(threads.to_string());
+    v
+}
