@@ -695,6 +695,13 @@ async fn cluster(
                                 path.file_name().unwrap_or_default().to_string_lossy()
                             ),
                         },
+                        spec::BackendSpec::Llamacpp(l) => format!(
+                            "llamacpp:{}",
+                            std::path::Path::new(l.model.path.as_deref().unwrap_or_default())
+                                .file_name()
+                                .unwrap_or_default()
+                                .to_string_lossy()
+                        ),
                     },
                     utilisation: metrics
                         .pointer(&format!("/pools/{}/utilisation", p.name))

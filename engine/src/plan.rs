@@ -102,7 +102,7 @@ fn space(sc: &Scenario, base: &JobSpec) -> Result<Space, PlanError> {
                 .find(|p| p.device == n)
                 .and_then(|p| match &p.backend {
                     BackendSpec::Sim { gpus_per_shard, .. } => Some(*gpus_per_shard),
-                    BackendSpec::Builtin { .. } => None,
+                    BackendSpec::Builtin { .. } | BackendSpec::Llamacpp(_) => None,
                 })
         });
         devices.push((n, gps.unwrap_or(1).max(1), d.cost));

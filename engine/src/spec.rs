@@ -243,11 +243,9 @@ impl JobSpec {
         matches!(self.trainer, TrainerSpec::Builtin(_))
     }
 
-    /// Whether every pool runs the built-in model.
+    /// Whether every pool runs a real model (built-in engine or inference server).
     pub fn all_pools_builtin(&self) -> bool {
-        self.pools
-            .iter()
-            .all(|p| matches!(p.backend, BackendSpec::Builtin { .. }))
+        self.pools.iter().all(|p| p.backend.real_model().is_some())
     }
 }
 

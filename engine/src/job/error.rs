@@ -37,6 +37,12 @@ pub enum JobError {
     Checkpoint(#[source] Box<actors::model::runtime::PolicyError>),
     #[error("the checkpoint's chat template cannot frame observations")]
     Framing(#[source] Box<actors::episode::FramingError>),
+    #[error("cannot write the inference servers' files at {path}")]
+    Served {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("the job names reward functions that run as processes but has no function runtime")]
     NoFunctionRuntime,
     #[error("the function runtime could not be set up")]

@@ -223,6 +223,48 @@ async fn watch_crash_loops(deployments: Vec<(String, Arc<Deployment>)>, faults: 
 struct ShardStart {
     initial: Arc<Weights>,
     policy: Option<Arc<LlmPolicy>>,
+    /// Inference-server shards: where exported weights and the launcher script go.
+    served: Option<ServedFiles>,
+}
+
+/// Files a job's managed inference servers use: the launcher script of the default command
+/// and each version's exported weights (one export per version, shared by every shard).
+#[derive(Clone)]
+struct ServedFiles {
+    script: std::path::PathBuf,
+    export_f32: actors::generation::remote::llamacpp::GgufExporter,
+    export_q8: actors::generation::remote::llamacpp::GgufExporter,
+}
+
+impl ServedFiles {
+    fn new(job: &JobRun, policy: &Arc<LlmPolicy>) -> Result<Self, JobError> {
+        // Beside the trainer's checkpoints when the job keeps them, else a temporary folder.
+        let dir = match &job.checkpoint_dir {
+            Some(c) => c.join("served"),
+            None => std::env::temp_dir().join(format!(
+                "rollarc-served-{}-{}",
+                std::process::id(),
+                job.id
+            )),
+        };
+        let script = dir.join("xllamacpp_serve.py");
+        std::fs::create_dir_all(&dir)
+            .and_then(|()| {
+                std::fs::write(
+                    &script,
+                    actors::generation::remote::llamacpp::XLLAMACPP_SERVE,
+                )
+            })
+            .map_err(|e| JobError::Served {
+                path: script.clone(),
+                source: e,
+            })?;
+        Ok(Self {
+            script,
+            export_f32: policy.gguf_exporter(dir.join("f32"), actors::model::llm::GgufType::F32),
+            export_q8: policy.gguf_exporter(dir.join("q8_0"), actors::model::llm::GgufType::Q8_0),
+        })
+    }
 }
 
 /// The run's initial weights and its trainer: the built-in trainer owns the real weights
@@ -252,6 +294,7 @@ fn trainer_and_weights(
             let start = ShardStart {
                 initial: parts.initial,
                 policy: None,
+                served: None,
             };
             (start, parts.trainer)
         }
@@ -266,9 +309,11 @@ fn trainer_and_weights(
             let (parts, policy) =
                 BuiltinParts::checkpoint(&spec, config, start_version, job.checkpoint_dir.clone())
                     .map_err(|e| JobError::Checkpoint(Box::new(e)))?;
+            let served = Some(ServedFiles::new(job, &policy)?);
             let start = ShardStart {
                 initial: parts.initial,
                 policy: Some(policy),
+                served,
             };
             (start, parts.trainer)
         }
@@ -283,6 +328,7 @@ fn trainer_and_weights(
             let start = ShardStart {
                 initial: Arc::new(w),
                 policy: None,
+                served: None,
             };
             (start, Box::new(trainer))
         }
@@ -414,6 +460,10 @@ fn engine_factory(
             );
             (f, LoopPlacement::Thread)
         }
+        EnginePlan::Llamacpp { model, server } => (
+            llamacpp_factory(i, model, server, start),
+            LoopPlacement::Thread,
+        ),
         EnginePlan::Builtin {
             model: ModelChoice::Checkpoint { .. },
         } => {
@@ -435,6 +485,86 @@ fn engine_factory(
             (f, LoopPlacement::Thread)
         }
     }
+}
+
+/// A llama.cpp shard: a managed server started on the checkpoint (every version after it is
+/// exported and served by a restart), or the attached server of shard `i`.
+fn llamacpp_factory(
+    i: usize,
+    model: &ModelChoice,
+    plan: &crate::wiring::LlamacppPlan,
+    start: &ShardStart,
+) -> EngineFactory {
+    use actors::generation::remote::llamacpp::{LlamaCpp, Target};
+    use actors::generation::remote::managed::{LaunchSpec, ManagedServer};
+    use actors::generation::remote::{RemoteConfig, RemoteEngine, ServerError};
+    let rt = tokio::runtime::Handle::current();
+    let http = reqwest::Client::new();
+    let (plan, served) = (plan.clone(), start.served.clone());
+    let path = match model {
+        ModelChoice::Checkpoint { path, .. } => path.clone(),
+        ModelChoice::Tiny(_) => std::path::PathBuf::new(),
+    };
+    Arc::new(move || {
+        let client: Result<LlamaCpp, ServerError> = match (plan.urls.get(i), &served) {
+            (Some(url), _) => Ok(LlamaCpp::new(http.clone(), Target::Attached(url.clone()))),
+            (None, None) => Err(ServerError::Other(
+                "a managed llama.cpp shard needs the built-in trainer's policy".into(),
+            )),
+            (None, Some(files)) => {
+                let script = files.script.to_string_lossy();
+                let command = plan
+                    .command
+                    .iter()
+                    .map(|a| a.replace(crate::wiring::XLLAMACPP_SCRIPT, &script))
+                    .collect();
+                let g = plan.gpus_per_shard as usize;
+                let launch = LaunchSpec {
+                    command,
+                    env: plan.env.clone(),
+                    ports: plan.ports,
+                    gpus: (g > 0).then(|| {
+                        (i * g..(i + 1) * g)
+                            .map(|d| d.to_string())
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    }),
+                    slots: plan.slots,
+                    context: plan.context,
+                    log: files
+                        .script
+                        .parent()
+                        .map(|d| d.join(format!("llamacpp-{i}.log"))),
+                };
+                let _rt = rt.enter();
+                ManagedServer::start(launch, path.clone()).map(|server| {
+                    LlamaCpp::new(
+                        http.clone(),
+                        Target::Managed {
+                            server,
+                            export: if plan.export_q8 {
+                                files.export_q8.clone()
+                            } else {
+                                files.export_f32.clone()
+                            },
+                        },
+                    )
+                })
+            }
+        };
+        match client {
+            Ok(c) => {
+                let cfg = RemoteConfig {
+                    // A managed server starts on the checkpoint file; the job installs its
+                    // current version (exported like every later one) before any request.
+                    serving: if plan.urls.is_empty() { None } else { Some(0) },
+                    ..Default::default()
+                };
+                Box::new(RemoteEngine::start(Arc::new(c), rt.clone(), cfg))
+            }
+            Err(e) => Box::new(FailedEngine::new(GenError::Backend(SharedError::new(e)))),
+        }
+    })
 }
 
 /// Reward functions, then each task's environment pool; returns the scheduler's task views

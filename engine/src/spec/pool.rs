@@ -70,6 +70,75 @@ pub enum BackendSpec {
         #[serde(default = "default_builtin_batch")]
         max_batch: usize,
     },
+    /// llama.cpp's HTTP server: servers rollarc starts, supervises and restarts (`launch`,
+    /// the default), or servers running elsewhere (`urls`, one shard each).
+    Llamacpp(Box<LlamacppSpec>),
+}
+
+/// A llama.cpp pool.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LlamacppSpec {
+    /// The checkpoint (GGUF file or Hugging Face directory) the trainer trains and the
+    /// servers serve (a managed server gets each version as an exported GGUF file).
+    pub model: BuiltinModelSpec,
+    /// Attach mode: the servers' base URLs, one shard each (`count` must match). They cannot
+    /// take new weights (llama.cpp has no weight-update endpoint).
+    #[serde(default)]
+    pub urls: Vec<String>,
+    /// Managed mode (the default): how each shard starts its server.
+    #[serde(default)]
+    pub launch: Option<LaunchSpec>,
+    /// Requests a server generates at once (its slots).
+    #[serde(default = "default_slots")]
+    #[schema(minimum = 1, maximum = 256)]
+    pub slots: usize,
+}
+
+fn default_slots() -> usize {
+    4
+}
+
+/// How a managed server starts.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LaunchSpec {
+    /// Program and arguments, with `{model}`, `{port}`, `{host}`, `{slots}`, `{context}` (per
+    /// slot) and `{total_context}` filled in at each start; e.g. `["llama-server", "-m",
+    /// "{model}", "--port", "{port}", "-np", "{slots}", "-c", "{total_context}"]`. Default:
+    /// llama.cpp's server from the `xllamacpp` wheel (`make setup` installs it; Python from
+    /// `python` or `ROLLARC_XLLAMACPP_PYTHON`).
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// Python with the `xllamacpp` wheel, for the default command.
+    #[serde(default)]
+    pub python: Option<String>,
+    /// Environment of the server process.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Ports to choose from, inclusive (default: any free port).
+    #[serde(default)]
+    pub port_range: Option<[u16; 2]>,
+    /// GPUs per shard (given to the server as `CUDA_VISIBLE_DEVICES`); 0: CPU.
+    #[serde(default)]
+    pub gpus_per_shard: u32,
+    /// CPU threads of the default command's server (default 1).
+    #[serde(default)]
+    pub threads: Option<usize>,
+    /// Weights exported for the server: `"f32"` (default: the trainer's numbers) or `"q8_0"`.
+    #[serde(default)]
+    pub export: Option<String>,
+}
+
+impl BackendSpec {
+    /// The real model of a built-in or server pool (`None`: simulated).
+    pub fn real_model(&self) -> Option<&BuiltinModelSpec> {
+        match self {
+            Self::Builtin { model, .. } => Some(model),
+            Self::Llamacpp(l) => Some(&l.model),
+            Self::Sim { .. } => None,
+        }
+    }
 }
 
 fn default_builtin_batch() -> usize {
@@ -332,6 +401,10 @@ impl PoolSpec {
             BackendSpec::Builtin { model, max_batch } => {
                 check_builtin(at, spec, model, *max_batch, problems)
             }
+            BackendSpec::Llamacpp(l) => {
+                check_builtin(at, spec, &l.model, 1, problems);
+                check_llamacpp(at, pl.count, l, problems);
+            }
         }
     }
 
@@ -456,15 +529,86 @@ fn check_builtin(
             "the built-in model trains only with trainer.kind = \"builtin\"".into(),
         );
     }
-    if let Some(first) = spec.pools.iter().find_map(|q| match &q.backend {
-        BackendSpec::Builtin { model, .. } => Some(model),
-        _ => None,
-    }) && first != model
+    if let Some(first) = spec.pools.iter().find_map(|q| q.backend.real_model())
+        && first != model
     {
         problems.push(
             format!("{p}.backend.model"),
-            "every built-in pool must use the same model (they share weights)".into(),
+            "every built-in or llama.cpp pool must use the same model (they share weights)".into(),
         );
+    }
+}
+
+/// Checks a llama.cpp backend (at `at`, e.g. `pools[0]`) of `count` shards.
+fn check_llamacpp(at: &str, count: usize, l: &LlamacppSpec, problems: &mut Problems) {
+    let p = format!("{at}.backend");
+    if l.model.path.is_none() {
+        problems.push(
+            format!("{p}.model.path"),
+            "llama.cpp serves a checkpoint: give its path (the tiny model is built-in only)".into(),
+        );
+    }
+    if !(1..=256).contains(&l.slots) {
+        problems.push(
+            format!("{p}.slots"),
+            format!("must be in 1..=256, got {}", l.slots),
+        );
+    }
+    if !l.urls.is_empty() {
+        if l.launch.is_some() {
+            problems.push(
+                format!("{p}.urls"),
+                "give urls (attach) or launch (managed), not both".into(),
+            );
+        }
+        if l.urls.len() != count {
+            problems.push(
+                format!("{p}.urls"),
+                format!("one URL per shard: count is {count}, {} URLs", l.urls.len()),
+            );
+        }
+        for (i, u) in l.urls.iter().enumerate() {
+            if !(u.starts_with("http://") || u.starts_with("https://")) {
+                problems.push(
+                    format!("{p}.urls[{i}]"),
+                    format!("expected an http:// or https:// URL, got {u:?}"),
+                );
+            }
+        }
+    }
+    if let Some(launch) = &l.launch {
+        if let Some([lo, hi]) = launch.port_range
+            && (lo == 0 || lo > hi)
+        {
+            problems.push(
+                format!("{p}.launch.port_range"),
+                format!("expected [low, high] with 0 < low <= high, got [{lo}, {hi}]"),
+            );
+        }
+        if launch.threads == Some(0) || launch.threads.is_some_and(|t| t > 1024) {
+            problems.push(format!("{p}.launch.threads"), "must be in 1..=1024".into());
+        }
+        if let Some(e) = &launch.export
+            && e != "f32"
+            && e != "q8_0"
+        {
+            problems.push(
+                format!("{p}.launch.export"),
+                format!("expected \"f32\" or \"q8_0\", got {e:?}"),
+            );
+        }
+        if launch.gpus_per_shard > 64 {
+            problems.push(
+                format!("{p}.launch.gpus_per_shard"),
+                format!("must be in 0..=64, got {}", launch.gpus_per_shard),
+            );
+        }
+        if launch.command.first().is_some_and(|c| c.is_empty()) {
+            problems.push(
+                format!("{p}.launch.command[0]"),
+                "the program must not be empty".into(),
+            );
+        }
     }
 }
 

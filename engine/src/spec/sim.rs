@@ -288,9 +288,8 @@ impl JobSpec {
 
     /// The built-in model's size, when the job uses it.
     pub fn builtin_model(&self) -> Option<BuiltinModelSpec> {
-        self.pools.iter().find_map(|p| match &p.backend {
-            BackendSpec::Builtin { model, .. } => Some(model.clone()),
-            BackendSpec::Sim { .. } => None,
-        })
+        self.pools
+            .iter()
+            .find_map(|p| p.backend.real_model().cloned())
     }
 }

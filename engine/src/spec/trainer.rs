@@ -154,7 +154,7 @@ impl TrainerSpec {
                 if !spec.all_pools_builtin() {
                     problems.push(
                         "trainer".into(),
-                        "the built-in trainer needs every pool to use backend.kind = \"builtin\""
+                        "the built-in trainer needs every pool to run a real model (backend.kind = \"builtin\" or \"llamacpp\")"
                             .into(),
                     );
                 }
@@ -234,9 +234,10 @@ impl TrainerSpec {
 }
 
 fn check_lora(spec: &JobSpec, l: &LoraSpec, problems: &mut Problems) {
-    let checkpoint = spec.pools.iter().any(
-        |p| matches!(&p.backend, super::BackendSpec::Builtin { model, .. } if model.path.is_some()),
-    );
+    let checkpoint = spec
+        .pools
+        .iter()
+        .any(|p| p.backend.real_model().is_some_and(|m| m.path.is_some()));
     if !checkpoint {
         problems.push(
             "trainer.lora".into(),

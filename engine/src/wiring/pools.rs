@@ -36,6 +36,64 @@ pub enum EnginePlan {
     /// The built-in engine on CPU (the tiny transformer or a checkpoint), one OS thread
     /// per shard.
     Builtin { model: ModelChoice },
+    /// llama.cpp servers (a checkpoint), one per shard.
+    Llamacpp {
+        model: ModelChoice,
+        server: Box<LlamacppPlan>,
+    },
+}
+
+impl EnginePlan {
+    /// The real model the pool serves (`None`: simulated).
+    pub fn real_model(&self) -> Option<&ModelChoice> {
+        match self {
+            Self::Builtin { model } | Self::Llamacpp { model, .. } => Some(model),
+            Self::Sim { .. } => None,
+        }
+    }
+}
+
+/// Where a llama.cpp pool's servers are.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LlamacppPlan {
+    /// Attach mode: one server per shard.
+    pub urls: Vec<String>,
+    /// Managed mode: the launch command (placeholders unfilled), its environment, ports,
+    /// GPUs per shard, and the exported weights' type.
+    pub command: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub ports: Option<(u16, u16)>,
+    pub gpus_per_shard: u32,
+    pub export_q8: bool,
+    pub slots: usize,
+    /// Context tokens per slot.
+    pub context: usize,
+}
+
+/// The default Python with the `xllamacpp` wheel (where `make setup` installs it).
+pub fn default_xllamacpp_python() -> String {
+    std::env::var("ROLLARC_XLLAMACPP_PYTHON").unwrap_or_else(|_| {
+        format!(
+            "{}/.cache/rollarc/xllamacpp-venv/bin/python",
+            std::env::var("HOME").unwrap_or_default()
+        )
+    })
+}
+
+/// Placeholder for the launcher script's path in a default llama.cpp command; the job
+/// replaces it with the script it writes.
+pub const XLLAMACPP_SCRIPT: &str = "{xllamacpp_serve}";
+
+/// The profile of a real model (f32 weights and KV cache).
+fn real_profile(shape: &crate::spec::ModelShape) -> ModelProfile {
+    ModelProfile {
+        name: "builtin".into(),
+        params: shape.params as f64,
+        active_params: shape.params as f64,
+        layers: shape.n_layers as u32,
+        kv_bytes_per_token: (2 * shape.n_layers * shape.kv_width * 4) as f64,
+        bytes_per_param: 4.0,
+    }
 }
 
 pub(super) fn plan(spec: &JobSpec, knobs: &Knobs) -> Result<Vec<PoolPlan>, WiringError> {
@@ -92,6 +150,48 @@ pub(super) fn plan(spec: &JobSpec, knobs: &Knobs) -> Result<Vec<PoolPlan>, Wirin
                 };
                 (device, model, mb, engine)
             }
+            BackendSpec::Llamacpp(l) => {
+                let choice = l.model.choice();
+                let field = format!("pools[{pi}].backend.model");
+                let shape = choice.shape().ok_or_else(|| WiringError::UnknownModel {
+                    field,
+                    name: l.model.path.clone().unwrap_or_default(),
+                })?;
+                let launch = l.launch.clone().unwrap_or_default();
+                let command = if launch.command.is_empty() {
+                    // The launcher script is written into the job's directory at spawn; its
+                    // path is the second word.
+                    actors::generation::remote::llamacpp::xllamacpp_command(
+                        &launch
+                            .python
+                            .clone()
+                            .unwrap_or_else(default_xllamacpp_python),
+                        std::path::Path::new(XLLAMACPP_SCRIPT),
+                        launch.threads.unwrap_or(1),
+                    )
+                } else {
+                    launch.command.clone()
+                };
+                let server = LlamacppPlan {
+                    urls: l.urls.clone(),
+                    command,
+                    env: launch.env.clone().into_iter().collect(),
+                    ports: launch.port_range.map(|[a, b]| (a, b)),
+                    gpus_per_shard: launch.gpus_per_shard,
+                    export_q8: launch.export.as_deref() == Some("q8_0"),
+                    slots: l.slots,
+                    context: shape.max_seq as usize,
+                };
+                (
+                    base,
+                    real_profile(&shape),
+                    l.slots,
+                    EnginePlan::Llamacpp {
+                        model: choice,
+                        server: Box::new(server),
+                    },
+                )
+            }
             BackendSpec::Builtin { model, max_batch } => {
                 let choice = model.choice();
                 let field = format!("pools[{pi}].backend.model");
@@ -99,17 +199,9 @@ pub(super) fn plan(spec: &JobSpec, knobs: &Knobs) -> Result<Vec<PoolPlan>, Wirin
                     field,
                     name: model.path.clone().unwrap_or_default(),
                 })?;
-                let profile = ModelProfile {
-                    name: "builtin".into(),
-                    params: shape.params as f64,
-                    active_params: shape.params as f64,
-                    layers: shape.n_layers as u32,
-                    kv_bytes_per_token: (2 * shape.n_layers * shape.kv_width * 4) as f64,
-                    bytes_per_param: 4.0,
-                };
                 (
                     base,
-                    profile,
+                    real_profile(&shape),
                     *max_batch,
                     EnginePlan::Builtin { model: choice },
                 )

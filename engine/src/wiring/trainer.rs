@@ -9,7 +9,7 @@ use actors::model::trainer::TrainerConfig;
 use actors::rl::{AdvantageKind, Aggregation, PpoConfig};
 use actors::trainer::SimTrainer;
 
-use super::{EnginePlan, PoolPlan, WiringError, device, model};
+use super::{PoolPlan, WiringError, device, model};
 use crate::spec::{
     AdvantageSpec, AggregationSpec, BuiltinTrainerSpec, JobSpec, ModelChoice, SyncModeSpec,
     TrainerSpec,
@@ -36,10 +36,7 @@ pub enum TrainerPlan {
 const DEFAULT_TRAIN_MFU: f64 = 0.35;
 
 pub(super) fn plan(spec: &JobSpec, pools: &[PoolPlan]) -> Result<TrainerPlan, WiringError> {
-    let builtin_model = pools.iter().find_map(|p| match &p.engine {
-        EnginePlan::Builtin { model } => Some(model.clone()),
-        EnginePlan::Sim { .. } => None,
-    });
+    let builtin_model = pools.iter().find_map(|p| p.engine.real_model().cloned());
     let t = match (&spec.trainer, builtin_model) {
         (TrainerSpec::Builtin(t), Some(model)) => {
             return Ok(TrainerPlan::Builtin {

@@ -3,9 +3,12 @@
 //!
 //! Generation is `POST /completion` with the context as token ids, streamed (`stream`,
 //! `return_tokens`, `n_probs = 1` for the sampled token's log-probability), on the slot that
-//! holds the session's prefix (`id_slot`, `cache_prompt`), with llama.cpp's default sampler
-//! chain narrowed to top-k → top-p → temperature (its defaults add min-p 0.05, which would
-//! change the distribution the trainer assumes). Stop ids and stop strings are checked here,
+//! holds the session's prefix (`id_slot`, `cache_prompt`), with llama.cpp's sampler chain
+//! narrowed to temperature → top-k → top-p (its defaults, which a GGUF may change, add min-p
+//! 0.05, which would change the distribution the trainer assumes). llama.cpp reports the
+//! log-probability of the untempered distribution: equal to the built-in engine's at
+//! temperature 1 (what episodes sample at). It omits the entry of a token that ends inside a
+//! multi-byte UTF-8 character; such a token gets the log-probability 0 and is counted. Stop ids and stop strings are checked here,
 //! on the streamed tokens and their text pieces, so the tokens that completed a stop are kept
 //! exactly as the built-in engine keeps them. Closing the request cancels it on the server.
 //!
@@ -89,7 +92,9 @@ pub fn completion_body(req: &ServerRequest) -> Value {
         "top_k": p.top_k,
         "top_p": p.top_p,
         "min_p": 0.0,
-        "samplers": ["top_k", "top_p", "temperature"],
+        // Temperature first, as the built-in engine samples (top-k/top-p on the tempered
+        // distribution); penalties, DRY, min-p and the rest are left out of the chain.
+        "samplers": ["temperature", "top_k", "top_p"],
         "seed": p.seed as u32,
         "ignore_eos": p.ignore_eos,
         "cache_prompt": true,
@@ -115,6 +120,7 @@ fn take_chunk(
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default();
+    let mut probs = probs.into_iter().peekable();
     let tokens: Vec<u32> = match v.get("tokens").and_then(Value::as_array) {
         Some(t) => t
             .iter()
@@ -122,18 +128,30 @@ fn take_chunk(
             .map(|x| x as u32)
             .collect(),
         None => probs
-            .iter()
+            .clone()
             .filter_map(|p| p.get("id").and_then(Value::as_u64))
             .map(|x| x as u32)
             .collect(),
     };
-    for (i, &tok) in tokens.iter().enumerate() {
-        let pr = probs.get(i);
-        let lp = pr
+    for tok in tokens {
+        // The entries follow the tokens, except for tokens that end mid-character.
+        let pr = probs.next_if(|p| p.get("id").and_then(Value::as_u64) == Some(u64::from(tok)));
+        let lp = match pr
+            .as_ref()
             .and_then(|p| p.get("logprob"))
             .and_then(Value::as_f64)
-            .unwrap_or(f64::NAN) as f32;
-        if let Some(piece) = pr.and_then(|p| p.get("token")).and_then(Value::as_str) {
+        {
+            Some(lp) => lp as f32,
+            None => {
+                out.missing_logprobs += 1;
+                0.0
+            }
+        };
+        if let Some(piece) = pr
+            .as_ref()
+            .and_then(|p| p.get("token"))
+            .and_then(Value::as_str)
+        {
             text.push_str(piece);
         }
         out.tokens.push(tok);

@@ -189,6 +189,18 @@ impl ManagedServer {
             let backoff =
                 Duration::from_secs(1u64 << p.crashes.min(5).saturating_sub(1)).min(MAX_BACKOFF);
             tracing::warn!(server = %self.describe(), %status, ?backoff, "inference server exited; restarting it");
+            if let Some(log) = &self.spec.log {
+                use std::io::Write;
+                let _ = std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(log)
+                    .and_then(|mut f| {
+                        writeln!(
+                            f,
+                            "rollarc: the server exited ({status}); restarting it in {backoff:?}"
+                        )
+                    });
+            }
             p.next_start = Some(now + backoff);
         }
         match p.next_start {

@@ -42,6 +42,8 @@ pub struct Completion {
     pub finish: Option<FinishReason>,
     /// Prompt tokens the server computed (not served from its prefix cache).
     pub prefill_tokens: u32,
+    /// Tokens the server gave no log-probability for (reported as 0).
+    pub missing_logprobs: u32,
 }
 
 /// Tokens a request has produced so far (written by the client as they stream in).
@@ -435,6 +437,9 @@ impl RemoteEngine {
         let mut p = r.pending;
         match res {
             Ok(c) => {
+                if c.missing_logprobs > 0 {
+                    tracing::warn!(server = %self.client.describe(), request = id, tokens = c.missing_logprobs, "the server reported no log-probability for some tokens; they count as 0");
+                }
                 self.prefill_tokens += u64::from(c.prefill_tokens);
                 self.decode_tokens += c.tokens.len() as u64;
                 let mut tokens = p.kept.tokens;
