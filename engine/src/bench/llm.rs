@@ -34,7 +34,7 @@ const DECODE_CONTEXT: usize = 32;
 const DECODE_NEW: u32 = 64;
 const BATCHES: [usize; 3] = [1, 8, 32];
 
-fn smollm2() -> PathBuf {
+pub(super) fn smollm2() -> PathBuf {
     std::env::var_os("ROLLARC_SMOLLM2")
         .map(PathBuf::from)
         .unwrap_or_else(|| {

@@ -3,6 +3,7 @@
 //! - `scheduler`: orchestration overhead on zero-latency simulated backends;
 //! - `model`: the built-in model against this machine's roofline;
 //! - `llm`: SmolLM2 on the built-in engine and trainer, against the roofline and llama.cpp;
+//! - `servers`: SmolLM2 on llama.cpp shards: rollarc's overhead per turn, 1 vs 2 shards;
 //! - `env`: environment steps through an actor, built-in and external (bare, sandboxed);
 //! - `functions`: the function router and runtime on real `rollarc-fn` processes;
 //! - `presets`: the quickstart job under each scheduling preset.
@@ -13,6 +14,7 @@ mod llm;
 mod model;
 mod presets;
 mod scheduler;
+mod servers;
 
 use std::path::Path;
 
@@ -22,6 +24,7 @@ pub use llm::{LlmBenchError, bench_llm};
 pub use model::{ModelBenchError, bench_model};
 pub use presets::{PresetsBenchError, bench_presets};
 pub use scheduler::{SchedulerBenchError, bench_scheduler};
+pub use servers::{ServersBenchError, bench_servers};
 
 /// One benchmark of `rollarc bench`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,6 +32,7 @@ pub enum Benchmark {
     Scheduler,
     Model,
     Llm,
+    Servers,
     Env,
     Functions,
     Presets,
@@ -36,10 +40,11 @@ pub enum Benchmark {
 
 impl Benchmark {
     /// Every benchmark, in the order `all` runs them.
-    pub const ALL: [Benchmark; 6] = [
+    pub const ALL: [Benchmark; 7] = [
         Benchmark::Scheduler,
         Benchmark::Model,
         Benchmark::Llm,
+        Benchmark::Servers,
         Benchmark::Env,
         Benchmark::Functions,
         Benchmark::Presets,
@@ -50,6 +55,7 @@ impl Benchmark {
             Self::Scheduler => "scheduler",
             Self::Model => "model",
             Self::Llm => "llm",
+            Self::Servers => "servers",
             Self::Env => "env",
             Self::Functions => "functions",
             Self::Presets => "presets",
@@ -83,7 +89,9 @@ pub struct BenchOptions<'a> {
 /// Why `rollarc bench` failed.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
-    #[error("unknown benchmark {0:?}: scheduler, model, llm, env, functions, presets or all")]
+    #[error(
+        "unknown benchmark {0:?}: scheduler, model, llm, servers, env, functions, presets or all"
+    )]
     Unknown(String),
     #[error(transparent)]
     Scheduler(#[from] SchedulerBenchError),
@@ -91,6 +99,8 @@ pub enum BenchError {
     Model(#[from] ModelBenchError),
     #[error(transparent)]
     Llm(#[from] LlmBenchError),
+    #[error(transparent)]
+    Servers(#[from] ServersBenchError),
     #[error(transparent)]
     Env(#[from] EnvBenchError),
     #[error(transparent)]
@@ -107,6 +117,7 @@ pub fn run(what: &str, opts: &BenchOptions<'_>) -> Result<(), BenchError> {
             Benchmark::Scheduler => bench_scheduler(opts.episodes)?,
             Benchmark::Model => bench_model()?,
             Benchmark::Llm => bench_llm()?,
+            Benchmark::Servers => bench_servers()?,
             Benchmark::Env => bench_env()?,
             Benchmark::Functions => bench_functions()?,
             Benchmark::Presets => bench_presets(opts.preset_file, opts.preset_steps)?,

@@ -499,7 +499,11 @@ fn llamacpp_factory(
     use actors::generation::remote::managed::{LaunchSpec, ManagedServer};
     use actors::generation::remote::{RemoteConfig, RemoteEngine, ServerError};
     let rt = tokio::runtime::Handle::current();
-    let http = reqwest::Client::new();
+    // llama.cpp closes idle connections after 5 s: give them up sooner.
+    let http = reqwest::Client::builder()
+        .pool_idle_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap_or_default();
     let (plan, served) = (plan.clone(), start.served.clone());
     let path = match model {
         ModelChoice::Checkpoint { path, .. } => path.clone(),

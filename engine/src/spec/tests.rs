@@ -441,3 +441,89 @@ fn an_external_environment_takes_the_real_clock() {
         Clock::Virtual
     );
 }
+
+#[test]
+fn llamacpp_pool_fields_are_checked_with_their_paths() {
+    let pool = |count: usize, backend: &str| {
+        format!(
+            "[[tasks]]\ndomain = \"lake\"\n[tasks.env]\nkind = \"sim\"\n[[pools]]\nname = \"l\"\ndevice = \"CPU\"\ncount = {count}\nbackend = {backend}\n[trainer]\nkind = \"builtin\"\n"
+        )
+    };
+    let cases = [
+        (
+            pool(
+                2,
+                "{ kind = \"llamacpp\", model = { path = \"/nonexistent/m.gguf\" } }",
+            ),
+            "pools[0].backend.model.path",
+        ),
+        (
+            pool(1, "{ kind = \"llamacpp\", model = { tiny = {} } }"),
+            "pools[0].backend.model.path",
+        ),
+        (
+            pool(
+                2,
+                "{ kind = \"llamacpp\", model = { path = \"m.gguf\" }, urls = [\"http://a:1\"] }",
+            ),
+            "pools[0].backend.urls",
+        ),
+        (
+            pool(
+                1,
+                "{ kind = \"llamacpp\", model = { path = \"m.gguf\" }, urls = [\"ftp://a\"] }",
+            ),
+            "pools[0].backend.urls[0]",
+        ),
+        (
+            pool(
+                1,
+                "{ kind = \"llamacpp\", model = { path = \"m.gguf\" }, slots = 0 }",
+            ),
+            "pools[0].backend.slots",
+        ),
+        (
+            pool(
+                1,
+                "{ kind = \"llamacpp\", model = { path = \"m.gguf\" }, launch = { port_range = [9000, 8000] } }",
+            ),
+            "pools[0].backend.launch.port_range",
+        ),
+        (
+            pool(
+                1,
+                "{ kind = \"llamacpp\", model = { path = \"m.gguf\" }, launch = { export = \"q4\" } }",
+            ),
+            "pools[0].backend.launch.export",
+        ),
+        (
+            pool(
+                1,
+                "{ kind = \"llamacpp\", model = { path = \"m.gguf\" }, launch = { threads = 0 } }",
+            ),
+            "pools[0].backend.launch.threads",
+        ),
+        (
+            pool(
+                1,
+                "{ kind = \"llamacpp\", model = { path = \"m.gguf\" }, urls = [\"http://a:1\"], launch = {} }",
+            ),
+            "pools[0].backend.urls",
+        ),
+    ];
+    for (text, field) in cases {
+        let errs = parse(&text, Format::Toml).expect_err(field).0;
+        assert!(
+            errs.iter().any(|e| e.field == field),
+            "{field} not reported: {errs:?}"
+        );
+    }
+    // A llama.cpp pool with the simulated trainer is refused too.
+    let text = pool(1, "{ kind = \"llamacpp\", model = { path = \"m.gguf\" } }")
+        .replace("kind = \"builtin\"\n", "kind = \"sim\"\n");
+    let errs = parse(&text, Format::Toml).unwrap_err().0;
+    assert!(
+        errs.iter().any(|e| e.field == "pools[0].backend"),
+        "{errs:?}"
+    );
+}

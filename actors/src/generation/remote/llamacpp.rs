@@ -208,13 +208,20 @@ async fn generate(
         server: server.clone(),
         source: crate::error::SharedError::new(e),
     };
-    let resp = http
-        .post(format!("{url}{path}"))
-        .timeout(timeout)
-        .json(&completion_body(&req))
-        .send()
-        .await
-        .map_err(unreachable)?;
+    let body = completion_body(&req);
+    let send = || {
+        http.post(format!("{url}{path}"))
+            .timeout(timeout)
+            .json(&body)
+            .send()
+    };
+    // A pooled connection the server has just closed fails before the request reaches it:
+    // one immediate retry on a fresh connection.
+    let resp = match send().await {
+        Ok(r) => r,
+        Err(e) if e.is_request() || e.is_connect() => send().await.map_err(unreachable)?,
+        Err(e) => return Err(unreachable(e)),
+    };
     let status = resp.status();
     if !status.is_success() {
         let body = resp.text().await.unwrap_or_default();
@@ -254,6 +261,14 @@ async fn generate(
             }
             if let Some(f) = take_chunk(&v, &req, &mut text, &mut out) {
                 out.finish = Some(f);
+                if v.get("stop").and_then(Value::as_bool) == Some(true) {
+                    // The server's last event: read the stream's end so the connection goes
+                    // back to the pool whole.
+                    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                        while stream.next().await.is_some() {}
+                    })
+                    .await;
+                }
                 return Ok(out);
             }
         }
