@@ -12,6 +12,7 @@ use engine::service::Service;
 use engine::spec::JobSpec;
 
 pub mod chaos;
+pub mod fakes;
 pub mod server;
 
 /// A small fully simulated spec (TOML) with knobs to tweak per test.

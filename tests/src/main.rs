@@ -11,5 +11,6 @@ mod llm;
 mod persistence;
 mod reward_functions;
 mod scheduler;
+mod server_fakes;
 mod serverless;
 mod sigkill_loop;

@@ -98,29 +98,60 @@ pub fn check_install(
     new: &Weights,
     policy: InFlightPolicy,
 ) {
+    install_mid_answer(e, ctx, new, policy, None)
+}
+
+/// [`check_install`] for servers that show an answer only when it ends (or is aborted):
+/// the install lands once request 7 has run for `running_for`.
+pub fn check_install_after(
+    e: &mut dyn GenerationEngine,
+    ctx: Vec<u32>,
+    new: &Weights,
+    policy: InFlightPolicy,
+    running_for: std::time::Duration,
+) {
+    install_mid_answer(e, ctx, new, policy, Some(running_for))
+}
+
+fn install_mid_answer(
+    e: &mut dyn GenerationEngine,
+    ctx: Vec<u32>,
+    new: &Weights,
+    policy: InFlightPolicy,
+    running_for: Option<std::time::Duration>,
+) {
     let mut r = request(7, ctx, 12, 7);
     r.params.ignore_eos = true;
     e.add(r);
+    let mut out = Vec::new();
     // Until a few tokens stand (engines that report progress), or four steps.
     let deadline = infra::clock::wall_now() + std::time::Duration::from_secs(60);
+    let mut started = None;
     for i in 0.. {
-        match e.progress(7) {
-            Some(n) if n >= 2 => break,
-            None if i >= 4 => break,
+        match (e.progress(7), running_for) {
+            (Some(_), Some(d)) => {
+                let t = *started.get_or_insert_with(infra::clock::wall_now);
+                if t.elapsed() >= d {
+                    break;
+                }
+                pause_briefly();
+            }
+            (Some(n), None) if n >= 2 => break,
+            (None, None) if i >= 4 => break,
             _ if infra::clock::wall_now() > deadline => panic!("request 7 made no progress"),
-            Some(_) => pause_briefly(),
-            None => {}
+            (Some(_), None) => pause_briefly(),
+            (None, _) => {}
         }
         if e.has_work() {
-            e.step();
+            out.extend(e.step().finished);
         }
     }
     e.install(new.version, new, policy).expect("install");
-    let out = drain(e);
+    out.extend(drain(e));
     let o = out
         .into_iter()
         .find(|(id, _)| *id == 7)
-        .expect("finished")
+        .expect("request 7 finished")
         .1
         .expect("ok");
     assert!(tokens_covered(&o));

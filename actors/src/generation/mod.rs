@@ -6,7 +6,6 @@
 //! one trajectory never stalls the batch. SUSPEND stops stepping; INSTALL swaps weights under
 //! the job's in-flight policy; RESUME continues.
 
-#[cfg(test)]
 pub mod contract;
 pub mod remote;
 pub mod shard;

@@ -15,7 +15,6 @@
 //! llama.cpp has no weight-update endpoint: a managed server installs new weights by
 //! restarting on the exported GGUF of the new version; an attached one cannot install.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,8 +28,7 @@ use crate::types::PolicyVersion;
 use crate::weights::Weights;
 
 /// Writes the weights of a version as a GGUF file the server can load; returns its path.
-pub type GgufExporter =
-    Arc<dyn Fn(PolicyVersion, Arc<Weights>) -> BoxFut<Result<PathBuf, ServerError>> + Send + Sync>;
+pub type GgufExporter = super::WeightsExporter;
 
 /// Where the server is.
 #[derive(Clone)]

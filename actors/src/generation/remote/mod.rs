@@ -13,8 +13,11 @@
 //! The server-specific part is a [`ServerClient`]; a [`managed`] server is a child process the
 //! engine starts, health-checks and restarts.
 
+pub mod http;
 pub mod llamacpp;
 pub mod managed;
+pub mod sglang;
+pub mod vllm;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::future::Future;
@@ -33,6 +36,14 @@ use crate::weights::Weights;
 
 /// A boxed future that owns what it needs.
 pub type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// Writes the weights of a version where a server can load them (a GGUF file, a Hugging
+/// Face directory); returns the path.
+pub type WeightsExporter = Arc<
+    dyn Fn(PolicyVersion, Arc<Weights>) -> BoxFut<Result<std::path::PathBuf, ServerError>>
+        + Send
+        + Sync,
+>;
 
 /// What a server generated for one request.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -103,13 +114,22 @@ pub enum ServerError {
     NotHealthy { server: String, seconds: f64 },
     #[error("{server} cannot install weights: {reason}")]
     CannotInstall { server: String, reason: String },
+    /// The server cannot take the request now (paused, overloaded): it may later.
+    #[error("{server} is unavailable: {message}")]
+    Unavailable { server: String, message: String },
+    /// The server aborted the request (asked to, or on its own), with what it had generated.
+    #[error("{server} aborted the request")]
+    Aborted { server: String, partial: Completion },
     #[error("{0}")]
     Other(String),
 }
 
 impl ServerError {
     fn transient(&self) -> bool {
-        matches!(self, Self::Unreachable { .. })
+        matches!(
+            self,
+            Self::Unreachable { .. } | Self::Unavailable { .. } | Self::Aborted { .. }
+        )
     }
 }
 
@@ -132,6 +152,11 @@ pub trait ServerClient: Send + Sync + 'static {
     /// is enough for the others).
     fn cancel(&self, _rid: &str) -> BoxFut<()> {
         Box::pin(async {})
+    }
+    /// Whether a cancelled request's `generate` returns what it had generated (servers with
+    /// an abort endpoint); otherwise the engine closes the request and reads its progress.
+    fn partial_on_cancel(&self) -> bool {
+        false
     }
     /// Pauses generation on the server (where it has a pause); the engine stops admitting.
     fn pause(&self) -> BoxFut<Result<(), ServerError>> {
@@ -193,7 +218,10 @@ struct Kept {
 struct Pending {
     req: GenRequest,
     kept: Kept,
+    /// Attempts the server dropped.
     failures: u32,
+    /// Times the server answered "unavailable".
+    unavailable: u32,
 }
 
 struct Running {
@@ -384,7 +412,8 @@ impl RemoteEngine {
         params.max_tokens = params.max_tokens.min(room);
         self.next_attempt += 1;
         let attempt = self.next_attempt;
-        let rid = format!("rollarc-{id}-{attempt}");
+        // Fixed width: servers that abort by id prefix (SGLang) never match another request.
+        let rid = format!("rollarc-{id:016x}-{attempt:016x}");
         let progress = Arc::new(Mutex::new(Progress::default()));
         let fut = self.client.generate(ServerRequest {
             rid: rid.clone(),
@@ -460,6 +489,16 @@ impl RemoteEngine {
                     }),
                 ));
             }
+            // A server that refuses for now (paused by someone else, overloaded) is asked
+            // again after each health beat, for up to `down_after`.
+            Err(e @ ServerError::Unavailable { .. })
+                if p.unavailable < self.unavailable_budget() =>
+            {
+                tracing::debug!(error = %e, request = id, "server unavailable; retrying");
+                p.unavailable += 1;
+                self.waiting.push_front(p);
+                self.await_beat = Some(self.health.beats.load(Ordering::Relaxed));
+            }
             Err(e) if e.transient() && p.failures + 1 < self.cfg.attempts => {
                 // The server went away mid-request (crash, restart): start it again once the
                 // server is back, from the tokens kept before.
@@ -470,6 +509,84 @@ impl RemoteEngine {
             }
             Err(e) => self.ready.push((id, Err(e.into()))),
         }
+    }
+
+    fn on_event(&mut self, ev: Event) {
+        match ev {
+            Event::Done(id, attempt, res) => self.finish(id, attempt, res),
+            Event::Ready(Ok(info)) => {
+                self.info = Some(info);
+                self.free = (0..info.slots.max(1) as u32).collect();
+            }
+            Event::Ready(Err(e)) => {
+                tracing::error!(error = %e, "inference server never became healthy");
+                self.broken = Some(infra::error_chain(&e));
+            }
+        }
+    }
+
+    /// Stops every running request before an install; returns each with what it had
+    /// generated. Servers that answer an aborted request with its partial answer are asked to
+    /// abort and waited for (up to 10 s); the others' requests are closed at once.
+    fn stop_running(&mut self) -> Vec<(Pending, Progress)> {
+        let mut closed = Vec::with_capacity(self.running.len());
+        if self.client.partial_on_cancel() && !self.running.is_empty() {
+            for r in self.running.values() {
+                self.rt.spawn(self.client.cancel(&r.rid));
+            }
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            let mut others = Vec::new();
+            while !self.running.is_empty() {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                let Ok(ev) = self.events_rx.recv_timeout(left) else {
+                    break;
+                };
+                match ev {
+                    Event::Done(id, attempt, res @ Ok(_))
+                        if self.running.get(&id).is_some_and(|r| r.attempt == attempt) =>
+                    {
+                        // It finished before the abort landed: delivered as it is.
+                        self.finish(id, attempt, res);
+                    }
+                    Event::Done(id, attempt, res)
+                        if self.running.get(&id).is_some_and(|r| r.attempt == attempt) =>
+                    {
+                        let r = self.running.remove(&id).expect("present");
+                        if let Some(s) = r.slot {
+                            self.free.insert(s);
+                        }
+                        let partial = match res {
+                            Err(ServerError::Aborted { partial: c, .. }) => Progress {
+                                tokens: c.tokens,
+                                logprobs: c.logprobs,
+                            },
+                            Ok(_) | Err(_) => Progress::default(),
+                        };
+                        closed.push((r.pending, partial));
+                    }
+                    other => others.push(other),
+                }
+            }
+            for ev in others {
+                self.on_event(ev);
+            }
+        }
+        let ids: Vec<u64> = self.running.keys().copied().collect();
+        for id in ids {
+            if let Some(r) = self.running.remove(&id) {
+                let progress = self.close(&r);
+                closed.push((r.pending, progress));
+            }
+        }
+        closed.sort_by_key(|(p, _)| p.req.id);
+        closed
+    }
+
+    /// "Unavailable" answers a request may get: as many health beats as fit in `down_after`.
+    fn unavailable_budget(&self) -> u32 {
+        let beats =
+            self.cfg.down_after.as_secs_f64() / self.cfg.probe_every.as_secs_f64().max(1e-3);
+        (beats as u32).max(self.cfg.attempts)
     }
 
     /// Fails every request when the server has been down too long.
@@ -534,7 +651,16 @@ async fn wait_ready(
 ) -> Result<ServerInfo, ServerError> {
     let deadline = tokio::time::Instant::now() + within;
     loop {
-        match client.health().await {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let answer = tokio::time::timeout(left.max(Duration::from_millis(100)), client.health())
+            .await
+            .unwrap_or_else(|_| {
+                Err(ServerError::NotHealthy {
+                    server: client.describe(),
+                    seconds: within.as_secs_f64(),
+                })
+            });
+        match answer {
             Ok(()) => return client.info().await,
             Err(e) if tokio::time::Instant::now() >= deadline => {
                 return Err(match e {
@@ -594,6 +720,7 @@ impl GenerationEngine for RemoteEngine {
             req,
             kept: Kept::default(),
             failures: 0,
+            unavailable: 0,
         });
         self.admit();
         if !self.ready.is_empty() {
@@ -628,15 +755,8 @@ impl GenerationEngine for RemoteEngine {
             self.version = version;
             return Ok(Duration::ZERO);
         }
-        // Close what runs: the server is about to change under it.
-        let ids: Vec<u64> = self.running.keys().copied().collect();
-        let mut closed = Vec::with_capacity(ids.len());
-        for id in ids {
-            if let Some(r) = self.running.remove(&id) {
-                let progress = self.close(&r);
-                closed.push((r.pending, progress));
-            }
-        }
+        // Stop what runs: the server is about to change under it.
+        let closed = self.stop_running();
         let w = Arc::new(weights.clone());
         let r = self.block_on(self.client.install(version, w), self.cfg.install_timeout);
         let installed = r.is_ok();
@@ -694,17 +814,7 @@ impl GenerationEngine for RemoteEngine {
         self.beats_seen = self.health.beats.load(Ordering::Relaxed);
         let (p0, d0) = (self.prefill_tokens, self.decode_tokens);
         while let Ok(ev) = self.events_rx.try_recv() {
-            match ev {
-                Event::Done(id, attempt, res) => self.finish(id, attempt, res),
-                Event::Ready(Ok(info)) => {
-                    self.info = Some(info);
-                    self.free = (0..info.slots.max(1) as u32).collect();
-                }
-                Event::Ready(Err(e)) => {
-                    tracing::error!(error = %e, "inference server never became healthy");
-                    self.broken = Some(infra::error_chain(&e));
-                }
-            }
+            self.on_event(ev);
         }
         self.check_down();
         self.admit();
