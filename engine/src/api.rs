@@ -695,8 +695,15 @@ async fn cluster(
                                 path.file_name().unwrap_or_default().to_string_lossy()
                             ),
                         },
-                        spec::BackendSpec::Llamacpp(l) => format!(
-                            "llamacpp:{}",
+                        spec::BackendSpec::Llamacpp(l)
+                        | spec::BackendSpec::Sglang(l)
+                        | spec::BackendSpec::Vllm(l) => format!(
+                            "{}:{}",
+                            match &p.backend {
+                                spec::BackendSpec::Sglang(_) => "sglang",
+                                spec::BackendSpec::Vllm(_) => "vllm",
+                                _ => "llamacpp",
+                            },
                             std::path::Path::new(l.model.path.as_deref().unwrap_or_default())
                                 .file_name()
                                 .unwrap_or_default()

@@ -102,7 +102,10 @@ fn space(sc: &Scenario, base: &JobSpec) -> Result<Space, PlanError> {
                 .find(|p| p.device == n)
                 .and_then(|p| match &p.backend {
                     BackendSpec::Sim { gpus_per_shard, .. } => Some(*gpus_per_shard),
-                    BackendSpec::Builtin { .. } | BackendSpec::Llamacpp(_) => None,
+                    BackendSpec::Builtin { .. }
+                    | BackendSpec::Llamacpp(_)
+                    | BackendSpec::Sglang(_)
+                    | BackendSpec::Vllm(_) => None,
                 })
         });
         devices.push((n, gps.unwrap_or(1).max(1), d.cost));

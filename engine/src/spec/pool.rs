@@ -72,18 +72,24 @@ pub enum BackendSpec {
     },
     /// llama.cpp's HTTP server: servers rollarc starts, supervises and restarts (`launch`,
     /// the default), or servers running elsewhere (`urls`, one shard each).
-    Llamacpp(Box<LlamacppSpec>),
+    Llamacpp(Box<ServerSpec>),
+    /// SGLang servers (`urls`, or `launch` with its command).
+    Sglang(Box<ServerSpec>),
+    /// vLLM servers with `VLLM_SERVER_DEV_MODE=1` (`urls`, or `launch` with its command).
+    Vllm(Box<ServerSpec>),
 }
 
-/// A llama.cpp pool.
+/// A pool of inference servers.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct LlamacppSpec {
+pub struct ServerSpec {
     /// The checkpoint (GGUF file or Hugging Face directory) the trainer trains and the
-    /// servers serve (a managed server gets each version as an exported GGUF file).
+    /// servers serve; every new version is exported for them (llama.cpp: a GGUF file it
+    /// restarts on; SGLang, vLLM: a Hugging Face directory they load from disk).
     pub model: BuiltinModelSpec,
-    /// Attach mode: the servers' base URLs, one shard each (`count` must match). They cannot
-    /// take new weights (llama.cpp has no weight-update endpoint).
+    /// Attach mode: the servers' base URLs, one shard each (`count` must match). An attached
+    /// llama.cpp cannot take new weights (it has no weight-update endpoint); SGLang and vLLM
+    /// must be able to read the exported directories (same file system).
     #[serde(default)]
     pub urls: Vec<String>,
     /// Managed mode (the default): how each shard starts its server.
@@ -105,9 +111,9 @@ fn default_slots() -> usize {
 pub struct LaunchSpec {
     /// Program and arguments, with `{model}`, `{port}`, `{host}`, `{slots}`, `{context}` (per
     /// slot) and `{total_context}` filled in at each start; e.g. `["llama-server", "-m",
-    /// "{model}", "--port", "{port}", "-np", "{slots}", "-c", "{total_context}"]`. Default:
-    /// llama.cpp's server from the `xllamacpp` wheel (`make setup` installs it; Python from
-    /// `python` or `ROLLARC_XLLAMACPP_PYTHON`).
+    /// "{model}", "--port", "{port}", "-np", "{slots}", "-c", "{total_context}"]`. Default
+    /// for llama.cpp: its server from the `xllamacpp` wheel (`make setup` installs it; Python
+    /// from `python` or `ROLLARC_XLLAMACPP_PYTHON`); SGLang and vLLM need one.
     #[serde(default)]
     pub command: Vec<String>,
     /// Python with the `xllamacpp` wheel, for the default command.
@@ -135,7 +141,7 @@ impl BackendSpec {
     pub fn real_model(&self) -> Option<&BuiltinModelSpec> {
         match self {
             Self::Builtin { model, .. } => Some(model),
-            Self::Llamacpp(l) => Some(&l.model),
+            Self::Llamacpp(l) | Self::Sglang(l) | Self::Vllm(l) => Some(&l.model),
             Self::Sim { .. } => None,
         }
     }
@@ -401,9 +407,10 @@ impl PoolSpec {
             BackendSpec::Builtin { model, max_batch } => {
                 check_builtin(at, spec, model, *max_batch, problems)
             }
-            BackendSpec::Llamacpp(l) => {
+            BackendSpec::Llamacpp(l) | BackendSpec::Sglang(l) | BackendSpec::Vllm(l) => {
                 check_builtin(at, spec, &l.model, 1, problems);
-                check_llamacpp(at, pl.count, l, problems);
+                let llamacpp = matches!(pl.backend, BackendSpec::Llamacpp(_));
+                check_server(at, pl.count, l, llamacpp, problems);
             }
         }
     }
@@ -539,13 +546,19 @@ fn check_builtin(
     }
 }
 
-/// Checks a llama.cpp backend (at `at`, e.g. `pools[0]`) of `count` shards.
-fn check_llamacpp(at: &str, count: usize, l: &LlamacppSpec, problems: &mut Problems) {
+/// Checks an inference-server backend (at `at`, e.g. `pools[0]`) of `count` shards.
+fn check_server(at: &str, count: usize, l: &ServerSpec, llamacpp: bool, problems: &mut Problems) {
     let p = format!("{at}.backend");
     if l.model.path.is_none() {
         problems.push(
             format!("{p}.model.path"),
-            "llama.cpp serves a checkpoint: give its path (the tiny model is built-in only)".into(),
+            "an inference server serves a checkpoint: give its path (the tiny model is built-in only)".into(),
+        );
+    }
+    if !llamacpp && l.urls.is_empty() && l.launch.as_ref().is_none_or(|x| x.command.is_empty()) {
+        problems.push(
+            format!("{p}.launch.command"),
+            "SGLang and vLLM have no default command: give urls (attach) or launch.command".into(),
         );
     }
     if !(1..=256).contains(&l.slots) {

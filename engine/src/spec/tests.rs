@@ -510,6 +510,17 @@ fn llamacpp_pool_fields_are_checked_with_their_paths() {
             ),
             "pools[0].backend.urls",
         ),
+        (
+            pool(1, "{ kind = \"sglang\", model = { path = \"m\" } }"),
+            "pools[0].backend.launch.command",
+        ),
+        (
+            pool(
+                1,
+                "{ kind = \"vllm\", model = { path = \"m\" }, launch = { env = { A = \"1\" } } }",
+            ),
+            "pools[0].backend.launch.command",
+        ),
     ];
     for (text, field) in cases {
         let errs = parse(&text, Format::Toml).expect_err(field).0;

@@ -20,7 +20,9 @@ use actors::dist::Dist;
 
 use crate::spec::{FunctionSpec, JobSpec, Knobs};
 
-pub use pools::{EnginePlan, LlamacppPlan, PoolPlan, XLLAMACPP_SCRIPT, default_xllamacpp_python};
+pub use pools::{
+    EnginePlan, PoolPlan, ServerKind, ServerPlan, XLLAMACPP_SCRIPT, default_xllamacpp_python,
+};
 pub use tasks::{ScorerPlan, TaskPlan, prior_tokens};
 pub use trainer::{TrainerPlan, builtin_trainer_config, checkpoint_spec, weight_sync};
 

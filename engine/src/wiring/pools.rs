@@ -36,10 +36,10 @@ pub enum EnginePlan {
     /// The built-in engine on CPU (the tiny transformer or a checkpoint), one OS thread
     /// per shard.
     Builtin { model: ModelChoice },
-    /// llama.cpp servers (a checkpoint), one per shard.
-    Llamacpp {
+    /// Inference servers (a checkpoint), one per shard.
+    Server {
         model: ModelChoice,
-        server: Box<LlamacppPlan>,
+        server: Box<ServerPlan>,
     },
 }
 
@@ -47,15 +47,24 @@ impl EnginePlan {
     /// The real model the pool serves (`None`: simulated).
     pub fn real_model(&self) -> Option<&ModelChoice> {
         match self {
-            Self::Builtin { model } | Self::Llamacpp { model, .. } => Some(model),
+            Self::Builtin { model } | Self::Server { model, .. } => Some(model),
             Self::Sim { .. } => None,
         }
     }
 }
 
-/// Where a llama.cpp pool's servers are.
+/// Which inference server a pool runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServerKind {
+    Llamacpp,
+    Sglang,
+    Vllm,
+}
+
+/// Where a server pool's servers are.
 #[derive(Clone, Debug, PartialEq)]
-pub struct LlamacppPlan {
+pub struct ServerPlan {
+    pub kind: ServerKind,
     /// Attach mode: one server per shard.
     pub urls: Vec<String>,
     /// Managed mode: the launch command (placeholders unfilled), its environment, ports,
@@ -150,7 +159,12 @@ pub(super) fn plan(spec: &JobSpec, knobs: &Knobs) -> Result<Vec<PoolPlan>, Wirin
                 };
                 (device, model, mb, engine)
             }
-            BackendSpec::Llamacpp(l) => {
+            BackendSpec::Llamacpp(l) | BackendSpec::Sglang(l) | BackendSpec::Vllm(l) => {
+                let kind = match &p.backend {
+                    BackendSpec::Sglang(_) => ServerKind::Sglang,
+                    BackendSpec::Vllm(_) => ServerKind::Vllm,
+                    _ => ServerKind::Llamacpp,
+                };
                 let choice = l.model.choice();
                 let field = format!("pools[{pi}].backend.model");
                 let shape = choice.shape().ok_or_else(|| WiringError::UnknownModel {
@@ -158,7 +172,7 @@ pub(super) fn plan(spec: &JobSpec, knobs: &Knobs) -> Result<Vec<PoolPlan>, Wirin
                     name: l.model.path.clone().unwrap_or_default(),
                 })?;
                 let launch = l.launch.clone().unwrap_or_default();
-                let command = if launch.command.is_empty() {
+                let command = if launch.command.is_empty() && kind == ServerKind::Llamacpp {
                     // The launcher script is written into the job's directory at spawn; its
                     // path is the second word.
                     actors::generation::remote::llamacpp::xllamacpp_command(
@@ -172,7 +186,8 @@ pub(super) fn plan(spec: &JobSpec, knobs: &Knobs) -> Result<Vec<PoolPlan>, Wirin
                 } else {
                     launch.command.clone()
                 };
-                let server = LlamacppPlan {
+                let server = ServerPlan {
+                    kind,
                     urls: l.urls.clone(),
                     command,
                     env: launch.env.clone().into_iter().collect(),
@@ -186,7 +201,7 @@ pub(super) fn plan(spec: &JobSpec, knobs: &Knobs) -> Result<Vec<PoolPlan>, Wirin
                     base,
                     real_profile(&shape),
                     l.slots,
-                    EnginePlan::Llamacpp {
+                    EnginePlan::Server {
                         model: choice,
                         server: Box::new(server),
                     },

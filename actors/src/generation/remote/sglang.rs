@@ -34,6 +34,8 @@ use crate::weights::Weights;
 pub struct Sglang {
     http: reqwest::Client,
     url: String,
+    /// A server process this client owns (its URL changes when it restarts).
+    server: Option<Arc<super::managed::ManagedServer>>,
     export: Option<WeightsExporter>,
     /// The weight version the server was last told (checked on every answer).
     version: Arc<Mutex<Option<String>>>,
@@ -49,6 +51,7 @@ impl Sglang {
         Self {
             http,
             url: url.trim_end_matches('/').to_string(),
+            server: None,
             export,
             version: Default::default(),
             default_slots: 64,
@@ -145,19 +148,34 @@ pub fn read_answer(
     Ok((c, kind == "abort", version))
 }
 
+impl Sglang {
+    /// Talks to (and keeps alive) the managed server `s`.
+    pub fn managed(mut self, s: Arc<super::managed::ManagedServer>) -> Self {
+        self.server = Some(s);
+        self
+    }
+
+    fn base(&self) -> String {
+        match &self.server {
+            Some(s) => s.url(),
+            None => self.url.clone(),
+        }
+    }
+}
+
 impl ServerClient for Sglang {
     fn describe(&self) -> String {
-        format!("SGLang at {}", self.url)
+        format!("SGLang at {}", self.base())
     }
 
     fn info(&self) -> BoxFut<Result<ServerInfo, ServerError>> {
         let me = self.clone();
         Box::pin(async move {
             let server = me.describe();
-            let v = match get(&me.http, &server, &me.url, "/server_info").await {
+            let v = match get(&me.http, &server, &me.base(), "/server_info").await {
                 Ok(v) => v,
                 Err(ServerError::Status { status: 404, .. }) => {
-                    get(&me.http, &server, &me.url, "/get_server_info").await?
+                    get(&me.http, &server, &me.base(), "/get_server_info").await?
                 }
                 Err(e) => return Err(e),
             };
@@ -191,7 +209,7 @@ impl ServerClient for Sglang {
             let v = post(
                 &me.http,
                 &server,
-                &me.url,
+                &me.base(),
                 "/generate",
                 &generate_body(&req),
                 me.request_timeout,
@@ -226,7 +244,7 @@ impl ServerClient for Sglang {
             let r = post(
                 &me.http,
                 &me.describe(),
-                &me.url,
+                &me.base(),
                 "/abort_request",
                 &body,
                 Duration::from_secs(10),
@@ -249,7 +267,7 @@ impl ServerClient for Sglang {
             post(
                 &me.http,
                 &me.describe(),
-                &me.url,
+                &me.base(),
                 "/pause_generation",
                 &body,
                 Duration::from_secs(60),
@@ -265,7 +283,7 @@ impl ServerClient for Sglang {
             post(
                 &me.http,
                 &me.describe(),
-                &me.url,
+                &me.base(),
                 "/continue_generation",
                 &json!({}),
                 Duration::from_secs(60),
@@ -300,7 +318,7 @@ impl ServerClient for Sglang {
             let v = post(
                 &me.http,
                 &server,
-                &me.url,
+                &me.base(),
                 "/update_weights_from_disk",
                 &body,
                 Duration::from_secs(600),
@@ -326,9 +344,21 @@ impl ServerClient for Sglang {
     fn health(&self) -> BoxFut<Result<(), ServerError>> {
         let me = self.clone();
         Box::pin(async move {
-            get(&me.http, &me.describe(), &me.url, "/health")
-                .await
-                .map(drop)
+            if let Some(s) = &me.server
+                && !s.ensure_running().await
+            {
+                return Err(ServerError::Unreachable {
+                    server: me.describe(),
+                    source: crate::error::SharedError::new(std::io::Error::other(
+                        "the server process is restarting",
+                    )),
+                });
+            }
+            get(&me.http, &me.describe(), &me.base(), "/health").await?;
+            if let Some(s) = &me.server {
+                s.mark_healthy().await;
+            }
+            Ok(())
         })
     }
 }

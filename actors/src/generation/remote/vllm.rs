@@ -35,6 +35,8 @@ use crate::weights::Weights;
 pub struct Vllm {
     http: reqwest::Client,
     url: String,
+    /// A server process this client owns (its URL changes when it restarts).
+    server: Option<Arc<super::managed::ManagedServer>>,
     export: Option<WeightsExporter>,
     /// The served model's name (asked from `/v1/models` when unset).
     model: Arc<std::sync::Mutex<Option<String>>>,
@@ -54,6 +56,7 @@ impl Vllm {
         Self {
             http,
             url: url.trim_end_matches('/').to_string(),
+            server: None,
             export,
             model: Default::default(),
             slots,
@@ -152,16 +155,31 @@ pub fn read_answer(server: &str, v: &Value) -> Result<(Completion, bool), Server
     ))
 }
 
+impl Vllm {
+    /// Talks to (and keeps alive) the managed server `s`.
+    pub fn managed(mut self, s: Arc<super::managed::ManagedServer>) -> Self {
+        self.server = Some(s);
+        self
+    }
+
+    fn base(&self) -> String {
+        match &self.server {
+            Some(s) => s.url(),
+            None => self.url.clone(),
+        }
+    }
+}
+
 impl ServerClient for Vllm {
     fn describe(&self) -> String {
-        format!("vLLM at {}", self.url)
+        format!("vLLM at {}", self.base())
     }
 
     fn info(&self) -> BoxFut<Result<ServerInfo, ServerError>> {
         let me = self.clone();
         Box::pin(async move {
             let server = me.describe();
-            let v = get(&me.http, &server, &me.url, "/v1/models").await?;
+            let v = get(&me.http, &server, &me.base(), "/v1/models").await?;
             let m = v
                 .pointer("/data/0")
                 .ok_or_else(|| protocol(&server, "/v1/models", "no model is served"))?;
@@ -187,7 +205,7 @@ impl ServerClient for Vllm {
             let v = post(
                 &me.http,
                 &server,
-                &me.url,
+                &me.base(),
                 "/v1/completions",
                 &body,
                 me.request_timeout,
@@ -213,7 +231,7 @@ impl ServerClient for Vllm {
             let r = post(
                 &me.http,
                 &me.describe(),
-                &me.url,
+                &me.base(),
                 "/abort_requests",
                 &body,
                 Duration::from_secs(10),
@@ -235,7 +253,7 @@ impl ServerClient for Vllm {
             post(
                 &me.http,
                 &me.describe(),
-                &me.url,
+                &me.base(),
                 "/pause?mode=keep",
                 &json!({}),
                 Duration::from_secs(60),
@@ -251,7 +269,7 @@ impl ServerClient for Vllm {
             post(
                 &me.http,
                 &me.describe(),
-                &me.url,
+                &me.base(),
                 "/resume",
                 &json!({}),
                 Duration::from_secs(60),
@@ -283,7 +301,7 @@ impl ServerClient for Vllm {
             post(
                 &me.http,
                 &server,
-                &me.url,
+                &me.base(),
                 "/collective_rpc",
                 &body,
                 Duration::from_secs(600),
@@ -293,7 +311,7 @@ impl ServerClient for Vllm {
             post(
                 &me.http,
                 &server,
-                &me.url,
+                &me.base(),
                 "/update_weight_version",
                 &body,
                 Duration::from_secs(60),
@@ -306,9 +324,21 @@ impl ServerClient for Vllm {
     fn health(&self) -> BoxFut<Result<(), ServerError>> {
         let me = self.clone();
         Box::pin(async move {
-            get(&me.http, &me.describe(), &me.url, "/health")
-                .await
-                .map(drop)
+            if let Some(s) = &me.server
+                && !s.ensure_running().await
+            {
+                return Err(ServerError::Unreachable {
+                    server: me.describe(),
+                    source: crate::error::SharedError::new(std::io::Error::other(
+                        "the server process is restarting",
+                    )),
+                });
+            }
+            get(&me.http, &me.describe(), &me.base(), "/health").await?;
+            if let Some(s) = &me.server {
+                s.mark_healthy().await;
+            }
+            Ok(())
         })
     }
 }
