@@ -257,6 +257,23 @@ async fn sg_update(State(f): State<Fake>, Json(b): Json<Value>) -> Response {
     Json(json!({"success": true, "message": "Succeeded to update model weights.", "num_paused_requests": 0})).into_response()
 }
 
+async fn sg_loads(State(f): State<Fake>) -> Json<Value> {
+    let n = f.inner.lock().unwrap().running.len();
+    Json(json!({"timestamp": 0, "version": "fake", "loads": [
+        {"dp_rank": 0, "num_running_reqs": n, "num_waiting_reqs": 0, "num_used_tokens": 0}
+    ]}))
+}
+
+async fn vl_metrics(State(f): State<Fake>) -> String {
+    let n = f.inner.lock().unwrap().running.len();
+    format!(
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.\n\
+         # TYPE vllm:num_requests_running gauge\n\
+         vllm:num_requests_running{{engine=\"0\",model_name=\"fake-model\"}} {n}.0\n\
+         vllm:num_requests_waiting{{engine=\"0\",model_name=\"fake-model\"}} 0.0\n"
+    )
+}
+
 async fn sg_info(State(f): State<Fake>) -> Json<Value> {
     Json(json!({
         "max_running_requests": f.cfg.slots, "context_length": f.cfg.context,
@@ -415,6 +432,7 @@ pub async fn start(kind: Kind, cfg: FakeConfig) -> Fake {
             .route("/continue_generation", post(sg_continue))
             .route("/update_weights_from_disk", post(sg_update))
             .route("/server_info", get(sg_info))
+            .route("/v1/loads", get(sg_loads))
             .route("/health", get(health)),
         Kind::Vllm => axum::Router::new()
             .route("/v1/completions", post(vl_completions))
@@ -425,6 +443,7 @@ pub async fn start(kind: Kind, cfg: FakeConfig) -> Fake {
             .route("/is_paused", get(vl_is_paused))
             .route("/collective_rpc", post(vl_rpc))
             .route("/update_weight_version", post(vl_version))
+            .route("/metrics", get(vl_metrics))
             .route("/health", get(health)),
     }
     .with_state(fake.clone());

@@ -299,3 +299,42 @@ fn a_job_on_an_attached_sglang_server_installs_each_version_from_disk() {
         }
     }
 }
+
+#[test]
+fn the_load_report_counts_what_other_clients_run_on_the_server() {
+    let rt = runtime();
+    for kind in [Kind::Sglang, Kind::Vllm] {
+        let (mut e, fake) = engine(
+            &rt,
+            kind,
+            FakeConfig {
+                token_ms: 50,
+                ..Default::default()
+            },
+        );
+        // Another client starts a long request straight on the server.
+        let (url, http) = (fake.url.clone(), reqwest::Client::new());
+        let other = rt.spawn(async move {
+            let (path, body) = match kind {
+                Kind::Sglang => ("/generate", serde_json::json!({"input_ids": [1, 2], "rid": "other", "sampling_params": {"max_new_tokens": 20}})),
+                Kind::Vllm => ("/v1/completions", serde_json::json!({"model": "fake-model", "prompt": [1, 2], "max_tokens": 20, "request_id": "other"})),
+            };
+            http.post(format!("{url}{path}")).json(&body).send().await
+        });
+        let deadline = infra::clock::wall_now() + Duration::from_secs(10);
+        loop {
+            if e.has_work() {
+                e.step();
+            }
+            if e.load().running == 1 {
+                break;
+            }
+            assert!(
+                infra::clock::wall_now() < deadline,
+                "{kind:?}: the server's own load never showed"
+            );
+            contract::pause_briefly();
+        }
+        rt.block_on(other).unwrap().unwrap();
+    }
+}

@@ -388,6 +388,22 @@ impl ServerClient for LlamaCpp {
         })
     }
 
+    fn server_load(&self) -> BoxFut<Option<super::ServerLoad>> {
+        let (http, url) = (self.http.clone(), self.url());
+        Box::pin(async move {
+            let v = get_json(&http, &url, "/slots").await.ok()?;
+            let busy = v
+                .as_array()?
+                .iter()
+                .filter(|s| s.get("is_processing").and_then(Value::as_bool) == Some(true))
+                .count();
+            Some(super::ServerLoad {
+                running: busy,
+                waiting: 0,
+            })
+        })
+    }
+
     fn health(&self) -> BoxFut<Result<(), ServerError>> {
         let me = self.clone();
         Box::pin(async move {

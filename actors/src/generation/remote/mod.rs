@@ -76,6 +76,13 @@ pub struct ServerRequest {
     pub progress: Arc<Mutex<Progress>>,
 }
 
+/// Requests a server reports running and queued.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServerLoad {
+    pub running: usize,
+    pub waiting: usize,
+}
+
 /// What the engine needs to know about a server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ServerInfo {
@@ -174,6 +181,11 @@ pub trait ServerClient: Send + Sync + 'static {
     /// Whether the server answers (a managed server also restarts here when its process
     /// died).
     fn health(&self) -> BoxFut<Result<(), ServerError>>;
+    /// What the server runs and queues, every client's requests included (llama.cpp's
+    /// `/slots`, SGLang's `/v1/loads`, vLLM's `/metrics`); `None` where it cannot say.
+    fn server_load(&self) -> BoxFut<Option<ServerLoad>> {
+        Box::pin(async { None })
+    }
 }
 
 /// Settings of a remote engine.
@@ -249,6 +261,9 @@ struct Health {
     /// Milliseconds (of the job's clock) since the server last answered; 0 while it does.
     down_since_ms: AtomicU64,
     up: AtomicBool,
+    /// What the server last said it runs and queues (all clients' requests), +1 (0: unknown).
+    server_running: AtomicU64,
+    server_waiting: AtomicU64,
 }
 
 /// A generation engine backed by an inference server.
@@ -704,6 +719,16 @@ async fn probe(
         if ok {
             health.down_since_ms.store(0, Ordering::Relaxed);
             health.up.store(true, Ordering::Relaxed);
+            if let Ok(Some(l)) =
+                tokio::time::timeout(every.max(Duration::from_secs(5)), client.server_load()).await
+            {
+                health
+                    .server_running
+                    .store(l.running as u64 + 1, Ordering::Relaxed);
+                health
+                    .server_waiting
+                    .store(l.waiting as u64 + 1, Ordering::Relaxed);
+            }
             health.beats.fetch_add(1, Ordering::Relaxed);
         } else if health.up.swap(false, Ordering::Relaxed) {
             let ms = started.elapsed().as_millis().max(1) as u64;
@@ -827,9 +852,12 @@ impl GenerationEngine for RemoteEngine {
     }
 
     fn load(&self) -> LoadReport {
+        // The server's own count covers other clients' requests too (a shared server); ours
+        // is exact for what this shard sent.
+        let server = |a: &AtomicU64| (a.load(Ordering::Relaxed) as usize).saturating_sub(1);
         LoadReport {
-            running: self.running.len(),
-            waiting: self.waiting.len(),
+            running: self.running.len().max(server(&self.health.server_running)),
+            waiting: self.waiting.len().max(server(&self.health.server_waiting)),
             kv_tokens: self
                 .running
                 .values()

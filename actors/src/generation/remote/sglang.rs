@@ -341,6 +341,26 @@ impl ServerClient for Sglang {
         })
     }
 
+    fn server_load(&self) -> BoxFut<Option<super::ServerLoad>> {
+        let me = self.clone();
+        Box::pin(async move {
+            let v = get(&me.http, &me.describe(), &me.base(), "/v1/loads")
+                .await
+                .ok()?;
+            let loads = v.get("loads")?.as_array()?;
+            let sum = |k: &str| {
+                loads
+                    .iter()
+                    .filter_map(|l| l.get(k).and_then(Value::as_u64))
+                    .sum::<u64>() as usize
+            };
+            Some(super::ServerLoad {
+                running: sum("num_running_reqs"),
+                waiting: sum("num_waiting_reqs"),
+            })
+        })
+    }
+
     fn health(&self) -> BoxFut<Result<(), ServerError>> {
         let me = self.clone();
         Box::pin(async move {

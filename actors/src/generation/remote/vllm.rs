@@ -321,6 +321,25 @@ impl ServerClient for Vllm {
         })
     }
 
+    fn server_load(&self) -> BoxFut<Option<super::ServerLoad>> {
+        let (http, url) = (self.http.clone(), self.base());
+        Box::pin(async move {
+            let text = http
+                .get(format!("{url}/metrics"))
+                .timeout(Duration::from_secs(5))
+                .send()
+                .await
+                .ok()?
+                .text()
+                .await
+                .ok()?;
+            Some(super::ServerLoad {
+                running: prometheus_sum(&text, "vllm:num_requests_running")? as usize,
+                waiting: prometheus_sum(&text, "vllm:num_requests_waiting")? as usize,
+            })
+        })
+    }
+
     fn health(&self) -> BoxFut<Result<(), ServerError>> {
         let me = self.clone();
         Box::pin(async move {
@@ -340,5 +359,39 @@ impl ServerClient for Vllm {
             }
             Ok(())
         })
+    }
+}
+
+/// The sum over label sets of a Prometheus gauge in a text exposition (`None`: absent).
+pub fn prometheus_sum(text: &str, name: &str) -> Option<f64> {
+    let mut found = None;
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        // The name must end here (`name{…} v` or `name v`), not continue (`name_total`).
+        if !(rest.starts_with('{') || rest.starts_with(' ')) {
+            continue;
+        }
+        let v: f64 = rest.rsplit(' ').next()?.parse().ok()?;
+        *found.get_or_insert(0.0) += v;
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prometheus_gauges_are_summed_over_their_labels() {
+        let text = "# HELP vllm:num_requests_running Number of requests\n\
+                    vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 3.0\n\
+                    vllm:num_requests_running{engine=\"1\",model_name=\"m\"} 2.0\n\
+                    vllm:num_requests_running_total 99\n\
+                    vllm:num_requests_waiting 4\n";
+        assert_eq!(prometheus_sum(text, "vllm:num_requests_running"), Some(5.0));
+        assert_eq!(prometheus_sum(text, "vllm:num_requests_waiting"), Some(4.0));
+        assert_eq!(prometheus_sum(text, "vllm:kv_cache_usage_perc"), None);
     }
 }
