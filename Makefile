@@ -5,7 +5,7 @@ JOBS ?= 2
 export CARGO_BUILD_JOBS := $(JOBS)
 export CARGO_TERM_COLOR := never
 
-.PHONY: run test bench bench-setup bench-sim learn plan lint fmt-check clippy ci build cuda-check setup sim chaos fuzz-api
+.PHONY: run test bench bench-setup bench-sim learn plan lint fmt-check clippy ci build cuda-check setup sim chaos fuzz-api device-check
 
 GYMNASIUM_VERSION := 1.0.0
 SCHEMATHESIS_VERSION := 4.32.5
@@ -103,6 +103,11 @@ bench-setup: setup
 
 bench: setup
 	$(CARGO) run --release -p engine --bin rollarc -- bench --preset-steps 40
+
+## On a GPU machine: the generation contract against a real vLLM (or DEVICE_SERVER=sglang)
+## server serving SmolLM2 (installs the server in its own virtual environment).
+device-check: setup
+	tests/device-check.sh
 
 ## SIGKILL loop over mixed jobs (24 kills, function instances killed between them): 0 lost,
 ## changed, duplicated or replayed rows, 0 orphan processes, every row scored or masked, and a
