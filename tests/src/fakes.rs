@@ -97,6 +97,16 @@ async fn run(
         g.running.insert(rid.to_string(), token.clone());
         g.version_number
     };
+    // A request whose client went away is dropped mid-run: it leaves the running set too.
+    struct Leave<'a>(&'a Fake, &'a str);
+    impl Drop for Leave<'_> {
+        fn drop(&mut self) {
+            if let Ok(mut g) = self.0.inner.lock() {
+                g.running.remove(self.1);
+            }
+        }
+    }
+    let _leave = Leave(fake, rid);
     let base: u64 = context.iter().sum();
     let (mut ids, mut lps) = (Vec::new(), Vec::new());
     let mut reason = "length";
@@ -113,7 +123,6 @@ async fn run(
             break;
         }
     }
-    fake.inner.lock().unwrap().running.remove(rid);
     (ids, lps, reason)
 }
 

@@ -326,7 +326,7 @@ fn the_load_report_counts_what_other_clients_run_on_the_server() {
             if e.has_work() {
                 e.step();
             }
-            if e.load().running == 1 {
+            if e.load().external == 1 {
                 break;
             }
             assert!(

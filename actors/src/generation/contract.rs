@@ -57,7 +57,7 @@ pub fn drain(e: &mut dyn GenerationEngine) -> Vec<(u64, Result<GenOutput, GenErr
     let l = e.load();
     assert!(
         !e.has_work() && l.running + l.waiting == 0,
-        "the engine never became idle"
+        "the engine never became idle: {l:?}"
     );
     out.sort_by_key(|(id, _)| *id);
     out

@@ -137,6 +137,9 @@ pub struct LoadReport {
     pub busy_s: f64,
     pub prefill_tokens: u64,
     pub decode_tokens: u64,
+    /// Requests the backend runs or queues for other clients (a shared inference server, as
+    /// the server reports it); not counted in `running`/`waiting`.
+    pub external: usize,
 }
 
 /// A generation backend as seen by the engine loop. Implementations do not block on I/O in

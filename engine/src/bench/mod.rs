@@ -141,7 +141,7 @@ mod tests {
         assert!(matches!(&e, BenchError::Unknown(w) if w == "gpu"), "{e:?}");
         assert_eq!(
             e.to_string(),
-            "unknown benchmark \"gpu\": scheduler, model, llm, env, functions, presets or all"
+            "unknown benchmark \"gpu\": scheduler, model, llm, servers, env, functions, presets or all"
         );
     }
 }

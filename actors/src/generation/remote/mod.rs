@@ -855,9 +855,11 @@ impl GenerationEngine for RemoteEngine {
         // The server's own count covers other clients' requests too (a shared server); ours
         // is exact for what this shard sent.
         let server = |a: &AtomicU64| (a.load(Ordering::Relaxed) as usize).saturating_sub(1);
+        let on_server = server(&self.health.server_running) + server(&self.health.server_waiting);
         LoadReport {
-            running: self.running.len().max(server(&self.health.server_running)),
-            waiting: self.waiting.len().max(server(&self.health.server_waiting)),
+            running: self.running.len(),
+            waiting: self.waiting.len(),
+            external: on_server.saturating_sub(self.running.len()),
             kv_tokens: self
                 .running
                 .values()
