@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::ServerError;
+use super::managed::ManagedServer;
 use crate::error::SharedError;
 
 /// The message of an error body.
@@ -108,6 +109,60 @@ pub async fn get(
         Duration::from_secs(10),
     )
     .await
+}
+
+/// `POST path` with `body`, for its status only (control endpoints: pause, resume, …).
+pub async fn post_unit(
+    http: &reqwest::Client,
+    server: &str,
+    url: &str,
+    path: &str,
+    body: Value,
+) -> Result<(), ServerError> {
+    post(http, server, url, path, &body, Duration::from_secs(60))
+        .await
+        .map(drop)
+}
+
+/// The health check of a server at `url` (`GET path`); a managed one is first started again
+/// if its process died (it is unreachable while it comes back), and a healthy answer resets
+/// its crash backoff.
+pub async fn health(
+    http: &reqwest::Client,
+    server: &str,
+    managed: Option<&std::sync::Arc<ManagedServer>>,
+    url: &str,
+    path: &str,
+) -> Result<(), ServerError> {
+    if let Some(s) = managed
+        && !s.ensure_running().await
+    {
+        return Err(ServerError::Unreachable {
+            server: server.to_string(),
+            source: SharedError::new(std::io::Error::other("the server process is restarting")),
+        });
+    }
+    get(http, server, url, path).await?;
+    if let Some(s) = managed {
+        s.mark_healthy().await;
+    }
+    Ok(())
+}
+
+/// The exported directory of `version` (servers that load weights from disk).
+pub async fn export_for(
+    export: Option<&super::WeightsExporter>,
+    server: &str,
+    version: crate::types::PolicyVersion,
+    weights: std::sync::Arc<crate::weights::Weights>,
+) -> Result<std::path::PathBuf, ServerError> {
+    let Some(export) = export else {
+        return Err(ServerError::CannotInstall {
+            server: server.to_string(),
+            reason: "no exporter: the job has no policy to write".into(),
+        });
+    };
+    export(version, weights).await
 }
 
 /// A protocol error at `path`.

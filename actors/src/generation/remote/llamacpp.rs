@@ -227,7 +227,7 @@ async fn generate(
             server,
             path: path.into(),
             status: status.as_u16(),
-            body: error_message(&body),
+            body: super::http::error_message(&body),
         });
     }
     let mut out = Completion::default();
@@ -254,7 +254,7 @@ async fn generate(
                     server,
                     path: path.into(),
                     status: err.get("code").and_then(Value::as_u64).unwrap_or(500) as u16,
-                    body: error_message(&err.to_string()),
+                    body: super::http::error_message(&err.to_string()),
                 });
             }
             if let Some(f) = take_chunk(&v, &req, &mut text, &mut out) {
@@ -278,45 +278,6 @@ async fn generate(
     })
 }
 
-/// The message of a llama.cpp error body (`{"error": {"code", "message", "type"}}`).
-fn error_message(body: &str) -> String {
-    serde_json::from_str::<Value>(body)
-        .ok()
-        .and_then(|v| {
-            let e = v.get("error").unwrap_or(&v);
-            e.get("message").and_then(Value::as_str).map(str::to_string)
-        })
-        .unwrap_or_else(|| body.chars().take(500).collect())
-}
-
-async fn get_json(http: &reqwest::Client, url: &str, path: &str) -> Result<Value, ServerError> {
-    let server = LlamaCpp::describe_url(url);
-    let resp = http
-        .get(format!("{url}{path}"))
-        .timeout(Duration::from_secs(10))
-        .send()
-        .await
-        .map_err(|e| ServerError::Unreachable {
-            server: server.clone(),
-            source: crate::error::SharedError::new(e),
-        })?;
-    let status = resp.status();
-    let body = resp.text().await.unwrap_or_default();
-    if !status.is_success() {
-        return Err(ServerError::Status {
-            server,
-            path: path.into(),
-            status: status.as_u16(),
-            body: error_message(&body),
-        });
-    }
-    serde_json::from_str(&body).map_err(|e| ServerError::Protocol {
-        server,
-        path: path.into(),
-        detail: e.to_string(),
-    })
-}
-
 impl ServerClient for LlamaCpp {
     fn describe(&self) -> String {
         Self::describe_url(&self.url())
@@ -325,7 +286,7 @@ impl ServerClient for LlamaCpp {
     fn info(&self) -> BoxFut<Result<ServerInfo, ServerError>> {
         let (http, url) = (self.http.clone(), self.url());
         Box::pin(async move {
-            let v = get_json(&http, &url, "/props").await?;
+            let v = super::http::get(&http, &Self::describe_url(&url), &url, "/props").await?;
             let slots = v.get("total_slots").and_then(Value::as_u64);
             let context = v
                 .get("default_generation_settings")
@@ -391,7 +352,9 @@ impl ServerClient for LlamaCpp {
     fn server_load(&self) -> BoxFut<Option<super::ServerLoad>> {
         let (http, url) = (self.http.clone(), self.url());
         Box::pin(async move {
-            let v = get_json(&http, &url, "/slots").await.ok()?;
+            let v = super::http::get(&http, &Self::describe_url(&url), &url, "/slots")
+                .await
+                .ok()?;
             let busy = v
                 .as_array()?
                 .iter()
@@ -407,22 +370,8 @@ impl ServerClient for LlamaCpp {
     fn health(&self) -> BoxFut<Result<(), ServerError>> {
         let me = self.clone();
         Box::pin(async move {
-            if let Some(s) = me.managed()
-                && !s.ensure_running().await
-            {
-                return Err(ServerError::Unreachable {
-                    server: me.describe(),
-                    source: crate::error::SharedError::new(std::io::Error::other(
-                        "the server process is restarting",
-                    )),
-                });
-            }
-            let url = me.url();
-            get_json(&me.http, &url, "/health").await?;
-            if let Some(s) = me.managed() {
-                s.mark_healthy().await;
-            }
-            Ok(())
+            let (server, url) = (me.describe(), me.url());
+            super::http::health(&me.http, &server, me.managed(), &url, "/health").await
         })
     }
 }

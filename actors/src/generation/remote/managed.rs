@@ -60,6 +60,30 @@ pub struct ManagedServer {
     restarts: std::sync::atomic::AtomicU64,
 }
 
+/// Where a server is: a fixed address, or a managed process's current one (it changes when
+/// the process restarts).
+#[derive(Clone)]
+pub enum Endpoint {
+    Fixed(String),
+    Managed(Arc<ManagedServer>),
+}
+
+impl Endpoint {
+    pub fn url(&self) -> String {
+        match self {
+            Self::Fixed(u) => u.trim_end_matches('/').to_string(),
+            Self::Managed(s) => s.url(),
+        }
+    }
+
+    pub fn managed(&self) -> Option<&Arc<ManagedServer>> {
+        match self {
+            Self::Managed(s) => Some(s),
+            Self::Fixed(_) => None,
+        }
+    }
+}
+
 /// Longest wait between restarts of a crashing server.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 

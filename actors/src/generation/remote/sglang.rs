@@ -33,9 +33,7 @@ use crate::weights::Weights;
 #[derive(Clone)]
 pub struct Sglang {
     http: reqwest::Client,
-    url: String,
-    /// A server process this client owns (its URL changes when it restarts).
-    server: Option<Arc<super::managed::ManagedServer>>,
+    at: super::managed::Endpoint,
     export: Option<WeightsExporter>,
     /// The weight version the server was last told (checked on every answer).
     version: Arc<Mutex<Option<String>>>,
@@ -50,8 +48,7 @@ impl Sglang {
     pub fn new(http: reqwest::Client, url: &str, export: Option<WeightsExporter>) -> Self {
         Self {
             http,
-            url: url.trim_end_matches('/').to_string(),
-            server: None,
+            at: super::managed::Endpoint::Fixed(url.to_string()),
             export,
             version: Default::default(),
             default_slots: 64,
@@ -151,15 +148,12 @@ pub fn read_answer(
 impl Sglang {
     /// Talks to (and keeps alive) the managed server `s`.
     pub fn managed(mut self, s: Arc<super::managed::ManagedServer>) -> Self {
-        self.server = Some(s);
+        self.at = super::managed::Endpoint::Managed(s);
         self
     }
 
     fn base(&self) -> String {
-        match &self.server {
-            Some(s) => s.url(),
-            None => self.url.clone(),
-        }
+        self.at.url()
     }
 }
 
@@ -263,33 +257,30 @@ impl ServerClient for Sglang {
     fn pause(&self) -> BoxFut<Result<(), ServerError>> {
         let me = self.clone();
         Box::pin(async move {
-            let body = json!({ "mode": "in_place" });
-            post(
+            let server = me.describe();
+            super::http::post_unit(
                 &me.http,
-                &me.describe(),
+                &server,
                 &me.base(),
                 "/pause_generation",
-                &body,
-                Duration::from_secs(60),
+                json!({ "mode": "in_place" }),
             )
             .await
-            .map(drop)
         })
     }
 
     fn resume(&self) -> BoxFut<Result<(), ServerError>> {
         let me = self.clone();
         Box::pin(async move {
-            post(
+            let server = me.describe();
+            super::http::post_unit(
                 &me.http,
-                &me.describe(),
+                &server,
                 &me.base(),
                 "/continue_generation",
-                &json!({}),
-                Duration::from_secs(60),
+                json!({}),
             )
             .await
-            .map(drop)
         })
     }
 
@@ -301,13 +292,8 @@ impl ServerClient for Sglang {
         let me = self.clone();
         Box::pin(async move {
             let server = me.describe();
-            let Some(export) = &me.export else {
-                return Err(ServerError::CannotInstall {
-                    server,
-                    reason: "no exporter: the job has no policy to write".into(),
-                });
-            };
-            let path = export(version, weights).await?;
+            let path =
+                super::http::export_for(me.export.as_ref(), &server, version, weights).await?;
             let tag = version.to_string();
             let body = json!({
                 "model_path": path.to_string_lossy(),
@@ -364,21 +350,8 @@ impl ServerClient for Sglang {
     fn health(&self) -> BoxFut<Result<(), ServerError>> {
         let me = self.clone();
         Box::pin(async move {
-            if let Some(s) = &me.server
-                && !s.ensure_running().await
-            {
-                return Err(ServerError::Unreachable {
-                    server: me.describe(),
-                    source: crate::error::SharedError::new(std::io::Error::other(
-                        "the server process is restarting",
-                    )),
-                });
-            }
-            get(&me.http, &me.describe(), &me.base(), "/health").await?;
-            if let Some(s) = &me.server {
-                s.mark_healthy().await;
-            }
-            Ok(())
+            let server = me.describe();
+            super::http::health(&me.http, &server, me.at.managed(), &me.base(), "/health").await
         })
     }
 }

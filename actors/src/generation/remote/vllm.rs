@@ -34,9 +34,7 @@ use crate::weights::Weights;
 #[derive(Clone)]
 pub struct Vllm {
     http: reqwest::Client,
-    url: String,
-    /// A server process this client owns (its URL changes when it restarts).
-    server: Option<Arc<super::managed::ManagedServer>>,
+    at: super::managed::Endpoint,
     export: Option<WeightsExporter>,
     /// The served model's name (asked from `/v1/models` when unset).
     model: Arc<std::sync::Mutex<Option<String>>>,
@@ -55,8 +53,7 @@ impl Vllm {
     ) -> Self {
         Self {
             http,
-            url: url.trim_end_matches('/').to_string(),
-            server: None,
+            at: super::managed::Endpoint::Fixed(url.to_string()),
             export,
             model: Default::default(),
             slots,
@@ -158,15 +155,12 @@ pub fn read_answer(server: &str, v: &Value) -> Result<(Completion, bool), Server
 impl Vllm {
     /// Talks to (and keeps alive) the managed server `s`.
     pub fn managed(mut self, s: Arc<super::managed::ManagedServer>) -> Self {
-        self.server = Some(s);
+        self.at = super::managed::Endpoint::Managed(s);
         self
     }
 
     fn base(&self) -> String {
-        match &self.server {
-            Some(s) => s.url(),
-            None => self.url.clone(),
-        }
+        self.at.url()
     }
 }
 
@@ -250,32 +244,17 @@ impl ServerClient for Vllm {
     fn pause(&self) -> BoxFut<Result<(), ServerError>> {
         let me = self.clone();
         Box::pin(async move {
-            post(
-                &me.http,
-                &me.describe(),
-                &me.base(),
-                "/pause?mode=keep",
-                &json!({}),
-                Duration::from_secs(60),
-            )
-            .await
-            .map(drop)
+            let server = me.describe();
+            super::http::post_unit(&me.http, &server, &me.base(), "/pause?mode=keep", json!({}))
+                .await
         })
     }
 
     fn resume(&self) -> BoxFut<Result<(), ServerError>> {
         let me = self.clone();
         Box::pin(async move {
-            post(
-                &me.http,
-                &me.describe(),
-                &me.base(),
-                "/resume",
-                &json!({}),
-                Duration::from_secs(60),
-            )
-            .await
-            .map(drop)
+            let server = me.describe();
+            super::http::post_unit(&me.http, &server, &me.base(), "/resume", json!({})).await
         })
     }
 
@@ -287,13 +266,8 @@ impl ServerClient for Vllm {
         let me = self.clone();
         Box::pin(async move {
             let server = me.describe();
-            let Some(export) = &me.export else {
-                return Err(ServerError::CannotInstall {
-                    server,
-                    reason: "no exporter: the job has no policy to write".into(),
-                });
-            };
-            let path = export(version, weights).await?;
+            let path =
+                super::http::export_for(me.export.as_ref(), &server, version, weights).await?;
             let body = json!({
                 "method": "reload_weights",
                 "kwargs": { "weights_path": path.to_string_lossy() },
@@ -343,21 +317,8 @@ impl ServerClient for Vllm {
     fn health(&self) -> BoxFut<Result<(), ServerError>> {
         let me = self.clone();
         Box::pin(async move {
-            if let Some(s) = &me.server
-                && !s.ensure_running().await
-            {
-                return Err(ServerError::Unreachable {
-                    server: me.describe(),
-                    source: crate::error::SharedError::new(std::io::Error::other(
-                        "the server process is restarting",
-                    )),
-                });
-            }
-            get(&me.http, &me.describe(), &me.base(), "/health").await?;
-            if let Some(s) = &me.server {
-                s.mark_healthy().await;
-            }
-            Ok(())
+            let server = me.describe();
+            super::http::health(&me.http, &server, me.at.managed(), &me.base(), "/health").await
         })
     }
 }
