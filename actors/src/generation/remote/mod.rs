@@ -306,6 +306,8 @@ impl RemoteEngine {
         rt: tokio::runtime::Handle,
         cfg: RemoteConfig,
     ) -> Self {
+        // Unbounded but bounded in fact: each submitted attempt sends one `Done` (at most the
+        // server's slots are in flight) and the start sends one `Ready`.
         let (events_tx, events_rx) = flume::unbounded();
         let wake = Arc::new(tokio::sync::Notify::new());
         let health = Arc::new(Health::default());
