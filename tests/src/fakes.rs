@@ -32,6 +32,8 @@ pub struct FakeConfig {
     pub stuck_version: Option<String>,
     /// `/health` answers after this long.
     pub health_delay: Duration,
+    /// Requests other clients keep running on the server (its load reports count them).
+    pub background: usize,
 }
 
 impl Default for FakeConfig {
@@ -42,6 +44,7 @@ impl Default for FakeConfig {
             context: 512,
             stuck_version: None,
             health_delay: Duration::ZERO,
+            background: 0,
         }
     }
 }
@@ -124,6 +127,11 @@ async fn run(
         }
     }
     (ids, lps, reason)
+}
+
+/// The fake model's log-probability of the prompt token `t` (teacher forcing).
+pub fn prompt_logprob(t: u64) -> f64 {
+    -0.5 - (t % 7) as f64 / 10.0
 }
 
 fn u64s(v: &Value) -> Vec<u64> {
@@ -212,15 +220,30 @@ async fn sg_generate(State(f): State<Fake>, Json(b): Json<Value>) -> Response {
         .zip(&lps)
         .map(|(t, l)| json!([l, t, null]))
         .collect();
-    Json(json!({
+    let mut answer = json!({
         "output_ids": out,
         "meta_info": {
             "id": rid, "finish_reason": finish, "prompt_tokens": ids.len(),
             "completion_tokens": out.len(), "cached_tokens": 0, "weight_version": version,
             "output_token_logprobs": logprobs,
         },
-    }))
-    .into_response()
+    });
+    // The input's log-probabilities from `logprob_start_len` on (-1: none), the first token
+    // of the sequence without one.
+    let start = b
+        .get("logprob_start_len")
+        .and_then(Value::as_i64)
+        .unwrap_or(-1);
+    if b.get("return_logprob").and_then(Value::as_bool) == Some(true) && start >= 0 {
+        let input: Vec<Value> = ids
+            .iter()
+            .enumerate()
+            .skip(start as usize)
+            .map(|(i, &t)| json!([(i > 0).then(|| prompt_logprob(t)), t, null]))
+            .collect();
+        answer["meta_info"]["input_token_logprobs"] = json!(input);
+    }
+    Json(answer).into_response()
 }
 
 async fn sg_abort(State(f): State<Fake>, Json(b): Json<Value>) -> StatusCode {
@@ -267,14 +290,14 @@ async fn sg_update(State(f): State<Fake>, Json(b): Json<Value>) -> Response {
 }
 
 async fn sg_loads(State(f): State<Fake>) -> Json<Value> {
-    let n = f.inner.lock().unwrap().running.len();
+    let n = f.inner.lock().unwrap().running.len() + f.cfg.background;
     Json(json!({"timestamp": 0, "version": "fake", "loads": [
         {"dp_rank": 0, "num_running_reqs": n, "num_waiting_reqs": 0, "num_used_tokens": 0}
     ]}))
 }
 
 async fn vl_metrics(State(f): State<Fake>) -> String {
-    let n = f.inner.lock().unwrap().running.len();
+    let n = f.inner.lock().unwrap().running.len() + f.cfg.background;
     format!(
         "# HELP vllm:num_requests_running Number of requests in model execution batches.\n\
          # TYPE vllm:num_requests_running gauge\n\
@@ -321,11 +344,23 @@ async fn vl_completions(State(f): State<Fake>, Json(b): Json<Value>) -> Response
     let stops = b.get("stop_token_ids").map(u64s).unwrap_or_default();
     let (out, lps, reason) = run(&f, &rid, &ids, max, &stops).await;
     let tokens: Vec<String> = out.iter().map(|t| format!("token_id:{t}")).collect();
+    // `prompt_logprobs: k`: per prompt token (the first: null) its own log-probability and
+    // the k most likely alternatives, keyed by token id.
+    let prompt_logprobs = b.get("prompt_logprobs").and_then(Value::as_u64).map(|_| {
+        ids.iter()
+            .enumerate()
+            .map(|(i, &t)| {
+                (i > 0).then(|| {
+                    json!({ t.to_string(): {"logprob": prompt_logprob(t), "rank": 1 + t % 3, "decoded_token": format!("t{t}")} })
+                })
+            })
+            .collect::<Vec<_>>()
+    });
     Json(json!({
         "id": rid, "object": "text_completion", "model": "fake-model",
         "choices": [{
             "index": 0, "text": "", "finish_reason": reason, "stop_reason": null,
-            "token_ids": out, "prompt_token_ids": ids,
+            "token_ids": out, "prompt_token_ids": ids, "prompt_logprobs": prompt_logprobs,
             "logprobs": {"tokens": tokens, "token_logprobs": lps, "top_logprobs": [], "text_offset": []},
         }],
         "usage": {"prompt_tokens": ids.len(), "completion_tokens": out.len(), "total_tokens": ids.len() + out.len()},

@@ -338,3 +338,82 @@ fn the_load_report_counts_what_other_clients_run_on_the_server() {
         rt.block_on(other).unwrap().unwrap();
     }
 }
+
+#[test]
+fn trajectories_go_to_the_server_other_clients_do_not_load() {
+    let rt = runtime();
+    let busy = rt.block_on(fakes::start(
+        Kind::Sglang,
+        FakeConfig {
+            token_ms: 10,
+            background: 32,
+            ..Default::default()
+        },
+    ));
+    let idle = rt.block_on(fakes::start(
+        Kind::Sglang,
+        FakeConfig {
+            token_ms: 10,
+            ..Default::default()
+        },
+    ));
+    let spec = tests::SpecBuilder::new()
+        .raw_task(
+            "[[tasks]]\ndomain = \"lake\"\ngroup_size = 2\nmax_turns = 1\nmax_tokens_per_turn = 6\nenv = { kind = \"frozenlake\", size = 4 }\n",
+        )
+        .rollout("batch_size = 4")
+        .rollout("steps = 1")
+        .rollout("alpha = 1")
+        .extra(&format!(
+            "[[pools]]\nname = \"sg\"\ndevice = \"CPU\"\ncount = 2\nbackend = {{ kind = \"sglang\", urls = [{:?}, {:?}], model = {{ path = {:?}, max_seq = 512 }} }}",
+            busy.url,
+            idle.url,
+            smollm2().display().to_string()
+        ))
+        .extra("[trainer]\nkind = \"builtin\"\nlr = 0.001\nlora = { rank = 2, alpha = 4, targets = [\"attn_q\"] }")
+        .build();
+    let dir = tempfile::tempdir().unwrap();
+    let s = engine::simrun::run_blocking(
+        spec,
+        0,
+        0,
+        Arc::new(actors::buffer::MemorySink::default()),
+        Arc::new(tests::BatchLog::default()),
+        Some(dir.path().to_path_buf()),
+    )
+    .expect("job runs");
+    assert_eq!(s.steps_done, 1);
+    // The shards' first load reports arrive while the job starts (the initial install waits
+    // for the servers); from then on the shard whose server carries 32 requests of other
+    // clients gets nothing while the other has fewer.
+    let (b, i) = (busy.requests().len(), idle.requests().len());
+    eprintln!("requests: busy server {b}, idle server {i}");
+    assert!(b + i >= 4, "busy {b}, idle {i}");
+    assert!(3 * b < b + i, "busy server got {b} of {} requests", b + i);
+}
+
+#[test]
+fn prompt_logprobs_come_back_for_every_token_after_the_first() {
+    let rt = runtime();
+    let tokens: std::sync::Arc<[u32]> = vec![5, 17, 3, 250, 9].into();
+    for kind in [Kind::Sglang, Kind::Vllm] {
+        let fake = rt.block_on(fakes::start(kind, FakeConfig::default()));
+        let c = client(kind, &fake);
+        rt.block_on(c.info()).unwrap();
+        let lps = rt.block_on(c.prompt_logprobs(tokens.clone())).unwrap();
+        let want: Vec<f32> = tokens[1..]
+            .iter()
+            .map(|&t| fakes::prompt_logprob(u64::from(t)) as f32)
+            .collect();
+        assert_eq!(lps, want, "{kind:?}");
+        // The request asked for the input's log-probabilities in each server's names.
+        let r = fake.requests().last().cloned().unwrap();
+        match kind {
+            Kind::Sglang => {
+                assert_eq!(r["logprob_start_len"], 0);
+                assert_eq!(r["return_logprob"], true);
+            }
+            Kind::Vllm => assert_eq!(r["prompt_logprobs"], 0),
+        }
+    }
+}

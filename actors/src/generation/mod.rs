@@ -13,6 +13,7 @@ pub mod sim;
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::types::{PolicyVersion, VersionSpan};
@@ -162,6 +163,13 @@ pub trait GenerationEngine: Send + 'static {
     fn step(&mut self) -> StepReport;
     fn load(&self) -> LoadReport;
 
+    /// Requests the backend runs or queues for other clients (a shared inference server);
+    /// the scheduler adds them to the shard's own when it places a trajectory. Cheap: the
+    /// loop reads it whenever it wakes.
+    fn external_load(&self) -> usize {
+        0
+    }
+
     /// Tokens request `id` has generated so far, where the engine can tell (tests wait on
     /// it to land an install mid-answer).
     fn progress(&self, _id: u64) -> Option<usize> {
@@ -229,6 +237,8 @@ pub enum EngineCommand {
 #[derive(Clone)]
 pub struct EngineHandle {
     tx: flume::Sender<EngineCommand>,
+    /// The engine's [`GenerationEngine::external_load`], as of the loop's last wake.
+    external: Arc<AtomicUsize>,
 }
 
 impl EngineHandle {
@@ -259,6 +269,11 @@ impl EngineHandle {
     pub fn is_closed(&self) -> bool {
         self.tx.is_disconnected()
     }
+
+    /// Requests other clients run on the backend, as the loop last saw it.
+    pub fn external_load(&self) -> usize {
+        self.external.load(Ordering::Relaxed)
+    }
 }
 
 /// Capacity of the command seam. ADD is sent with `send_async`, so a full seam makes the
@@ -271,8 +286,10 @@ pub fn spawn_engine(
     placement: LoopPlacement,
 ) -> (EngineHandle, EngineLoopJoin) {
     let (tx, rx) = flume::bounded(ENGINE_QUEUE_CAPACITY);
+    let external = Arc::new(AtomicUsize::new(0));
+    let ext = external.clone();
     let join = match placement {
-        LoopPlacement::Task => EngineLoopJoin::Task(tokio::spawn(engine_loop(engine, rx))),
+        LoopPlacement::Task => EngineLoopJoin::Task(tokio::spawn(engine_loop(engine, rx, ext))),
         LoopPlacement::Thread => EngineLoopJoin::Thread(
             std::thread::Builder::new()
                 .name("rollarc-engine".into())
@@ -281,7 +298,7 @@ pub fn spawn_engine(
                         .enable_time()
                         .build();
                     match rt {
-                        Ok(rt) => rt.block_on(engine_loop(engine, rx)),
+                        Ok(rt) => rt.block_on(engine_loop(engine, rx, ext)),
                         Err(e) => {
                             tracing::error!(error = %e, "engine thread could not build its runtime")
                         }
@@ -290,7 +307,7 @@ pub fn spawn_engine(
                 .ok(),
         ),
     };
-    (EngineHandle { tx }, join)
+    (EngineHandle { tx, external }, join)
 }
 
 /// Owner of the engine loop's task or thread.
@@ -363,7 +380,11 @@ impl LoopState {
     }
 }
 
-async fn engine_loop(engine: Box<dyn GenerationEngine>, rx: flume::Receiver<EngineCommand>) {
+async fn engine_loop(
+    engine: Box<dyn GenerationEngine>,
+    rx: flume::Receiver<EngineCommand>,
+    external: Arc<AtomicUsize>,
+) {
     let mut st = LoopState {
         engine,
         replies: HashMap::new(),
@@ -374,6 +395,7 @@ async fn engine_loop(engine: Box<dyn GenerationEngine>, rx: flume::Receiver<Engi
     };
     let waker = st.engine.waker();
     loop {
+        external.store(st.engine.external_load(), Ordering::Relaxed);
         // Drain every pending command between engine steps.
         while let Ok(cmd) = rx.try_recv() {
             if !st.apply(cmd) {

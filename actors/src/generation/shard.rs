@@ -40,6 +40,12 @@ impl ShardHandle {
         self.current().release(session);
     }
 
+    /// Requests other clients run or queue on this shard's backend (a shared inference
+    /// server), as its engine loop last saw them; 0 for engines only this job uses.
+    pub fn external_load(&self) -> usize {
+        self.current().external_load()
+    }
+
     fn current(&self) -> EngineHandle {
         match self.inner.read() {
             Ok(g) => g.clone(),

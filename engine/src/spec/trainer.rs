@@ -154,7 +154,7 @@ impl TrainerSpec {
                 if !spec.all_pools_builtin() {
                     problems.push(
                         "trainer".into(),
-                        "the built-in trainer needs every pool to run a real model (backend.kind = \"builtin\" or \"llamacpp\")"
+                        "the built-in trainer needs every pool to run a real model (backend.kind = \"builtin\", \"llamacpp\", \"sglang\" or \"vllm\")"
                             .into(),
                     );
                 }

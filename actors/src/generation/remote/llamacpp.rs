@@ -49,6 +49,8 @@ pub struct LlamaCpp {
     target: Target,
     /// Per-request limit (a whole answer on a slow CPU server).
     pub request_timeout: Duration,
+    /// The token of "a", once asked (teacher forcing reads through it).
+    plain: Arc<std::sync::Mutex<Option<u32>>>,
 }
 
 impl LlamaCpp {
@@ -57,6 +59,7 @@ impl LlamaCpp {
             http,
             target,
             request_timeout: Duration::from_secs(600),
+            plain: Arc::default(),
         }
     }
 
@@ -77,6 +80,90 @@ impl LlamaCpp {
 
     fn describe_url(url: &str) -> String {
         format!("llama.cpp at {url}")
+    }
+
+    /// The log-probability of `next` after `prefix`. llama.cpp reports, for the token it
+    /// generates, its log-probability and the `n_probs` most likely alternatives, all from the
+    /// raw distribution (before its samplers, so before `logit_bias`). `next` is forced with a
+    /// bias and read from its own entry (one token generated; the prefix stays cached for the
+    /// next position). llama.cpp omits the entry of a token that ends inside a UTF-8
+    /// character: then a whole-character token is forced instead and `next` looked up among
+    /// the alternatives (the top 20, else the whole vocabulary).
+    async fn next_logprob(&self, prefix: &[u32], next: u32) -> Result<f32, ServerError> {
+        let whole = |n_probs: u64| async move {
+            Ok::<_, ServerError>((self.plain_token().await?, n_probs))
+        };
+        for attempt in 0..3 {
+            let (forced, n_probs) = match attempt {
+                0 => (next, 1),
+                1 => whole(20).await?,
+                _ => whole(1 << 20).await?,
+            };
+            let body = json!({
+                "prompt": prefix, "n_predict": 1, "temperature": 0.0, "n_probs": n_probs,
+                "post_sampling_probs": false, "cache_prompt": true, "return_tokens": true,
+                "logit_bias": [[forced, 100.0]],
+            });
+            let v = super::http::post(
+                &self.http,
+                &self.describe(),
+                &self.url(),
+                "/completion",
+                &body,
+                self.request_timeout,
+            )
+            .await?;
+            let Some(entry) = v.pointer("/completion_probabilities/0") else {
+                continue;
+            };
+            let is_next = |e: &Value| e.get("id").and_then(Value::as_u64) == Some(u64::from(next));
+            let found = if is_next(entry) {
+                Some(entry)
+            } else {
+                entry
+                    .get("top_logprobs")
+                    .and_then(Value::as_array)
+                    .and_then(|top| top.iter().find(|e| is_next(e)))
+            };
+            if let Some(lp) = found.and_then(|e| e.get("logprob")).and_then(Value::as_f64) {
+                return Ok(lp as f32);
+            }
+        }
+        Err(ServerError::Protocol {
+            server: self.describe(),
+            path: "/completion".into(),
+            detail: format!("no log-probability for token {next} among the vocabulary's"),
+        })
+    }
+
+    /// A token that is a whole character (the server's token for "a"), asked once.
+    async fn plain_token(&self) -> Result<u32, ServerError> {
+        if let Some(t) = self.plain.lock().ok().and_then(|g| *g) {
+            return Ok(t);
+        }
+        let (server, path) = (self.describe(), "/tokenize");
+        let body = json!({ "content": "a" });
+        let v = super::http::post(
+            &self.http,
+            &server,
+            &self.url(),
+            path,
+            &body,
+            self.request_timeout,
+        )
+        .await?;
+        let t = v
+            .pointer("/tokens/0")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| ServerError::Protocol {
+                server,
+                path: path.into(),
+                detail: "no tokens".into(),
+            })? as u32;
+        if let Ok(mut g) = self.plain.lock() {
+            *g = Some(t);
+        }
+        Ok(t)
     }
 }
 
@@ -313,6 +400,17 @@ impl ServerClient for LlamaCpp {
             req,
             self.request_timeout,
         ))
+    }
+
+    fn prompt_logprobs(&self, tokens: Arc<[u32]>) -> BoxFut<Result<Vec<f32>, ServerError>> {
+        let me = self.clone();
+        Box::pin(async move {
+            let mut out = Vec::with_capacity(tokens.len().saturating_sub(1));
+            for i in 1..tokens.len() {
+                out.push(me.next_logprob(&tokens[..i], tokens[i]).await?);
+            }
+            Ok(out)
+        })
     }
 
     fn install(

@@ -155,6 +155,10 @@ pub trait ServerClient: Send + Sync + 'static {
     /// Generates for `req`, recording tokens in `req.progress` as they arrive. Dropping the
     /// future closes the request.
     fn generate(&self, req: ServerRequest) -> BoxFut<Result<Completion, ServerError>>;
+    /// Teacher forcing: the log-probability of each of `tokens[1..]` given the tokens before
+    /// it, from the server's untempered distribution (what the server would have sampled
+    /// from at temperature 1); a trainer compares its own log-probabilities with these.
+    fn prompt_logprobs(&self, tokens: Arc<[u32]>) -> BoxFut<Result<Vec<f32>, ServerError>>;
     /// Tells the server to drop request `rid` (servers that abort by id; closing the request
     /// is enough for the others).
     fn cancel(&self, _rid: &str) -> BoxFut<()> {
@@ -853,15 +857,19 @@ impl GenerationEngine for RemoteEngine {
         }
     }
 
-    fn load(&self) -> LoadReport {
+    fn external_load(&self) -> usize {
         // The server's own count covers other clients' requests too (a shared server); ours
         // is exact for what this shard sent.
         let server = |a: &AtomicU64| (a.load(Ordering::Relaxed) as usize).saturating_sub(1);
         let on_server = server(&self.health.server_running) + server(&self.health.server_waiting);
+        on_server.saturating_sub(self.running.len())
+    }
+
+    fn load(&self) -> LoadReport {
         LoadReport {
             running: self.running.len(),
             waiting: self.waiting.len(),
-            external: on_server.saturating_sub(self.running.len()),
+            external: self.external_load(),
             kv_tokens: self
                 .running
                 .values()

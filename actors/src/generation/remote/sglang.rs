@@ -85,6 +85,42 @@ pub fn generate_body(req: &ServerRequest) -> Value {
     })
 }
 
+/// SGLang's `input_token_logprobs` (`[logprob, token id, text]` per input token, the first
+/// without a log-probability) as the log-probabilities of `tokens[1..]`.
+fn read_prompt_logprobs(
+    server: &str,
+    entries: &[Value],
+    tokens: &[u32],
+) -> Result<Vec<f32>, ServerError> {
+    if entries.len() != tokens.len() {
+        return Err(protocol(
+            server,
+            "/generate",
+            format!(
+                "{} input tokens but {} log-probabilities",
+                tokens.len(),
+                entries.len()
+            ),
+        ));
+    }
+    entries
+        .iter()
+        .zip(tokens)
+        .skip(1)
+        .map(|(e, &t)| {
+            let id = e.get(1).and_then(Value::as_u64);
+            match (e.get(0).and_then(Value::as_f64), id) {
+                (Some(lp), Some(id)) if id == u64::from(t) => Ok(lp as f32),
+                _ => Err(protocol(
+                    server,
+                    "/generate",
+                    format!("input log-probability entry {e} does not belong to token {t}"),
+                )),
+            }
+        })
+        .collect()
+}
+
 /// Reads a `/generate` answer.
 pub fn read_answer(
     server: &str,
@@ -228,6 +264,34 @@ impl ServerClient for Sglang {
                 ));
             }
             Ok(c)
+        })
+    }
+
+    fn prompt_logprobs(&self, tokens: Arc<[u32]>) -> BoxFut<Result<Vec<f32>, ServerError>> {
+        let me = self.clone();
+        Box::pin(async move {
+            let server = me.describe();
+            // One token generated; the input's log-probabilities from its first position.
+            let body = json!({
+                "input_ids": &*tokens, "return_logprob": true, "logprob_start_len": 0,
+                "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+            });
+            let v = post(
+                &me.http,
+                &server,
+                &me.base(),
+                "/generate",
+                &body,
+                me.request_timeout,
+            )
+            .await?;
+            let entries = v
+                .pointer("/meta_info/input_token_logprobs")
+                .and_then(Value::as_array)
+                .ok_or_else(|| {
+                    protocol(&server, "/generate", "no meta_info.input_token_logprobs")
+                })?;
+            read_prompt_logprobs(&server, entries, &tokens)
         })
     }
 

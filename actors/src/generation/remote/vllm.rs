@@ -217,6 +217,64 @@ impl ServerClient for Vllm {
         })
     }
 
+    fn prompt_logprobs(&self, tokens: Arc<[u32]>) -> BoxFut<Result<Vec<f32>, ServerError>> {
+        let me = self.clone();
+        Box::pin(async move {
+            let server = me.describe();
+            let path = "/v1/completions";
+            // `prompt_logprobs: 0`: each prompt token's own log-probability, no alternatives.
+            let mut body = json!({
+                "prompt": &*tokens, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0,
+            });
+            if let Some(m) = me.model() {
+                body["model"] = json!(m);
+            }
+            let v = post(
+                &me.http,
+                &server,
+                &me.base(),
+                path,
+                &body,
+                me.request_timeout,
+            )
+            .await?;
+            let entries = v
+                .pointer("/choices/0/prompt_logprobs")
+                .and_then(Value::as_array)
+                .ok_or_else(|| protocol(&server, path, "no choices[0].prompt_logprobs"))?;
+            if entries.len() != tokens.len() {
+                return Err(protocol(
+                    &server,
+                    path,
+                    format!(
+                        "{} prompt tokens but {} entries",
+                        tokens.len(),
+                        entries.len()
+                    ),
+                ));
+            }
+            // Entry i maps token ids (as strings) to {logprob, rank, decoded_token}.
+            entries
+                .iter()
+                .zip(tokens.iter())
+                .skip(1)
+                .map(|(e, t)| {
+                    e.get(t.to_string())
+                        .and_then(|x| x.get("logprob"))
+                        .and_then(Value::as_f64)
+                        .map(|lp| lp as f32)
+                        .ok_or_else(|| {
+                            protocol(
+                                &server,
+                                path,
+                                format!("prompt token {t} has no logprob in {e}"),
+                            )
+                        })
+                })
+                .collect()
+        })
+    }
+
     fn cancel(&self, rid: &str) -> BoxFut<()> {
         let (me, rid) = (self.clone(), rid.to_string());
         Box::pin(async move {

@@ -157,6 +157,17 @@ impl SchedState {
         }
     }
 
+    /// The shard of `pool` with the fewest trajectories, counting what other clients run on a
+    /// shared server (as its shard last reported); ties go to the lowest index.
+    fn least_loaded(&self, pool: usize) -> usize {
+        (0..self.shard_active[pool].len())
+            .min_by_key(|&i| {
+                let external = self.a.pools[pool].shards[i].external_load();
+                (self.shard_active[pool][i] + external, i)
+            })
+            .unwrap_or(0)
+    }
+
     pub(super) fn spawn_episode(
         &mut self,
         gid: u64,
@@ -172,16 +183,12 @@ impl SchedState {
         let eid = self.next_episode;
         self.next_episode += 1;
         // Least-loaded shard of the pool; the trajectory sticks to it for all its turns.
-        let shard = (0..self.shard_active[pool].len())
-            .min_by_key(|&i| (self.shard_active[pool][i], i))
-            .unwrap_or(0);
+        let shard = self.least_loaded(pool);
         self.shard_active[pool][shard] += 1;
         // Disaggregated: a prefill shard too (least loaded, sticky for the trajectory).
         let prefill = self.a.pools[pool].prefill_from.map(|link| {
             let p = link.pool;
-            let s = (0..self.shard_active[p].len())
-                .min_by_key(|&i| (self.shard_active[p][i], i))
-                .unwrap_or(0);
+            let s = self.least_loaded(p);
             self.shard_active[p][s] += 1;
             (
                 s,

@@ -53,7 +53,9 @@ impl SchedState {
 
     fn pool_batch(&self, p: usize) -> f64 {
         let pool = &self.a.pools[p];
-        let active: usize = self.shard_active[p].iter().sum();
+        // Other clients' requests on shared servers occupy the batch too.
+        let external: usize = pool.shards.iter().map(|s| s.external_load()).sum();
+        let active = self.shard_active[p].iter().sum::<usize>() + external;
         (active as f64 / pool.shards.len().max(1) as f64).clamp(1.0, pool.max_batch.max(1) as f64)
     }
 
