@@ -3,7 +3,9 @@
 //!
 //! Usage: `device_check export DIR` writes the model for the server to load;
 //! `device_check run sglang|vllm URL DIR` runs the checks against the server at URL (which
-//! must read DIR's siblings for installs) and exits non-zero on the first failure.
+//! must read DIR's siblings for installs) and exits non-zero on the first failure: the
+//! add/abort contract, teacher-forced logprobs against the built-in forward, installs under
+//! abort and recompute.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -81,6 +83,36 @@ fn main() -> ExitCode {
             ];
             contract::check_add_abort(&mut start(), prompt.clone());
             println!("{kind}: add/abort contract holds");
+            // Teacher forcing: the server's log-probabilities of the prompt against the
+            // built-in f32 forward over the same weights (a GPU server computes in bf16/f16).
+            let tokens: Arc<[u32]> = prompt.clone().into();
+            let got = match rt.block_on(client.prompt_logprobs(tokens.clone())) {
+                Ok(v) => v,
+                Err(e) => {
+                    eprintln!("{kind}: prompt logprobs failed: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let (w, _) = actors::model::llm::load(&smollm2()).expect("SmolLM2 loads");
+            let logits: Vec<Vec<f32>> = w.forward(&prompt).unwrap().to_vec2().unwrap();
+            let worst = got
+                .iter()
+                .enumerate()
+                .map(|(i, lp)| {
+                    let row = &logits[i];
+                    let max = row.iter().copied().fold(f32::MIN, f32::max);
+                    let lse = max + row.iter().map(|&x| (x - max).exp()).sum::<f32>().ln();
+                    (lp - (row[prompt[i + 1] as usize] - lse)).abs()
+                })
+                .fold(0f32, f32::max);
+            println!(
+                "{kind}: teacher-forced logprobs at {} positions, max |Δ| {worst:.3} to the built-in f32 forward",
+                got.len()
+            );
+            if got.len() + 1 != prompt.len() || worst > 0.25 {
+                eprintln!("{kind}: prompt logprobs disagree with the built-in model");
+                return ExitCode::FAILURE;
+            }
             for policy in [InFlightPolicy::Abort, InFlightPolicy::Recompute] {
                 let mut e = start();
                 contract::check_install_after(
