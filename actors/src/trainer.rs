@@ -38,13 +38,17 @@ pub enum TrainError {
     Thread(#[source] SharedError),
 }
 
+/// What a training step gives back: its stats and, when it made one, the next policy
+/// version's weights (an external trainer announces its weights separately).
+pub type StepResult = Result<(TrainStats, Option<Weights>), TrainError>;
+
 /// A trainer: consumes one batch, produces the next policy version's weights.
 pub trait Trainer: Send + 'static {
     fn train(
         &mut self,
         batch: &Batch,
         next_version: PolicyVersion,
-    ) -> futures::future::BoxFuture<'_, Result<(TrainStats, Weights), TrainError>>;
+    ) -> futures::future::BoxFuture<'_, StepResult>;
 }
 
 /// Time model of a GPU trainer: seconds per trained token divided over GPUs, plus a fixed
@@ -63,7 +67,7 @@ impl Trainer for SimTrainer {
         &mut self,
         batch: &Batch,
         next_version: PolicyVersion,
-    ) -> futures::future::BoxFuture<'_, Result<(TrainStats, Weights), TrainError>> {
+    ) -> futures::future::BoxFuture<'_, StepResult> {
         let tokens = batch.tokens() as u64;
         let trajectories = batch.trajectories().count() as u64;
         let mean_reward = if trajectories == 0 {
@@ -94,7 +98,7 @@ impl Trainer for SimTrainer {
             };
             Ok((
                 stats,
-                Weights::simulated(next_version, self.modelled_weight_bytes),
+                Some(Weights::simulated(next_version, self.modelled_weight_bytes)),
             ))
         })
     }
@@ -147,11 +151,12 @@ impl Actor for TrainerActor {
                 let next = st.version + 1;
                 let r = st.trainer.train(&batch, next).await;
                 let r = match r {
-                    Ok((stats, w)) => {
+                    Ok((stats, Some(w))) => {
                         st.version = next;
                         st.weights.cast(WeightStoreMsg::Publish(Arc::new(w)))?;
                         Ok(stats)
                     }
+                    Ok((stats, None)) => Ok(stats),
                     Err(e) => Err(e),
                 };
                 let _ = reply.send(r);

@@ -18,6 +18,8 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, OpenApi, ToSchema};
 
 use crate::access::{Access, Denied, Principal, Role};
+
+mod trainer;
 use crate::service::{JobEvent, Service, ServiceError};
 use crate::spec::{self, FieldError, Format};
 use crate::store::{JobRecord, JobState, TrainedFilter, TrajectoryRow};
@@ -231,6 +233,10 @@ pub struct DeviceView {
         cancel_job,
         job_events,
         trajectories,
+        trainer::next_batch,
+        trainer::ack_batch,
+        trainer::nack_batch,
+        trainer::staleness,
         cluster,
         healthz,
         readyz,
@@ -245,6 +251,12 @@ pub struct DeviceView {
         ErrorDetail,
         FieldError,
         TrajectoryRow,
+        trainer::LeasedBatchBody,
+        trainer::BatchAck,
+        trainer::Staleness,
+        crate::trainer_api::TrainingBatch,
+        crate::trainer_api::BatchGroup,
+        crate::trainer_api::Sample,
         Cluster,
         ClusterJob,
         ClusterPool,
@@ -333,6 +345,10 @@ pub fn router_with(service: Arc<Service>, access: Arc<Access>) -> Router {
         .route("/v1/jobs/{id}/cancel", post(cancel_job))
         .route("/v1/jobs/{id}/events", get(job_events))
         .route("/v1/jobs/{id}/trajectories", get(trajectories))
+        .route("/v1/jobs/{id}/batches/next", get(trainer::next_batch))
+        .route("/v1/jobs/{id}/staleness", get(trainer::staleness))
+        .route("/v1/batches/{batch_id}/ack", post(trainer::ack_batch))
+        .route("/v1/batches/{batch_id}/nack", post(trainer::nack_batch))
         .route("/v1/cluster", get(cluster))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))

@@ -23,6 +23,7 @@ pub mod simrun;
 pub mod spec;
 pub mod store;
 pub mod telemetry;
+pub mod trainer_api;
 pub mod wiring;
 
 pub use wiring::envs;

@@ -112,7 +112,7 @@ fn space(sc: &Scenario, base: &JobSpec) -> Result<Space, PlanError> {
     }
     let trainer_device = t.trainer_device.clone().or_else(|| match &base.trainer {
         TrainerSpec::Sim { device, .. } => device.clone(),
-        TrainerSpec::Builtin(_) => None,
+        TrainerSpec::Builtin(_) | TrainerSpec::External(_) => None,
     });
     let trainer_device = trainer_device.unwrap_or_else(|| "H800".into());
     let trainer_cost = base

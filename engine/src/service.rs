@@ -115,6 +115,8 @@ pub struct Service {
     job_restarts: Mutex<BTreeMap<String, RestartTracker>>,
     /// The function runtime and routers every job's reward functions go through.
     pub functions: Arc<crate::hub::FunctionHub>,
+    /// Training batches of jobs with an external trainer (the trainer API).
+    pub batches: Arc<crate::trainer_api::BatchDesk>,
 }
 
 /// Restart policy of the engine supervisor for failed jobs (actor escalation or panic).
@@ -159,6 +161,7 @@ impl Service {
         let functions = crate::hub::FunctionHub::new(crate::hub::default_fn_bin())
             .map_err(ServiceError::Functions)?;
         Ok(Arc::new(Self {
+            batches: crate::trainer_api::BatchDesk::new(store.clone()),
             store,
             data_dir: cfg.data_dir.clone(),
             max_running: cfg.max_running.max(1),
@@ -465,6 +468,7 @@ impl Service {
                     service: self.clone(),
                     id: id.clone(),
                     steps: spec.knobs().steps,
+                    external: matches!(spec.trainer, crate::spec::TrainerSpec::External(_)),
                 });
                 let sink = Arc::new(JobSink {
                     store: self.store.clone(),
@@ -485,6 +489,7 @@ impl Service {
                     checkpoint_dir,
                     functions: Some(self.functions.clone()),
                     timeline,
+                    batches: Some(self.batches.clone()),
                 };
                 // A panic anywhere in the job's runtime fails (or restarts) this job only.
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -622,20 +627,22 @@ struct ServiceObserver {
     service: Arc<Service>,
     id: String,
     steps: u64,
+    /// An external trainer's acknowledgement marks the rows it trained on (the stored
+    /// batch, which after a restart is not the one the job assembled again).
+    external: bool,
 }
 
 impl StepObserver for ServiceObserver {
     fn on_step(&self, m: &StepMetrics, batch: &Batch) -> Result<(), ObserverError> {
         let metrics = serde_json::to_value(m)?;
-        self.service.store.complete_step(
-            &self.id,
-            m.step + 1,
-            &metrics,
-            &batch
-                .trajectories()
-                .map(|t| t.id.as_str())
-                .collect::<Vec<_>>(),
-        )?;
+        let trained: Vec<&str> = if self.external {
+            Vec::new()
+        } else {
+            batch.trajectories().map(|t| t.id.as_str()).collect()
+        };
+        self.service
+            .store
+            .complete_step(&self.id, m.step + 1, &metrics, &trained)?;
         self.service.metrics.record_step(m, batch);
         self.service.send(
             &self.id,

@@ -44,6 +44,7 @@ pub fn run_virtual_with(
         checkpoint_dir: None,
         functions: None,
         timeline: false,
+        batches: None,
     }))
 }
 
@@ -107,5 +108,6 @@ pub fn run_from(
         checkpoint_dir,
         functions: None,
         timeline,
+        batches: None,
     }))
 }

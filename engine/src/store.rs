@@ -13,6 +13,9 @@ use utoipa::ToSchema;
 
 use crate::spec::JobSpec;
 
+mod batches;
+pub use batches::{AckOutcome, LeasedBatch};
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("database error")]
@@ -116,7 +119,7 @@ pub struct Store {
 /// Wall-clock timestamp for records (creation and transition times are facts about the real
 /// world, not about the simulated clock).
 #[allow(clippy::disallowed_methods)]
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
@@ -169,6 +172,16 @@ CREATE TABLE IF NOT EXISTS attempts (
   start_step INTEGER
 );
 CREATE INDEX IF NOT EXISTS attempts_job ON attempts (job_id, seq);
+CREATE TABLE IF NOT EXISTS batches (
+  job_id TEXT NOT NULL,
+  step INTEGER NOT NULL,
+  body TEXT NOT NULL,
+  state TEXT NOT NULL,
+  offer INTEGER NOT NULL DEFAULT 0,
+  lease_until_ms INTEGER,
+  stats TEXT,
+  PRIMARY KEY (job_id, step)
+);
 ";
 
 /// Brings a store written by an earlier version up to the current schema.

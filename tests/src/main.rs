@@ -14,3 +14,4 @@ mod scheduler;
 mod server_fakes;
 mod serverless;
 mod sigkill_loop;
+mod trainer_api;

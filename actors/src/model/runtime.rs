@@ -14,7 +14,7 @@ use crate::model::engine::BuiltinEngine;
 use crate::model::llm::{self, LlmDecoder, LlmModel, LlmTokenizer, LlmWeights, LoraConfig};
 use crate::model::trainer::{BuiltinTrainer, TrainModel, TrainerConfig};
 use crate::model::transformer::{ModelConfig, Params};
-use crate::trainer::{TrainError, TrainStats, Trainer};
+use crate::trainer::{TrainError, Trainer};
 use crate::types::{Batch, PolicyVersion};
 use crate::weights::Weights;
 use candle_core::{DType, Device};
@@ -238,7 +238,7 @@ impl<M: TrainModel> Trainer for BuiltinTrainerTask<M> {
         &mut self,
         batch: &Batch,
         next_version: PolicyVersion,
-    ) -> futures::future::BoxFuture<'_, Result<(TrainStats, Weights), TrainError>> {
+    ) -> futures::future::BoxFuture<'_, crate::trainer::StepResult> {
         let inner = self.inner.clone();
         let batch = batch.clone();
         let dir = self.checkpoint_dir.clone();
@@ -272,7 +272,7 @@ impl<M: TrainModel> Trainer for BuiltinTrainerTask<M> {
             .map_err(|e| TrainError::Thread(SharedError::new(e)))?;
             r.map(|(mut s, w)| {
                 s.seconds = t.elapsed().as_secs_f64();
-                (s, w)
+                (s, Some(w))
             })
         })
     }

@@ -669,8 +669,7 @@ impl<M: TrainModel> Trainer for BuiltinTrainer<M> {
         &mut self,
         batch: &Batch,
         next_version: PolicyVersion,
-    ) -> futures::future::BoxFuture<'_, std::result::Result<(TrainStats, Weights), TrainError>>
-    {
+    ) -> futures::future::BoxFuture<'_, crate::trainer::StepResult> {
         let r = self
             .step(batch)
             .map_err(|e| TrainError::Step(crate::error::SharedError::new(e)))
@@ -678,7 +677,7 @@ impl<M: TrainModel> Trainer for BuiltinTrainer<M> {
                 // The job's version numbering wins (a resumed job may start above 0).
                 s.version = next_version;
                 w.version = next_version;
-                (s, w)
+                (s, Some(w))
             });
         Box::pin(async move { r })
     }

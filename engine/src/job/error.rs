@@ -10,6 +10,10 @@ pub type ObserverError = Box<dyn std::error::Error + Send + Sync>;
 pub enum JobError {
     #[error("the job spec cannot be wired")]
     Wiring(#[from] crate::wiring::WiringError),
+    #[error(
+        "trainer.kind = \"external\" needs the service's trainer API (run the job with `rollarc serve`)"
+    )]
+    NoTrainerApi,
     #[error("could not start actor {what}")]
     Spawn {
         what: String,

@@ -32,6 +32,9 @@ pub struct StepMetrics {
     pub elapsed_s: f64,
     pub step_s: f64,
     pub train_s: f64,
+    /// The training step's loss (an external trainer's, as it acknowledged the batch).
+    #[serde(default)]
+    pub loss: f64,
     /// Time the step driver waited for the batch.
     pub wait_batch_s: f64,
     pub groups: usize,
@@ -172,6 +175,7 @@ impl MetricSources<'_> {
             elapsed_s: elapsed,
             step_s: t.step_s,
             train_s: t.train_s,
+            loss: stats.loss,
             wait_batch_s: t.wait_batch_s,
             ..StepMetrics::default()
         };

@@ -70,6 +70,8 @@ pub struct JobRun {
     pub functions: Option<Arc<FunctionHub>>,
     /// Record the per-resource utilisation timeline in the step metrics.
     pub timeline: bool,
+    /// The service's batch desk (jobs with an external trainer need one).
+    pub batches: Option<Arc<crate::trainer_api::BatchDesk>>,
 }
 
 /// Runs the job to its last step, or until cancelled or failed.

@@ -320,6 +320,20 @@ fn trainer_and_weights(
             };
             (start, parts.trainer)
         }
+        TrainerPlan::External { estimator, .. } => {
+            let desk = job.batches.clone().ok_or(JobError::NoTrainerApi)?;
+            let start = ShardStart {
+                initial: Arc::new(Weights::simulated(start_version, weight_bytes)),
+                policy: None,
+                served: None,
+            };
+            let trainer = crate::trainer_api::ExternalTrainer {
+                desk,
+                job: job.id.clone(),
+                estimator,
+            };
+            (start, Box::new(trainer))
+        }
         TrainerPlan::Sim {
             mut trainer,
             panic_runs,

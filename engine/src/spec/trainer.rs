@@ -29,6 +29,40 @@ pub enum TrainerSpec {
     },
     /// The built-in trainer for the built-in model (CPU).
     Builtin(BuiltinTrainerSpec),
+    /// A trainer in another process, fed through the trainer API
+    /// (`GET /v1/jobs/{id}/batches/next`, `POST /v1/batches/{batch_id}/ack`).
+    External(ExternalTrainerSpec),
+}
+
+/// An external trainer's batches.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExternalTrainerSpec {
+    /// Seconds a trainer holds a leased batch; then it is offered again (1..=86400).
+    #[serde(default = "default_lease_s")]
+    pub lease_s: f64,
+    /// Advantages computed per group before a batch is offered; `none` leaves them to the
+    /// trainer (every sample's `advantage` is 0).
+    #[serde(default = "default_batch_advantage")]
+    pub advantage: BatchAdvantage,
+}
+
+fn default_lease_s() -> f64 {
+    300.0
+}
+
+fn default_batch_advantage() -> BatchAdvantage {
+    BatchAdvantage::Grpo
+}
+
+/// The advantage estimator of an external trainer's batches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BatchAdvantage {
+    Grpo,
+    DrGrpo,
+    Rloo,
+    None,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -150,6 +184,14 @@ impl TrainerSpec {
     /// Checks the trainer against the pools it feeds.
     pub(super) fn check(&self, spec: &JobSpec, problems: &mut Problems) {
         match self {
+            TrainerSpec::External(t) => {
+                if !(t.lease_s.is_finite() && (1.0..=86_400.0).contains(&t.lease_s)) {
+                    problems.push(
+                        "trainer.lease_s".into(),
+                        format!("must be in 1..=86400 seconds, got {}", t.lease_s),
+                    );
+                }
+            }
             TrainerSpec::Builtin(t) => {
                 if !spec.all_pools_builtin() {
                     problems.push(

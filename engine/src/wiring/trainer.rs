@@ -11,8 +11,8 @@ use actors::trainer::SimTrainer;
 
 use super::{PoolPlan, WiringError, device, model};
 use crate::spec::{
-    AdvantageSpec, AggregationSpec, BuiltinTrainerSpec, JobSpec, ModelChoice, SyncModeSpec,
-    TrainerSpec,
+    AdvantageSpec, AggregationSpec, BatchAdvantage, BuiltinTrainerSpec, JobSpec, ModelChoice,
+    SyncModeSpec, TrainerSpec,
 };
 
 /// Which trainer a job runs.
@@ -24,6 +24,12 @@ pub enum TrainerPlan {
         /// LoRA adapters instead of every weight (checkpoints).
         lora: Option<LoraConfig>,
         micro_batch_rows: Option<usize>,
+    },
+    /// A trainer in another process, fed through the trainer API; advantages per group by
+    /// `estimator` (none: left to the trainer).
+    External {
+        estimator: Option<AdvantageKind>,
+        lease: Duration,
     },
     /// A time model; `panic_runs`: the injected panic fires only in runs (epochs) below it.
     Sim {
@@ -54,6 +60,20 @@ pub(super) fn plan(spec: &JobSpec, pools: &[PoolPlan]) -> Result<TrainerPlan, Wi
         (TrainerSpec::Builtin(_), None) => return Err(WiringError::BuiltinTrainerWithoutModel),
         (TrainerSpec::Sim { .. }, Some(_)) => return Err(WiringError::BuiltinModelWithoutTrainer),
         (TrainerSpec::Sim { .. }, None) => &spec.trainer,
+        (TrainerSpec::External(_), Some(_)) => {
+            return Err(WiringError::BuiltinModelWithoutTrainer);
+        }
+        (TrainerSpec::External(t), None) => {
+            return Ok(TrainerPlan::External {
+                estimator: match t.advantage {
+                    BatchAdvantage::Grpo => Some(AdvantageKind::Grpo),
+                    BatchAdvantage::DrGrpo => Some(AdvantageKind::DrGrpo),
+                    BatchAdvantage::Rloo => Some(AdvantageKind::Rloo),
+                    BatchAdvantage::None => None,
+                },
+                lease: Duration::from_secs_f64(t.lease_s),
+            });
+        }
     };
     let TrainerSpec::Sim {
         seconds_per_token,

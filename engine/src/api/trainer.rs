@@ -1,0 +1,234 @@
+//! The trainer API (v1): an external trainer leases each step's batch, acknowledges it once
+//! trained (or gives it back), and paces itself by the job's staleness counters. Batches are
+//! durable in the store from assembly to acknowledgement.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::{Extension, Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::{ApiError, require, visible_job};
+use crate::access::{Principal, Role};
+use crate::service::Service;
+use crate::spec::{FieldError, TrainerSpec};
+use crate::store::AckOutcome;
+
+/// The longest a `batches/next` call waits for a batch.
+pub const MAX_WAIT_S: f64 = 60.0;
+
+#[derive(Debug, Deserialize, IntoParams)]
+pub struct NextQuery {
+    /// Seconds to wait for a batch when none is ready (0..=60, default 0).
+    pub wait_s: Option<f64>,
+}
+
+/// A leased batch: the step's [`crate::trainer_api::TrainingBatch`] plus its lease.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LeasedBatchBody {
+    /// `{job}:{step}:{offer}`: acknowledge or give back exactly this lease.
+    pub batch_id: String,
+    /// When the lease ends (ms since the Unix epoch); then the batch is offered again.
+    pub lease_until_ms: i64,
+    #[serde(flatten)]
+    pub batch: crate::trainer_api::TrainingBatch,
+}
+
+/// The outcome of an acknowledgement or a give-back.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BatchAck {
+    pub batch_id: String,
+    /// `acked` or `offered_again`.
+    pub state: &'static str,
+}
+
+/// Where an external trainer stands against the job.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Staleness {
+    /// The job's staleness bound α (steps a trajectory's start version may lag).
+    pub alpha: u64,
+    /// Steps completed (batches acknowledged and recorded).
+    pub step: u64,
+    pub steps: u64,
+    /// Batches assembled and not yet acknowledged (0 or 1 ready or leased).
+    pub batches_pending: u64,
+    pub batches_acked: u64,
+    /// Trajectories stored so far.
+    pub trajectories: u64,
+}
+
+/// The lease of the job's external trainer (404 for a job without one).
+fn lease_of(s: &Service, id: &str) -> Result<Duration, ApiError> {
+    match s.store.spec(id)?.map(|spec| spec.trainer) {
+        Some(TrainerSpec::External(t)) => Ok(Duration::from_secs_f64(t.lease_s)),
+        _ => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_an_external_trainer_job",
+            format!(
+                "job {id} trains in process; batches are offered only with trainer.kind = \"external\""
+            ),
+        )),
+    }
+}
+
+/// Leases the job's next batch, waiting up to `wait_s` for one: 200 with the batch, 204 when
+/// none is ready in time.
+#[utoipa::path(get, path = "/v1/jobs/{id}/batches/next", params(("id" = String, Path, description = "job id"), NextQuery), responses((status = 200, body = LeasedBatchBody), (status = 204, description = "no batch within wait_s"), (status = 400, body = super::ErrorBody), (status = 403, description = "a read token", body = super::ErrorBody), (status = 404, body = super::ErrorBody), (status = 409, description = "the job has no external trainer", body = super::ErrorBody)))]
+pub async fn next_batch(
+    State(s): State<Arc<Service>>,
+    Extension(p): Extension<Principal>,
+    Path(id): Path<String>,
+    q: Result<Query<NextQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(q) =
+        q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
+    let wait = q.wait_s.unwrap_or(0.0);
+    if !(wait.is_finite() && (0.0..=MAX_WAIT_S).contains(&wait)) {
+        return Err(ApiError {
+            fields: vec![FieldError {
+                field: "wait_s".into(),
+                message: format!("must be in 0..={MAX_WAIT_S} seconds"),
+            }],
+            ..ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("wait_s {wait} out of range"),
+            )
+        });
+    }
+    visible_job(&s, &p, &id)?;
+    require(&p, Role::Submit)?;
+    let lease = lease_of(&s, &id)?;
+    let Some(b) = s
+        .batches
+        .next(&id, Duration::from_secs_f64(wait), lease)
+        .await?
+    else {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    };
+    let batch = serde_json::from_str(&b.body).map_err(|e| ApiError::internal(&e))?;
+    Ok(Json(LeasedBatchBody {
+        batch_id: format!("{id}:{}:{}", b.step, b.offer),
+        lease_until_ms: b.lease_until_ms,
+        batch,
+    })
+    .into_response())
+}
+
+/// `{job}:{step}:{offer}` → its parts (400 naming the id otherwise).
+fn parse_batch_id(batch_id: &str) -> Result<(String, u64, u64), ApiError> {
+    let mut parts = batch_id.rsplitn(3, ':');
+    let (offer, step, job) = (parts.next(), parts.next(), parts.next());
+    match (
+        job,
+        step.and_then(|x| x.parse().ok()),
+        offer.and_then(|x| x.parse().ok()),
+    ) {
+        (Some(job), Some(step), Some(offer)) if !job.is_empty() => {
+            Ok((job.to_string(), step, offer))
+        }
+        _ => Err(ApiError {
+            fields: vec![FieldError {
+                field: "batch_id".into(),
+                message: "must be {job}:{step}:{offer}, as batches/next returned it".into(),
+            }],
+            ..ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("malformed batch id {batch_id:?}"),
+            )
+        }),
+    }
+}
+
+fn answer(
+    batch_id: String,
+    out: AckOutcome,
+    state: &'static str,
+) -> Result<Json<BatchAck>, ApiError> {
+    match out {
+        AckOutcome::Done | AckOutcome::AlreadyAcked => Ok(Json(BatchAck { batch_id, state })),
+        AckOutcome::LeaseLost => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "lease_lost",
+            format!("the lease {batch_id} ended or was given back; the batch was offered again"),
+        )),
+        AckOutcome::Unknown => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no batch {batch_id}"),
+        )),
+    }
+}
+
+/// Acknowledges a leased batch as trained; the body (optional) is the trainer's stats
+/// (`loss` is recorded in the step's metrics). Retrying an acknowledgement is harmless.
+#[utoipa::path(post, path = "/v1/batches/{batch_id}/ack", params(("batch_id" = String, Path, description = "the lease, as batches/next returned it")), request_body(content = Object, description = "the trainer's stats, e.g. {\"loss\": 0.12}"), responses((status = 200, body = BatchAck), (status = 400, body = super::ErrorBody), (status = 403, description = "a read token", body = super::ErrorBody), (status = 404, body = super::ErrorBody), (status = 409, description = "the lease ended", body = super::ErrorBody)))]
+pub async fn ack_batch(
+    State(s): State<Arc<Service>>,
+    Extension(p): Extension<Principal>,
+    Path(batch_id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Json<BatchAck>, ApiError> {
+    let (job, step, offer) = parse_batch_id(&batch_id)?;
+    visible_job(&s, &p, &job)?;
+    require(&p, Role::Submit)?;
+    let stats: serde_json::Value = if body.iter().all(u8::is_ascii_whitespace) {
+        serde_json::json!({})
+    } else {
+        serde_json::from_slice(&body).map_err(|e| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("the stats are not JSON: {e}"),
+            )
+        })?
+    };
+    if !stats.is_object() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "the stats must be a JSON object",
+        ));
+    }
+    let out = s.batches.ack(&job, step, offer, &stats)?;
+    answer(batch_id, out, "acked")
+}
+
+/// Gives a leased batch back untrained: it is offered again at once.
+#[utoipa::path(post, path = "/v1/batches/{batch_id}/nack", params(("batch_id" = String, Path, description = "the lease, as batches/next returned it")), responses((status = 200, body = BatchAck), (status = 400, body = super::ErrorBody), (status = 403, description = "a read token", body = super::ErrorBody), (status = 404, body = super::ErrorBody), (status = 409, description = "the lease ended", body = super::ErrorBody)))]
+pub async fn nack_batch(
+    State(s): State<Arc<Service>>,
+    Extension(p): Extension<Principal>,
+    Path(batch_id): Path<String>,
+) -> Result<Json<BatchAck>, ApiError> {
+    let (job, step, offer) = parse_batch_id(&batch_id)?;
+    visible_job(&s, &p, &job)?;
+    require(&p, Role::Submit)?;
+    let out = s.batches.nack(&job, step, offer)?;
+    answer(batch_id, out, "offered_again")
+}
+
+/// The job's staleness bound and counters, for a trainer to pace itself.
+#[utoipa::path(get, path = "/v1/jobs/{id}/staleness", params(("id" = String, Path, description = "job id")), responses((status = 200, body = Staleness), (status = 404, body = super::ErrorBody)))]
+pub async fn staleness(
+    State(s): State<Arc<Service>>,
+    Extension(p): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<Json<Staleness>, ApiError> {
+    let j = visible_job(&s, &p, &id)?;
+    let spec = s.store.spec(&id)?;
+    let (pending, acked) = s.batches.counts(&id)?;
+    Ok(Json(Staleness {
+        alpha: spec.map_or(0, |sp| sp.knobs().alpha),
+        step: j.step,
+        steps: j.steps,
+        batches_pending: pending,
+        batches_acked: acked,
+        trajectories: s.store.trajectory_count(&id)?,
+    }))
+}

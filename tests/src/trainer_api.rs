@@ -1,0 +1,371 @@
+//! The trainer API (v1) against an in-process service: an external trainer leases each step's
+//! batch, a lease that ends is offered again (and its late acknowledgement refused), a batch
+//! given back is offered again at once, acknowledged batches mark their trajectories trained
+//! and are never offered again, and the job completes its steps on the acknowledgements.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use tests::{SpecBuilder, TestServer, wait_job};
+
+fn external_job(steps: u64) -> String {
+    SpecBuilder::new()
+        .pool("h800", "H800", 1, "")
+        .multi_turn("lake", "")
+        .rollout("batch_size = 4")
+        .rollout(&format!("steps = {steps}"))
+        // No weights are announced here: the policy stays at version 0, so every step's
+        // trajectories start there and α must cover the steps.
+        .rollout("alpha = 8")
+        .extra("[trainer]\nkind = \"external\"\nlease_s = 1")
+        .toml()
+}
+
+async fn next(t: &TestServer, job: &str, wait_s: f64) -> (u16, Value) {
+    let r = t
+        .client
+        .get(t.url(&format!("/v1/jobs/{job}/batches/next?wait_s={wait_s}")))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let v = if status == 200 {
+        r.json().await.unwrap()
+    } else {
+        Value::Null
+    };
+    (status, v)
+}
+
+async fn post(t: &TestServer, path: &str, body: &str) -> (u16, Value) {
+    let r = t
+        .client
+        .post(t.url(path))
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
+/// Every sample's columns line up: tokens, loss mask, behaviour logprobs; responses inside
+/// their turn bounds; version spans cover exactly the generated tokens; advantages of a group
+/// sum to 0 (GRPO).
+fn check_batch(b: &Value) {
+    let groups = b["groups"].as_array().unwrap();
+    assert!(!groups.is_empty(), "{b}");
+    for g in groups {
+        let mut adv = 0.0;
+        for s in g["samples"].as_array().unwrap() {
+            let n = s["tokens"].as_array().unwrap().len();
+            let mask: Vec<u64> = s["loss_mask"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap())
+                .collect();
+            assert_eq!(mask.len(), n);
+            assert_eq!(s["behaviour_logprobs"].as_array().unwrap().len(), n);
+            let generated: u64 = mask.iter().sum();
+            let in_bounds: u64 = s["turn_bounds"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|b| {
+                    let (lo, hi) = (
+                        b[0].as_u64().unwrap() as usize,
+                        b[1].as_u64().unwrap() as usize,
+                    );
+                    assert!(mask[lo..hi].iter().all(|&m| m == 1));
+                    (hi - lo) as u64
+                })
+                .sum();
+            assert_eq!(in_bounds, generated);
+            let spans: u64 = s["version_spans"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v["tokens"].as_u64().unwrap())
+                .sum();
+            assert_eq!(spans, generated, "{}", s["trajectory_id"]);
+            assert_eq!(s["status"], "completed");
+            adv += s["advantage"].as_f64().unwrap();
+        }
+        assert!(adv.abs() < 1e-6, "group advantages sum to {adv}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_external_trainer_leases_acknowledges_and_gives_back_batches() {
+    let t = TestServer::start().await;
+    let base = t.url("");
+    let job = tests::submit_job(&t.client, &base, external_job(3)).await;
+
+    // Step 0's batch, leased; it ends after a second and is offered again under a new lease.
+    let (status, first) = next(&t, &job, 30.0).await;
+    assert_eq!(status, 200);
+    assert_eq!(first["step"], 0);
+    assert_eq!(first["batch_id"], format!("{job}:0:1"));
+    check_batch(&first);
+    let (status, _) = next(&t, &job, 0.0).await;
+    assert_eq!(
+        status, 204,
+        "the leased batch is not offered while its lease runs"
+    );
+    let (status, again) = next(&t, &job, 5.0).await;
+    assert_eq!(status, 200);
+    assert_eq!(again["batch_id"], format!("{job}:0:2"));
+    assert_eq!(again["groups"], first["groups"], "the same batch, durable");
+    let (status, v) = post(&t, &format!("/v1/batches/{job}:0:1/ack"), "{}").await;
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (409, Some("lease_lost"))
+    );
+    // Given back: offered again at once.
+    let (status, v) = post(&t, &format!("/v1/batches/{job}:0:2/nack"), "").await;
+    assert_eq!((status, v["state"].as_str()), (200, Some("offered_again")));
+    let (status, third) = next(&t, &job, 0.0).await;
+    assert_eq!(
+        (status, third["batch_id"].as_str()),
+        (200, Some(format!("{job}:0:3").as_str()))
+    );
+
+    // Acknowledged (twice: a retry is harmless), then the remaining steps.
+    let mut trained = 0;
+    let mut id = third["batch_id"].as_str().unwrap().to_string();
+    let mut batch = third;
+    for step in 0..3u64 {
+        assert_eq!(batch["step"], step);
+        trained += batch["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g["samples"].as_array().unwrap().len())
+            .sum::<usize>();
+        for _ in 0..2 {
+            let (status, v) = post(&t, &format!("/v1/batches/{id}/ack"), "{\"loss\": 0.25}").await;
+            assert_eq!((status, v["state"].as_str()), (200, Some("acked")));
+        }
+        if step < 2 {
+            let (status, b) = next(&t, &job, 30.0).await;
+            assert_eq!(status, 200);
+            check_batch(&b);
+            id = b["batch_id"].as_str().unwrap().to_string();
+            batch = b;
+        }
+    }
+    let done = wait_job(&t.client, &base, &job, Duration::from_secs(60), |v| {
+        v["state"] == "succeeded" || v["state"] == "failed"
+    })
+    .await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(done["metrics"]["loss"], 0.25, "{}", done["metrics"]);
+    // Nothing is offered once every batch is acknowledged.
+    assert_eq!(next(&t, &job, 0.0).await.0, 204);
+    let st: Value = t
+        .client
+        .get(t.url(&format!("/v1/jobs/{job}/staleness")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            st["batches_acked"].as_u64(),
+            st["batches_pending"].as_u64(),
+            st["step"].as_u64()
+        ),
+        (Some(3), Some(0), Some(3)),
+        "{st}"
+    );
+    // Exactly the acknowledged batches' trajectories are marked trained.
+    let rows = t
+        .client
+        .get(t.url(&format!(
+            "/v1/jobs/{job}/trajectories?trained=true&limit=1000"
+        )))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(rows.lines().count(), trained);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_trainer_api_calls_are_4xx_naming_the_problem() {
+    let t = TestServer::start().await;
+    let base = t.url("");
+    let job = tests::submit_job(&t.client, &base, external_job(1)).await;
+    let (status, _) = next(&t, &job, 61.0).await;
+    assert_eq!(status, 400);
+    let r = t
+        .client
+        .get(t.url(&format!("/v1/jobs/{job}/batches/next?wait_s=61")))
+        .send()
+        .await
+        .unwrap();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["fields"][0]["field"], "wait_s");
+    let (status, v) = post(&t, "/v1/batches/nonsense/ack", "{}").await;
+    assert_eq!(
+        (status, v["error"]["fields"][0]["field"].as_str()),
+        (400, Some("batch_id"))
+    );
+    let (status, _) = post(&t, &format!("/v1/batches/{job}:7:1/ack"), "{}").await;
+    assert_eq!(status, 404);
+    let (status, v) = post(&t, &format!("/v1/batches/{job}:0:1/ack"), "[1, 2]").await;
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (400, Some("bad_request"))
+    );
+    // A job that trains in process offers no batches.
+    let inproc = tests::submit_job(
+        &t.client,
+        &base,
+        SpecBuilder::new()
+            .pool("h800", "H800", 1, "")
+            .multi_turn("lake", "")
+            .rollout("steps = 1")
+            .toml(),
+    )
+    .await;
+    let r = t
+        .client
+        .get(t.url(&format!("/v1/jobs/{inproc}/batches/next")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 409);
+    let _ = t
+        .client
+        .post(t.url(&format!("/v1/jobs/{job}/cancel")))
+        .send()
+        .await;
+}
+
+/// SIGKILL of the service while a batch is leased: after the restart the same batch is
+/// offered again; every trajectory is trained by exactly the step whose batch held it, and no
+/// trajectory is in two acknowledged batches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_leased_when_the_service_is_killed_is_offered_again_after_the_restart() {
+    use tests::server::ServerProcess;
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let lease = |base: &str, job: &str| {
+        let (client, url) = (
+            client.clone(),
+            format!("{base}/v1/jobs/{job}/batches/next?wait_s=30"),
+        );
+        async move {
+            let r = client.get(url).send().await.unwrap();
+            assert_eq!(r.status().as_u16(), 200);
+            r.json::<Value>().await.unwrap()
+        }
+    };
+    let ids = |b: &Value| -> Vec<String> {
+        b["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|g| g["samples"].as_array().unwrap().iter())
+            .map(|s| s["trajectory_id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let first = ServerProcess::start(dir.path());
+    let job = tests::submit_job(&client, &first.base, external_job(3)).await;
+    // Step 0 trained and acknowledged; step 1 leased when the service dies.
+    let b0 = lease(&first.base, &job).await;
+    let r = client
+        .post(format!(
+            "{}/v1/batches/{}/ack",
+            first.base,
+            b0["batch_id"].as_str().unwrap()
+        ))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let b1 = lease(&first.base, &job).await;
+    assert_eq!(b1["step"], 1);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first.child.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    drop(first);
+
+    let second = ServerProcess::start(dir.path());
+    // The lease (1 s) has ended by now or ends shortly: the same batch comes back.
+    let again = lease(&second.base, &job).await;
+    assert_eq!(again["step"], 1);
+    assert_eq!(
+        again["groups"], b1["groups"],
+        "the batch assembled before the kill"
+    );
+    let r = client
+        .post(format!(
+            "{}/v1/batches/{}/ack",
+            second.base,
+            again["batch_id"].as_str().unwrap()
+        ))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let b2 = lease(&second.base, &job).await;
+    assert_eq!(b2["step"], 2);
+    let r = client
+        .post(format!(
+            "{}/v1/batches/{}/ack",
+            second.base,
+            b2["batch_id"].as_str().unwrap()
+        ))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let done = wait_job(&client, &second.base, &job, Duration::from_secs(60), |v| {
+        v["state"] == "succeeded" || v["state"] == "failed"
+    })
+    .await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    // Trained rows: exactly the acknowledged batches' trajectories, each by its own step.
+    let mut want: Vec<(String, u64)> = Vec::new();
+    for (step, b) in [(1u64, &b0), (2, &again), (3, &b2)] {
+        want.extend(ids(b).into_iter().map(|i| (i, step)));
+    }
+    let n = want.len();
+    want.sort();
+    want.dedup_by(|a, b| a.0 == b.0);
+    assert_eq!(want.len(), n, "a trajectory is in two acknowledged batches");
+    let rows = client
+        .get(format!(
+            "{}/v1/jobs/{job}/trajectories?trained=true&limit=1000",
+            second.base
+        ))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let mut got: Vec<(String, u64)> = rows
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            (
+                v["trajectory"]["id"].as_str().unwrap().to_string(),
+                v["trained_step"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    got.sort();
+    assert_eq!(got, want);
+}
