@@ -180,6 +180,12 @@ async fn an_external_trainer_leases_acknowledges_and_gives_back_batches() {
         (Some(3), Some(0), Some(3)),
         "{st}"
     );
+    assert_eq!(
+        (st["version"].as_u64(), st["consumed"].as_u64()),
+        (Some(0), Some(3)),
+        "{st}"
+    );
+    assert!(st["admitted_groups"].as_u64().unwrap() >= 3, "{st}");
     // Exactly the acknowledged batches' trajectories are marked trained.
     let rows = t
         .client

@@ -59,6 +59,11 @@ pub struct Staleness {
     pub batches_acked: u64,
     /// Trajectories stored so far.
     pub trajectories: u64,
+    /// As of the last completed step: the policy version generating, groups admitted and
+    /// batches consumed (the scheduler's counters; 0 before the first step).
+    pub version: u64,
+    pub admitted_groups: u64,
+    pub consumed: u64,
 }
 
 /// The lease of the job's external trainer (404 for a job without one).
@@ -223,6 +228,7 @@ pub async fn staleness(
     let j = visible_job(&s, &p, &id)?;
     let spec = s.store.spec(&id)?;
     let (pending, acked) = s.batches.counts(&id)?;
+    let counter = |k: &str| j.metrics["scheduler"][k].as_u64().unwrap_or(0);
     Ok(Json(Staleness {
         alpha: spec.map_or(0, |sp| sp.knobs().alpha),
         step: j.step,
@@ -230,5 +236,8 @@ pub async fn staleness(
         batches_pending: pending,
         batches_acked: acked,
         trajectories: s.store.trajectory_count(&id)?,
+        version: counter("version"),
+        admitted_groups: counter("admitted_groups"),
+        consumed: counter("consumed"),
     }))
 }
