@@ -497,7 +497,12 @@ fn is_executable(p: &Path) -> bool {
 
 /// Hex SHA-256 of a token, as the service config stores it.
 pub fn hash_token(token: &str) -> String {
-    let d = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
+    hash_bytes(token.as_bytes())
+}
+
+/// The SHA-256 of `bytes` in lowercase hex.
+pub fn hash_bytes(bytes: &[u8]) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, bytes);
     d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
 }
 

@@ -237,6 +237,7 @@ pub struct DeviceView {
         trainer::ack_batch,
         trainer::nack_batch,
         trainer::staleness,
+        trainer::announce_weights,
         cluster,
         healthz,
         readyz,
@@ -254,6 +255,9 @@ pub struct DeviceView {
         trainer::LeasedBatchBody,
         trainer::BatchAck,
         trainer::Staleness,
+        trainer::Announcement,
+        trainer::WeightSource,
+        trainer::Announced,
         crate::trainer_api::TrainingBatch,
         crate::trainer_api::BatchGroup,
         crate::trainer_api::Sample,
@@ -347,6 +351,7 @@ pub fn router_with(service: Arc<Service>, access: Arc<Access>) -> Router {
         .route("/v1/jobs/{id}/trajectories", get(trajectories))
         .route("/v1/jobs/{id}/batches/next", get(trainer::next_batch))
         .route("/v1/jobs/{id}/staleness", get(trainer::staleness))
+        .route("/v1/jobs/{id}/weights", post(trainer::announce_weights))
         .route("/v1/batches/{batch_id}/ack", post(trainer::ack_batch))
         .route("/v1/batches/{batch_id}/nack", post(trainer::nack_batch))
         .route("/v1/cluster", get(cluster))
@@ -593,6 +598,7 @@ fn to_event(e: &JobEvent) -> Event {
     let name = match e {
         JobEvent::State { .. } => "state",
         JobEvent::Progress { .. } => "progress",
+        JobEvent::WeightsInstalled { .. } => "weights_installed",
     };
     Event::default()
         .event(name)

@@ -152,6 +152,7 @@ pub async fn watch_events_with(
                         let b = pb.get_or_insert_with(|| mp.add(bar(0)));
                         b.set_prefix(format!("{id} {}", state.as_str()));
                     }
+                    JobEvent::WeightsInstalled { .. } => {}
                 }
                 let end = matches!(&e, JobEvent::State { state, .. } if state.is_terminal());
                 last = Some(e);

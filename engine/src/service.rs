@@ -43,6 +43,8 @@ pub enum JobEvent {
         #[schema(value_type = Object)]
         metrics: serde_json::Value,
     },
+    /// Every shard now generates with `version` (suspend → install → resume done).
+    WeightsInstalled { id: String, version: u64 },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -633,6 +635,16 @@ struct ServiceObserver {
 }
 
 impl StepObserver for ServiceObserver {
+    fn on_weights_installed(&self, version: u64) {
+        self.service.send(
+            &self.id,
+            JobEvent::WeightsInstalled {
+                id: self.id.clone(),
+                version,
+            },
+        );
+    }
+
     fn on_step(&self, m: &StepMetrics, batch: &Batch) -> Result<(), ObserverError> {
         let metrics = serde_json::to_value(m)?;
         let trained: Vec<&str> = if self.external {

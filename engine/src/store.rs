@@ -182,6 +182,14 @@ CREATE TABLE IF NOT EXISTS batches (
   stats TEXT,
   PRIMARY KEY (job_id, step)
 );
+CREATE TABLE IF NOT EXISTS announced_weights (
+  job_id TEXT NOT NULL,
+  version INTEGER NOT NULL,
+  uri TEXT NOT NULL,
+  format TEXT NOT NULL,
+  at_ms INTEGER NOT NULL,
+  PRIMARY KEY (job_id, version)
+);
 ";
 
 /// Brings a store written by an earlier version up to the current schema.

@@ -10,6 +10,7 @@ use std::time::Duration;
 use actors::rl::{AdvantageKind, advantages};
 use actors::trainer::{StepResult, TrainError, TrainStats, Trainer};
 use actors::types::{Batch, PolicyVersion, Trajectory, VersionSpan};
+use actors::weights::Weights;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use utoipa::ToSchema;
@@ -262,26 +263,148 @@ impl BatchDesk {
         }
     }
 
+    /// Records an announced policy version (refused unless above every earlier one) and
+    /// wakes the job's trainer side.
+    pub fn announce(
+        &self,
+        job: &str,
+        version: u64,
+        uri: &str,
+        format: &str,
+    ) -> Result<bool, StoreError> {
+        let fresh = self.store.announce_weights(job, version, uri, format)?;
+        self.changed(job).notify_waiters();
+        Ok(fresh)
+    }
+
+    /// The newest announced version of `job` and its file.
+    pub fn newest_weights(&self, job: &str) -> Result<Option<(u64, String)>, StoreError> {
+        self.store.newest_weights(job)
+    }
+
     /// (offered but not acknowledged, acknowledged) batches of `job`.
     pub fn counts(&self, job: &str) -> Result<(u64, u64), StoreError> {
         self.store.batch_counts(job)
     }
 }
 
+/// What the job's engines run, so announced weights can be checked against it.
+#[derive(Clone, Debug)]
+pub enum ServedModel {
+    /// Simulated engines: an announced version is a modelled publication of this size.
+    Simulated { bytes: f64 },
+    /// Real engines: every tensor, by name and shape, an announced file must hold; `plain`:
+    /// the engines read plain rows (the tiny model), else shared candle tensors.
+    Real {
+        tensors: Vec<(String, Vec<usize>)>,
+        plain: bool,
+    },
+}
+
+impl ServedModel {
+    pub fn of(w: &Weights) -> Self {
+        let real = w
+            .candle_tensors(&candle_core::Device::Cpu)
+            .unwrap_or_default();
+        if real.is_empty() {
+            Self::Simulated {
+                bytes: w.modelled_bytes,
+            }
+        } else {
+            Self::Real {
+                tensors: real
+                    .into_iter()
+                    .map(|(n, t)| (n, t.dims().to_vec()))
+                    .collect(),
+                plain: w.shared.is_none(),
+            }
+        }
+    }
+
+    /// The weights of `version` announced at `path` (safetensors), checked tensor by tensor.
+    pub fn load(&self, version: PolicyVersion, path: &str) -> Result<Weights, AnnouncedError> {
+        let (tensors, plain) = match self {
+            Self::Simulated { bytes } => return Ok(Weights::simulated(version, *bytes)),
+            Self::Real { tensors, plain } => (tensors, *plain),
+        };
+        let bad = |why: String| AnnouncedError {
+            version,
+            path: path.into(),
+            why,
+        };
+        let mut map = candle_core::safetensors::load(path, &candle_core::Device::Cpu)
+            .map_err(|e| bad(format!("not a safetensors file: {e}")))?;
+        let mut out = Vec::with_capacity(tensors.len());
+        for (name, shape) in tensors {
+            let t = map
+                .remove(name)
+                .ok_or_else(|| bad(format!("it has no tensor {name}")))?;
+            if t.dims() != shape.as_slice() {
+                return Err(bad(format!(
+                    "{name} has shape {:?}, the model's is {shape:?}",
+                    t.dims()
+                )));
+            }
+            let t = t
+                .to_dtype(candle_core::DType::F32)
+                .map_err(|e| bad(format!("{name}: {e}")))?;
+            out.push((name.clone(), t));
+        }
+        if let Some(extra) = map.keys().next() {
+            return Err(bad(format!("it has a tensor the model lacks: {extra}")));
+        }
+        if !plain {
+            return Ok(Weights::from_shared(version, out));
+        }
+        let mut rows = Vec::with_capacity(out.len());
+        let mut bytes = 0.0;
+        for (name, t) in out {
+            let data: Vec<f32> = t
+                .flatten_all()
+                .and_then(|t| t.to_vec1())
+                .map_err(|e| bad(format!("{name}: {e}")))?;
+            bytes += data.len() as f64 * 4.0;
+            rows.push(actors::weights::Tensor {
+                name,
+                shape: t.dims().to_vec(),
+                data,
+            });
+        }
+        Ok(Weights {
+            version,
+            tensors: rows,
+            shared: None,
+            modelled_bytes: bytes,
+        })
+    }
+}
+
+/// Announced weights the job cannot serve.
+#[derive(Debug, thiserror::Error)]
+#[error("the announced weights of version {version} at {path} cannot be served: {why}")]
+pub struct AnnouncedError {
+    pub version: PolicyVersion,
+    pub path: String,
+    pub why: String,
+}
+
 /// The trainer of a job with `trainer.kind = "external"`: each step's batch goes to the desk
-/// and the step ends when a trainer acknowledges it. It makes no weights (the trainer
-/// announces its own).
+/// and the step ends when a trainer acknowledges it; the newest version the trainer
+/// announced by then becomes the step's weights (checked against what the engines serve).
 pub struct ExternalTrainer {
     pub desk: Arc<BatchDesk>,
     pub job: String,
     pub estimator: Option<AdvantageKind>,
+    pub served: ServedModel,
+    /// The version the job runs (the newest announced one it picked up).
+    pub version: PolicyVersion,
 }
 
 impl Trainer for ExternalTrainer {
     fn train(
         &mut self,
         batch: &Batch,
-        next_version: PolicyVersion,
+        _next_version: PolicyVersion,
     ) -> futures::future::BoxFuture<'_, StepResult> {
         let tb = TrainingBatch::from_batch(batch, self.estimator);
         let (tokens, trajectories) = (batch.tokens() as u64, batch.trajectories().count() as u64);
@@ -306,17 +429,31 @@ impl Trainer for ExternalTrainer {
                 .get("loss")
                 .and_then(serde_json::Value::as_f64)
                 .unwrap_or(0.0);
+            // Weights the trainer announced by now (before acknowledging, if it wants the
+            // next step generated by them).
+            let mut weights = None;
+            if let Some((v, path)) = self.desk.newest_weights(&self.job).map_err(store_err)?
+                && v > self.version
+            {
+                let served = self.served.clone();
+                let w = tokio::task::spawn_blocking(move || served.load(v, &path))
+                    .await
+                    .map_err(|e| TrainError::Thread(actors::error::SharedError::new(e)))?
+                    .map_err(|e| TrainError::Step(actors::error::SharedError::new(e)))?;
+                self.version = v;
+                weights = Some(w);
+            }
             Ok((
                 TrainStats {
                     step: tb.step,
-                    version: next_version.saturating_sub(1),
+                    version: self.version,
                     loss,
                     tokens,
                     trajectories,
                     mean_reward,
                     seconds: t.elapsed().as_secs_f64(),
                 },
-                None,
+                weights,
             ))
         })
     }

@@ -375,3 +375,198 @@ async fn a_batch_leased_when_the_service_is_killed_is_offered_again_after_the_re
     got.sort();
     assert_eq!(got, want);
 }
+
+/// A job on the tiny built-in model trained by an external trainer, and that trainer's
+/// weights: the base model's tensors, each scaled by `scale` (one tensor left out when
+/// `drop_one`), written as safetensors at `path`.
+fn tiny_external_job(steps: u64) -> String {
+    SpecBuilder::new()
+        .raw_task("[[tasks]]\ndomain = \"lake\"\ngroup_size = 2\nmax_turns = 3\nmax_tokens_per_turn = 4\nenv = { kind = \"frozenlake\", size = 4 }\n")
+        .rollout("batch_size = 4")
+        .rollout(&format!("steps = {steps}"))
+        .rollout("alpha = 1")
+        .extra("[[pools]]\nname = \"cpu\"\ndevice = \"CPU\"\ncount = 1\nbackend = { kind = \"builtin\", model = { d_model = 16, n_layers = 1, n_heads = 2, d_ff = 32, max_seq = 256 } }")
+        .extra("[trainer]\nkind = \"external\"\nlease_s = 60")
+        .toml()
+}
+
+fn write_weights(spec_toml: &str, path: &std::path::Path, scale: f64, drop_one: bool) -> String {
+    use engine::spec::ModelChoice;
+    use engine::wiring::TrainerPlan;
+    let spec = engine::spec::parse(spec_toml, engine::spec::Format::Toml).unwrap();
+    let plan = engine::wiring::plan(&spec).unwrap();
+    let TrainerPlan::External {
+        model: Some(ModelChoice::Tiny(cfg)),
+        ..
+    } = plan.trainer
+    else {
+        panic!("a tiny-model job with an external trainer");
+    };
+    let parts =
+        actors::model::runtime::BuiltinParts::new(cfg, Default::default(), spec.seed, 0, None)
+            .unwrap();
+    let mut map = std::collections::HashMap::new();
+    for (n, t) in parts
+        .initial
+        .candle_tensors(&candle_core::Device::Cpu)
+        .unwrap()
+    {
+        map.insert(n, (t * scale).unwrap());
+    }
+    if drop_one {
+        let first = map.keys().min().cloned().unwrap();
+        map.remove(&first);
+    }
+    candle_core::safetensors::save(&map, path).unwrap();
+    path.display().to_string()
+}
+
+async fn announce(t: &TestServer, job: &str, body: Value) -> (u16, Value) {
+    post(t, &format!("/v1/jobs/{job}/weights"), &body.to_string()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn announced_weights_are_installed_and_generate_the_next_batches() {
+    let t = TestServer::start().await;
+    let base = t.url("");
+    let toml = tiny_external_job(3);
+    let v1 = write_weights(&toml, &t.dir.path().join("v1.safetensors"), 0.5, false);
+    let job = tests::submit_job(&t.client, &base, toml).await;
+    // Every event of the job, collected until its stream ends.
+    let events = {
+        let (client, url) = (t.client.clone(), t.url(&format!("/v1/jobs/{job}/events")));
+        tokio::spawn(async move { client.get(url).send().await.unwrap().text().await.unwrap() })
+    };
+    // The job runs at the base version: its first batch is leased before any announcement.
+    let (status, b0) = next(&t, &job, 60.0).await;
+    assert_eq!((status, b0["step"].as_u64()), (200, Some(0)));
+    let versions = |b: &Value| -> std::collections::BTreeSet<u64> {
+        b["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|g| g["samples"].as_array().unwrap().iter())
+            .flat_map(|s| s["version_spans"].as_array().unwrap().iter())
+            .map(|span| span["version"].as_u64().unwrap())
+            .collect()
+    };
+    assert_eq!(versions(&b0), [0].into());
+    // Announcements are checked before they are recorded.
+    let src = |uri: &str| json_src(uri, "safetensors");
+    for (body, field) in [
+        (
+            serde_json::json!({"version": 0, "source": src(&v1)}),
+            "version",
+        ),
+        (
+            serde_json::json!({"version": 1, "source": json_src(&v1, "gguf")}),
+            "source.format",
+        ),
+        (
+            serde_json::json!({"version": 1, "source": src("/nonexistent/v1.safetensors")}),
+            "source.uri",
+        ),
+        (
+            serde_json::json!({"version": 1, "source": {"kind": "path", "uri": v1, "format": "safetensors", "sha256": "00"}}),
+            "source.sha256",
+        ),
+        (
+            serde_json::json!({"version": 1, "source": {"kind": "nccl", "master_addr": "10.0.0.1", "master_port": 29500, "group_name": "g", "world_size": 2}}),
+            "source.kind",
+        ),
+    ] {
+        let (status, v) = announce(&t, &job, body).await;
+        assert_eq!(
+            (status, v["error"]["fields"][0]["field"].as_str()),
+            (400, Some(field)),
+            "{v}"
+        );
+    }
+    let sha = {
+        let bytes = std::fs::read(&v1).unwrap();
+        engine::access::hash_bytes(&bytes)
+    };
+    let (status, v) = announce(&t, &job, serde_json::json!({"version": 1, "source": {"kind": "path", "uri": format!("file://{v1}"), "format": "safetensors", "sha256": sha}})).await;
+    assert_eq!(
+        (status, v["state"].as_str()),
+        (202, Some("announced")),
+        "{v}"
+    );
+    let (status, v) = announce(
+        &t,
+        &job,
+        serde_json::json!({"version": 1, "source": src(&v1)}),
+    )
+    .await;
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (409, Some("version_not_newer"))
+    );
+
+    // Announced before step 0's acknowledgement: the shards install it at that boundary, and
+    // the batches admitted from then on are generated by it (two were admitted before: α = 1).
+    let mut last = b0;
+    for step in 0..3u64 {
+        if step > 0 {
+            let (status, b) = next(&t, &job, 60.0).await;
+            assert_eq!((status, b["step"].as_u64()), (200, Some(step)), "{b}");
+            last = b;
+        }
+        let id = last["batch_id"].as_str().unwrap().to_string();
+        let (status, _) = post(&t, &format!("/v1/batches/{id}/ack"), "{}").await;
+        assert_eq!(status, 200);
+    }
+    assert!(
+        versions(&last).contains(&1),
+        "step 2 has no token of version 1: {:?}",
+        versions(&last)
+    );
+    let done = wait_job(&t.client, &base, &job, Duration::from_secs(120), |v| {
+        v["state"] == "succeeded" || v["state"] == "failed"
+    })
+    .await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(done["metrics"]["version"], 1, "{}", done["metrics"]);
+    let events = events.await.unwrap();
+    assert!(
+        events.contains("event: weights_installed") && events.contains("\"version\":1"),
+        "{events}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weights_the_model_cannot_serve_fail_the_job_with_the_reason() {
+    let t = TestServer::start().await;
+    let base = t.url("");
+    let toml = tiny_external_job(2);
+    let bad = write_weights(&toml, &t.dir.path().join("bad.safetensors"), 1.0, true);
+    let job = tests::submit_job(&t.client, &base, toml).await;
+    let (status, b) = next(&t, &job, 60.0).await;
+    assert_eq!(status, 200);
+    let (status, _) = announce(
+        &t,
+        &job,
+        serde_json::json!({"version": 1, "source": json_src(&bad, "safetensors")}),
+    )
+    .await;
+    assert_eq!(status, 202);
+    let id = b["batch_id"].as_str().unwrap().to_string();
+    assert_eq!(
+        post(&t, &format!("/v1/batches/{id}/ack"), "{}").await.0,
+        200
+    );
+    let done = wait_job(&t.client, &base, &job, Duration::from_secs(60), |v| {
+        v["state"] == "succeeded" || v["state"] == "failed"
+    })
+    .await;
+    assert_eq!(done["state"], "failed", "{done}");
+    let error = done["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("has no tensor") && error.contains("version 1"),
+        "{error}"
+    );
+}
+
+fn json_src(uri: &str, format: &str) -> Value {
+    serde_json::json!({"kind": "path", "uri": uri, "format": format})
+}

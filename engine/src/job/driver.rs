@@ -54,8 +54,11 @@ pub(super) async fn drive(
         if knobs.overlap_training {
             // Suspend, install the newest finished weights, resume; rollout goes on while
             // the step trains.
-            installed =
-                update_weights(&a.pools, &a.weights, installed, policy, &a.scheduler).await?;
+            installed = installed_now(
+                job,
+                installed,
+                update_weights(&a.pools, &a.weights, installed, policy, &a.scheduler).await?,
+            );
             t_train = tokio::time::Instant::now();
             stats = train(&a.trainer, batch.clone(), &job.cancel).await?;
         } else {
@@ -65,8 +68,11 @@ pub(super) async fn drive(
             suspend_all(&a.pools).await?;
             t_train = tokio::time::Instant::now();
             stats = train(&a.trainer, batch.clone(), &job.cancel).await?;
-            installed =
-                update_weights(&a.pools, &a.weights, installed, policy, &a.scheduler).await?;
+            installed = installed_now(
+                job,
+                installed,
+                update_weights(&a.pools, &a.weights, installed, policy, &a.scheduler).await?,
+            );
             let _ = a.scheduler.cast(SchedMsg::Training(false));
         }
         let train_s = t_train.elapsed().as_secs_f64();
@@ -95,6 +101,14 @@ pub(super) async fn drive(
         summary.trajectories_committed = last.buffer.committed;
     }
     Ok(summary)
+}
+
+/// Tells the observer when the shards moved to another version.
+fn installed_now(job: &JobRun, before: u64, now: u64) -> u64 {
+    if now != before {
+        job.observer.on_weights_installed(now);
+    }
+    now
 }
 
 /// Waits for the batch of `step`, unless the job is cancelled or an actor escalated first.

@@ -14,6 +14,10 @@ pub enum JobError {
         "trainer.kind = \"external\" needs the service's trainer API (run the job with `rollarc serve`)"
     )]
     NoTrainerApi,
+    #[error("the trainer API's store failed")]
+    TrainerApi(#[source] crate::store::StoreError),
+    #[error("cannot serve the announced weights")]
+    Announced(#[source] Box<crate::trainer_api::AnnouncedError>),
     #[error("could not start actor {what}")]
     Spawn {
         what: String,

@@ -89,6 +89,8 @@ pub struct PoolMetrics {
 /// Receives each completed step (the service stores it and streams it).
 pub trait StepObserver: Send + Sync {
     fn on_step(&self, m: &StepMetrics, batch: &Batch) -> Result<(), ObserverError>;
+    /// Every shard generates with `version` now.
+    fn on_weights_installed(&self, _version: u64) {}
 }
 
 /// Observer that keeps nothing.

@@ -320,17 +320,62 @@ fn trainer_and_weights(
             };
             (start, parts.trainer)
         }
-        TrainerPlan::External { estimator, .. } => {
+        TrainerPlan::External {
+            estimator, model, ..
+        } => {
             let desk = job.batches.clone().ok_or(JobError::NoTrainerApi)?;
-            let start = ShardStart {
-                initial: Arc::new(Weights::simulated(start_version, weight_bytes)),
-                policy: None,
-                served: None,
+            // The base weights (no trainer state is kept: the trainer is elsewhere).
+            let mut start = match model {
+                None => ShardStart {
+                    initial: Arc::new(Weights::simulated(0, weight_bytes)),
+                    policy: None,
+                    served: None,
+                },
+                Some(ModelChoice::Tiny(model)) => {
+                    let parts = BuiltinParts::new(model, Default::default(), seed, 0, None)
+                        .map_err(JobError::BuiltinModel)?;
+                    ShardStart {
+                        initial: parts.initial,
+                        policy: None,
+                        served: None,
+                    }
+                }
+                Some(ModelChoice::Checkpoint { path, max_seq }) => {
+                    let spec = actors::model::runtime::CheckpointSpec {
+                        path,
+                        max_seq,
+                        lora: None,
+                        micro_batch_rows: 1,
+                    };
+                    let (parts, policy) =
+                        BuiltinParts::checkpoint(&spec, Default::default(), 0, None)
+                            .map_err(|e| JobError::Checkpoint(Box::new(e)))?;
+                    let served = Some(ServedFiles::new(job, &policy)?);
+                    ShardStart {
+                        initial: parts.initial,
+                        policy: Some(policy),
+                        served,
+                    }
+                }
             };
+            let served = crate::trainer_api::ServedModel::of(&start.initial);
+            // A resumed job serves the newest version its trainer announced.
+            let mut version = 0;
+            let newest = desk.newest_weights(&job.id).map_err(JobError::TrainerApi)?;
+            if let Some((v, path)) = newest {
+                start.initial = Arc::new(
+                    served
+                        .load(v, &path)
+                        .map_err(|e| JobError::Announced(Box::new(e)))?,
+                );
+                version = v;
+            }
             let trainer = crate::trainer_api::ExternalTrainer {
                 desk,
                 job: job.id.clone(),
                 estimator,
+                served,
+                version,
             };
             (start, Box::new(trainer))
         }

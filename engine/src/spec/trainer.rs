@@ -191,6 +191,17 @@ impl TrainerSpec {
                         format!("must be in 1..=86400 seconds, got {}", t.lease_s),
                     );
                 }
+                let real = spec
+                    .pools
+                    .iter()
+                    .filter(|p| p.backend.real_model().is_some());
+                if real.count() != 0 && !spec.all_pools_builtin() {
+                    problems.push(
+                        "trainer".into(),
+                        "an external trainer's pools all run the real model or all are simulated"
+                            .into(),
+                    );
+                }
             }
             TrainerSpec::Builtin(t) => {
                 if !spec.all_pools_builtin() {

@@ -184,6 +184,48 @@ impl Store {
     }
 }
 
+impl Store {
+    /// Records that the trainer of `job` announced `version` at `uri`; refused (false) unless
+    /// `version` is above every version announced before.
+    pub fn announce_weights(
+        &self,
+        job: &str,
+        version: u64,
+        uri: &str,
+        format: &str,
+    ) -> Result<bool, StoreError> {
+        self.with(|c| {
+            let tx = c.transaction()?;
+            let newest: Option<i64> = tx.query_row(
+                "SELECT MAX(version) FROM announced_weights WHERE job_id = ?1",
+                params![job],
+                |r| r.get(0),
+            )?;
+            if newest.is_some_and(|n| n >= version as i64) {
+                return Ok(false);
+            }
+            tx.execute(
+                "INSERT INTO announced_weights (job_id, version, uri, format, at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![job, version as i64, uri, format, super::now_ms()],
+            )?;
+            tx.commit()?;
+            Ok(true)
+        })
+    }
+
+    /// The newest version the trainer of `job` announced, and where.
+    pub fn newest_weights(&self, job: &str) -> Result<Option<(u64, String)>, StoreError> {
+        self.with(|c| {
+            Ok(c.query_row(
+                "SELECT version, uri FROM announced_weights WHERE job_id = ?1 ORDER BY version DESC LIMIT 1",
+                params![job],
+                |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?)),
+            )
+            .optional()?)
+        })
+    }
+}
+
 type Lease = (String, i64, Option<i64>);
 
 fn lease_of(c: &rusqlite::Connection, job: &str, step: u64) -> Result<Option<Lease>, StoreError> {

@@ -30,6 +30,8 @@ pub enum TrainerPlan {
     External {
         estimator: Option<AdvantageKind>,
         lease: Duration,
+        /// The pools' real model, if they run one (the trainer announces weights for it).
+        model: Option<ModelChoice>,
     },
     /// A time model; `panic_runs`: the injected panic fires only in runs (epochs) below it.
     Sim {
@@ -60,10 +62,7 @@ pub(super) fn plan(spec: &JobSpec, pools: &[PoolPlan]) -> Result<TrainerPlan, Wi
         (TrainerSpec::Builtin(_), None) => return Err(WiringError::BuiltinTrainerWithoutModel),
         (TrainerSpec::Sim { .. }, Some(_)) => return Err(WiringError::BuiltinModelWithoutTrainer),
         (TrainerSpec::Sim { .. }, None) => &spec.trainer,
-        (TrainerSpec::External(_), Some(_)) => {
-            return Err(WiringError::BuiltinModelWithoutTrainer);
-        }
-        (TrainerSpec::External(t), None) => {
+        (TrainerSpec::External(t), model) => {
             return Ok(TrainerPlan::External {
                 estimator: match t.advantage {
                     BatchAdvantage::Grpo => Some(AdvantageKind::Grpo),
@@ -72,6 +71,7 @@ pub(super) fn plan(spec: &JobSpec, pools: &[PoolPlan]) -> Result<TrainerPlan, Wi
                     BatchAdvantage::None => None,
                 },
                 lease: Duration::from_secs_f64(t.lease_s),
+                model,
             });
         }
     };
