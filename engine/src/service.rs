@@ -128,6 +128,11 @@ pub const JOB_RESTART_POLICY: RestartPolicy = RestartPolicy {
 };
 
 impl Service {
+    /// Where the service keeps its store and the jobs' files.
+    pub fn data_dir(&self) -> &std::path::Path {
+        &self.data_dir
+    }
+
     pub fn open(cfg: &ServiceConfig) -> Result<Arc<Self>, ServiceError> {
         std::fs::create_dir_all(&cfg.data_dir).map_err(|e| ServiceError::DataDir {
             dir: cfg.data_dir.clone(),

@@ -281,21 +281,19 @@ async fn a_batch_leased_when_the_service_is_killed_is_offered_again_after_the_re
             .map(|s| s["trajectory_id"].as_str().unwrap().to_string())
             .collect()
     };
+    let ack = |base: &str, b: &Value| {
+        let url = format!("{base}/v1/batches/{}/ack", b["batch_id"].as_str().unwrap());
+        let client = client.clone();
+        async move {
+            let r = client.post(url).body("{}").send().await.unwrap();
+            assert_eq!(r.status().as_u16(), 200);
+        }
+    };
     let first = ServerProcess::start(dir.path());
     let job = tests::submit_job(&client, &first.base, external_job(3)).await;
     // Step 0 trained and acknowledged; step 1 leased when the service dies.
     let b0 = lease(&first.base, &job).await;
-    let r = client
-        .post(format!(
-            "{}/v1/batches/{}/ack",
-            first.base,
-            b0["batch_id"].as_str().unwrap()
-        ))
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
+    ack(&first.base, &b0).await;
     let b1 = lease(&first.base, &job).await;
     assert_eq!(b1["step"], 1);
     nix::sys::signal::kill(
@@ -313,30 +311,10 @@ async fn a_batch_leased_when_the_service_is_killed_is_offered_again_after_the_re
         again["groups"], b1["groups"],
         "the batch assembled before the kill"
     );
-    let r = client
-        .post(format!(
-            "{}/v1/batches/{}/ack",
-            second.base,
-            again["batch_id"].as_str().unwrap()
-        ))
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
+    ack(&second.base, &again).await;
     let b2 = lease(&second.base, &job).await;
     assert_eq!(b2["step"], 2);
-    let r = client
-        .post(format!(
-            "{}/v1/batches/{}/ack",
-            second.base,
-            b2["batch_id"].as_str().unwrap()
-        ))
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
+    ack(&second.base, &b2).await;
     let done = wait_job(&client, &second.base, &job, Duration::from_secs(60), |v| {
         v["state"] == "succeeded" || v["state"] == "failed"
     })
@@ -430,7 +408,10 @@ async fn announced_weights_are_installed_and_generate_the_next_batches() {
     let t = TestServer::start().await;
     let base = t.url("");
     let toml = tiny_external_job(3);
-    let v1 = write_weights(&toml, &t.dir.path().join("v1.safetensors"), 0.5, false);
+    // The trainer's files live outside the service's data directory (which it refuses).
+    let shared = tempfile::tempdir().unwrap();
+    let v1 = write_weights(&toml, &shared.path().join("v1.safetensors"), 0.5, false);
+    let inside = write_weights(&toml, &t.dir.path().join("v1.safetensors"), 0.5, false);
     let job = tests::submit_job(&t.client, &base, toml).await;
     // Every event of the job, collected until its stream ends.
     let events = {
@@ -454,6 +435,10 @@ async fn announced_weights_are_installed_and_generate_the_next_batches() {
     // Announcements are checked before they are recorded.
     let src = |uri: &str| json_src(uri, "safetensors");
     for (body, field) in [
+        (
+            serde_json::json!({"version": 1, "source": src(&inside)}),
+            "source.uri",
+        ),
         (
             serde_json::json!({"version": 0, "source": src(&v1)}),
             "version",
@@ -539,7 +524,8 @@ async fn weights_the_model_cannot_serve_fail_the_job_with_the_reason() {
     let t = TestServer::start().await;
     let base = t.url("");
     let toml = tiny_external_job(2);
-    let bad = write_weights(&toml, &t.dir.path().join("bad.safetensors"), 1.0, true);
+    let shared = tempfile::tempdir().unwrap();
+    let bad = write_weights(&toml, &shared.path().join("bad.safetensors"), 1.0, true);
     let job = tests::submit_job(&t.client, &base, toml).await;
     let (status, b) = next(&t, &job, 60.0).await;
     assert_eq!(status, 200);
