@@ -23,6 +23,7 @@ mod trainer;
 use crate::service::{JobEvent, Service, ServiceError};
 use crate::spec::{self, FieldError, Format};
 use crate::store::{JobRecord, JobState, TrainedFilter, TrajectoryRow};
+pub use trainer::MSGPACK;
 
 /// Largest accepted request body.
 pub const MAX_BODY_BYTES: usize = 1 << 20;

@@ -147,7 +147,22 @@ async fn an_external_trainer_leases_acknowledges_and_gives_back_batches() {
             assert_eq!((status, v["state"].as_str()), (200, Some("acked")));
         }
         if step < 2 {
-            let (status, b) = next(&t, &job, 30.0).await;
+            // Step 1 in the binary encoding: the same document as MessagePack.
+            let (status, b) = if step == 0 {
+                let r = t
+                    .client
+                    .get(t.url(&format!("/v1/jobs/{job}/batches/next?wait_s=30")))
+                    .header("accept", "application/msgpack")
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.headers()["content-type"], "application/msgpack");
+                let status = r.status().as_u16();
+                let bytes = r.bytes().await.unwrap();
+                (status, rmp_serde::from_slice::<Value>(&bytes).unwrap())
+            } else {
+                next(&t, &job, 30.0).await
+            };
             assert_eq!(status, 200);
             check_batch(&b);
             id = b["batch_id"].as_str().unwrap().to_string();

@@ -18,6 +18,9 @@ use crate::service::Service;
 use crate::spec::{FieldError, TrainerSpec};
 use crate::store::AckOutcome;
 
+/// The binary encoding of a batch (`Accept: application/msgpack`).
+pub const MSGPACK: &str = "application/msgpack";
+
 /// The longest a `batches/next` call waits for a batch.
 pub const MAX_WAIT_S: f64 = 60.0;
 
@@ -82,10 +85,11 @@ fn lease_of(s: &Service, id: &str) -> Result<Duration, ApiError> {
 
 /// Leases the job's next batch, waiting up to `wait_s` for one: 200 with the batch, 204 when
 /// none is ready in time.
-#[utoipa::path(get, path = "/v1/jobs/{id}/batches/next", params(("id" = String, Path, description = "job id"), NextQuery), responses((status = 200, body = LeasedBatchBody), (status = 204, description = "no batch within wait_s"), (status = 400, body = super::ErrorBody), (status = 403, description = "a read token", body = super::ErrorBody), (status = 404, body = super::ErrorBody), (status = 409, description = "the job has no external trainer", body = super::ErrorBody)))]
+#[utoipa::path(get, path = "/v1/jobs/{id}/batches/next", params(("id" = String, Path, description = "job id"), NextQuery), responses((status = 200, body = LeasedBatchBody, description = "the leased batch as JSON, or with `Accept: application/msgpack` the same document as MessagePack"), (status = 204, description = "no batch within wait_s"), (status = 400, body = super::ErrorBody), (status = 403, description = "a read token", body = super::ErrorBody), (status = 404, body = super::ErrorBody), (status = 409, description = "the job has no external trainer", body = super::ErrorBody)))]
 pub async fn next_batch(
     State(s): State<Arc<Service>>,
     Extension(p): Extension<Principal>,
+    headers: axum::http::HeaderMap,
     Path(id): Path<String>,
     q: Result<Query<NextQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
@@ -116,12 +120,22 @@ pub async fn next_batch(
         return Ok(StatusCode::NO_CONTENT.into_response());
     };
     let batch = serde_json::from_str(&b.body).map_err(|e| ApiError::internal(&e))?;
-    Ok(Json(LeasedBatchBody {
+    let body = LeasedBatchBody {
         batch_id: format!("{id}:{}:{}", b.step, b.offer),
         lease_until_ms: b.lease_until_ms,
         batch,
-    })
-    .into_response())
+    };
+    let wants_msgpack = headers
+        .get(axum::http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains(MSGPACK));
+    if !wants_msgpack {
+        return Ok(Json(body).into_response());
+    }
+    // The same document as MessagePack (maps with field names): no number printing or
+    // parsing on either side.
+    let bytes = rmp_serde::to_vec_named(&body).map_err(|e| ApiError::internal(&e))?;
+    Ok(([(axum::http::header::CONTENT_TYPE, MSGPACK)], bytes).into_response())
 }
 
 /// `{job}:{step}:{offer}` → its parts (400 naming the id otherwise).

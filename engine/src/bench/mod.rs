@@ -6,8 +6,10 @@
 //! - `servers`: SmolLM2 on llama.cpp shards: rollarc's overhead per turn, 1 vs 2 shards;
 //! - `env`: environment steps through an actor, built-in and external (bare, sandboxed);
 //! - `functions`: the function router and runtime on real `rollarc-fn` processes;
-//! - `presets`: the quickstart job under each scheduling preset.
+//! - `presets`: the quickstart job under each scheduling preset;
+//! - `batches`: the trainer API's batch fetch, JSON vs MessagePack.
 
+mod batches;
 mod env;
 mod functions;
 mod llm;
@@ -18,6 +20,7 @@ mod servers;
 
 use std::path::Path;
 
+pub use batches::{BatchesBenchError, bench_batches};
 pub use env::{EnvBenchError, bench_env};
 pub use functions::{FunctionsBenchError, bench_functions};
 pub use llm::{LlmBenchError, bench_llm};
@@ -36,11 +39,12 @@ pub enum Benchmark {
     Env,
     Functions,
     Presets,
+    Batches,
 }
 
 impl Benchmark {
     /// Every benchmark, in the order `all` runs them.
-    pub const ALL: [Benchmark; 7] = [
+    pub const ALL: [Benchmark; 8] = [
         Benchmark::Scheduler,
         Benchmark::Model,
         Benchmark::Llm,
@@ -48,6 +52,7 @@ impl Benchmark {
         Benchmark::Env,
         Benchmark::Functions,
         Benchmark::Presets,
+        Benchmark::Batches,
     ];
 
     pub fn name(self) -> &'static str {
@@ -59,6 +64,7 @@ impl Benchmark {
             Self::Env => "env",
             Self::Functions => "functions",
             Self::Presets => "presets",
+            Self::Batches => "batches",
         }
     }
 
@@ -90,7 +96,7 @@ pub struct BenchOptions<'a> {
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
     #[error(
-        "unknown benchmark {0:?}: scheduler, model, llm, servers, env, functions, presets or all"
+        "unknown benchmark {0:?}: scheduler, model, llm, servers, env, functions, presets, batches or all"
     )]
     Unknown(String),
     #[error(transparent)]
@@ -107,6 +113,8 @@ pub enum BenchError {
     Functions(#[from] FunctionsBenchError),
     #[error(transparent)]
     Presets(#[from] PresetsBenchError),
+    #[error(transparent)]
+    Batches(#[from] BatchesBenchError),
 }
 
 /// Runs the benchmarks `what` names (one, or `all` in order); nothing runs when the name is
@@ -121,6 +129,7 @@ pub fn run(what: &str, opts: &BenchOptions<'_>) -> Result<(), BenchError> {
             Benchmark::Env => bench_env()?,
             Benchmark::Functions => bench_functions()?,
             Benchmark::Presets => bench_presets(opts.preset_file, opts.preset_steps)?,
+            Benchmark::Batches => bench_batches()?,
         }
     }
     Ok(())
@@ -141,7 +150,7 @@ mod tests {
         assert!(matches!(&e, BenchError::Unknown(w) if w == "gpu"), "{e:?}");
         assert_eq!(
             e.to_string(),
-            "unknown benchmark \"gpu\": scheduler, model, llm, servers, env, functions, presets or all"
+            "unknown benchmark \"gpu\": scheduler, model, llm, servers, env, functions, presets, batches or all"
         );
     }
 }
