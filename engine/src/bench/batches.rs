@@ -78,6 +78,11 @@ fn synthetic(step: u64) -> TrainingBatch {
 }
 
 pub fn bench_batches() -> Result<(), BatchesBenchError> {
+    fetch()?;
+    bench_announce()
+}
+
+fn fetch() -> Result<(), BatchesBenchError> {
     let dir = std::env::temp_dir().join(format!("rollarc-bench-batches-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
@@ -183,5 +188,103 @@ async fn run(dir: &std::path::Path) -> Result<(), BatchesBenchError> {
         totals[1].1 as f64 / totals[0].1 as f64,
         totals[1].0 / totals[0].0
     );
+    Ok(())
+}
+
+/// Weight announce → installed on the built-in engine: a tiny-model job with an external
+/// trainer; per step the trainer leases the batch, announces the next version (the base
+/// weights scaled, written as safetensors), acknowledges, and the time until the job's
+/// `weights_installed` event is taken.
+fn bench_announce() -> Result<(), BatchesBenchError> {
+    let dir = std::env::temp_dir().join(format!("rollarc-bench-announce-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("data"))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let r = rt.block_on(announce_run(&dir));
+    let _ = std::fs::remove_dir_all(&dir);
+    r
+}
+
+async fn announce_run(dir: &std::path::Path) -> Result<(), BatchesBenchError> {
+    const STEPS: u64 = 6;
+    let decode = |e: String| BatchesBenchError::Decode(e);
+    let toml = format!(
+        "[[tasks]]\ndomain = \"lake\"\ngroup_size = 2\nmax_turns = 3\nmax_tokens_per_turn = 4\nenv = {{ kind = \"frozenlake\", size = 4 }}\n[[pools]]\nname = \"cpu\"\ndevice = \"CPU\"\ncount = 1\nbackend = {{ kind = \"builtin\", model = {{ d_model = 64, n_layers = 2, n_heads = 4, d_ff = 256, max_seq = 256 }} }}\n[rollout]\nbatch_size = 4\nsteps = {STEPS}\nalpha = 1\n[trainer]\nkind = \"external\"\n"
+    );
+    let spec =
+        crate::spec::parse(&toml, crate::spec::Format::Toml).map_err(|e| decode(e.to_string()))?;
+    let crate::wiring::TrainerPlan::External {
+        model: Some(crate::spec::ModelChoice::Tiny(cfg)),
+        ..
+    } = crate::wiring::plan(&spec)
+        .map_err(|e| decode(e.to_string()))?
+        .trainer
+    else {
+        return Err(decode("not a tiny external job".into()));
+    };
+    let base =
+        actors::model::runtime::BuiltinParts::new(cfg, Default::default(), spec.seed, 0, None)
+            .map_err(|e| decode(e.to_string()))?
+            .initial
+            .candle_tensors(&candle_core::Device::Cpu)
+            .map_err(|e| decode(e.to_string()))?;
+    let service = Service::open(&ServiceConfig {
+        data_dir: dir.join("data"),
+        max_running: 1,
+        max_memory: None,
+    })?;
+    let job = service.submit(spec)?;
+    let (_, rx) = service.subscribe(&job)?;
+    let mut rx = rx.ok_or_else(|| decode("the job ended at once".into()))?;
+    let mut latencies = Vec::new();
+    for step in 0..STEPS {
+        let b = service
+            .batches
+            .next(&job, Duration::from_secs(120), Duration::from_secs(300))
+            .await?
+            .ok_or_else(|| decode(format!("no batch for step {step}")))?;
+        let version = step + 1;
+        let path = dir.join(format!("v{version}.safetensors"));
+        let scale = 1.0 - 0.01 * version as f64;
+        let map: std::collections::HashMap<String, candle_core::Tensor> = base
+            .iter()
+            .map(|(n, t)| Ok((n.clone(), (t * scale)?)))
+            .collect::<candle_core::Result<_>>()
+            .map_err(|e| decode(e.to_string()))?;
+        candle_core::safetensors::save(&map, &path).map_err(|e| decode(e.to_string()))?;
+        let t = tokio::time::Instant::now();
+        service
+            .batches
+            .announce(&job, version, &path.display().to_string(), "safetensors")?;
+        service
+            .batches
+            .ack(&job, b.step, b.offer, &serde_json::json!({}))?;
+        if step + 1 == STEPS {
+            break; // the last step's weights are never installed: the job ends
+        }
+        loop {
+            match tokio::time::timeout(Duration::from_secs(120), rx.recv()).await {
+                Ok(Ok(crate::service::JobEvent::WeightsInstalled { version: v, .. }))
+                    if v == version =>
+                {
+                    break;
+                }
+                Ok(Ok(_)) => continue,
+                _ => return Err(decode(format!("version {version} was never installed"))),
+            }
+        }
+        latencies.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    latencies.sort_by(f64::total_cmp);
+    println!(
+        "weight announce + ack → weights_installed on the built-in engine (tiny model, {} installs): median {:.1} ms, max {:.1} ms (load and check the file, publish, wait for the next batch, suspend → install → resume)",
+        latencies.len(),
+        latencies[latencies.len() / 2],
+        latencies.last().copied().unwrap_or(0.0)
+    );
+    let _ = service.cancel(&job);
     Ok(())
 }

@@ -7,7 +7,8 @@
 //! - `env`: environment steps through an actor, built-in and external (bare, sandboxed);
 //! - `functions`: the function router and runtime on real `rollarc-fn` processes;
 //! - `presets`: the quickstart job under each scheduling preset;
-//! - `batches`: the trainer API's batch fetch, JSON vs MessagePack.
+//! - `batches`: the trainer API's batch fetch, JSON vs MessagePack, and weight announce →
+//!   installed latency on the built-in engine.
 
 mod batches;
 mod env;
