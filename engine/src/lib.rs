@@ -23,6 +23,8 @@ pub mod simrun;
 pub mod spec;
 pub mod store;
 pub mod telemetry;
+pub mod text;
+pub mod train_client;
 pub mod trainer_api;
 pub mod wiring;
 

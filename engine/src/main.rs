@@ -18,6 +18,7 @@ struct Cli {
     #[arg(
         long,
         global = true,
+        visible_alias = "service",
         env = "ROLLARC_SERVER",
         default_value = "http://127.0.0.1:8080"
     )]
@@ -65,6 +66,29 @@ enum Cmd {
     Watch { id: String },
     /// Cancel a job.
     Cancel { id: String },
+    /// Train a job with `trainer = { kind = "external" }` as an external process: the
+    /// built-in trainer, speaking only the trainer API (lease a batch, step, export the weights
+    /// as safetensors under --out, announce them, acknowledge). Resumes from its checkpoint.
+    Train {
+        /// The job to train.
+        #[arg(long)]
+        job: String,
+        /// The trainer's directory (checkpoints in trainer/, exported weights in weights/); the
+        /// service reads the weights from here: a shared path outside its data directory.
+        #[arg(long)]
+        out: PathBuf,
+        /// The built-in trainer's settings: a job spec whose [trainer] is kind = "builtin"
+        /// (e.g. examples/quickstart.toml), or a file with that table alone. Default: the
+        /// built-in trainer's defaults.
+        #[arg(long)]
+        trainer: Option<PathBuf>,
+        /// The base checkpoint, when the service's path to it is not this machine's.
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// Seconds one batch request waits (at most 60).
+        #[arg(long, default_value_t = 30.0)]
+        wait_s: f64,
+    },
     /// Run a job with the service in-process: submit, watch, summary; exit code 0 on success.
     Run {
         file: PathBuf,
@@ -247,6 +271,34 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Cancel { id } => cancel(&client()?, &server, &id),
         Cmd::Watch { id } => {
             Ok(runtime()?.block_on(engine::cli::watch_remote(&client()?, &server, &id))?)
+        }
+        Cmd::Train {
+            job,
+            out,
+            trainer,
+            model,
+            wait_s,
+        } => {
+            let trainer = match trainer {
+                Some(f) => engine::train_client::trainer_from_file(&f)?,
+                None => engine::train_client::default_trainer(),
+            };
+            let o = engine::train_client::TrainOptions {
+                server,
+                token: cli.token.clone(),
+                job,
+                out,
+                trainer,
+                model,
+                wait: std::time::Duration::from_secs_f64(wait_s.clamp(0.0, 60.0)),
+                quiet: false,
+            };
+            let s = runtime()?.block_on(engine::train_client::train(o))?;
+            println!(
+                "job ended {}: {} steps trained here, {} batches acknowledged, newest version v{}",
+                s.job_state, s.steps, s.acked, s.version
+            );
+            Ok(exit_code(s.job_state == "succeeded"))
         }
         Cmd::Run {
             file,

@@ -63,6 +63,8 @@ pub enum ServiceError {
     Functions(#[source] crate::hub::HubError),
     #[error("job {0} not found")]
     NotFound(String),
+    #[error("job {id} has no text: {why}")]
+    NoText { id: String, why: String },
     #[error("job {id} is already {state}")]
     Terminal { id: String, state: &'static str },
     #[error(
@@ -100,6 +102,50 @@ pub struct ServiceConfig {
 /// progress is resumed however often that happens).
 pub const MAX_PROCESS_DEATHS: u64 = 2;
 
+/// Events of a running job kept for clients that reconnect (`Last-Event-ID`).
+pub const EVENT_HISTORY: usize = 256;
+
+/// A running job's event channel, its count of events and the newest of them.
+struct EventLog {
+    tx: broadcast::Sender<JobEvent>,
+    seq: u64,
+    recent: std::collections::VecDeque<(u64, JobEvent)>,
+}
+
+impl EventLog {
+    fn new() -> Self {
+        Self {
+            tx: broadcast::channel(EVENT_CAPACITY).0,
+            seq: 0,
+            recent: std::collections::VecDeque::with_capacity(16),
+        }
+    }
+
+    /// Whether every event after number `k` is still held.
+    fn holds_after(&self, k: u64) -> bool {
+        match self.recent.front() {
+            Some((first, _)) => *first <= k + 1,
+            None => k == self.seq,
+        }
+    }
+}
+
+/// A client's view of a job's events: what to send first (each with its event id), then the
+/// live receiver (none for an ended job), whose events are numbered from `next` on.
+pub struct Subscription {
+    pub replay: Vec<(String, JobEvent)>,
+    pub rx: Option<broadcast::Receiver<JobEvent>>,
+    pub next: u64,
+    pub boot: i64,
+}
+
+impl Subscription {
+    /// The id of the live event numbered `seq`.
+    pub fn event_id(&self, seq: u64) -> String {
+        format!("{}-{seq}", self.boot)
+    }
+}
+
 /// The job manager behind the HTTP API.
 pub struct Service {
     pub store: Store,
@@ -110,7 +156,12 @@ pub struct Service {
     running: Mutex<BTreeMap<String, Running>>,
     /// How many jobs run now (a drain waits for 0).
     running_count: tokio::sync::watch::Sender<usize>,
-    events: Mutex<BTreeMap<String, broadcast::Sender<JobEvent>>>,
+    events: Mutex<BTreeMap<String, EventLog>>,
+    /// Tokenizers of jobs whose trajectories were asked for as text (the newest few).
+    tokenizers: Mutex<Vec<(String, Arc<crate::text::JobTokenizer>)>>,
+    /// This service process's start (ms since the epoch): the first part of every event id,
+    /// so an id from an earlier process is recognised as unknown.
+    boot: i64,
     /// Cancelled when the service stops accepting jobs.
     pub intake: CancellationToken,
     metrics: Catalogue,
@@ -178,6 +229,8 @@ impl Service {
             running: Mutex::new(BTreeMap::new()),
             running_count: tokio::sync::watch::Sender::new(0),
             events: Mutex::new(BTreeMap::new()),
+            boot: crate::store::now_ms(),
+            tokenizers: Mutex::new(Vec::new()),
             intake: CancellationToken::new(),
             metrics: Catalogue::new(),
             job_restarts: Mutex::new(BTreeMap::new()),
@@ -324,6 +377,25 @@ impl Service {
         &self,
         id: &str,
     ) -> Result<(JobEvent, Option<broadcast::Receiver<JobEvent>>), ServiceError> {
+        let sub = self.subscribe_after(id, None)?;
+        let first = sub
+            .replay
+            .into_iter()
+            .next()
+            .map(|(_, e)| e)
+            .ok_or_else(|| ServiceError::NotFound(id.to_string()))?;
+        Ok((first, sub.rx))
+    }
+
+    /// Like [`Service::subscribe`], resuming after the event id `after` (as the events
+    /// endpoint numbered it): the job's events since then are replayed when this process still
+    /// holds them all (the newest [`EVENT_HISTORY`] of a running job); otherwise, and without
+    /// `after`, the stream starts from the current state.
+    pub fn subscribe_after(
+        &self,
+        id: &str,
+        after: Option<&str>,
+    ) -> Result<Subscription, ServiceError> {
         let mut ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
         // Read the state under the lock: a transition is stored before its event is sent
         // under this lock, so one that this read misses reaches the new receiver (one it sees
@@ -331,30 +403,83 @@ impl Service {
         let first = self
             .state_event(id)
             .ok_or_else(|| ServiceError::NotFound(id.to_string()))?;
-        if matches!(&first, JobEvent::State { state, .. } if state.is_terminal()) {
-            return Ok((first, None));
-        }
-        let rx = ev
-            .entry(id.to_string())
-            .or_insert_with(|| broadcast::channel(EVENT_CAPACITY).0)
-            .subscribe();
-        Ok((first, Some(rx)))
+        let terminal = matches!(&first, JobEvent::State { state, .. } if state.is_terminal());
+        let log = (!terminal).then(|| ev.entry(id.to_string()).or_insert_with(EventLog::new));
+        let seq = log.as_ref().map_or(0, |l| l.seq);
+        let resume = after
+            .and_then(|a| a.split_once('-'))
+            .filter(|(boot, _)| *boot == self.boot.to_string())
+            .and_then(|(_, n)| n.parse::<u64>().ok());
+        let replay = match (&log, resume) {
+            (Some(l), Some(k)) if k <= l.seq && l.holds_after(k) => l
+                .recent
+                .iter()
+                .filter(|(n, _)| *n > k)
+                .map(|(n, e)| (self.event_id(*n), e.clone()))
+                .collect(),
+            _ => vec![(self.event_id(seq), first)],
+        };
+        Ok(Subscription {
+            replay,
+            rx: log.map(|l| l.tx.subscribe()),
+            next: seq + 1,
+            boot: self.boot,
+        })
     }
 
-    /// Sends to the job's subscribers, if any; after a terminal state the channel is dropped
-    /// (subscribers still receive what was sent, then the end of the stream).
+    /// The tokenizer of job `id`'s model (kept for the four jobs asked for most recently).
+    pub fn tokenizer(&self, id: &str) -> Result<Arc<crate::text::JobTokenizer>, ServiceError> {
+        if let Some((_, t)) = self
+            .tokenizers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|(j, _)| j == id)
+        {
+            return Ok(t.clone());
+        }
+        let spec = self
+            .store
+            .spec(id)?
+            .ok_or_else(|| ServiceError::NotFound(id.to_string()))?;
+        let t = Arc::new(crate::text::JobTokenizer::for_spec(&spec).map_err(|why| {
+            ServiceError::NoText {
+                id: id.to_string(),
+                why,
+            }
+        })?);
+        let mut g = self.tokenizers.lock().unwrap_or_else(|p| p.into_inner());
+        if g.len() >= 4 {
+            g.remove(0);
+        }
+        g.push((id.to_string(), t.clone()));
+        Ok(t)
+    }
+
+    fn event_id(&self, seq: u64) -> String {
+        format!("{}-{seq}", self.boot)
+    }
+
+    /// Sends to the job's subscribers and keeps the event in the job's recent history; after a
+    /// terminal state the channel and history are dropped (subscribers still receive what was
+    /// sent, then the end of the stream).
     fn send(&self, id: &str, e: JobEvent) {
         let mut ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
         let terminal = matches!(&e, JobEvent::State { state, .. } if state.is_terminal());
-        if let Some(tx) = ev.get(id) {
-            let _ = tx.send(e);
+        let log = ev.entry(id.to_string()).or_insert_with(EventLog::new);
+        log.seq += 1;
+        if log.recent.len() == EVENT_HISTORY {
+            log.recent.pop_front();
         }
+        log.recent.push_back((log.seq, e.clone()));
+        let _ = log.tx.send(e);
         if terminal {
             ev.remove(id);
         }
     }
 
-    /// Event channels held now (one per job with subscribers that has not ended).
+    /// Event channels held now (one per job that has sent or been asked for events and has
+    /// not ended).
     pub fn event_channels(&self) -> usize {
         self.events.lock().map(|e| e.len()).unwrap_or(0)
     }

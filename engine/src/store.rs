@@ -97,6 +97,16 @@ pub struct TrajectoryRow {
     pub trained_step: Option<u64>,
     #[schema(value_type = Object)]
     pub trajectory: serde_json::Value,
+    /// Each turn's observation and response as text (`text=true`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<Vec<TurnText>>,
+}
+
+/// One turn of a trajectory as text.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TurnText {
+    pub observation: String,
+    pub response: String,
 }
 
 /// Which trajectories a page holds.
@@ -438,6 +448,7 @@ impl Store {
                         job_id: job.to_string(),
                         trained_step: trained.map(|s| s as u64),
                         trajectory: serde_json::from_str(&body)?,
+                        text: None,
                     })
                 })
                 .collect()

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use actors::rl::{AdvantageKind, advantages};
 use actors::trainer::{StepResult, TrainError, TrainStats, Trainer};
-use actors::types::{Batch, PolicyVersion, Trajectory, VersionSpan};
+use actors::types::{Batch, FailureReason, Group, PolicyVersion, Trajectory, Turn, VersionSpan};
 use actors::weights::Weights;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
@@ -62,6 +62,10 @@ pub struct Sample {
     pub advantage: f64,
     /// `completed`, or `failed` (no reward: mask it).
     pub status: String,
+    /// The tokens generation was constrained to (constrained decoding), if it was: a trainer
+    /// renormalises its log-probabilities over the same set. Absent when unconstrained.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_tokens: Option<Vec<u32>>,
 }
 
 impl TrainingBatch {
@@ -111,11 +115,104 @@ impl TrainingBatch {
         }
     }
 
+    /// The batch as the built-in trainer consumes it: each sample's turns rebuilt from its
+    /// turn bounds (the observation is what lies between two responses), its versions from
+    /// the version spans. Rewards, not advantages, travel on: the built-in trainer computes
+    /// its own advantages, as it does in process.
+    pub fn to_batch(&self) -> Batch {
+        let groups = self
+            .groups
+            .iter()
+            .map(|g| Group {
+                id: g.group_id,
+                task: g.task.clone(),
+                seed: g.prompt_id,
+                start_version: g
+                    .samples
+                    .iter()
+                    .flat_map(|s| s.version_spans.iter().map(|v| v.version))
+                    .min()
+                    .unwrap_or(self.policy_version_min),
+                trajectories: g.samples.iter().map(|s| s.to_trajectory(g)).collect(),
+                masked: 0,
+            })
+            .collect();
+        Batch {
+            step: self.step,
+            groups,
+        }
+    }
+
     pub fn trajectory_ids(&self) -> Vec<String> {
         self.groups
             .iter()
             .flat_map(|g| g.samples.iter().map(|s| s.trajectory_id.clone()))
             .collect()
+    }
+}
+
+impl Sample {
+    /// The trajectory this sample was made from, as far as training needs it (tokens,
+    /// log-probabilities, versions, rewards, constraint); timings and placement are not sent.
+    fn to_trajectory(&self, g: &BatchGroup) -> Trajectory {
+        let mut spans = self.version_spans.iter().copied();
+        let mut span: Option<VersionSpan> = spans.next();
+        let mut prev = 0;
+        let mut turns = Vec::with_capacity(self.turn_bounds.len());
+        for (i, &[start, end]) in self.turn_bounds.iter().enumerate() {
+            let (start, end) = (start.min(self.tokens.len()), end.min(self.tokens.len()));
+            let (start, end) = (start.max(prev), end.max(start.max(prev)));
+            // This turn's share of the version spans, in order.
+            let mut versions: Vec<VersionSpan> = Vec::new();
+            let mut need = (end - start) as u32;
+            while need > 0 {
+                let Some(s) = span.as_mut() else { break };
+                let take = s.tokens.min(need);
+                if take > 0 {
+                    versions.push(VersionSpan {
+                        version: s.version,
+                        tokens: take,
+                    });
+                }
+                s.tokens -= take;
+                need -= take;
+                if s.tokens == 0 {
+                    span = spans.next();
+                }
+            }
+            turns.push(Turn {
+                observation_tokens: self.tokens[prev..start].to_vec(),
+                response_tokens: self.tokens[start..end].to_vec(),
+                logprobs: self
+                    .behaviour_logprobs
+                    .get(start..end)
+                    .map(<[f32]>::to_vec)
+                    .unwrap_or_default(),
+                versions,
+                env_reward: self.per_turn_rewards.get(i).copied().unwrap_or(0.0),
+                ..Turn::default()
+            });
+            prev = end;
+        }
+        Trajectory {
+            id: self.trajectory_id.clone(),
+            group_id: g.group_id,
+            task: g.task.clone(),
+            seed: g.prompt_id,
+            start_version: self.version_spans.first().map_or(0, |v| v.version),
+            pool: String::new(),
+            shard: 0,
+            turns,
+            reward: self.reward,
+            success: self.reward.is_some_and(|r| r > 0.0),
+            invalid_actions: 0,
+            failure: (self.status != "completed")
+                .then(|| FailureReason::RewardFailed(self.status.clone())),
+            timings: Default::default(),
+            reference: None,
+            final_text: String::new(),
+            allowed_tokens: self.allowed_tokens.clone(),
+        }
     }
 }
 
@@ -135,6 +232,7 @@ fn sample(t: &Trajectory, advantage: f64) -> Sample {
         } else {
             "failed".into()
         },
+        allowed_tokens: t.allowed_tokens.clone(),
     };
     for u in &t.turns {
         s.tokens.extend_from_slice(&u.observation_tokens);
@@ -158,6 +256,26 @@ fn sample(t: &Trajectory, advantage: f64) -> Sample {
         }
     }
     s
+}
+
+/// The SHA-256 of a file (lower-case hex), read as a stream.
+pub fn file_sha256(path: &std::path::Path) -> std::io::Result<String> {
+    let mut f = std::fs::File::open(path)?;
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = std::io::Read::read(&mut f, &mut buf)?;
+        if n == 0 {
+            break;
+        }
+        ctx.update(&buf[..n]);
+    }
+    Ok(ctx
+        .finish()
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
 }
 
 /// Offers each job's batches to its external trainer: durable in the store, leased to one
@@ -298,6 +416,9 @@ pub enum ServedModel {
     Real {
         tensors: Vec<(String, Vec<usize>)>,
         plain: bool,
+        /// A checkpoint model: files may also name tensors as Hugging Face does (a PyTorch
+        /// `state_dict`), mapped onto the model's names.
+        hf: Option<Box<actors::model::llm::LlmConfig>>,
     },
 }
 
@@ -317,15 +438,28 @@ impl ServedModel {
                     .map(|(n, t)| (n, t.dims().to_vec()))
                     .collect(),
                 plain: w.shared.is_none(),
+                hf: None,
             }
+        }
+    }
+
+    /// Also accepts Hugging Face tensor names for a checkpoint model of `cfg`.
+    pub fn with_hf_names(self, cfg: &actors::model::llm::LlmConfig) -> Self {
+        match self {
+            Self::Real { tensors, plain, .. } => Self::Real {
+                tensors,
+                plain,
+                hf: Some(Box::new(cfg.clone())),
+            },
+            s => s,
         }
     }
 
     /// The weights of `version` announced at `path` (safetensors), checked tensor by tensor.
     pub fn load(&self, version: PolicyVersion, path: &str) -> Result<Weights, AnnouncedError> {
-        let (tensors, plain) = match self {
+        let (tensors, plain, hf) = match self {
             Self::Simulated { bytes } => return Ok(Weights::simulated(version, *bytes)),
-            Self::Real { tensors, plain } => (tensors, *plain),
+            Self::Real { tensors, plain, hf } => (tensors, *plain, hf),
         };
         let bad = |why: String| AnnouncedError {
             version,
@@ -334,6 +468,14 @@ impl ServedModel {
         };
         let mut map = candle_core::safetensors::load(path, &candle_core::Device::Cpu)
             .map_err(|e| bad(format!("not a safetensors file: {e}")))?;
+        if let Some(cfg) = hf
+            && map.contains_key("model.embed_tokens.weight")
+        {
+            map = actors::model::llm::from_hf_names(cfg, map.into_iter().collect())
+                .map_err(|e| bad(format!("Hugging Face names: {e}")))?
+                .into_iter()
+                .collect();
+        }
         let mut out = Vec::with_capacity(tensors.len());
         for (name, shape) in tensors {
             let t = map
@@ -456,5 +598,161 @@ impl Trainer for ExternalTrainer {
                 weights,
             ))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use actors::model::trainer::{BuiltinTrainer, TrainerConfig, flatten};
+    use actors::model::transformer::{ModelConfig, Params};
+
+    fn traj(
+        id: &str,
+        group: u64,
+        turns: &[(&[u8], &[u8], u64)],
+        reward: Option<f64>,
+    ) -> Trajectory {
+        let ids = |b: &[u8]| b.iter().map(|&c| u32::from(c)).collect::<Vec<u32>>();
+        Trajectory {
+            id: id.into(),
+            group_id: group,
+            task: "lake".into(),
+            seed: 7 + group,
+            start_version: 0,
+            pool: "cpu".into(),
+            shard: 0,
+            turns: turns
+                .iter()
+                .enumerate()
+                .map(|(i, (obs, resp, v))| Turn {
+                    observation_tokens: ids(obs),
+                    response_tokens: ids(resp),
+                    logprobs: resp.iter().map(|&r| -0.1 * f32::from(r % 7 + 1)).collect(),
+                    // A response split across two versions (a weight update mid-turn).
+                    versions: if resp.len() > 1 {
+                        vec![
+                            VersionSpan {
+                                version: *v,
+                                tokens: 1,
+                            },
+                            VersionSpan {
+                                version: v + 1,
+                                tokens: resp.len() as u32 - 1,
+                            },
+                        ]
+                    } else {
+                        vec![VersionSpan {
+                            version: *v,
+                            tokens: resp.len() as u32,
+                        }]
+                    },
+                    env_reward: i as f64 * 0.5,
+                    ..Turn::default()
+                })
+                .collect(),
+            reward,
+            success: reward.is_some_and(|r| r > 0.0),
+            invalid_actions: 0,
+            failure: None,
+            timings: Default::default(),
+            reference: None,
+            final_text: String::new(),
+            allowed_tokens: Some(vec![b'l' as u32, b'd' as u32, b'r' as u32, b'u' as u32]),
+        }
+    }
+
+    fn batch() -> Batch {
+        let g = |id: u64, rewards: [f64; 3]| Group {
+            id,
+            task: "lake".into(),
+            seed: 7 + id,
+            start_version: 0,
+            trajectories: rewards
+                .iter()
+                .enumerate()
+                .map(|(e, &r)| {
+                    traj(
+                        &format!("g{id}-e{e}"),
+                        id,
+                        &[
+                            (b"SFFH\n", b"d", 0),
+                            (b"pos 4\n", &[b'r', b'u'][..1 + e % 2], 1),
+                            (b"", b"dd", 1),
+                        ],
+                        Some(r),
+                    )
+                })
+                .collect(),
+            masked: 0,
+        };
+        Batch {
+            step: 3,
+            groups: vec![g(0, [1.0, 0.0, 0.0]), g(1, [0.0, 1.0, 1.0])],
+        }
+    }
+
+    /// What a trainer receives and rebuilds is what the in-process trainer sees: the same
+    /// token sequences, masks, log-probabilities, versions, rewards and constraint — and one
+    /// optimiser step on each gives the same weights.
+    #[test]
+    fn a_batch_sent_to_an_external_trainer_trains_as_it_does_in_process() {
+        let b = batch();
+        let sent = TrainingBatch::from_batch(&b, Some(AdvantageKind::Grpo));
+        let wire: TrainingBatch =
+            serde_json::from_slice(&serde_json::to_vec(&sent).unwrap()).unwrap();
+        let back = wire.to_batch();
+        assert_eq!(back.step, 3);
+        assert_eq!(back.groups.len(), 2);
+        for (g0, g1) in b.groups.iter().zip(&back.groups) {
+            assert_eq!((g0.id, g0.seed, &g0.task), (g1.id, g1.seed, &g1.task));
+            assert_eq!(g0.rewards(), g1.rewards());
+            for (t0, t1) in g0.trajectories.iter().zip(&g1.trajectories) {
+                assert_eq!(flatten(t0), flatten(t1), "{}", t0.id);
+                assert_eq!(t0.allowed_tokens, t1.allowed_tokens);
+                for (u0, u1) in t0.turns.iter().zip(&t1.turns) {
+                    assert_eq!(u0.observation_tokens, u1.observation_tokens);
+                    assert_eq!(u0.versions, u1.versions);
+                    assert_eq!(u0.env_reward, u1.env_reward);
+                }
+            }
+        }
+        let cfg = ModelConfig {
+            d_model: 16,
+            n_layers: 1,
+            n_heads: 2,
+            d_ff: 32,
+            max_seq: 32,
+            ..ModelConfig::default()
+        };
+        let init =
+            Params::init(&cfg, 5, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
+        let step = |batch: &Batch| {
+            let mut t = BuiltinTrainer::new(cfg, &init, TrainerConfig::default()).unwrap();
+            let (s, w) = t.step(batch).unwrap();
+            (s.loss, w.tensors)
+        };
+        let (loss0, w0) = step(&b);
+        let (loss1, w1) = step(&back);
+        assert!(loss0.is_finite() && loss0 != 0.0, "loss {loss0}");
+        assert_eq!(loss0, loss1);
+        assert_eq!(w0, w1);
+        // The rebuilt batch trained: the weights moved from the initial ones.
+        assert_ne!(w1, init.to_weights(0).unwrap().tensors);
+    }
+
+    /// Samples without a constraint leave the field out of the document.
+    #[test]
+    fn an_unconstrained_sample_has_no_allowed_tokens_field() {
+        let mut b = batch();
+        for g in &mut b.groups {
+            for t in &mut g.trajectories {
+                t.allowed_tokens = None;
+            }
+        }
+        let v = serde_json::to_value(TrainingBatch::from_batch(&b, None)).unwrap();
+        let s = &v["groups"][0]["samples"][0];
+        assert!(s.get("allowed_tokens").is_none(), "{s}");
+        assert_eq!(s["loss_mask"].as_array().unwrap().len(), 5 + 1 + 6 + 1 + 2);
     }
 }

@@ -14,4 +14,5 @@ mod scheduler;
 mod server_fakes;
 mod serverless;
 mod sigkill_loop;
+mod train_cli;
 mod trainer_api;

@@ -122,6 +122,11 @@ pub struct LlmPolicy {
 
 impl LlmPolicy {
     /// A fresh engine over the loaded weights (no copy).
+    /// The served model's configuration.
+    pub fn config(&self) -> &llm::LlmConfig {
+        &self.weights.cfg
+    }
+
     pub fn engine(&self, max_batch: usize) -> candle_core::Result<BuiltinEngine<LlmDecoder>> {
         let d = LlmDecoder::new(share(&self.weights)?, self.tokenizer.clone(), self.max_seq);
         Ok(BuiltinEngine::with_decoder(d, 0, max_batch))

@@ -333,23 +333,8 @@ fn check_file(
     let Some(want) = sha256 else {
         return Ok(());
     };
-    let read = |e: std::io::Error| field_error("source.uri", format!("{path}: {e}"));
-    let mut f = std::fs::File::open(&real).map_err(read)?;
-    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = std::io::Read::read(&mut f, &mut buf).map_err(read)?;
-        if n == 0 {
-            break;
-        }
-        ctx.update(&buf[..n]);
-    }
-    let got: String = ctx
-        .finish()
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let got = crate::trainer_api::file_sha256(&real)
+        .map_err(|e| field_error("source.uri", format!("{path}: {e}")))?;
     if got.eq_ignore_ascii_case(want.trim()) {
         Ok(())
     } else {

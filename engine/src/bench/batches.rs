@@ -65,6 +65,7 @@ fn synthetic(step: u64) -> TrainingBatch {
                     per_turn_rewards: vec![1.0],
                     advantage: 0.5,
                     status: "completed".into(),
+                    allowed_tokens: None,
                 })
                 .collect(),
         })

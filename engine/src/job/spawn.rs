@@ -358,7 +358,10 @@ fn trainer_and_weights(
                     }
                 }
             };
-            let served = crate::trainer_api::ServedModel::of(&start.initial);
+            let mut served = crate::trainer_api::ServedModel::of(&start.initial);
+            if let Some(p) = &start.policy {
+                served = served.with_hf_names(p.config());
+            }
             // A resumed job serves the newest version its trainer announced.
             let mut version = 0;
             let newest = desk.newest_weights(&job.id).map_err(JobError::TrainerApi)?;

@@ -301,6 +301,67 @@ pub fn load_hf(dir: &Path) -> Result<(LlmWeights, LlmTokenizer), HfError> {
     Ok((weights, tok))
 }
 
+/// Tensors as Hugging Face names them (what a PyTorch trainer's `state_dict` holds), renamed
+/// to the names of [`LlmWeights::named`], q/k rows permuted to the adjacent-pairs layout where
+/// the model uses it, a tied model's `lm_head.weight` copy dropped. Names it does not know are
+/// kept as they are (the caller's name check reports them).
+pub fn from_hf_names(
+    cfg: &LlmConfig,
+    tensors: Vec<(String, Tensor)>,
+) -> Result<Vec<(String, Tensor)>, HfError> {
+    let interleaved = cfg.rope == RopeLayout::Interleaved;
+    let mut out = Vec::with_capacity(tensors.len());
+    for (name, x) in tensors {
+        let mapped = match name.as_str() {
+            "model.embed_tokens.weight" => "token_embd".to_string(),
+            "model.norm.weight" => "output_norm".to_string(),
+            "lm_head.weight" if cfg.tied_embeddings => continue,
+            "lm_head.weight" => "output".to_string(),
+            _ => {
+                let block = name.strip_prefix("model.layers.").and_then(|r| {
+                    let (i, rest) = r.split_once('.')?;
+                    let g = match rest {
+                        "input_layernorm.weight" => "attn_norm",
+                        "self_attn.q_proj.weight" => "attn_q",
+                        "self_attn.k_proj.weight" => "attn_k",
+                        "self_attn.v_proj.weight" => "attn_v",
+                        "self_attn.o_proj.weight" => "attn_output",
+                        "self_attn.q_proj.bias" => "attn_q.bias",
+                        "self_attn.k_proj.bias" => "attn_k.bias",
+                        "self_attn.v_proj.bias" => "attn_v.bias",
+                        "self_attn.q_norm.weight" => "attn_q_norm",
+                        "self_attn.k_norm.weight" => "attn_k_norm",
+                        "post_attention_layernorm.weight" => "ffn_norm",
+                        "mlp.gate_proj.weight" => "ffn_gate",
+                        "mlp.up_proj.weight" => "ffn_up",
+                        "mlp.down_proj.weight" => "ffn_down",
+                        _ => return None,
+                    };
+                    Some(format!("blk.{i}.{g}"))
+                });
+                block.unwrap_or(name)
+            }
+        };
+        let x = match (interleaved, mapped.rsplit('.').next()) {
+            (true, Some("attn_q")) => permute(&x, cfg.n_heads)?,
+            (true, Some("attn_k")) => permute(&x, cfg.n_kv_heads)?,
+            _ => x,
+        };
+        out.push((mapped, x));
+    }
+    Ok(out)
+}
+
+/// llama.cpp's q/k row permutation (halves → adjacent pairs) for `heads` heads.
+fn permute(w: &Tensor, heads: usize) -> Result<Tensor, HfError> {
+    let (rows, cols) = w.dims2()?;
+    let hd = rows / heads;
+    Ok(w.reshape((heads, 2, hd / 2, cols))?
+        .transpose(1, 2)?
+        .contiguous()?
+        .reshape((rows, cols))?)
+}
+
 /// Undoes llama.cpp's q/k row permutation (adjacent pairs → halves) for `heads` heads.
 fn unpermute(w: &Tensor, heads: usize) -> Result<Tensor, HfError> {
     let (rows, cols) = w.dims2()?;

@@ -20,7 +20,7 @@ pub use config::{Family, LlmConfig, RopeLayout};
 pub use decoder::LlmDecoder;
 pub use export::{ExportError, GgufType};
 pub use forward::{LlmWeights, SeqCache};
-pub use hf::{HfError, hf_config, load_hf};
+pub use hf::{HfError, from_hf_names, hf_config, load_hf};
 pub use tokenizer::{ChatMessage, LlmTokenizer, TokenizerError};
 pub use train::{LlmModel, LoraConfig};
 

@@ -487,3 +487,52 @@ fn a_gguf_export_reloads_as_the_same_model() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A PyTorch trainer's `state_dict` (Hugging Face names, q/k rows in the halves layout, a
+/// tied `lm_head.weight` copy) maps back onto the served model's tensors exactly.
+#[test]
+fn hugging_face_names_map_back_onto_the_gguf_tensors() {
+    let ck = open();
+    let w = LlmWeights::from_gguf(&ck).expect("weights");
+    assert_eq!(
+        w.cfg.rope,
+        RopeLayout::Interleaved,
+        "the GGUF keeps llama.cpp's layout"
+    );
+    let tok = LlmTokenizer::from_gguf(&ck).expect("tokenizer");
+    let dir = std::env::temp_dir().join(format!("rollarc-hf-names-{}", std::process::id()));
+    w.save_hf(&tok, &dir).expect("save");
+    let mut hf: Vec<(String, candle_core::Tensor)> =
+        candle_core::safetensors::load(dir.join("model.safetensors"), &candle_core::Device::Cpu)
+            .unwrap()
+            .into_iter()
+            .collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(w.cfg.tied_embeddings);
+    hf.push(("lm_head.weight".into(), w.named()[0].1.clone()));
+    let mapped: std::collections::HashMap<String, candle_core::Tensor> =
+        crate::model::llm::from_hf_names(&w.cfg, hf)
+            .unwrap()
+            .into_iter()
+            .collect();
+    let named = w.named();
+    assert_eq!(
+        mapped.len(),
+        named.len(),
+        "{:?}",
+        mapped.keys().collect::<Vec<_>>()
+    );
+    for (name, t) in named {
+        let m = mapped.get(&name).unwrap_or_else(|| panic!("no {name}"));
+        assert_eq!(m.dims(), t.dims(), "{name}");
+        let d = (m - t)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert_eq!(d, 0.0, "{name} differs by {d}");
+    }
+}

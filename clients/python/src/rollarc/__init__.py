@@ -1,0 +1,36 @@
+"""Python client of the rollarc rollout service.
+
+    from rollarc import Client
+
+    c = Client("http://127.0.0.1:8080")
+    job = c.submit("examples/quickstart.toml")
+    for ev in c.events(job):
+        print(ev.event, ev.data.get("step"))
+
+See the package README (clients/python/README.md) for the trainer API.
+"""
+
+from .client import (
+    Batch,
+    Client,
+    Event,
+    LeaseLost,
+    RollarcError,
+    TERMINAL_STATES,
+)
+from .types import BatchGroup, JobRecord, Sample, Staleness, TrajectoryRow
+
+__all__ = [
+    "Batch",
+    "BatchGroup",
+    "Client",
+    "Event",
+    "JobRecord",
+    "LeaseLost",
+    "RollarcError",
+    "Sample",
+    "Staleness",
+    "TERMINAL_STATES",
+    "TrajectoryRow",
+]
+__version__ = "0.1.0"

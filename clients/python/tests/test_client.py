@@ -1,0 +1,253 @@
+"""The SDK against a real `rollarc serve`: jobs, events to the end and resumed, trajectory
+paging (dicts, text, DataFrame), the batch loop with ack/nack and an expired lease, and
+weight announcements."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+import yaml
+
+from rollarc import Batch, Client, LeaseLost, RollarcError, TERMINAL_STATES
+
+
+def sim_job(steps: int, trainer: Dict[str, Any] | None = None, step_s: float = 0.0) -> Dict[str, Any]:
+    """A job on a simulated H800 pool (virtual time unless `step_s` asks for a wall clock)."""
+    job: Dict[str, Any] = {
+        "seed": 1,
+        "tasks": [
+            {
+                "domain": "lake",
+                "group_size": 4,
+                "max_turns": 4,
+                "max_tokens_per_turn": 64,
+                "env": {
+                    "kind": "sim",
+                    "reset_latency_s": {"constant": 0.1},
+                    "step_latency_s": {"constant": max(step_s, 0.1)},
+                    "turns": {"constant": 2},
+                    "observation_tokens": {"constant": 16},
+                    "response_tokens": {"constant": 16},
+                    "success_rate": 0.5,
+                },
+            }
+        ],
+        "pools": [{"name": "h800", "device": "H800", "count": 1, "backend": {"kind": "sim", "model": "qwen3-8b"}}],
+        "rollout": {"batch_size": 2, "steps": steps, "alpha": 8},
+    }
+    if trainer is not None:
+        job["trainer"] = trainer
+    if step_s > 0:
+        job["sim"] = {"clock": "real"}
+    return job
+
+
+TINY_TOML = """
+seed = 2
+[[tasks]]
+domain = "frozenlake"
+group_size = 4
+max_turns = 4
+max_tokens_per_turn = 1
+constrain_actions = true
+env = { kind = "frozenlake", size = 4, end_on_invalid = true }
+[[pools]]
+name = "cpu"
+device = "CPU"
+count = 1
+backend = { kind = "builtin", model = { d_model = 32, n_layers = 1, n_heads = 2, d_ff = 64, max_seq = 128 } }
+[rollout]
+batch_size = 4
+steps = 3
+alpha = 1
+[trainer]
+kind = "builtin"
+"""
+
+
+def seq(event_id: str) -> int:
+    return int(event_id.rsplit("-", 1)[1])
+
+
+def test_jobs_from_a_dict_a_toml_and_a_yaml_file(client: Client, tmp_path: Path) -> None:
+    a = client.submit(sim_job(2))
+    toml_file = tmp_path / "job.toml"
+    toml_file.write_text(TINY_TOML)
+    b = client.submit(toml_file)
+    yaml_file = tmp_path / "job.yaml"
+    yaml_file.write_text(yaml.safe_dump(sim_job(1)))
+    c = client.submit(yaml_file)
+    assert len({a, b, c}) == 3
+    ids = [j["id"] for j in client.jobs()]
+    assert {a, b, c} <= set(ids)
+    for job in (a, b, c):
+        rec = client.wait(job, timeout=300)
+        assert rec["state"] == "succeeded", rec
+        assert rec["step"] == rec["steps"]
+    assert client.job(b)["steps"] == 3
+    # The stored spec has every default filled in.
+    spec = client.spec(b)
+    assert spec["pools"][0]["backend"]["kind"] == "builtin"
+    assert spec["trainer"]["kind"] == "builtin" and "lr" in spec["trainer"]
+
+
+def test_bad_input_is_a_clear_error(client: Client) -> None:
+    bad = sim_job(1)
+    bad["tasks"][0]["group_size"] = 0
+    with pytest.raises(RollarcError) as e:
+        client.submit(bad)
+    assert e.value.status == 400 and e.value.code == "invalid_spec"
+    assert any(f["field"] == "tasks[0].group_size" for f in e.value.fields), e.value.fields
+    with pytest.raises(RollarcError) as e:
+        client.job("job-does-not-exist")
+    assert e.value.status == 404 and e.value.code == "not_found"
+
+
+def test_cancel_a_running_job(client: Client) -> None:
+    job = client.submit(sim_job(1000, step_s=0.2))
+    for ev in client.events(job):
+        if ev.event == "state" and ev.data["state"] == "running":
+            break
+    rec = client.cancel(job)
+    assert rec["id"] == job
+    assert client.wait(job, timeout=120)["state"] == "cancelled"
+    with pytest.raises(RollarcError) as e:
+        client.cancel(job)
+    assert e.value.status == 409
+
+
+def test_events_run_to_the_end_with_ids_and_resume_without_gaps(client: Client) -> None:
+    job = client.submit(sim_job(6, step_s=0.2))
+    first: List[Any] = []
+    for ev in client.events(job):
+        first.append(ev)
+        if ev.event == "progress":
+            break  # drop the connection after the first step
+    assert first[0].event == "state"
+    resumed = list(client.events(job, after=first[-1].id))
+    assert resumed, "the resumed stream sent nothing"
+    end = resumed[-1]
+    assert end.event == "state" and end.data["state"] == "succeeded", end
+    # Consecutive ids across the two connections: nothing lost, nothing twice.
+    numbers = [seq(e.id) for e in first + resumed]
+    assert numbers == list(range(numbers[0], numbers[0] + len(numbers))), numbers
+    progress = [e for e in first + resumed if e.event == "progress"]
+    assert [e.data["step"] for e in progress] == list(range(1, 7))
+    # A finished job's stream is its final state alone.
+    again = list(client.events(job))
+    assert [e.event for e in again] == ["state"] and again[0].data["state"] == "succeeded"
+
+
+def test_trajectories_page_as_dicts_text_and_a_dataframe(client: Client, tmp_path: Path) -> None:
+    f = tmp_path / "tiny.toml"
+    f.write_text(TINY_TOML)
+    job = client.submit(f)
+    assert client.wait(job, timeout=300)["state"] == "succeeded"
+    rows = list(client.trajectories(job, page_size=7))
+    all_at_once = list(client.trajectories(job, page_size=1000))
+    assert len(rows) > 7 and rows == all_at_once
+    cursors = [r["cursor"] for r in rows]
+    assert cursors == sorted(set(cursors))
+    trained = list(client.trajectories(job, trained=True))
+    assert trained and all(r["trained_step"] is not None for r in trained)
+    assert {r["trained_step"] for r in trained} <= {1, 2, 3}
+    untrained = list(client.trajectories(job, trained=False))
+    assert len(trained) + len(untrained) == len(rows)
+    # Text: the byte-level model's tokens are the bytes of the board and the moves.
+    texts = list(client.trajectories(job, text=True))
+    for r in texts:
+        for turn, text in zip(r["trajectory"]["turns"], r["text"]):
+            want = bytes(t for t in turn["observation_tokens"] if t < 256).decode("utf-8", "replace")
+            assert text["observation"] == want
+            assert all(ch in "LDRU" for ch in text["response"]), text
+    assert any("F" in t["observation"] for r in texts for t in r["text"])
+    df = client.trajectories_df(job, text=True)
+    assert len(df) == len(rows)
+    assert {"cursor", "trained_step", "task", "reward", "turns", "text"} <= set(df.columns)
+    assert (df["task"] == "frozenlake").all()
+    # Simulated pools have no tokenizer: a clear 400 naming the field.
+    sim = client.submit(sim_job(1))
+    client.wait(sim, timeout=120)
+    with pytest.raises(RollarcError) as e:
+        list(client.trajectories(sim, text=True))
+    assert e.value.status == 400 and e.value.fields[0]["field"] == "text"
+
+
+def test_a_batch_loop_with_ack_nack_and_an_expired_lease(client: Client) -> None:
+    job = client.submit(sim_job(3, trainer={"kind": "external", "lease_s": 1}))
+    b = client.next_batch(job, wait_s=60)
+    assert isinstance(b, Batch) and b.step == 0 and len(b) > 0
+    s = next(b.samples())
+    assert len(s["tokens"]) == len(s["loss_mask"]) == len(s["behaviour_logprobs"])
+    assert s["status"] in ("completed", "failed")
+    # Given back: offered again at once under a new lease.
+    b.nack()
+    b2 = client.next_batch(job, wait_s=10)
+    assert b2 is not None and b2.step == 0 and b2.batch_id != b.batch_id
+    # Held past its lease (1 s): offered again; the old lease cannot acknowledge.
+    time.sleep(1.5)
+    b3 = client.next_batch(job, wait_s=10, binary=True)  # MessagePack this time
+    assert b3 is not None and b3.step == 0 and b3.batch_id != b2.batch_id
+    assert [s["tokens"] for s in b3.samples()] == [s["tokens"] for s in b2.samples()]
+    with pytest.raises(LeaseLost):
+        b2.ack(loss=1.0)
+    # The context manager acknowledges at the end of the block ...
+    with b3:
+        b3.stats["loss"] = 0.25
+    assert b3.outcome == "acked"
+    # ... and gives the batch back on an exception.
+    b4 = client.next_batch(job, wait_s=60)
+    assert b4 is not None and b4.step == 1
+    with pytest.raises(RuntimeError):
+        with b4:
+            raise RuntimeError("the trainer ran out of memory")
+    assert b4.outcome == "offered_again"
+    steps = []
+    for batch in client.batches(job, wait_s=10):
+        with batch:
+            steps.append(batch.step)
+    assert steps == [1, 2]
+    assert client.job(job)["state"] == "succeeded"
+    st = client.staleness(job)
+    assert st["batches_acked"] == 3 and st["batches_pending"] == 0 and st["alpha"] == 8
+    # Every acknowledged row records its step.
+    trained = {r["trained_step"] for r in client.trajectories(job, trained=True)}
+    assert trained == {1, 2, 3}
+
+
+def test_weight_announcements(client: Client, tmp_path: Path) -> None:
+    job = client.submit(sim_job(2, trainer={"kind": "external", "lease_s": 60}))
+    b = client.next_batch(job, wait_s=60)
+    assert b is not None
+    w = tmp_path / "v1.safetensors"
+    w.write_bytes(b"weights of version 1" * 100)
+    out = client.announce_weights(job, 1, w)
+    assert out["version"] == 1
+    # Versions only go up.
+    with pytest.raises(RollarcError) as e:
+        client.announce_weights(job, 1, w)
+    assert e.value.status == 409 and e.value.code == "version_not_newer"
+    # A checksum that does not match names the field.
+    with pytest.raises(RollarcError) as e:
+        client.announce_weights(job, 2, w, sha256=hashlib.sha256(b"other").hexdigest())
+    assert e.value.status == 400 and e.value.fields[0]["field"] == "source.sha256"
+    # Follow the events from before the acknowledgement, so none is missed.
+    events = client.events(job)
+    assert next(events).event == "state"
+    b.ack(loss=0.1)
+    # The next batch is assembled after the step boundary where version 1 was installed.
+    for batch in client.batches(job, wait_s=10):
+        with batch:
+            pass
+    rest = list(events)
+    installed = [e.data["version"] for e in rest if e.event == "weights_installed"]
+    assert installed == [1], [e.event for e in rest]
+    assert rest[-1].data["state"] == "succeeded"
+    rec = client.job(job)
+    assert rec["state"] in TERMINAL_STATES
+    assert json.dumps(rec["metrics"])  # the step metrics are plain JSON
