@@ -2,13 +2,14 @@
 //! and into the durable log.
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 /// A policy version: 0 is the initial weights; training step `s` produces version `s + 1`.
 pub type PolicyVersion = u64;
 
 /// Why a trajectory did not finish normally. Infrastructure failures are masked out of group
 /// statistics, never scored as zero.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case", tag = "kind", content = "detail")]
 pub enum FailureReason {
     /// The environment process crashed or returned an error.
@@ -34,14 +35,14 @@ impl FailureReason {
 }
 
 /// A run of consecutive response tokens sampled under one policy version.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct VersionSpan {
     pub version: PolicyVersion,
     pub tokens: u32,
 }
 
 /// One turn: the observation tokens appended to the context, then the generated response.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Turn {
     /// Tokens appended to the context before generation (observation, prompt); loss mask 0.
     pub observation_tokens: Vec<u32>,
@@ -61,7 +62,7 @@ pub struct Turn {
 }
 
 /// Wall (or virtual) time spent in each stage of a trajectory, in seconds.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Timings {
     pub started_at_s: f64,
     pub ended_at_s: f64,
@@ -74,7 +75,7 @@ pub struct Timings {
 }
 
 /// A finished (or failed) trajectory: the unit the trainer consumes and the store keeps.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Trajectory {
     /// Unique within the job: `g{group}-e{episode}`.
     pub id: String,
@@ -94,6 +95,7 @@ pub struct Trajectory {
     pub timings: Timings,
     /// The task's reference (answer, tests) from the environment's reset, for reward functions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
     pub reference: Option<serde_json::Value>,
     /// The last response as text (what reward functions score).
     #[serde(default, skip_serializing_if = "String::is_empty")]

@@ -265,6 +265,11 @@ pub struct DeviceView {
         FieldError,
         TrajectoryRow,
         crate::store::TurnText,
+        actors::types::Trajectory,
+        actors::types::Turn,
+        actors::types::VersionSpan,
+        actors::types::Timings,
+        actors::types::FailureReason,
         trainer::LeasedBatchBody,
         trainer::BatchAck,
         trainer::Staleness,
@@ -677,7 +682,7 @@ where
 }
 
 /// Trajectories after a cursor, as NDJSON in durable order.
-#[utoipa::path(get, path = "/v1/jobs/{id}/trajectories", params(("id" = String, Path, description = "job id"), PageQuery), responses((status = 200, description = "application/x-ndjson of TrajectoryRow"), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+#[utoipa::path(get, path = "/v1/jobs/{id}/trajectories", params(("id" = String, Path, description = "job id"), PageQuery), responses((status = 200, description = "one TrajectoryRow per line (NDJSON)", content_type = "application/x-ndjson", body = TrajectoryRow), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 async fn trajectories(
     State(s): State<Arc<Service>>,
     Extension(p): Extension<Principal>,

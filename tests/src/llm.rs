@@ -315,3 +315,76 @@ fn a_smollm2_job_on_two_managed_llamacpp_shards_installs_every_version_and_survi
     );
     eprintln!("versions served: {versions:?}; killed server {pid}");
 }
+
+/// What a trainer of a checkpoint job may announce: a safetensors file with the model's own
+/// names, one with Hugging Face names (a PyTorch `state_dict`, q/k rows in the halves layout),
+/// or a GGUF checkpoint — each loads as exactly the served tensors; the tiny model's file
+/// layout is refused for it with the tensor named.
+#[test]
+fn announced_checkpoint_weights_load_from_gguf_hugging_face_names_and_model_names() {
+    use engine::store::AnnouncedWeights;
+    use engine::trainer_api::ServedModel;
+    let path = smollm2();
+    let spec = actors::model::runtime::CheckpointSpec {
+        path: path.clone(),
+        max_seq: 64,
+        lora: None,
+        micro_batch_rows: 1,
+    };
+    let (parts, policy) =
+        actors::model::runtime::BuiltinParts::checkpoint(&spec, Default::default(), 0, None)
+            .unwrap();
+    let served = ServedModel::of(&parts.initial).with_hf_names(policy.config());
+    let base: std::collections::HashMap<String, candle_core::Tensor> = parts
+        .initial
+        .candle_tensors(&candle_core::Device::Cpu)
+        .unwrap()
+        .into_iter()
+        .collect();
+    let same = |w: &actors::weights::Weights, what: &str| {
+        let got = w.candle_tensors(&candle_core::Device::Cpu).unwrap();
+        assert_eq!(got.len(), base.len(), "{what}");
+        for (n, t) in got {
+            let d = (&t - &base[&n])
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert_eq!(d, 0.0, "{what}: {n} differs by {d}");
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ann = |version: u64, uri: &std::path::Path, format: &str| AnnouncedWeights {
+        version,
+        uri: uri.display().to_string(),
+        format: format.into(),
+    };
+    // The GGUF itself (Q4_1, dequantised as the engines dequantise it).
+    let w = served.load(&ann(1, &path, "gguf")).unwrap();
+    assert_eq!(w.version, 1);
+    same(&w, "gguf");
+    // Hugging Face names, as `save_hf` (and `transformers`) write them.
+    let (weights, tok) = actors::model::llm::load(&path).unwrap();
+    weights.save_hf(&tok, &dir.path().join("hf")).unwrap();
+    let hf = dir.path().join("hf").join("model.safetensors");
+    same(
+        &served.load(&ann(2, &hf, "safetensors")).unwrap(),
+        "hf names",
+    );
+    // The model's own names.
+    let own = dir.path().join("own.safetensors");
+    candle_core::safetensors::save(&base, &own).unwrap();
+    same(
+        &served.load(&ann(3, &own, "safetensors")).unwrap(),
+        "own names",
+    );
+    // A file missing a tensor is refused with its name.
+    let mut fewer = base.clone();
+    fewer.remove("blk.0.attn_q");
+    candle_core::safetensors::save(&fewer, &own).unwrap();
+    let e = served.load(&ann(4, &own, "safetensors")).unwrap_err();
+    assert!(e.to_string().contains("blk.0.attn_q"), "{e}");
+}

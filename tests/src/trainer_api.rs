@@ -463,6 +463,10 @@ async fn announced_weights_are_installed_and_generate_the_next_batches() {
             "source.format",
         ),
         (
+            serde_json::json!({"version": 1, "source": json_src(&v1, "onnx")}),
+            "source.format",
+        ),
+        (
             serde_json::json!({"version": 1, "source": src("/nonexistent/v1.safetensors")}),
             "source.uri",
         ),

@@ -261,8 +261,9 @@ pub async fn staleness(
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum WeightSource {
     /// A file the service can read: `uri` is a path (or `file://` URL); `format` is
-    /// `safetensors` (every tensor of the served model, by name); `sha256` is checked when
-    /// given.
+    /// `safetensors` (every tensor of the served model, by its name or, for a checkpoint, by
+    /// Hugging Face's) or `gguf` (a checkpoint of the served model's architecture, any
+    /// quantisation); `sha256` is checked when given.
     Path {
         uri: String,
         format: String,
@@ -384,11 +385,29 @@ pub async fn announce_weights(
             ));
         }
     };
-    if format != "safetensors" {
-        return Err(field_error(
-            "source.format",
-            format!("{format:?}: the built-in and simulated engines load \"safetensors\""),
-        ));
+    let tiny = s.store.spec(&id)?.is_some_and(|spec| {
+        spec.pools.iter().any(|p| {
+            p.backend
+                .real_model()
+                .is_some_and(|m| matches!(m.choice(), crate::spec::ModelChoice::Tiny(_)))
+        })
+    });
+    match format.as_str() {
+        "safetensors" => {}
+        "gguf" if !tiny => {}
+        "gguf" => {
+            return Err(field_error(
+                "source.format",
+                "\"gguf\" is for checkpoint models; the tiny built-in model takes \"safetensors\""
+                    .into(),
+            ));
+        }
+        _ => {
+            return Err(field_error(
+                "source.format",
+                format!("{format:?}: expected \"safetensors\" or \"gguf\""),
+            ));
+        }
     }
     let path = uri.strip_prefix("file://").unwrap_or(&uri).to_string();
     let data_dir = s.data_dir().to_path_buf();
@@ -400,7 +419,7 @@ pub async fn announce_weights(
     };
     checked?;
     if !s.batches.announce(&id, a.version, &path, &format)? {
-        let newest = s.batches.newest_weights(&id)?.map_or(0, |(v, _)| v);
+        let newest = s.batches.newest_weights(&id)?.map_or(0, |a| a.version);
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "version_not_newer",

@@ -365,13 +365,13 @@ fn trainer_and_weights(
             // A resumed job serves the newest version its trainer announced.
             let mut version = 0;
             let newest = desk.newest_weights(&job.id).map_err(JobError::TrainerApi)?;
-            if let Some((v, path)) = newest {
+            if let Some(a) = newest {
                 start.initial = Arc::new(
                     served
-                        .load(v, &path)
+                        .load(&a)
                         .map_err(|e| JobError::Announced(Box::new(e)))?,
                 );
-                version = v;
+                version = a.version;
             }
             let trainer = crate::trainer_api::ExternalTrainer {
                 desk,

@@ -214,16 +214,31 @@ impl Store {
     }
 
     /// The newest version the trainer of `job` announced, and where.
-    pub fn newest_weights(&self, job: &str) -> Result<Option<(u64, String)>, StoreError> {
+    pub fn newest_weights(&self, job: &str) -> Result<Option<AnnouncedWeights>, StoreError> {
         self.with(|c| {
             Ok(c.query_row(
-                "SELECT version, uri FROM announced_weights WHERE job_id = ?1 ORDER BY version DESC LIMIT 1",
+                "SELECT version, uri, format FROM announced_weights WHERE job_id = ?1 ORDER BY version DESC LIMIT 1",
                 params![job],
-                |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?)),
+                |r| {
+                    Ok(AnnouncedWeights {
+                        version: r.get::<_, i64>(0)? as u64,
+                        uri: r.get(1)?,
+                        format: r.get(2)?,
+                    })
+                },
             )
             .optional()?)
         })
     }
+}
+
+/// A policy version an external trainer announced: its file and the file's format.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AnnouncedWeights {
+    pub version: u64,
+    pub uri: String,
+    /// `safetensors` or `gguf`.
+    pub format: String,
 }
 
 type Lease = (String, i64, Option<i64>);
