@@ -405,10 +405,10 @@ impl PoolSpec {
         match &pl.backend {
             BackendSpec::Sim { .. } => self.check_sim(at, spec, problems),
             BackendSpec::Builtin { model, max_batch } => {
-                check_builtin(at, spec, model, *max_batch, false, problems)
+                check_builtin(at, spec, model, *max_batch, problems)
             }
             BackendSpec::Llamacpp(l) | BackendSpec::Sglang(l) | BackendSpec::Vllm(l) => {
-                check_builtin(at, spec, &l.model, 1, true, problems);
+                check_builtin(at, spec, &l.model, 1, problems);
                 let llamacpp = matches!(pl.backend, BackendSpec::Llamacpp(_));
                 check_server(at, pl.count, l, llamacpp, problems);
             }
@@ -520,7 +520,6 @@ fn check_builtin(
     spec: &JobSpec,
     model: &BuiltinModelSpec,
     max_batch: usize,
-    server: bool,
     problems: &mut Problems,
 ) {
     let p = at;
@@ -532,13 +531,7 @@ fn check_builtin(
         );
     }
     let external = matches!(spec.trainer, super::TrainerSpec::External(_));
-    if external && server {
-        // (Inference servers: their installs need exports of announced weights, not wired.)
-        problems.push(
-            format!("{p}.backend"),
-            "an external trainer drives simulated or built-in (kind = \"builtin\") pools; inference servers train with trainer.kind = \"builtin\"".into(),
-        );
-    } else if !spec.trains_builtin() && !external {
+    if !spec.trains_builtin() && !external {
         problems.push(
             format!("{p}.backend"),
             "the built-in model trains only with trainer.kind = \"builtin\" or \"external\"".into(),

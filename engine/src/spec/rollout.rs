@@ -230,6 +230,14 @@ impl RolloutSpec {
         if r.alpha.is_some_and(|a| a > 1000) {
             problems.push("rollout.alpha".into(), "must be at most 1000".into());
         }
+        if r.overlap_training == Some(true) && spec.knobs().alpha == 0 {
+            problems.push(
+                "rollout.overlap_training".into(),
+                "training overlaps rollout only with alpha >= 1: with alpha = 0 every batch \
+                 needs the weights of the step before it"
+                    .into(),
+            );
+        }
         if spec.sim.clock == Some(Clock::Virtual) && !spec.all_simulated() {
             problems.push(
                 "sim.clock".into(),
@@ -305,7 +313,10 @@ impl JobSpec {
             preset: self.preset,
             barrier: r.barrier.unwrap_or(barrier),
             alpha,
-            overlap_training: r.overlap_training.unwrap_or(overlap),
+            // Training overlaps rollout only when trajectories may lag a version: with α = 0
+            // the next batch needs the weights the step being trained produces (the driver
+            // would wait for that batch before installing them).
+            overlap_training: r.overlap_training.unwrap_or(overlap && alpha > 0),
             placement: self.reward.placement.unwrap_or(placement),
             mapping: self.mapping.mode.unwrap_or(
                 if mapping == MappingMode::Declared && self.mapping.declared.is_empty() {

@@ -538,3 +538,40 @@ fn llamacpp_pool_fields_are_checked_with_their_paths() {
         "{errs:?}"
     );
 }
+
+/// α = 0 under an overlapping preset trains without overlap (the next batch needs the
+/// weights the step produces; overlapping used to wait for that batch before installing them,
+/// and the job hung); asking for overlap with α = 0 is an error naming the field.
+#[test]
+fn alpha_zero_turns_overlap_off_and_refuses_it_when_asked() {
+    let s = parse(
+        &format!("{}[rollout]\nalpha = 0\n", minimal()),
+        Format::Toml,
+    )
+    .unwrap();
+    let k = s.knobs();
+    assert_eq!(k.alpha, 0);
+    assert!(!k.overlap_training);
+    let e = parse(
+        &format!(
+            "{}[rollout]\nalpha = 0\noverlap_training = true\n",
+            minimal()
+        ),
+        Format::Toml,
+    )
+    .unwrap_err();
+    assert!(
+        e.0.iter().any(|p| p.field == "rollout.overlap_training"),
+        "{:?}",
+        e.0
+    );
+    let ok = parse(
+        &format!(
+            "{}[rollout]\nalpha = 1\noverlap_training = true\n",
+            minimal()
+        ),
+        Format::Toml,
+    )
+    .unwrap();
+    assert!(ok.knobs().overlap_training);
+}
