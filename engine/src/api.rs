@@ -40,7 +40,8 @@ pub struct ErrorBody {
 pub struct ErrorDetail {
     /// Stable machine code: `invalid_spec`, `not_found`, `method_not_allowed`,
     /// `body_too_large`, `bad_request`, `unauthorized`, `forbidden`, `rate_limited`,
-    /// `over_memory_budget`, `conflict`, `shutting_down`, `internal`.
+    /// `over_memory_budget`, `conflict`, `unsupported_media_type`, `shutting_down`,
+    /// `internal`.
     pub code: &'static str,
     pub message: String,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -242,6 +243,7 @@ pub struct DeviceView {
         list_jobs,
         get_job,
         get_job_spec,
+        job_steps,
         cancel_job,
         job_events,
         trajectories,
@@ -265,6 +267,8 @@ pub struct DeviceView {
         FieldError,
         TrajectoryRow,
         crate::store::TurnText,
+        StepPage,
+        StepRecord,
         actors::types::Trajectory,
         actors::types::Turn,
         actors::types::VersionSpan,
@@ -365,6 +369,7 @@ pub fn router_with(service: Arc<Service>, access: Arc<Access>) -> Router {
         .route("/v1/jobs", post(submit).get(list_jobs))
         .route("/v1/jobs/{id}", get(get_job))
         .route("/v1/jobs/{id}/spec", get(get_job_spec))
+        .route("/v1/jobs/{id}/steps", get(job_steps))
         .route("/v1/jobs/{id}/cancel", post(cancel_job))
         .route("/v1/jobs/{id}/events", get(job_events))
         .route("/v1/jobs/{id}/trajectories", get(trajectories))
@@ -457,25 +462,43 @@ fn visible_job(s: &Service, p: &Principal, id: &str) -> Result<JobRecord, ApiErr
     }
 }
 
-fn body_format(headers: &HeaderMap, body: &str) -> Format {
+/// The spec format of a submitted body: by its content type (JSON or TOML), sniffed when it
+/// names none (or plain text); any other type (YAML, XML, …) is a 415.
+fn body_format(headers: &HeaderMap, body: &str) -> Result<Format, ApiError> {
     let ct = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    if ct.contains("json") {
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    Ok(if ct.contains("json") {
         Format::Json
     } else if ct.contains("toml") {
         Format::Toml
-    } else if body.trim_start().starts_with('{') {
-        Format::Json
+    } else if matches!(ct.as_str(), "" | "text/plain" | "application/octet-stream") {
+        if body.trim_start().starts_with('{') {
+            Format::Json
+        } else {
+            Format::Toml
+        }
     } else {
-        Format::Toml
-    }
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            format!(
+                "content-type {ct} is not a job spec format: send application/json or \
+                 application/toml (convert YAML to JSON first; the Python SDK does)"
+            ),
+        ));
+    })
 }
 
 /// Submit a job (JSON or TOML body).
 #[utoipa::path(post, path = "/v1/jobs", request_body(content = spec::JobSpec, description = "job spec as JSON or TOML"),
-    responses((status = 201, body = Created), (status = 400, description = "invalid spec, or over the memory budget", body = ErrorBody), (status = 403, description = "the token may not submit, or the service policy forbids a program of the spec", body = ErrorBody), (status = 413, body = ErrorBody), (status = 503, body = ErrorBody)))]
+    responses((status = 201, body = Created), (status = 400, description = "invalid spec, or over the memory budget", body = ErrorBody), (status = 403, description = "the token may not submit, or the service policy forbids a program of the spec", body = ErrorBody), (status = 413, body = ErrorBody), (status = 415, description = "a body that is neither JSON nor TOML (e.g. YAML)", body = ErrorBody), (status = 503, body = ErrorBody)))]
 async fn submit(
     State(s): State<Arc<Service>>,
     Extension(p): Extension<Principal>,
@@ -497,7 +520,7 @@ async fn submit(
     })?;
     let text = std::str::from_utf8(&body)
         .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", "body is not UTF-8"))?;
-    let spec = spec::parse(text, body_format(&headers, text)).map_err(|e| ApiError {
+    let spec = spec::parse(text, body_format(&headers, text)?).map_err(|e| ApiError {
         status: StatusCode::BAD_REQUEST,
         code: "invalid_spec",
         message: format!("the job spec has {} problem(s)", e.0.len()),
@@ -556,6 +579,73 @@ async fn get_job_spec(
         .spec(&id)?
         .ok_or_else(|| ServiceError::NotFound(id.clone()))?;
     Ok(Json(spec))
+}
+
+/// A page of a job's step history.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+struct StepsQuery {
+    /// The last step already seen (0 = from the first).
+    after: Option<u64>,
+    /// Page size, 1..=1000 (default 100).
+    limit: Option<usize>,
+}
+
+/// One completed training step.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StepRecord {
+    /// Steps completed by then (1 = the first step).
+    pub step: u64,
+    /// The step's full record (the progress event's metrics plus the per-resource
+    /// `timeline`).
+    #[schema(value_type = Object)]
+    pub metrics: serde_json::Value,
+}
+
+/// Steps after `after`, oldest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StepPage {
+    pub steps: Vec<StepRecord>,
+    /// The job's newest event id when the page was read: resume the events after it
+    /// (`Last-Event-ID`) to get every later step (a step already on a page may come again:
+    /// keep one per `step`).
+    pub event_id: String,
+}
+
+/// The job's step history (the learning curve), paged.
+#[utoipa::path(get, path = "/v1/jobs/{id}/steps", params(("id" = String, Path, description = "job id"), StepsQuery), responses((status = 200, body = StepPage), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn job_steps(
+    State(s): State<Arc<Service>>,
+    Extension(p): Extension<Principal>,
+    Path(id): Path<String>,
+    q: Result<Query<StepsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<StepPage>, ApiError> {
+    let Query(q) =
+        q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
+    let limit = q.limit.unwrap_or(100);
+    if limit == 0 || limit > MAX_PAGE {
+        return Err(ApiError {
+            fields: vec![FieldError {
+                field: "limit".into(),
+                message: format!("must be in 1..={MAX_PAGE}"),
+            }],
+            ..ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("limit {limit} out of range"),
+            )
+        });
+    }
+    visible_job(&s, &p, &id)?;
+    // The id first: every step after the ones read here has its event after it.
+    let event_id = s.last_event_id(&id);
+    let steps = s
+        .store
+        .step_page(&id, q.after.unwrap_or(0), limit)?
+        .into_iter()
+        .map(|(step, metrics)| StepRecord { step, metrics })
+        .collect();
+    Ok(Json(StepPage { steps, event_id }))
 }
 
 /// Cancel a queued or running job.

@@ -195,7 +195,23 @@ struct ServeConfig {
     policy: engine::access::ProgramPolicy,
 }
 
+/// Job files are TOML or JSON; a YAML file gets a clear refusal instead of TOML errors.
+fn check_spec_extension(file: &std::path::Path) -> anyhow::Result<()> {
+    if file
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml"))
+    {
+        bail!(
+            "{}: job files are TOML or JSON; convert YAML to one of them (the Python SDK, \
+             clients/python, submits YAML files as JSON)",
+            file.display()
+        );
+    }
+    Ok(())
+}
+
 fn read_spec(file: &PathBuf) -> anyhow::Result<JobSpec> {
+    check_spec_extension(file)?;
     let body =
         std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
     let fmt = if file.extension().is_some_and(|e| e == "json") {
@@ -306,12 +322,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             report,
         } => run_job(&file, data_dir, &report),
         Cmd::Report { job, data_dir, out } => {
-            let service = Service::open(&ServiceConfig {
-                data_dir,
-                max_running: 1,
-                max_memory: None,
-            })?;
-            write_report(&service, &job, &out)?;
+            // The store alone: a report may be written while a service runs on the directory.
+            let db = data_dir.join("rollarc.db");
+            if !db.is_file() {
+                bail!("{} holds no rollarc store (rollarc.db)", data_dir.display());
+            }
+            let store = engine::store::Store::open(&db)?;
+            write_report(&store, &data_dir, &job, &out)?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Export {
@@ -436,6 +453,7 @@ fn serve(
 }
 
 fn submit(client: &reqwest::Client, server: &str, file: &PathBuf) -> anyhow::Result<ExitCode> {
+    check_spec_extension(file)?;
     let body =
         std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
     let ct = if file.extension().is_some_and(|e| e == "json") {
@@ -520,7 +538,7 @@ fn run_job(
         };
         let last = engine::cli::watch_events_with(rx, Some(first), functions).await;
         print_summary(&service, &id)?;
-        write_report(&service, &id, report)?;
+        write_report(&service.store, service.data_dir(), &id, report)?;
         Ok(exit_code(matches!(
             last,
             Some(JobEvent::State {
@@ -629,12 +647,19 @@ fn env_serve(spec: &str) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn write_report(service: &Arc<Service>, id: &str, dir: &std::path::Path) -> anyhow::Result<()> {
-    let Some(j) = service.store.get(id)? else {
-        return Ok(());
+fn write_report(
+    store: &engine::store::Store,
+    data_dir: &std::path::Path,
+    id: &str,
+    dir: &std::path::Path,
+) -> anyhow::Result<()> {
+    let Some(j) = store.get(id)? else {
+        bail!(
+            "no job {id} in the data directory {} (rollarc report JOB --data-dir DIR)",
+            data_dir.display()
+        );
     };
-    let steps: Vec<engine::job::StepMetrics> = service
-        .store
+    let steps: Vec<engine::job::StepMetrics> = store
         .step_metrics(id)?
         .into_iter()
         .map(serde_json::from_value)
@@ -642,7 +667,7 @@ fn write_report(service: &Arc<Service>, id: &str, dir: &std::path::Path) -> anyh
         .context("stored step metrics")?;
     let mut summary = engine::report::summarise(id, j.state.as_str(), &steps);
     // The random-policy rate of each built-in game, measured on the environment itself.
-    if let Some(spec) = service.store.spec(id)? {
+    if let Some(spec) = store.spec(id)? {
         for t in &spec.tasks {
             if let Some(s) = summary.tasks.get_mut(&t.domain) {
                 s.success_random = engine::report::random_policy_success(t, 4000, spec.seed);

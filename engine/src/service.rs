@@ -57,6 +57,11 @@ pub enum ServiceError {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "the data directory {dir} is in use by another rollarc process ({holder}); one service \
+         (serve or run) per data directory: stop it or use another --data-dir"
+    )]
+    InUse { dir: PathBuf, holder: String },
     #[error("the service is shutting down and accepts no new jobs")]
     ShuttingDown,
     #[error("the function runtime could not be started")]
@@ -101,6 +106,50 @@ pub struct ServiceConfig {
 /// that takes the process down must not keep it crash-looping; a job killed while it makes
 /// progress is resumed however often that happens).
 pub const MAX_PROCESS_DEATHS: u64 = 2;
+
+/// Takes the data directory's lock (`rollarc.lock`, an advisory lock the kernel drops with
+/// the process) and records the holder in it; the holder's record when another has it.
+fn lock_data_dir(dir: &std::path::Path) -> Result<std::fs::File, ServiceError> {
+    use std::io::{Read, Seek, Write};
+    let path = dir.join("rollarc.lock");
+    let io = |source| ServiceError::DataDir {
+        dir: path.clone(),
+        source,
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(io)?;
+    match f.try_lock() {
+        Ok(()) => {
+            let me = format!(
+                "pid {}: {}",
+                std::process::id(),
+                std::env::args().collect::<Vec<_>>().join(" ")
+            );
+            f.set_len(0).map_err(io)?;
+            f.rewind().map_err(io)?;
+            f.write_all(me.as_bytes()).map_err(io)?;
+            Ok(f)
+        }
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = f.read_to_string(&mut holder);
+            Err(ServiceError::InUse {
+                dir: dir.to_path_buf(),
+                holder: if holder.trim().is_empty() {
+                    "unknown".into()
+                } else {
+                    holder.trim().to_string()
+                },
+            })
+        }
+        Err(std::fs::TryLockError::Error(e)) => Err(io(e)),
+    }
+}
 
 /// Events of a running job kept for clients that reconnect (`Last-Event-ID`).
 pub const EVENT_HISTORY: usize = 256;
@@ -150,6 +199,8 @@ impl Subscription {
 pub struct Service {
     pub store: Store,
     data_dir: PathBuf,
+    /// The data directory's lock (held while the service lives; `rollarc.lock`).
+    _lock: Option<std::fs::File>,
     max_running: usize,
     /// Memory budget of all running jobs together (see [`crate::admission`]).
     memory_budget: u64,
@@ -189,6 +240,9 @@ impl Service {
             dir: cfg.data_dir.clone(),
             source: e,
         })?;
+        // One service per data directory: two would run each other's queued jobs and end each
+        // other's processes as left behind by a crash.
+        let lock = lock_data_dir(&cfg.data_dir)?;
         let store = Store::open(&cfg.data_dir.join("rollarc.db"))?;
         // Before any process starts: end the function instances and environments a crash of
         // the previous run left behind, and list the ones this run starts.
@@ -211,17 +265,26 @@ impl Service {
                 });
             }
         }
-        Self::with_store(store, cfg)
+        Self::build(store, cfg, Some(lock))
     }
 
     /// The service over an open store (`cfg.data_dir` for the jobs' files).
     pub fn with_store(store: Store, cfg: &ServiceConfig) -> Result<Arc<Self>, ServiceError> {
+        Self::build(store, cfg, None)
+    }
+
+    fn build(
+        store: Store,
+        cfg: &ServiceConfig,
+        lock: Option<std::fs::File>,
+    ) -> Result<Arc<Self>, ServiceError> {
         let functions = crate::hub::FunctionHub::new(crate::hub::default_fn_bin())
             .map_err(ServiceError::Functions)?;
         Ok(Arc::new(Self {
             batches: crate::trainer_api::BatchDesk::new(store.clone()),
             store,
             data_dir: cfg.data_dir.clone(),
+            _lock: lock,
             max_running: cfg.max_running.max(1),
             memory_budget: cfg
                 .max_memory
@@ -454,6 +517,14 @@ impl Service {
         }
         g.push((id.to_string(), t.clone()));
         Ok(t)
+    }
+
+    /// The id of the newest event job `id` sent in this process (`{boot}-0` before any): a
+    /// client that read the job's steps after taking it resumes the events after it and
+    /// misses no step (a step is stored before its event is sent).
+    pub fn last_event_id(&self, id: &str) -> String {
+        let ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        self.event_id(ev.get(id).map_or(0, |l| l.seq))
     }
 
     fn event_id(&self, seq: u64) -> String {
@@ -786,6 +857,12 @@ impl StepObserver for ServiceObserver {
             .store
             .complete_step(&self.id, m.step + 1, &metrics, &trained)?;
         self.service.metrics.record_step(m, batch);
+        // The event stays small: the per-resource timeline (most of a step's record) is
+        // served by `GET /v1/jobs/{id}/steps`.
+        let mut metrics = metrics;
+        if let Some(o) = metrics.as_object_mut() {
+            o.remove("timeline");
+        }
         self.service.send(
             &self.id,
             JobEvent::Progress {

@@ -355,6 +355,29 @@ impl Store {
         })
     }
 
+    /// The step records of job `id` after step `after` (steps count from 1), oldest first, at
+    /// most `limit`.
+    pub fn step_page(
+        &self,
+        id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, serde_json::Value)>, StoreError> {
+        self.with(|c| {
+            let mut st = c.prepare(
+                "SELECT step, metrics FROM step_metrics WHERE job_id = ?1 AND step > ?2 ORDER BY step LIMIT ?3",
+            )?;
+            let rows = st
+                .query_map(params![id, after as i64, limit as i64], |r| {
+                    Ok((r.get::<_, i64>(0)? as u64, r.get::<_, String>(1)?))
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            rows.into_iter()
+                .map(|(s, m)| Ok((s, serde_json::from_str(&m)?)))
+                .collect()
+        })
+    }
+
     pub fn step_metrics(&self, id: &str) -> Result<Vec<serde_json::Value>, StoreError> {
         self.with(|c| {
             let mut st =

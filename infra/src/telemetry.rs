@@ -96,11 +96,16 @@ impl Drop for TracingGuard {
     }
 }
 
-/// Installs the log subscriber (`RUST_LOG`, default `info`) and, when
+/// The log filter without `RUST_LOG`: rollarc's own info lines; the OpenTelemetry crates'
+/// only from warnings up (their info lines, e.g. "Global meter provider is set", used to open
+/// every command's output).
+pub const DEFAULT_LOG: &str = "info,opentelemetry=warn,opentelemetry_sdk=warn,opentelemetry_otlp=warn,opentelemetry_prometheus=warn";
+
+/// Installs the log subscriber (`RUST_LOG`, default [`DEFAULT_LOG`]) and, when
 /// `OTEL_EXPORTER_OTLP_ENDPOINT` is set, an OTLP span exporter. Safe to call more than once.
 pub fn init_tracing(env: &dyn EnvSource) -> TracingGuard {
-    let filter = EnvFilter::try_new(env.var("RUST_LOG").unwrap_or_else(|| "info".into()))
-        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_new(env.var("RUST_LOG").unwrap_or_else(|| DEFAULT_LOG.into()))
+        .unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let fmt = tracing_subscriber::fmt::layer()
         .with_target(false)

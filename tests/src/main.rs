@@ -4,6 +4,7 @@ mod access;
 mod admission;
 mod api;
 mod builtin;
+mod cli;
 mod code_judge;
 mod envs;
 mod faults;

@@ -138,9 +138,31 @@ def test_events_run_to_the_end_with_ids_and_resume_without_gaps(client: Client) 
     assert numbers == list(range(numbers[0], numbers[0] + len(numbers))), numbers
     progress = [e for e in first + resumed if e.event == "progress"]
     assert [e.data["step"] for e in progress] == list(range(1, 7))
+    # Compact: the per-resource timeline is served by /steps, not sent with every step.
+    assert all("timeline" not in e.data["metrics"] for e in progress)
+    assert all("success_rate" in e.data["metrics"] for e in progress)
     # A finished job's stream is its final state alone.
     again = list(client.events(job))
     assert [e.event for e in again] == ["state"] and again[0].data["state"] == "succeeded"
+
+
+def test_a_late_client_reconstructs_the_whole_learning_curve(client: Client) -> None:
+    job = client.submit(sim_job(8, step_s=0.2))
+    # Connect late: three steps are done before the client looks.
+    for ev in client.events(job):
+        if ev.event == "progress" and ev.data["step"] >= 3:
+            break
+    curve = list(client.follow_steps(job, page_size=2))
+    assert [r["step"] for r in curve] == list(range(1, 9))
+    assert client.job(job)["state"] == "succeeded"
+    stored = list(client.steps(job))
+    assert [r["step"] for r in stored] == list(range(1, 9))
+    for live, kept in zip(curve, stored):
+        assert live["metrics"]["success_rate"] == kept["metrics"]["success_rate"]
+    # The step history keeps the per-resource timeline the progress events leave out.
+    assert "timeline" in stored[-1]["metrics"]
+    # Paging: after a step, only the later ones.
+    assert [r["step"] for r in client.steps(job, after=6)] == [7, 8]
 
 
 def test_trajectories_page_as_dicts_text_and_a_dataframe(client: Client, tmp_path: Path) -> None:

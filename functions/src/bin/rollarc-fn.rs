@@ -7,10 +7,33 @@ use std::sync::Arc;
 
 use infra::env::{EnvSource, ProcessEnv};
 
+const USAGE: &str = "usage: rollarc-fn NAME [--config JSON]
+
+Serves a built-in reward function over HTTP (POST / or /v1/score; GET /healthz) on $PORT
+(default 8080; 0 picks a free port), on every interface unless $HOST says otherwise.
+Logs `listening on ADDR` on stderr once ready; stops on SIGTERM or Ctrl-C.
+
+NAME:
+  math    compare the final number of the response with the reference
+  format  score the response's shape (a regular expression, a length limit)
+  env     pass the environment's reward through (scale, offset, clamp)
+  code    run the response against the reference's tests in a sandbox
+  judge   ask an OpenAI-compatible chat model to grade the response
+
+--config JSON   the function's settings (see README, \"Reward functions\")";
+
 fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("{USAGE}");
+        return std::process::ExitCode::SUCCESS;
+    }
+    if args.iter().any(|a| a == "--version" || a == "-V") {
+        println!("rollarc-fn {}", env!("CARGO_PKG_VERSION"));
+        return std::process::ExitCode::SUCCESS;
+    }
     let Some(name) = args.first() else {
-        eprintln!("usage: rollarc-fn math|format|env|code|judge [--config JSON]");
+        eprintln!("{USAGE}");
         return std::process::ExitCode::from(2);
     };
     let config = args

@@ -18,7 +18,7 @@ from .client import (
     RollarcError,
     TERMINAL_STATES,
 )
-from .types import BatchGroup, JobRecord, Sample, Staleness, TrajectoryRow
+from .types import BatchGroup, JobRecord, Sample, Staleness, StepRecord, TrajectoryRow
 
 __all__ = [
     "Batch",
@@ -30,6 +30,7 @@ __all__ = [
     "RollarcError",
     "Sample",
     "Staleness",
+    "StepRecord",
     "TERMINAL_STATES",
     "TrajectoryRow",
 ]

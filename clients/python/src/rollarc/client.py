@@ -13,7 +13,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Type, Union, ca
 
 import httpx
 
-from .types import BatchGroup, JobRecord, Sample, Staleness, TrajectoryRow
+from .types import BatchGroup, JobRecord, Sample, Staleness, StepRecord, TrajectoryRow
 
 #: States after which a job never changes again.
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
@@ -260,6 +260,43 @@ class Client:
             if not reconnect or failures > max_reconnects:
                 return
             time.sleep(min(0.2 * failures, 2.0))
+
+    # -- the learning curve -----------------------------------------------------------
+
+    def steps(self, job_id: str, after: int = 0, page_size: int = 100) -> Iterator[StepRecord]:
+        """The job's completed steps after ``after`` (steps count from 1), each with its full
+        record (metrics, trainer numbers, the per-resource timeline)."""
+        for page in self._step_pages(job_id, after, page_size):
+            yield from page["steps"]
+
+    def _step_pages(self, job_id: str, after: int, page_size: int) -> Iterator[Dict[str, Any]]:
+        cursor = after
+        while True:
+            page = self._request(
+                "GET", f"/v1/jobs/{job_id}/steps", params={"after": cursor, "limit": page_size}
+            ).json()
+            yield page
+            if len(page["steps"]) < page_size:
+                return
+            cursor = page["steps"][-1]["step"]
+
+    def follow_steps(self, job_id: str, page_size: int = 100) -> Iterator[StepRecord]:
+        """The whole learning curve of a job, however late the client connects: every stored
+        step from the first, then each new step as it completes, each exactly once, until
+        the job ends. (Live steps come from the compact progress events, without the
+        per-resource timeline; ``steps`` has it.)"""
+        seen = 0
+        resume: Optional[str] = None
+        for page in self._step_pages(job_id, 0, page_size):
+            if resume is None:
+                resume = page["event_id"]  # taken before the first page was read
+            for rec in page["steps"]:
+                seen = max(seen, rec["step"])
+                yield rec
+        for ev in self.events(job_id, after=resume):
+            if ev.event == "progress" and ev.data["step"] > seen:
+                seen = ev.data["step"]
+                yield cast(StepRecord, {"step": seen, "metrics": ev.data["metrics"]})
 
     # -- trajectories -----------------------------------------------------------------
 

@@ -39,6 +39,13 @@ class TrajectoryRow(TypedDict):
     text: NotRequired[List[Dict[str, str]]]
 
 
+class StepRecord(TypedDict):
+    #: steps completed by then (1 = the first step)
+    step: int
+    #: the step's record: success and reward per task, throughput, staleness, trainer numbers
+    metrics: Dict[str, Any]
+
+
 class VersionSpan(TypedDict):
     version: int
     tokens: int

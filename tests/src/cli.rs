@@ -1,0 +1,175 @@
+//! The command-line tools as a user meets them: help that works, and no library chatter.
+
+use std::process::Command;
+
+/// `rollarc-fn --help` answers (it used to fail as an unknown function name); without a name it
+/// is a usage error.
+#[test]
+fn rollarc_fn_has_help_and_a_usage_error() {
+    let out = Command::new(tests::fn_bin())
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let help = String::from_utf8_lossy(&out.stdout);
+    for name in ["math", "format", "env", "code", "judge", "--config", "PORT"] {
+        assert!(help.contains(name), "{name} missing from:\n{help}");
+    }
+    let out = Command::new(tests::fn_bin()).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("usage: rollarc-fn"));
+}
+
+/// Commands print their own output only: the OpenTelemetry crates' info lines ("Global meter
+/// provider is set") used to open the output of every command that opens the service.
+#[test]
+fn commands_print_no_library_info_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("job.toml");
+    std::fs::write(
+        &job,
+        tests::SpecBuilder::new()
+            .pool("h800", "H800", 1, "")
+            .multi_turn("lake", "")
+            .rollout("steps = 1")
+            .toml(),
+    )
+    .unwrap();
+    let out = Command::new(tests::rollarc_bin())
+        .arg("run")
+        .arg(&job)
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .arg("--report")
+        .arg(dir.path().join("report"))
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("meter provider"), "library chatter:\n{err}");
+    // An unknown job's report is an error naming it (it used to succeed silently).
+    let out = Command::new(tests::rollarc_bin())
+        .args(["report", "job-none", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .arg("--out")
+        .arg(dir.path().join("r"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no job job-none"),
+        "{out:?}"
+    );
+}
+
+/// A YAML job is refused clearly: by the CLI (naming the file and what to do) and by the API
+/// (415, instead of TOML parse errors about YAML syntax); TOML sent as plain text still works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn yaml_job_specs_are_refused_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = dir.path().join("job.yaml");
+    std::fs::write(&yaml, "tasks:\n  - domain: lake\n").unwrap();
+    let out = Command::new(tests::rollarc_bin())
+        .args(["--server", "http://127.0.0.1:9", "submit"])
+        .arg(&yaml)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("job.yaml") && err.contains("TOML or JSON"),
+        "{err}"
+    );
+
+    let t = tests::TestServer::start().await;
+    let r = t
+        .client
+        .post(t.url("/v1/jobs"))
+        .header("content-type", "application/yaml")
+        .body("tasks:\n  - domain: lake\n")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 415);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "unsupported_media_type", "{v}");
+    let toml = tests::SpecBuilder::new()
+        .pool("h800", "H800", 1, "")
+        .multi_turn("lake", "")
+        .rollout("steps = 1")
+        .toml();
+    let r = t
+        .client
+        .post(t.url("/v1/jobs"))
+        .header("content-type", "text/plain; charset=utf-8")
+        .body(toml)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+}
+
+/// One service per data directory: `rollarc run` on the directory of a running `rollarc
+/// serve` is refused with the holder named (the two used to run each other's queued jobs and
+/// end each other's processes), while `rollarc report` still reads it.
+#[test]
+fn a_second_service_on_a_data_directory_is_refused_naming_the_holder() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = tests::server::ServerProcess::start(&data);
+    let job = dir.path().join("job.toml");
+    std::fs::write(
+        &job,
+        tests::SpecBuilder::new()
+            .pool("h800", "H800", 1, "")
+            .multi_turn("lake", "")
+            .rollout("steps = 1")
+            .toml(),
+    )
+    .unwrap();
+    let out = Command::new(tests::rollarc_bin())
+        .arg("run")
+        .arg(&job)
+        .arg("--data-dir")
+        .arg(&data)
+        .arg("--report")
+        .arg(dir.path().join("report"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("in use by another rollarc process"), "{err}");
+    assert!(
+        err.contains(&format!("pid {}", server.child.id())),
+        "names the holder: {err}"
+    );
+    // A report reads the store under a running service (an unknown job is an error naming it).
+    let out = Command::new(tests::rollarc_bin())
+        .args(["report", "job-9", "--data-dir"])
+        .arg(&data)
+        .arg("--out")
+        .arg(dir.path().join("r"))
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no job job-9"),
+        "{out:?}"
+    );
+    drop(server);
+    // Once the holder is gone the directory is free again.
+    let out = Command::new(tests::rollarc_bin())
+        .arg("run")
+        .arg(&job)
+        .arg("--data-dir")
+        .arg(&data)
+        .arg("--report")
+        .arg(dir.path().join("report"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
