@@ -20,6 +20,36 @@ pub struct TrainStats {
     pub trajectories: u64,
     pub mean_reward: f64,
     pub seconds: f64,
+    /// The optimiser's and the objective's diagnostics.
+    pub numbers: TrainerNumbers,
+}
+
+/// What a training step measured besides its loss: the objective's parts, the optimiser's
+/// state and the batch's shape. `None`: the trainer does not measure it (a simulated trainer
+/// measures nothing; an external one reports what it acknowledges with).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct TrainerNumbers {
+    /// The PPO-clip part of the loss (without the KL penalty).
+    pub policy_loss: Option<f64>,
+    /// k3 KL to the reference policy, per generated token (only with a KL penalty).
+    pub kl: Option<f64>,
+    /// Entropy of the policy at the generated positions, nats per token.
+    pub entropy: Option<f64>,
+    /// Global gradient norm before clipping.
+    pub grad_norm: Option<f64>,
+    /// The learning rate of the step (after warm-up and decay).
+    pub lr: Option<f64>,
+    /// Shares of generated tokens whose ratio hit the lower clip (negative advantage) or the
+    /// upper clip (positive advantage).
+    pub clip_frac_low: Option<f64>,
+    pub clip_frac_high: Option<f64>,
+    /// The importance weight π_θ / π_behaviour over generated tokens: mean and max.
+    pub is_weight_mean: Option<f64>,
+    pub is_weight_max: Option<f64>,
+    /// Response tokens per trajectory of the batch: mean and max.
+    pub response_len_mean: Option<f64>,
+    pub response_len_max: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -95,6 +125,7 @@ impl Trainer for SimTrainer {
                 trajectories,
                 mean_reward,
                 seconds: secs,
+                numbers: TrainerNumbers::default(),
             };
             Ok((
                 stats,

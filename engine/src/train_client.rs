@@ -364,6 +364,11 @@ pub async fn train(o: TrainOptions) -> Result<TrainSummary, TrainClientError> {
                 "mean_reward": s.mean_reward,
                 "seconds": s.seconds,
             });
+            if let (Some(o), Ok(serde_json::Value::Object(n))) =
+                (stats.as_object_mut(), serde_json::to_value(&s.numbers))
+            {
+                o.extend(n.into_iter().filter(|(_, v)| !v.is_null()));
+            }
         }
         // Announce (again, after a restart: a 409 says it was) then acknowledge. A batch
         // trained long ago (its version's file pruned) has a newer version announced.

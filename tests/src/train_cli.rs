@@ -155,6 +155,24 @@ async fn rollarc_train_trains_a_job_and_resumes_after_sigkill_without_training_a
     assert_eq!(rec["state"], "succeeded");
     // The job took every version the trainer announced: v6 after the last step.
     assert_eq!(rec["metrics"]["version"], STEPS, "{}", rec["metrics"]);
+    // The external trainer's diagnostics reached the job's step history.
+    let steps: Value = client
+        .get(format!("{}/v1/jobs/{job}/steps", server.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let steps = steps["steps"].as_array().unwrap();
+    assert_eq!(steps.len() as u64, STEPS);
+    for s in steps {
+        let t = &s["metrics"]["trainer"];
+        assert!(t["grad_norm"].as_f64().is_some_and(|g| g >= 0.0), "{t}");
+        assert!(t["lr"].as_f64().is_some_and(|l| l > 0.0), "{t}");
+        assert!(t["entropy"].as_f64().is_some_and(|e| e > 0.0), "{t}");
+        assert!(t["response_len_mean"].as_f64().is_some(), "{t}");
+    }
     // The three newest versions stay on disk for the service, the trainer's own checkpoints
     // beside them.
     let mut files: Vec<String> = std::fs::read_dir(out.join("weights"))

@@ -488,7 +488,7 @@ fn chunked_objective_equals_the_whole_batch_objective() {
         );
         let mut sum = 0.0;
         for c in &chunks {
-            let (policy, kl) = trainer.objective_parts(c).unwrap();
+            let (policy, kl, _) = trainer.objective_parts(c).unwrap();
             let w = match aggregation {
                 Aggregation::TokenMean => c.tokens as f64 / tokens as f64,
                 Aggregation::SeqMeanTokenMean => c.seqs as f64 / seqs as f64,
@@ -646,4 +646,47 @@ fn the_policy_learns_to_answer_with_the_digit_shown() {
         end >= 0.9,
         "greedy accuracy after training: {end} (from {start})"
     );
+}
+
+/// A step reports what it measured: near-uniform entropy at initialisation, importance
+/// weights below 1 where the behaviour logprobs (−5.0…−5.4) exceed the model's (≈ −ln 260),
+/// lower clips on negative advantages and none above, the KL to the (identical) reference ≈ 0,
+/// the learning rate it used, a gradient norm, and the batch's response lengths.
+#[test]
+fn a_training_step_reports_its_diagnostics() {
+    let cfg = tiny();
+    let init = Params::init(&cfg, 3, DType::F32, &Device::Cpu).unwrap();
+    let tc = TrainerConfig {
+        kl_beta: 0.1,
+        recompute_old: false,
+        ..TrainerConfig::default()
+    };
+    let lr = tc.lr_at(0);
+    let mut t = BuiltinTrainer::new(cfg, &init, tc).unwrap();
+    let (s, _) = t.step(&toy_batch()).unwrap();
+    let n = &s.numbers;
+    let uniform = (super::tokenizer::VOCAB as f64).ln();
+    let ent = n.entropy.unwrap();
+    assert!(
+        (ent - uniform).abs() < 0.05,
+        "entropy {ent} vs ln V {uniform}"
+    );
+    let (mean, max) = (n.is_weight_mean.unwrap(), n.is_weight_max.unwrap());
+    assert!(
+        mean > 0.5 && mean < 0.9 && max >= mean && max < 1.0,
+        "{mean} {max}"
+    );
+    assert!(n.clip_frac_low.unwrap() > 0.0, "{n:?}");
+    assert_eq!(n.clip_frac_high, Some(0.0));
+    let kl = n.kl.unwrap();
+    assert!((0.0..1e-6).contains(&kl), "kl {kl}");
+    assert_eq!(n.lr, Some(lr));
+    assert!(n.grad_norm.unwrap() > 0.0);
+    assert!(
+        (n.policy_loss.unwrap() + 0.1 * kl - s.loss).abs() < 1e-9,
+        "{n:?} {}",
+        s.loss
+    );
+    assert_eq!(n.response_len_mean, Some(3.0));
+    assert_eq!(n.response_len_max, Some(3));
 }

@@ -301,6 +301,70 @@ pub fn ppo_loss(
     }
 }
 
+/// A chunk's diagnostics as sums over its generated tokens (and a max), so chunks add up.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct ChunkDiag {
+    pub tokens: f64,
+    pub entropy: f64,
+    pub clip_low: f64,
+    pub clip_high: f64,
+    pub is_sum: f64,
+    pub is_max: f64,
+}
+
+impl ChunkDiag {
+    /// From detached log-probabilities: `new` (the current policy), `old` (the ratio's
+    /// denominator), the batch's behaviour ones and advantages, and the per-position entropy.
+    fn of(
+        cfg: &PpoConfig,
+        new: &Tensor,
+        old: &Tensor,
+        tb: &TensorBatch,
+        entropy: &Tensor,
+    ) -> Result<Self> {
+        let f = |t: Tensor| -> Result<Vec<Vec<f32>>> { t.to_dtype(DType::F32)?.to_vec2() };
+        let (new, old, beh, mask, ent) = (
+            f(new.clone())?,
+            f(old.detach())?,
+            f(tb.behaviour.clone())?,
+            f(tb.mask.clone())?,
+            f(entropy.clone())?,
+        );
+        let adv: Vec<f32> = tb.advantages.to_dtype(DType::F32)?.to_vec1()?;
+        let mut d = Self::default();
+        for (i, row) in mask.iter().enumerate() {
+            for (j, &m) in row.iter().enumerate() {
+                if m <= 0.0 {
+                    continue;
+                }
+                let ratio = f64::from(new[i][j] - old[i][j]).exp();
+                let is = f64::from(new[i][j] - beh[i][j]).exp();
+                let a = adv.get(i).copied().unwrap_or(0.0);
+                d.tokens += 1.0;
+                d.entropy += f64::from(ent[i][j]);
+                if a < 0.0 && ratio < 1.0 - cfg.eps_low {
+                    d.clip_low += 1.0;
+                }
+                if a > 0.0 && ratio > 1.0 + cfg.eps_high {
+                    d.clip_high += 1.0;
+                }
+                d.is_sum += is;
+                d.is_max = d.is_max.max(is);
+            }
+        }
+        Ok(d)
+    }
+
+    fn add(&mut self, o: &Self) {
+        self.tokens += o.tokens;
+        self.entropy += o.entropy;
+        self.clip_low += o.clip_low;
+        self.clip_high += o.clip_high;
+        self.is_sum += o.is_sum;
+        self.is_max = self.is_max.max(o.is_max);
+    }
+}
+
 /// k3 KL estimator per token, averaged over action tokens.
 pub fn kl_k3(new: &Tensor, reference: &Tensor, mask: &Tensor) -> Result<Tensor> {
     let d = (reference - new)?;
@@ -515,10 +579,29 @@ impl<M: TrainModel> BuiltinTrainer<M> {
     }
 
     /// The policy loss (mean over the chunk) and, when a reference is kept, the k3 KL
-    /// (token mean) — unweighted.
-    pub(crate) fn objective_parts(&self, tb: &TensorBatch) -> Result<(Tensor, Option<Tensor>)> {
+    /// (token mean) — unweighted — with the chunk's diagnostics.
+    pub(crate) fn objective_parts(
+        &self,
+        tb: &TensorBatch,
+    ) -> Result<(Tensor, Option<Tensor>, ChunkDiag)> {
         let p = self.params()?;
-        let new = self.logprobs(&p, tb)?;
+        let logits = self.model.logits(&p, &tb.inputs)?;
+        let logits = match &tb.allow {
+            Some(a) => (logits + a)?,
+            None => logits,
+        };
+        // One log-softmax for the targets' log-probabilities and the entropy.
+        let lsm = candle_nn::ops::log_softmax(&logits, candle_core::D::Minus1)?;
+        let new = lsm
+            .gather(
+                &tb.targets.unsqueeze(candle_core::D::Minus1)?,
+                candle_core::D::Minus1,
+            )?
+            .squeeze(candle_core::D::Minus1)?;
+        let entropy = {
+            let l = lsm.detach();
+            (l.exp()? * &l)?.sum(candle_core::D::Minus1)?.neg()?
+        };
         let old = if self.cfg.recompute_old {
             new.detach()
         } else {
@@ -539,7 +622,8 @@ impl<M: TrainModel> BuiltinTrainer<M> {
             }
             _ => None,
         };
-        Ok((loss, kl))
+        let diag = ChunkDiag::of(&self.cfg.ppo, &new.detach(), &old, tb, &entropy)?;
+        Ok((loss, kl, diag))
     }
 
     /// One optimisation step on `batch`; returns the stats and the new version's weights.
@@ -562,16 +646,22 @@ impl<M: TrainModel> BuiltinTrainer<M> {
             .map(|v| v.as_tensor().zeros_like())
             .collect::<Result<_>>()?;
         let mut loss_value = 0.0;
+        let (mut policy_value, mut kl_value) = (0.0, None::<f64>);
+        let mut diag = ChunkDiag::default();
         for tb in chunks.iter().filter(|c| c.tokens > 0) {
             let w = match self.cfg.ppo.aggregation {
                 Aggregation::TokenMean => tb.tokens as f64 / total_tokens.max(1) as f64,
                 Aggregation::SeqMeanTokenMean => tb.seqs as f64 / total_seqs.max(1) as f64,
             };
-            let (policy, kl) = self.objective_parts(tb)?;
+            let (policy, kl, d) = self.objective_parts(tb)?;
+            diag.add(&d);
             let mut loss = (policy * w)?;
+            policy_value += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
             if let Some(kl) = kl {
-                loss = (loss
-                    + (kl * (self.cfg.kl_beta * tb.tokens as f64 / total_tokens.max(1) as f64))?)?;
+                let share = tb.tokens as f64 / total_tokens.max(1) as f64;
+                *kl_value.get_or_insert(0.0) +=
+                    kl.to_dtype(DType::F64)?.to_scalar::<f64>()? * share;
+                loss = (loss + (kl * (self.cfg.kl_beta * share))?)?;
             }
             loss_value += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
             let grads = loss.backward()?;
@@ -616,6 +706,21 @@ impl<M: TrainModel> BuiltinTrainer<M> {
         self.version += 1;
         let trajs: Vec<&Trajectory> = batch.trajectories().collect();
         let n = trajs.len().max(1) as f64;
+        let lens: Vec<usize> = trajs.iter().map(|t| t.response_tokens()).collect();
+        let tok = diag.tokens.max(1.0);
+        let numbers = crate::trainer::TrainerNumbers {
+            policy_loss: Some(policy_value),
+            kl: kl_value,
+            entropy: Some(diag.entropy / tok),
+            grad_norm: Some(norm),
+            lr: Some(lr),
+            clip_frac_low: Some(diag.clip_low / tok),
+            clip_frac_high: Some(diag.clip_high / tok),
+            is_weight_mean: Some(diag.is_sum / tok),
+            is_weight_max: Some(diag.is_max),
+            response_len_mean: Some(lens.iter().sum::<usize>() as f64 / n),
+            response_len_max: lens.iter().max().map(|&m| m as u64),
+        };
         let stats = TrainStats {
             step: batch.step,
             version: self.version,
@@ -624,6 +729,7 @@ impl<M: TrainModel> BuiltinTrainer<M> {
             trajectories: trajs.len() as u64,
             mean_reward: trajs.iter().map(|t| t.reward.unwrap_or(0.0)).sum::<f64>() / n,
             seconds: 0.0,
+            numbers,
         };
         let w = self.published()?;
         Ok((stats, w))

@@ -35,6 +35,11 @@ pub struct StepMetrics {
     /// The training step's loss (an external trainer's, as it acknowledged the batch).
     #[serde(default)]
     pub loss: f64,
+    /// The trainer's diagnostics (policy loss, KL, entropy, gradient norm, learning rate,
+    /// clip fractions, importance weights, response lengths); an external trainer's are what
+    /// it acknowledged the batch with.
+    #[serde(default)]
+    pub trainer: actors::trainer::TrainerNumbers,
     /// Time the step driver waited for the batch.
     pub wait_batch_s: f64,
     pub groups: usize,
@@ -178,6 +183,7 @@ impl MetricSources<'_> {
             step_s: t.step_s,
             train_s: t.train_s,
             loss: stats.loss,
+            trainer: stats.numbers.clone(),
             wait_batch_s: t.wait_batch_s,
             ..StepMetrics::default()
         };
