@@ -195,55 +195,99 @@ pub async fn watch_remote(
     id: &str,
 ) -> Result<std::process::ExitCode, WatchError> {
     use futures::StreamExt;
-    let r = client
-        .get(format!("{server}/v1/jobs/{id}/events"))
-        .send()
-        .await?;
+    // Bars on a terminal; plain lines otherwise (a log, a pipe, CI).
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let mut pb: Option<ProgressBar> = None;
+    let mut last_id: Option<String> = None;
+    let mut ended = false;
+    let mut drops = 0;
+    while !ended {
+        let mut req = client.get(format!("{server}/v1/jobs/{id}/events"));
+        if let Some(l) = &last_id {
+            req = req.header("last-event-id", l);
+        }
+        let r = req.send().await?;
+        let status = r.status();
+        if !status.is_success() {
+            let body = r.text().await?;
+            return Err(WatchError::Status { status, body });
+        }
+        let mut stream = r.bytes_stream();
+        let mut buf = String::new();
+        while let Some(chunk) = stream.next().await {
+            let Ok(chunk) = chunk else { break };
+            buf.push_str(&String::from_utf8_lossy(&chunk));
+            while let Some(pos) = buf.find('\n') {
+                let line: String = buf.drain(..=pos).collect();
+                let line = line.trim_end();
+                if let Some(eid) = line.strip_prefix("id:") {
+                    last_id = Some(eid.trim().to_string());
+                    continue;
+                }
+                let Some(data) = line.strip_prefix("data:") else {
+                    continue;
+                };
+                let Ok(v) = serde_json::from_str::<serde_json::Value>(data.trim()) else {
+                    continue;
+                };
+                let u = |k: &str| v.get(k).and_then(|s| s.as_u64()).unwrap_or(0);
+                match v.get("type").and_then(|t| t.as_str()) {
+                    Some("progress") => {
+                        let m = v.get("metrics").unwrap_or(&serde_json::Value::Null);
+                        if tty {
+                            let b = pb.get_or_insert_with(|| bar(u("steps")));
+                            b.set_length(u("steps"));
+                            b.set_position(u("step"));
+                            b.set_message(progress_msg(m));
+                        } else {
+                            println!("{id} step {}/{} {}", u("step"), u("steps"), progress_msg(m));
+                        }
+                    }
+                    Some("weights_installed") if !tty => {
+                        println!("{id} weights v{} installed", u("version"));
+                    }
+                    Some("state") => {
+                        let state = v.get("state").and_then(|s| s.as_str()).unwrap_or("");
+                        ended = matches!(state, "succeeded" | "failed" | "cancelled");
+                        if tty {
+                            let b = pb.get_or_insert_with(|| bar(u("steps")));
+                            b.set_position(u("step"));
+                            b.set_prefix(format!("{id} {state}"));
+                        } else if !ended {
+                            println!("{id} {state} at step {}/{}", u("step"), u("steps"));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if !ended {
+            // The connection dropped: resume after the last event seen.
+            drops += 1;
+            if drops > 30 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    // The bar stays where the job stopped (a cancelled job's bar is not filled).
+    if let Some(b) = pb {
+        b.abandon();
+    }
+    let r = client.get(format!("{server}/v1/jobs/{id}")).send().await?;
     let status = r.status();
     if !status.is_success() {
         let body = r.text().await?;
         return Err(WatchError::Status { status, body });
     }
-    let mut stream = r.bytes_stream();
-    let mut buf = String::new();
-    let mut pb: Option<ProgressBar> = None;
-    let mut ok = false;
-    while let Some(chunk) = stream.next().await {
-        buf.push_str(&String::from_utf8_lossy(&chunk?));
-        while let Some(pos) = buf.find('\n') {
-            let line: String = buf.drain(..=pos).collect();
-            let Some(data) = line.trim_end().strip_prefix("data:") else {
-                continue;
-            };
-            let Ok(v) = serde_json::from_str::<serde_json::Value>(data.trim()) else {
-                continue;
-            };
-            match v.get("type").and_then(|t| t.as_str()) {
-                Some("progress") => {
-                    let steps = v.get("steps").and_then(|s| s.as_u64()).unwrap_or(0);
-                    let b = pb.get_or_insert_with(|| bar(steps));
-                    b.set_length(steps);
-                    b.set_position(v.get("step").and_then(|s| s.as_u64()).unwrap_or(0));
-                    b.set_message(progress_msg(
-                        v.get("metrics").unwrap_or(&serde_json::Value::Null),
-                    ));
-                }
-                Some("state") => {
-                    let state = v.get("state").and_then(|s| s.as_str()).unwrap_or("");
-                    let b = pb.get_or_insert_with(|| {
-                        bar(v.get("steps").and_then(|s| s.as_u64()).unwrap_or(0))
-                    });
-                    b.set_prefix(format!("{id} {state}"));
-                    ok = state == "succeeded";
-                }
-                _ => {}
-            }
-        }
+    let j: serde_json::Value = r.json().await?;
+    let u = |k: &str| j.get(k).and_then(|s| s.as_u64()).unwrap_or(0);
+    let state = j["state"].as_str().unwrap_or("unknown");
+    println!("{id} {state} after {}/{} steps", u("step"), u("steps"));
+    if let Some(e) = j["error"].as_str() {
+        println!("error: {e}");
     }
-    if let Some(b) = pb {
-        b.finish();
-    }
-    Ok(if ok {
+    Ok(if state == "succeeded" {
         std::process::ExitCode::SUCCESS
     } else {
         std::process::ExitCode::FAILURE
@@ -418,4 +462,68 @@ pub fn print_devices() {
             );
         }
     }
+}
+
+/// `rollarc status`: one line per job (id, state, steps, success, name).
+pub fn job_table(jobs: &serde_json::Value) -> String {
+    let mut out = format!(
+        "{:<10} {:<10} {:>11} {:>8}  {}\n",
+        "ID", "STATE", "STEP", "SUCCESS", "NAME"
+    );
+    for j in jobs.as_array().into_iter().flatten() {
+        let u = |k: &str| j.get(k).and_then(|s| s.as_u64()).unwrap_or(0);
+        let success = j
+            .pointer("/metrics/success_rate")
+            .and_then(|s| s.as_f64())
+            .map_or("-".to_string(), |s| format!("{s:.2}"));
+        out.push_str(&format!(
+            "{:<10} {:<10} {:>11} {:>8}  {}\n",
+            j["id"].as_str().unwrap_or("?"),
+            j["state"].as_str().unwrap_or("?"),
+            format!("{}/{}", u("step"), u("steps")),
+            success,
+            j["name"].as_str().unwrap_or("")
+        ));
+    }
+    out
+}
+
+/// `rollarc status ID`: the job's state, progress, error and its tasks' latest numbers.
+pub fn job_detail(j: &serde_json::Value) -> String {
+    let u = |k: &str| j.get(k).and_then(|s| s.as_u64()).unwrap_or(0);
+    let mut out = format!(
+        "{} {} at step {}/{}{}\n",
+        j["id"].as_str().unwrap_or("?"),
+        j["state"].as_str().unwrap_or("?"),
+        u("step"),
+        u("steps"),
+        j["name"]
+            .as_str()
+            .map(|n| format!(" ({n})"))
+            .unwrap_or_default()
+    );
+    if let Some(e) = j["error"].as_str() {
+        out.push_str(&format!("error: {e}\n"));
+    }
+    let m = &j["metrics"];
+    if m.get("version").is_some() {
+        out.push_str(&format!("{}\n", progress_msg(m)));
+    }
+    if let Some(tasks) = m["tasks"].as_object() {
+        out.push_str(&format!(
+            "  {:<14} {:>8} {:>8} {:>6}\n",
+            "task", "success", "reward", "turns"
+        ));
+        for (name, t) in tasks {
+            let f = |k: &str| t.get(k).and_then(|x| x.as_f64()).unwrap_or(0.0);
+            out.push_str(&format!(
+                "  {:<14} {:>8.3} {:>8.3} {:>6.1}\n",
+                name,
+                f("success_rate"),
+                f("mean_reward"),
+                f("mean_turns")
+            ));
+        }
+    }
+    out
 }

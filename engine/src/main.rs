@@ -60,8 +60,12 @@ enum Cmd {
     },
     /// Submit a job spec (TOML or JSON) to a running service.
     Submit { file: PathBuf },
-    /// Show one job, or list all.
-    Status { id: Option<String> },
+    /// Show one job, or list all, as a table (`--json`: the raw records).
+    Status {
+        id: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Follow a job's progress.
     Watch { id: String },
     /// Cancel a job.
@@ -283,7 +287,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         } => serve(addr, data_dir, config, insecure_public),
         Cmd::Token { name, role } => token(&name, &role),
         Cmd::Submit { file } => submit(&client()?, &server, &file),
-        Cmd::Status { id } => status(&client()?, &server, id),
+        Cmd::Status { id, json } => status(&client()?, &server, id, json),
         Cmd::Cancel { id } => cancel(&client()?, &server, &id),
         Cmd::Watch { id } => {
             Ok(runtime()?.block_on(engine::cli::watch_remote(&client()?, &server, &id))?)
@@ -478,8 +482,14 @@ fn submit(client: &reqwest::Client, server: &str, file: &PathBuf) -> anyhow::Res
     })
 }
 
-fn status(client: &reqwest::Client, server: &str, id: Option<String>) -> anyhow::Result<ExitCode> {
+fn status(
+    client: &reqwest::Client,
+    server: &str,
+    id: Option<String>,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
     runtime()?.block_on(async {
+        let one = id.is_some();
         let url = match id {
             Some(id) => format!("{server}/v1/jobs/{id}"),
             None => format!("{server}/v1/jobs"),
@@ -487,7 +497,13 @@ fn status(client: &reqwest::Client, server: &str, id: Option<String>) -> anyhow:
         let r = client.get(url).send().await?;
         let status = r.status();
         let v: serde_json::Value = r.json().await?;
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        if json || !status.is_success() {
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        } else if one {
+            print!("{}", engine::cli::job_detail(&v));
+        } else {
+            print!("{}", engine::cli::job_table(&v["jobs"]));
+        }
         Ok(exit_code(status.is_success()))
     })
 }

@@ -173,3 +173,91 @@ fn a_second_service_on_a_data_directory_is_refused_naming_the_holder() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `rollarc watch` without a terminal prints a plain line per step and the true final state
+/// (it printed nothing, and filled the bar of a cancelled job); `rollarc status` prints a
+/// table (`--json` the raw records).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_prints_plain_lines_and_status_a_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = tests::server::ServerProcess::start(&dir.path().join("data"));
+    let client = reqwest::Client::new();
+    let job = tests::submit_job(&client, &server.base, tests::wall_clock_job(3, 1, 0.05)).await;
+    let base = server.base.clone();
+    let j = job.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(tests::rollarc_bin())
+            .args(["--server", &base, "watch", &j])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    for step in 1..=3 {
+        assert!(text.contains(&format!("{job} step {step}/3 ")), "{text}");
+    }
+    assert!(
+        text.trim_end()
+            .ends_with(&format!("{job} succeeded after 3/3 steps")),
+        "{text}"
+    );
+    // A cancelled job: the final line says where it stopped.
+    let long = tests::submit_job(&client, &server.base, tests::wall_clock_job(1000, 1, 0.05)).await;
+    tests::wait_job(
+        &client,
+        &server.base,
+        &long,
+        std::time::Duration::from_secs(60),
+        |v| v["step"].as_u64().unwrap_or(0) >= 2,
+    )
+    .await;
+    let r = client
+        .post(format!("{}/v1/jobs/{long}/cancel", server.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let (base, l) = (server.base.clone(), long.clone());
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(tests::rollarc_bin())
+            .args(["--server", &base, "watch", &l])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(!out.status.success(), "a cancelled job is not a success");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let last = text.trim_end().lines().last().unwrap_or("");
+    assert!(
+        last.starts_with(&format!("{long} cancelled after ")),
+        "{text}"
+    );
+    assert!(!last.contains("1000/1000"), "{text}");
+    // status: a table with both jobs; --json the records.
+    let base = server.base.clone();
+    let (table, raw) = tokio::task::spawn_blocking(move || {
+        let run = |extra: &[&str]| {
+            let out = Command::new(tests::rollarc_bin())
+                .args(["--server", &base, "status"])
+                .args(extra)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{out:?}");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        (run(&[]), run(&["--json"]))
+    })
+    .await
+    .unwrap();
+    let mut lines = table.lines();
+    assert!(lines.next().unwrap().starts_with("ID"), "{table}");
+    let rows: Vec<&str> = lines.collect();
+    assert_eq!(rows.len(), 2, "{table}");
+    assert!(rows[0].starts_with(&job) && rows[0].contains("succeeded") && rows[0].contains("3/3"));
+    assert!(rows[1].starts_with(&long) && rows[1].contains("cancelled"));
+    let v: serde_json::Value = serde_json::from_str(&raw).unwrap();
+    assert_eq!(v["jobs"].as_array().unwrap().len(), 2);
+}
