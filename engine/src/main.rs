@@ -12,7 +12,7 @@ use engine::service::{JobEvent, Service, ServiceConfig};
 use engine::spec::{self, Format, JobSpec};
 
 #[derive(Parser)]
-#[command(name = "rollarc", version, about = "Rollout engine for agentic RL")]
+#[command(name = "rollarc", version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("ROLLARC_COMMIT"), ")"), about = "Rollout engine for agentic RL")]
 struct Cli {
     /// Address of a running service (client commands).
     #[arg(
@@ -684,6 +684,8 @@ fn write_report(
     let mut summary = engine::report::summarise(id, j.state.as_str(), &steps);
     // The random-policy rate of each built-in game, measured on the environment itself.
     if let Some(spec) = store.spec(id)? {
+        summary.seed = Some(spec.seed);
+        summary.spec = serde_json::to_value(&spec).ok();
         for t in &spec.tasks {
             if let Some(s) = summary.tasks.get_mut(&t.domain) {
                 s.success_random = engine::report::random_policy_success(t, 4000, spec.seed);

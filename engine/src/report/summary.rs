@@ -8,7 +8,8 @@ use serde::Serialize;
 
 use crate::job::StepMetrics;
 
-/// Steps averaged for "at the start" and "at the end": a tenth of the run, at least 5.
+/// Steps averaged for "at the start" and "at the end": a tenth of the run, at least 5; and
+/// the trailing window "success reached 0.9" is judged on (one lucky step does not count).
 pub const WINDOW: usize = 5;
 
 fn window(n: usize) -> usize {
@@ -26,11 +27,12 @@ pub struct TaskSummary {
     /// environment itself (built-in games with one-token actions).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub success_random: Option<f64>,
-    /// Seconds since the start when success first reached 0.9.
+    /// Seconds since the start when success first reached 0.9, as a mean over the trailing
+    /// `WINDOW` steps (weighted by trajectories).
     pub wall_s_at_90: Option<f64>,
     pub reward_start: f64,
     pub reward_end: f64,
-    /// First step whose success reached 0.9 (none: never).
+    /// First step at which the trailing `WINDOW`-step success reached 0.9 (none: never).
     pub first_step_at_90: Option<u64>,
     pub steps: usize,
     pub trajectories: usize,
@@ -46,6 +48,14 @@ pub struct Summary {
     pub bubble_ratio_mean: f64,
     pub staleness_max: u64,
     pub tasks: BTreeMap<String, TaskSummary>,
+    /// The rollarc version and commit that wrote the summary.
+    pub rollarc_version: String,
+    pub commit: String,
+    /// The job's seed and spec (as stored, every default filled in), when known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spec: Option<serde_json::Value>,
 }
 
 /// Success rate of a uniformly random policy on a built-in game with one-token actions from
@@ -128,6 +138,12 @@ fn weighted(v: &[TaskStep], f: fn(&TaskStep) -> f64) -> f64 {
     }
 }
 
+/// The first index at which the trajectory-weighted success over the trailing `WINDOW` steps
+/// (fewer at the very start) reached 0.9.
+fn reached_90(v: &[TaskStep]) -> Option<usize> {
+    (0..v.len()).find(|&i| weighted(&v[(i + 1).saturating_sub(WINDOW)..=i], |x| x.1) >= 0.9)
+}
+
 fn task_summary(v: &[TaskStep]) -> TaskSummary {
     let w = window(v.len());
     let head = &v[..v.len().min(w)];
@@ -136,10 +152,10 @@ fn task_summary(v: &[TaskStep]) -> TaskSummary {
         success_start: weighted(head, |x| x.1),
         success_end: weighted(tail, |x| x.1),
         success_random: None,
-        wall_s_at_90: v.iter().find(|x| x.1 >= 0.9).map(|x| x.4),
+        wall_s_at_90: reached_90(v).map(|i| v[i].4),
         reward_start: weighted(head, |x| x.2),
         reward_end: weighted(tail, |x| x.2),
-        first_step_at_90: v.iter().find(|x| x.1 >= 0.9).map(|x| x.0),
+        first_step_at_90: reached_90(v).map(|i| v[i].0),
         steps: v.len(),
         trajectories: v.iter().map(|x| x.3).sum(),
     }
@@ -174,6 +190,10 @@ pub fn summarise(job: &str, state: &str, steps: &[StepMetrics]) -> Summary {
         bubble_ratio_mean: mean(steps.iter().map(|m| m.bubble_ratio)),
         staleness_max: steps.iter().map(|m| m.staleness_max).max().unwrap_or(0),
         tasks,
+        rollarc_version: env!("CARGO_PKG_VERSION").to_string(),
+        commit: env!("ROLLARC_COMMIT").to_string(),
+        seed: None,
+        spec: None,
     }
 }
 
