@@ -11,6 +11,11 @@ fn main() {
         .filter(|c| !c.is_empty())
         .unwrap_or_else(|| "unknown".into());
     println!("cargo:rustc-env=ROLLARC_COMMIT={commit}");
-    println!("cargo:rerun-if-changed=../.git/HEAD");
-    println!("cargo:rerun-if-changed=../.git/refs/heads");
+    // Only paths that exist: a missing one would rebuild the crate on every build.
+    println!("cargo:rerun-if-changed=build.rs");
+    for p in ["../.git/HEAD", "../.git/refs/heads", "../.git/packed-refs"] {
+        if std::path::Path::new(p).exists() {
+            println!("cargo:rerun-if-changed={p}");
+        }
+    }
 }
