@@ -59,7 +59,13 @@ enum Cmd {
         role: String,
     },
     /// Submit a job spec (TOML or JSON) to a running service.
-    Submit { file: PathBuf },
+    Submit {
+        file: PathBuf,
+        /// Change one field of the file: PATH=VALUE, e.g. `--set rollout.steps=20 --set
+        /// tasks[0].group_size=4` (VALUE read as TOML, else as a string).
+        #[arg(long = "set", value_name = "PATH=VALUE")]
+        set: Vec<String>,
+    },
     /// Show one job, or list all, as a table (`--json`: the raw records).
     Status {
         id: Option<String>,
@@ -96,6 +102,10 @@ enum Cmd {
     /// Run a job with the service in-process: submit, watch, summary; exit code 0 on success.
     Run {
         file: PathBuf,
+        /// Change one field of the file: PATH=VALUE, e.g. `--set rollout.steps=20 --set
+        /// tasks[0].group_size=4` (VALUE read as TOML, else as a string).
+        #[arg(long = "set", value_name = "PATH=VALUE")]
+        set: Vec<String>,
         #[arg(long, default_value = "data")]
         data_dir: PathBuf,
         /// Where the end-of-run report (`summary.json`) goes.
@@ -127,6 +137,10 @@ enum Cmd {
     /// Run a fully simulated job in virtual time and print its figures.
     Sim {
         file: PathBuf,
+        /// Change one field of the file: PATH=VALUE, e.g. `--set rollout.steps=20 --set
+        /// tasks[0].group_size=4` (VALUE read as TOML, else as a string).
+        #[arg(long = "set", value_name = "PATH=VALUE")]
+        set: Vec<String>,
         /// Override the spec's preset.
         #[arg(long)]
         preset: Option<String>,
@@ -214,7 +228,8 @@ fn check_spec_extension(file: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn read_spec(file: &PathBuf) -> anyhow::Result<JobSpec> {
+/// A job file's text and format, with `--set` overrides applied (then as JSON).
+fn spec_text(file: &std::path::Path, sets: &[String]) -> anyhow::Result<(String, Format)> {
     check_spec_extension(file)?;
     let body =
         std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
@@ -223,6 +238,23 @@ fn read_spec(file: &PathBuf) -> anyhow::Result<JobSpec> {
     } else {
         Format::Toml
     };
+    if sets.is_empty() {
+        return Ok((body, fmt));
+    }
+    let mut doc: serde_json::Value = match fmt {
+        Format::Json => serde_json::from_str(&body)
+            .with_context(|| format!("{} is not JSON", file.display()))?,
+        Format::Toml => serde_json::to_value(
+            toml::from_str::<toml::Table>(&body)
+                .with_context(|| format!("{} is not TOML", file.display()))?,
+        )?,
+    };
+    spec::apply_overrides(&mut doc, sets).map_err(|e| anyhow::anyhow!(e))?;
+    Ok((serde_json::to_string(&doc)?, Format::Json))
+}
+
+fn read_spec(file: &PathBuf, sets: &[String]) -> anyhow::Result<JobSpec> {
+    let (body, fmt) = spec_text(file, sets)?;
     spec::parse(&body, fmt).map_err(|e| {
         let lines: Vec<String> =
             e.0.iter()
@@ -286,7 +318,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             insecure_public,
         } => serve(addr, data_dir, config, insecure_public),
         Cmd::Token { name, role } => token(&name, &role),
-        Cmd::Submit { file } => submit(&client()?, &server, &file),
+        Cmd::Submit { file, set } => submit(&client()?, &server, &file, &set),
         Cmd::Status { id, json } => status(&client()?, &server, id, json),
         Cmd::Cancel { id } => cancel(&client()?, &server, &id),
         Cmd::Watch { id } => {
@@ -322,9 +354,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Cmd::Run {
             file,
+            set,
             data_dir,
             report,
-        } => run_job(&file, data_dir, &report),
+        } => run_job(&file, &set, data_dir, &report),
         Cmd::Report { job, data_dir, out } => {
             // The store alone: a report may be written while a service runs on the directory.
             let db = data_dir.join("rollarc.db");
@@ -348,10 +381,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Cmd::Sim {
             file,
+            set,
             preset,
             compare,
         } => {
-            let spec = read_spec(&file)?;
+            let spec = read_spec(&file, &set)?;
             engine::cli::sim(spec, preset.as_deref(), &compare)?;
             Ok(ExitCode::SUCCESS)
         }
@@ -456,14 +490,16 @@ fn serve(
     Ok(ExitCode::SUCCESS)
 }
 
-fn submit(client: &reqwest::Client, server: &str, file: &PathBuf) -> anyhow::Result<ExitCode> {
-    check_spec_extension(file)?;
-    let body =
-        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
-    let ct = if file.extension().is_some_and(|e| e == "json") {
-        "application/json"
-    } else {
-        "application/toml"
+fn submit(
+    client: &reqwest::Client,
+    server: &str,
+    file: &PathBuf,
+    sets: &[String],
+) -> anyhow::Result<ExitCode> {
+    let (body, fmt) = spec_text(file, sets)?;
+    let ct = match fmt {
+        Format::Json => "application/json",
+        Format::Toml => "application/toml",
     };
     runtime()?.block_on(async {
         let r = client
@@ -523,10 +559,11 @@ fn cancel(client: &reqwest::Client, server: &str, id: &str) -> anyhow::Result<Ex
 /// `rollarc run`: the service in-process; submit, watch, summary and report.
 fn run_job(
     file: &PathBuf,
+    sets: &[String],
     data_dir: PathBuf,
     report: &std::path::Path,
 ) -> anyhow::Result<ExitCode> {
-    let spec = read_spec(file)?;
+    let spec = read_spec(file, sets)?;
     runtime()?.block_on(async move {
         let service = Service::open(&ServiceConfig {
             data_dir,

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 mod env;
+mod overrides;
 mod pool;
 mod reward;
 mod rollout;
@@ -17,6 +18,7 @@ mod task;
 mod trainer;
 
 pub use env::*;
+pub use overrides::apply_overrides;
 pub use pool::*;
 pub use reward::*;
 pub use rollout::*;

@@ -261,3 +261,53 @@ async fn watch_prints_plain_lines_and_status_a_table() {
     let v: serde_json::Value = serde_json::from_str(&raw).unwrap();
     assert_eq!(v["jobs"].as_array().unwrap().len(), 2);
 }
+
+/// `--set PATH=VALUE` changes a field of the job file for one run; a bad path or an unknown
+/// field is an error naming it.
+#[test]
+fn set_overrides_a_field_of_the_job_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("job.toml");
+    std::fs::write(
+        &job,
+        tests::SpecBuilder::new()
+            .pool("h800", "H800", 1, "")
+            .multi_turn("lake", "")
+            .rollout("steps = 1")
+            .toml(),
+    )
+    .unwrap();
+    let run = |sets: &[&str]| {
+        let mut c = Command::new(tests::rollarc_bin());
+        c.arg("run").arg(&job);
+        for s in sets {
+            c.args(["--set", s]);
+        }
+        c.arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .arg("--report")
+            .arg(dir.path().join("report"))
+            .output()
+            .unwrap()
+    };
+    let out = run(&["rollout.steps=3", "tasks[0].group_size=2"]);
+    assert!(out.status.success(), "{out:?}");
+    let summary: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("report/summary.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(summary["steps"], 3);
+    assert_eq!(summary["spec"]["tasks"][0]["group_size"], 2);
+    let out = run(&["tasks[3].group_size=2"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no [3]"),
+        "{out:?}"
+    );
+    let out = run(&["rollout.stepz=3"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("stepz"),
+        "{out:?}"
+    );
+}
