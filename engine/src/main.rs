@@ -253,7 +253,7 @@ fn spec_text(file: &std::path::Path, sets: &[String]) -> anyhow::Result<(String,
     Ok((serde_json::to_string(&doc)?, Format::Json))
 }
 
-fn read_spec(file: &PathBuf, sets: &[String]) -> anyhow::Result<JobSpec> {
+fn read_spec(file: &std::path::Path, sets: &[String]) -> anyhow::Result<JobSpec> {
     let (body, fmt) = spec_text(file, sets)?;
     spec::parse(&body, fmt).map_err(|e| {
         let lines: Vec<String> =
@@ -493,7 +493,7 @@ fn serve(
 fn submit(
     client: &reqwest::Client,
     server: &str,
-    file: &PathBuf,
+    file: &std::path::Path,
     sets: &[String],
 ) -> anyhow::Result<ExitCode> {
     let (body, fmt) = spec_text(file, sets)?;
@@ -558,7 +558,7 @@ fn cancel(client: &reqwest::Client, server: &str, id: &str) -> anyhow::Result<Ex
 
 /// `rollarc run`: the service in-process; submit, watch, summary and report.
 fn run_job(
-    file: &PathBuf,
+    file: &std::path::Path,
     sets: &[String],
     data_dir: PathBuf,
     report: &std::path::Path,
