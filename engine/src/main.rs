@@ -733,7 +733,12 @@ fn write_report(
     let path = engine::report::write(dir, &summary)
         .with_context(|| format!("writing the report to {}", dir.display()))?;
     println!("report: {}", path.display());
-    match engine::report::plots(dir, &steps) {
+    let random: std::collections::BTreeMap<String, f64> = summary
+        .tasks
+        .iter()
+        .filter_map(|(n, t)| t.success_random.map(|r| (n.clone(), r)))
+        .collect();
+    match engine::report::plots(dir, &steps, &random) {
         Ok(files) => println!(
             "plots: {}",
             files

@@ -21,6 +21,20 @@ struct Lines<'a> {
     x_max: f64,
     y_max: f64,
     series: &'a Series,
+    /// Draw each series faint with its trailing `WINDOW`-step mean on top.
+    smooth: bool,
+    /// Per series, a dashed reference level (the random policy's success).
+    baselines: &'a BTreeMap<String, f64>,
+}
+
+/// The trailing mean over `w` points (fewer at the start).
+fn trailing_mean(pts: &[(f64, f64)], w: usize) -> Vec<(f64, f64)> {
+    (0..pts.len())
+        .map(|i| {
+            let win = &pts[(i + 1).saturating_sub(w)..=i];
+            (pts[i].0, win.iter().map(|p| p.1).sum::<f64>() / win.len() as f64)
+        })
+        .collect()
 }
 
 fn draw<DB: DrawingBackend>(
@@ -42,12 +56,38 @@ fn draw<DB: DrawingBackend>(
         .draw()?;
     for (i, (name, pts)) in l.series.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
+        let line = if l.smooth {
+            chart.draw_series(LineSeries::new(
+                pts.iter().copied(),
+                color.mix(0.25).stroke_width(1),
+            ))?;
+            trailing_mean(pts, super::summary::WINDOW)
+        } else {
+            pts.clone()
+        };
         chart
-            .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))?
-            .label(name.as_str())
+            .draw_series(LineSeries::new(line, color.stroke_width(2)))?
+            .label(if l.smooth {
+                format!("{name} ({}-step mean)", super::summary::WINDOW)
+            } else {
+                name.clone()
+            })
             .legend(move |(x, y)| {
                 PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
             });
+        if let Some(&b) = l.baselines.get(name) {
+            chart
+                .draw_series(DashedLineSeries::new(
+                    vec![(0.0, b), (l.x_max.max(1.0), b)],
+                    6,
+                    4,
+                    color.stroke_width(1),
+                ))?
+                .label(format!("{name}: random policy"))
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.mix(0.5).stroke_width(1))
+                });
+        }
     }
     chart
         .configure_series_labels()
@@ -66,6 +106,8 @@ fn plot_pair(
     y_desc: &str,
     y_max: f64,
     series: &Series,
+    smooth: bool,
+    baselines: &BTreeMap<String, f64>,
 ) -> Result<Vec<PathBuf>, PlotError> {
     register_font();
     let x_max = series
@@ -79,6 +121,8 @@ fn plot_pair(
         x_max,
         y_max,
         series,
+        smooth,
+        baselines,
     };
     let svg = dir.join(format!("{stem}.svg"));
     let png = dir.join(format!("{stem}.png"));
@@ -95,10 +139,16 @@ fn plot_pair(
     Ok(vec![png, svg])
 }
 
-/// Draws `success.{png,svg}` (success per task over training steps) and
+/// Draws `success.{png,svg}` (success per task over training steps: each step faint, the
+/// trailing 5-step mean bold, the random policy dashed) and
 /// `utilisation.{png,svg}` (busy fraction of every generation pool per step, and the bubble
 /// ratio) into `dir`.
-pub fn plots(dir: &Path, steps: &[StepMetrics]) -> Result<Vec<PathBuf>, PlotError> {
+/// `random`: the random policy's success per task, drawn as a dashed level.
+pub fn plots(
+    dir: &Path,
+    steps: &[StepMetrics],
+    random: &BTreeMap<String, f64>,
+) -> Result<Vec<PathBuf>, PlotError> {
     std::fs::create_dir_all(dir).map_err(|source| PlotError::Dir {
         dir: dir.to_path_buf(),
         source,
@@ -131,6 +181,8 @@ pub fn plots(dir: &Path, steps: &[StepMetrics]) -> Result<Vec<PathBuf>, PlotErro
         "success rate",
         1.0,
         &success,
+        true,
+        random,
     )?;
     out.extend(plot_pair(
         dir,
@@ -140,6 +192,8 @@ pub fn plots(dir: &Path, steps: &[StepMetrics]) -> Result<Vec<PathBuf>, PlotErro
         "fraction of time",
         1.0,
         &util,
+        false,
+        &BTreeMap::new(),
     )?);
     if steps.iter().any(|m| !m.timeline.is_empty()) {
         out.extend(timeline_plots(dir, steps)?);

@@ -1,3 +1,5 @@
+use std::collections::BTreeMap;
+
 use super::timeline::timeline_rows;
 use super::*;
 use crate::job::{StepMetrics, TaskMetrics};
@@ -44,10 +46,14 @@ fn start_and_end_are_window_means_and_a_ramp_to_one_never_holds_90_percent() {
     );
     assert_eq!(back["commit"], s.commit.as_str());
     // Plots: PNG (with the shipped font) and SVG, one line per task.
-    let files = plots(dir.path(), &steps).unwrap();
+    let random = BTreeMap::from([("lake".to_string(), 0.05)]);
+    let files = plots(dir.path(), &steps, &random).unwrap();
     assert_eq!(files.len(), 4);
     let svg = std::fs::read_to_string(dir.path().join("success.svg")).unwrap();
     assert!(svg.contains("Success rate per task") && svg.contains("lake"));
+    // The smoothed line and the random policy's level are labelled.
+    assert!(svg.contains("lake (5-step mean)"), "no smoothed line");
+    assert!(svg.contains("lake: random policy"), "no random baseline");
     let png = std::fs::read(dir.path().join("success.png")).unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
     assert!(
@@ -128,7 +134,7 @@ fn the_timeline_has_a_row_per_resource_in_kind_order() {
         ]
     );
     let dir = tempfile::tempdir().unwrap();
-    let files = plots(dir.path(), &steps).unwrap();
+    let files = plots(dir.path(), &steps, &BTreeMap::new()).unwrap();
     assert_eq!(files.len(), 6);
     let svg = std::fs::read_to_string(dir.path().join("timeline.svg")).unwrap();
     for row in ["shard compute/0", "env lake/10", "fn math-1/3"] {
