@@ -32,7 +32,10 @@ fn trailing_mean(pts: &[(f64, f64)], w: usize) -> Vec<(f64, f64)> {
     (0..pts.len())
         .map(|i| {
             let win = &pts[(i + 1).saturating_sub(w)..=i];
-            (pts[i].0, win.iter().map(|p| p.1).sum::<f64>() / win.len() as f64)
+            (
+                pts[i].0,
+                win.iter().map(|p| p.1).sum::<f64>() / win.len() as f64,
+            )
         })
         .collect()
 }
@@ -91,7 +94,12 @@ fn draw<DB: DrawingBackend>(
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
+        // Learning curves rise to the right: their legend goes where they start low.
+        .position(if l.smooth {
+            SeriesLabelPosition::UpperLeft
+        } else {
+            SeriesLabelPosition::LowerRight
+        })
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()?;
