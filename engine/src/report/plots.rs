@@ -106,32 +106,13 @@ fn draw<DB: DrawingBackend>(
     root.present()
 }
 
-fn plot_pair(
-    dir: &Path,
-    stem: &str,
-    title: &str,
-    x_desc: &str,
-    y_desc: &str,
-    y_max: f64,
-    series: &Series,
-    smooth: bool,
-    baselines: &BTreeMap<String, f64>,
-) -> Result<Vec<PathBuf>, PlotError> {
+fn plot_pair(dir: &Path, stem: &str, mut lines: Lines<'_>) -> Result<Vec<PathBuf>, PlotError> {
     register_font();
-    let x_max = series
+    lines.x_max = lines
+        .series
         .values()
         .flat_map(|v| v.iter().map(|p| p.0))
         .fold(1.0, f64::max);
-    let lines = Lines {
-        title,
-        x_desc,
-        y_desc,
-        x_max,
-        y_max,
-        series,
-        smooth,
-        baselines,
-    };
     let svg = dir.join(format!("{stem}.svg"));
     let png = dir.join(format!("{stem}.png"));
     draw(
@@ -181,27 +162,34 @@ pub fn plots(
             .or_default()
             .push((m.step as f64, m.bubble_ratio));
     }
+    let no_baselines = BTreeMap::new();
     let mut out = plot_pair(
         dir,
         "success",
-        "Success rate per task",
-        "training step",
-        "success rate",
-        1.0,
-        &success,
-        true,
-        random,
+        Lines {
+            title: "Success rate per task",
+            x_desc: "training step",
+            y_desc: "success rate",
+            x_max: 1.0,
+            y_max: 1.0,
+            series: &success,
+            smooth: true,
+            baselines: random,
+        },
     )?;
     out.extend(plot_pair(
         dir,
         "utilisation",
-        "Generation pools: utilisation per step",
-        "training step",
-        "fraction of time",
-        1.0,
-        &util,
-        false,
-        &BTreeMap::new(),
+        Lines {
+            title: "Generation pools: utilisation per step",
+            x_desc: "training step",
+            y_desc: "fraction of time",
+            x_max: 1.0,
+            y_max: 1.0,
+            series: &util,
+            smooth: false,
+            baselines: &no_baselines,
+        },
     )?);
     if steps.iter().any(|m| !m.timeline.is_empty()) {
         out.extend(timeline_plots(dir, steps)?);
