@@ -674,3 +674,35 @@ fn a_resumed_run_continues_the_seed_sequence_and_group_numbering() {
         "group ids collide: {min_gid_after} <= {max_gid}"
     );
 }
+
+/// A step longer than an hour of virtual time (a production iteration) used to fail the run on
+/// a fixed one-hour control timeout; simulated jobs now allow 30 days by default, and
+/// `rollout.step_timeout_s` sets the limit (a step over it fails naming the buffer).
+#[test]
+fn a_step_longer_than_an_hour_of_virtual_time_completes() {
+    let job = |extra: &str| {
+        SpecBuilder::new()
+            .pool("h800", "H800", 1, "")
+            .raw_task(
+                "[[tasks]]\ndomain = \"slow\"\ngroup_size = 2\nmax_turns = 1\n[tasks.env]\nkind = \"sim\"\nstep_latency_s = { constant = 5400.0 }\nturns = { constant = 1 }\nobservation_tokens = { constant = 8 }\nresponse_tokens = { constant = 8 }\n",
+            )
+            .rollout("batch_size = 1")
+            .rollout("steps = 2")
+            // Environment calls of 1.5 h (a long tool run) within their own timeout.
+            .rollout("env_call_timeout_s = 7200")
+            .rollout(extra)
+            .build()
+    };
+    let r = run_recorded(job(""));
+    assert_eq!(r.summary.steps_done, 2);
+    // Each step waited 1.5 h for its batch (the two overlap under α = 1).
+    assert!(r.summary.elapsed_s > 5400.0, "{}", r.summary.elapsed_s);
+    // The limit is a setting: an hour fails this workload, with the reason.
+    let e = engine::simrun::run_virtual_with(
+        job("step_timeout_s = 3600"),
+        std::sync::Arc::new(actors::buffer::MemorySink::default()),
+        std::sync::Arc::new(tests::BatchLog::default()),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("sample buffer"), "{e}");
+}

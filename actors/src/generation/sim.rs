@@ -257,8 +257,14 @@ impl SimEngine {
                 .tokens
                 .last()
                 .is_some_and(|t| s.req.params.stop_tokens.contains(t));
-            let prefill_only = s.target == 0 && s.to_prefill == 0;
-            if prefill_only || s.tokens.len() as u32 >= s.target || stop {
+            // A prefill-only request (P/D: the decode shard generates) is done when its whole
+            // context is prefilled, not after its first step (0 tokens ≥ a target of 0).
+            let done = if s.target == 0 {
+                s.to_prefill == 0
+            } else {
+                s.tokens.len() as u32 >= s.target || stop
+            };
+            if done {
                 let s = self.running.swap_remove(i);
                 self.reserved = self
                     .reserved

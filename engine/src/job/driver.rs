@@ -14,7 +14,7 @@ use super::protocol::{suspend_all, train, update_weights};
 use super::scheduler::SchedMsg;
 use super::spawn::JobActors;
 use super::supervisor::SupervisorReport;
-use super::{CONTROL_TIMEOUT, JobError, JobRun, JobSummary};
+use super::{JobError, JobRun, JobSummary};
 use crate::hub::FunctionHub;
 use crate::spec::{Knobs, OnWeightUpdate};
 
@@ -43,11 +43,13 @@ pub(super) async fn drive(
     };
     let mut timeline = Timeline::new(job.timeline);
     let mut installed = job.start_step;
+    // How long a step may wait for its batch, and train.
+    let step_limit = std::time::Duration::from_secs_f64(knobs.step_timeout_s);
     let mut summary = JobSummary::default();
     let mut last_step_end = started;
     for step in job.start_step..knobs.steps {
         let t_wait = tokio::time::Instant::now();
-        let batch = next_batch(job, a, report, step).await?;
+        let batch = next_batch(job, a, report, step, step_limit).await?;
         let wait_batch_s = t_wait.elapsed().as_secs_f64();
         let t_train;
         let stats: TrainStats;
@@ -60,14 +62,14 @@ pub(super) async fn drive(
                 update_weights(&a.pools, &a.weights, installed, policy, &a.scheduler).await?,
             );
             t_train = tokio::time::Instant::now();
-            stats = train(&a.trainer, batch.clone(), &job.cancel).await?;
+            stats = train(&a.trainer, batch.clone(), &job.cancel, step_limit).await?;
         } else {
             // No overlap: generation pauses while training, then installs the fresh version.
             // (A scheduler that is gone fails the job through the supervisor.)
             let _ = a.scheduler.cast(SchedMsg::Training(true));
             suspend_all(&a.pools).await?;
             t_train = tokio::time::Instant::now();
-            stats = train(&a.trainer, batch.clone(), &job.cancel).await?;
+            stats = train(&a.trainer, batch.clone(), &job.cancel, step_limit).await?;
             installed = installed_now(
                 job,
                 installed,
@@ -117,6 +119,7 @@ async fn next_batch(
     a: &JobActors,
     report: &SupervisorReport,
     step: u64,
+    limit: std::time::Duration,
 ) -> Result<Batch, JobError> {
     let mut escalated = report.escalated.subscribe();
     let mut faults = a.faults.subscribe();
@@ -132,7 +135,7 @@ async fn next_batch(
             let why = r.map(|e| e.clone().unwrap_or_default()).unwrap_or_default();
             Err(JobError::Escalated(why))
         }
-        b = call(&a.buffer, |reply| BufferMsg::GetBatch { step, reply }, CONTROL_TIMEOUT) => {
+        b = call(&a.buffer, |reply| BufferMsg::GetBatch { step, reply }, limit) => {
             b.map_err(JobError::call("sample buffer"))
         }
     }

@@ -99,11 +99,12 @@ pub(super) async fn train(
     trainer: &ActorRef<TrainerMsg>,
     batch: Batch,
     cancel: &CancellationToken,
+    limit: std::time::Duration,
 ) -> Result<TrainStats, JobError> {
     tokio::select! {
         biased;
         _ = cancel.cancelled() => Err(JobError::Cancelled),
-        r = call(trainer, |reply| TrainerMsg::Train(batch, reply), CONTROL_TIMEOUT) => {
+        r = call(trainer, |reply| TrainerMsg::Train(batch, reply), limit) => {
             r.map_err(JobError::call("trainer"))?.map_err(JobError::Train)
         }
     }

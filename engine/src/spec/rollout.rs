@@ -181,6 +181,13 @@ pub struct RolloutSpec {
     #[serde(default)]
     #[schema(minimum = 1, maximum = 1000000)]
     pub fault_min_failures: Option<u64>,
+    /// The longest a training step may take: waiting for its batch, and training (seconds,
+    /// on the job's clock). Default: an hour for real jobs with the built-in trainer; 30 days
+    /// for fully simulated jobs (a production iteration can take hours of virtual time) and
+    /// for external trainers (their pace is theirs; a lost trainer's lease ends instead).
+    #[serde(default)]
+    #[schema(exclusive_minimum = 0.0, maximum = 2592000.0)]
+    pub step_timeout_s: Option<f64>,
 }
 
 /// Largest `rollout.fault_min_failures`.
@@ -205,6 +212,7 @@ pub struct Knobs {
     pub frozen_after_s: f64,
     pub fault_window_s: f64,
     pub fault_min_failures: u64,
+    pub step_timeout_s: f64,
 }
 
 impl RolloutSpec {
@@ -281,6 +289,7 @@ impl RolloutSpec {
         for (name, v) in [
             ("env_call_timeout_s", r.env_call_timeout_s),
             ("frozen_after_s", r.frozen_after_s),
+            ("step_timeout_s", r.step_timeout_s),
         ] {
             if let Some(v) = v {
                 problems.seconds(format!("rollout.{name}"), v, true);
@@ -339,6 +348,13 @@ impl JobSpec {
             frozen_after_s: r.frozen_after_s.unwrap_or(120.0),
             fault_window_s: r.fault_window_s.unwrap_or(30.0),
             fault_min_failures: r.fault_min_failures.unwrap_or(5),
+            step_timeout_s: r.step_timeout_s.unwrap_or(
+                if self.all_simulated() || matches!(self.trainer, super::TrainerSpec::External(_)) {
+                    super::MAX_SECONDS
+                } else {
+                    3600.0
+                },
+            ),
         }
     }
 

@@ -240,3 +240,38 @@ fn weight_sync_direct_pull_is_minutes_for_32b_and_the_relay_seconds() {
     assert!(d > 60.0 && r < 5.0, "direct {d} s, relay {r} s");
     assert!(relay.publish_seconds(w) < 0.1 && direct.publish_seconds(w) == 0.0);
 }
+
+/// P/D bug: a prefill-only request (no tokens to generate) retired after its first engine
+/// step even when its context took several chunks, or shared the step's chunk budget, so the
+/// decode shard admitted it with part of its prefill never done.
+#[test]
+fn prefill_only_requests_retire_only_when_their_whole_context_is_prefilled() {
+    let mut e = SimEngine::new(cfg("qwen3-32b", "H800"));
+    let chunk = e.cfg.prefill_chunk as usize;
+    // Longer than two chunks, and two that share one step's budget.
+    let mut long = req(1, 1, 2 * chunk + 1000, 100);
+    long.params.max_tokens = 0;
+    let mut a = req(2, 2, chunk / 2 + 100, 100);
+    a.params.max_tokens = 0;
+    let mut b = req(3, 3, chunk / 2 + 100, 100);
+    b.params.max_tokens = 0;
+    e.add(long);
+    e.add(a);
+    e.add(b);
+    let mut done = std::collections::BTreeMap::new();
+    let mut steps = 0;
+    while done.len() < 3 && steps < 20 {
+        steps += 1;
+        for (id, out) in e.step().finished {
+            let out = out.unwrap();
+            assert!(out.tokens.is_empty());
+            done.insert(id, (out.prefill_tokens, steps));
+        }
+    }
+    assert_eq!(done[&1].0 as usize, 2 * chunk + 1000, "{done:?}");
+    assert_eq!(done[&2].0 as usize, chunk / 2 + 100, "{done:?}");
+    assert_eq!(done[&3].0 as usize, chunk / 2 + 100, "{done:?}");
+    // 3 × chunk + 1200 tokens at `chunk` per step: four steps at least, the long one last.
+    assert!(done[&1].1 >= 3, "{done:?}");
+    assert!(done.values().map(|d| d.1).max().unwrap() >= 4, "{done:?}");
+}
