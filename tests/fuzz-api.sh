@@ -8,16 +8,9 @@ ST="${ST:?set ST to the schemathesis executable (make setup installs it)}"
 BIN="${BIN:-target/debug/rollarc}"
 EXAMPLES="${EXAMPLES:-25}"
 work="$(mktemp -d)"
-"$BIN" serve --addr 127.0.0.1:0 --data-dir "$work/data" 2>"$work/serve.log" &
-pid=$!
-trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$work"' EXIT
-addr=""
-for _ in $(seq 300); do
-  addr="$(grep -o 'addr=[0-9.:]*' "$work/serve.log" | head -1 | cut -d= -f2 || true)"
-  [ -n "$addr" ] && break
-  sleep 0.1
-done
-[ -n "$addr" ] || { echo "fuzz-api: the service did not start"; cat "$work/serve.log"; exit 1; }
+# shellcheck source=lib/serve.sh
+source "$(dirname "$0")/lib/serve.sh"
+start_serve "$work"
 cd "$work"
 "$ST" run "http://$addr/openapi.json" \
   --checks not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance,response_schema_conformance \

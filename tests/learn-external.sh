@@ -7,16 +7,9 @@ set -euo pipefail
 BIN="${BIN:-target/release/rollarc}"
 OUT="${OUT:-report/external}"
 work="$(mktemp -d)"
-"$BIN" serve --addr 127.0.0.1:0 --data-dir "$work/data" 2>"$work/serve.log" &
-pid=$!
-trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$work"' EXIT
-addr=""
-for _ in $(seq 300); do
-  addr="$(grep -o 'addr=[0-9.:]*' "$work/serve.log" | head -1 | cut -d= -f2 || true)"
-  [ -n "$addr" ] && break
-  sleep 0.1
-done
-[ -n "$addr" ] || { echo "learn-external: the service did not start"; cat "$work/serve.log"; exit 1; }
+# shellcheck source=lib/serve.sh
+source "$(dirname "$0")/lib/serve.sh"
+start_serve "$work"
 # The quickstart, its [trainer] table swapped for an external trainer.
 python3 - examples/quickstart.toml >"$work/job.toml" <<'PY'
 import sys

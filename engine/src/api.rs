@@ -581,6 +581,25 @@ async fn get_job_spec(
     Ok(Json(spec))
 }
 
+/// A page size (`limit`, default 100) within 1..=`MAX_PAGE`.
+fn page_limit(limit: Option<usize>) -> Result<usize, ApiError> {
+    let limit = limit.unwrap_or(100);
+    if (1..=MAX_PAGE).contains(&limit) {
+        return Ok(limit);
+    }
+    Err(ApiError {
+        fields: vec![FieldError {
+            field: "limit".into(),
+            message: format!("must be in 1..={MAX_PAGE}"),
+        }],
+        ..ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("limit {limit} out of range"),
+        )
+    })
+}
+
 /// A page of a job's step history.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -622,20 +641,7 @@ async fn job_steps(
 ) -> Result<Json<StepPage>, ApiError> {
     let Query(q) =
         q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
-    let limit = q.limit.unwrap_or(100);
-    if limit == 0 || limit > MAX_PAGE {
-        return Err(ApiError {
-            fields: vec![FieldError {
-                field: "limit".into(),
-                message: format!("must be in 1..={MAX_PAGE}"),
-            }],
-            ..ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "bad_request",
-                format!("limit {limit} out of range"),
-            )
-        });
-    }
+    let limit = page_limit(q.limit)?;
     visible_job(&s, &p, &id)?;
     // The id first: every step after the ones read here has its event after it.
     let event_id = s.last_event_id(&id);
@@ -781,20 +787,7 @@ async fn trajectories(
 ) -> Result<Response, ApiError> {
     let Query(q) =
         q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
-    let limit = q.limit.unwrap_or(100);
-    if limit == 0 || limit > MAX_PAGE {
-        return Err(ApiError {
-            fields: vec![FieldError {
-                field: "limit".into(),
-                message: format!("must be in 1..={MAX_PAGE}"),
-            }],
-            ..ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "bad_request",
-                format!("limit {limit} out of range"),
-            )
-        });
-    }
+    let limit = page_limit(q.limit)?;
     let after = q.after.unwrap_or(0);
     if after < 0 {
         return Err(ApiError {

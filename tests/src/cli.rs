@@ -2,6 +2,43 @@
 
 use std::process::Command;
 
+/// A one-step simulated job (virtual time: it runs in milliseconds).
+fn sim_job() -> String {
+    tests::SpecBuilder::new()
+        .pool("h800", "H800", 1, "")
+        .multi_turn("lake", "")
+        .rollout("steps = 1")
+        .toml()
+}
+
+/// Writes [`sim_job`] to `dir/job.toml`.
+fn sim_job_file(dir: &std::path::Path) -> std::path::PathBuf {
+    let job = dir.join("job.toml");
+    std::fs::write(&job, sim_job()).unwrap();
+    job
+}
+
+/// `rollarc run JOB [--set S]… --data-dir DATA --report REPORT`.
+fn run(
+    job: &std::path::Path,
+    sets: &[&str],
+    data: &std::path::Path,
+    report: &std::path::Path,
+) -> std::process::Output {
+    let mut c = Command::new(tests::rollarc_bin());
+    c.arg("run").arg(job);
+    for s in sets {
+        c.args(["--set", s]);
+    }
+    c.arg("--data-dir")
+        .arg(data)
+        .arg("--report")
+        .arg(report)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap()
+}
+
 /// `rollarc-fn --help` answers (it used to fail as an unknown function name); without a name it
 /// is a usage error.
 #[test]
@@ -25,26 +62,13 @@ fn rollarc_fn_has_help_and_a_usage_error() {
 #[test]
 fn commands_print_no_library_info_lines() {
     let dir = tempfile::tempdir().unwrap();
-    let job = dir.path().join("job.toml");
-    std::fs::write(
+    let job = sim_job_file(dir.path());
+    let out = run(
         &job,
-        tests::SpecBuilder::new()
-            .pool("h800", "H800", 1, "")
-            .multi_turn("lake", "")
-            .rollout("steps = 1")
-            .toml(),
-    )
-    .unwrap();
-    let out = Command::new(tests::rollarc_bin())
-        .arg("run")
-        .arg(&job)
-        .arg("--data-dir")
-        .arg(dir.path().join("data"))
-        .arg("--report")
-        .arg(dir.path().join("report"))
-        .env_remove("RUST_LOG")
-        .output()
-        .unwrap();
+        &[],
+        &dir.path().join("data"),
+        &dir.path().join("report"),
+    );
     assert!(out.status.success(), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("meter provider"), "library chatter:\n{err}");
@@ -94,11 +118,7 @@ async fn yaml_job_specs_are_refused_clearly() {
     assert_eq!(r.status(), 415);
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["error"]["code"], "unsupported_media_type", "{v}");
-    let toml = tests::SpecBuilder::new()
-        .pool("h800", "H800", 1, "")
-        .multi_turn("lake", "")
-        .rollout("steps = 1")
-        .toml();
+    let toml = sim_job();
     let r = t
         .client
         .post(t.url("/v1/jobs"))
@@ -118,25 +138,8 @@ fn a_second_service_on_a_data_directory_is_refused_naming_the_holder() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let server = tests::server::ServerProcess::start(&data);
-    let job = dir.path().join("job.toml");
-    std::fs::write(
-        &job,
-        tests::SpecBuilder::new()
-            .pool("h800", "H800", 1, "")
-            .multi_turn("lake", "")
-            .rollout("steps = 1")
-            .toml(),
-    )
-    .unwrap();
-    let out = Command::new(tests::rollarc_bin())
-        .arg("run")
-        .arg(&job)
-        .arg("--data-dir")
-        .arg(&data)
-        .arg("--report")
-        .arg(dir.path().join("report"))
-        .output()
-        .unwrap();
+    let job = sim_job_file(dir.path());
+    let out = run(&job, &[], &data, &dir.path().join("report"));
     assert!(!out.status.success(), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("in use by another rollarc process"), "{err}");
@@ -158,15 +161,7 @@ fn a_second_service_on_a_data_directory_is_refused_naming_the_holder() {
     );
     drop(server);
     // Once the holder is gone the directory is free again.
-    let out = Command::new(tests::rollarc_bin())
-        .arg("run")
-        .arg(&job)
-        .arg("--data-dir")
-        .arg(&data)
-        .arg("--report")
-        .arg(dir.path().join("report"))
-        .output()
-        .unwrap();
+    let out = run(&job, &[], &data, &dir.path().join("report"));
     assert!(
         out.status.success(),
         "{}",
@@ -267,29 +262,9 @@ async fn watch_prints_plain_lines_and_status_a_table() {
 #[test]
 fn set_overrides_a_field_of_the_job_file() {
     let dir = tempfile::tempdir().unwrap();
-    let job = dir.path().join("job.toml");
-    std::fs::write(
-        &job,
-        tests::SpecBuilder::new()
-            .pool("h800", "H800", 1, "")
-            .multi_turn("lake", "")
-            .rollout("steps = 1")
-            .toml(),
-    )
-    .unwrap();
-    let run = |sets: &[&str]| {
-        let mut c = Command::new(tests::rollarc_bin());
-        c.arg("run").arg(&job);
-        for s in sets {
-            c.args(["--set", s]);
-        }
-        c.arg("--data-dir")
-            .arg(dir.path().join("data"))
-            .arg("--report")
-            .arg(dir.path().join("report"))
-            .output()
-            .unwrap()
-    };
+    let job = sim_job_file(dir.path());
+    let (data, report) = (dir.path().join("data"), dir.path().join("report"));
+    let run = |sets: &[&str]| run(&job, sets, &data, &report);
     let out = run(&["rollout.steps=3", "tasks[0].group_size=2"]);
     assert!(out.status.success(), "{out:?}");
     let summary: serde_json::Value = serde_json::from_str(

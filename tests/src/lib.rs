@@ -417,3 +417,15 @@ pub fn start_function(name: &str, config: Option<&str>, env: &[(&str, &str)]) ->
         base: format!("http://{addr}"),
     }
 }
+
+/// The policy versions that generated the tokens of a leased batch (trainer API JSON).
+pub fn batch_versions(b: &serde_json::Value) -> std::collections::BTreeSet<u64> {
+    b["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|g| g["samples"].as_array().into_iter().flatten())
+        .flat_map(|s| s["version_spans"].as_array().into_iter().flatten())
+        .filter_map(|v| v["version"].as_u64())
+        .collect()
+}

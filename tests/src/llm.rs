@@ -431,16 +431,7 @@ async fn an_external_trainer_drives_a_managed_llamacpp_shard() {
             panic!("no batch within 4 × {wait} s");
         }
     };
-    let versions = |b: &serde_json::Value| -> std::collections::BTreeSet<u64> {
-        b["groups"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .flat_map(|g| g["samples"].as_array().unwrap().iter())
-            .flat_map(|s| s["version_spans"].as_array().unwrap().iter())
-            .map(|v| v["version"].as_u64().unwrap())
-            .collect()
-    };
+    let versions = tests::batch_versions;
     let ack = |b: &serde_json::Value| {
         let (c, u) = (
             t.client.clone(),

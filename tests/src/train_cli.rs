@@ -64,6 +64,10 @@ fn train(
     (lines, ok)
 }
 
+async fn get_json(client: &reqwest::Client, url: &str) -> Value {
+    client.get(url).send().await.unwrap().json().await.unwrap()
+}
+
 /// The steps a run's output says it trained (lines without "announced before").
 fn trained(lines: &[String]) -> Vec<u64> {
     lines
@@ -125,14 +129,7 @@ async fn rollarc_train_trains_a_job_and_resumes_after_sigkill_without_training_a
         assert!(loss.is_finite(), "{l}");
     }
     // The job: every batch acknowledged once, the newest weights announced and installed.
-    let st: Value = client
-        .get(format!("{}/v1/jobs/{job}/staleness", server.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let st: Value = get_json(&client, &format!("{}/v1/jobs/{job}/staleness", server.base)).await;
     assert_eq!(st["batches_acked"], STEPS, "{st}");
     assert_eq!(st["batches_pending"], 0, "{st}");
     let events = client
@@ -144,26 +141,12 @@ async fn rollarc_train_trains_a_job_and_resumes_after_sigkill_without_training_a
         .await
         .unwrap();
     assert!(events.contains("succeeded"), "{events}");
-    let rec: Value = client
-        .get(format!("{}/v1/jobs/{job}", server.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let rec: Value = get_json(&client, &format!("{}/v1/jobs/{job}", server.base)).await;
     assert_eq!(rec["state"], "succeeded");
     // The job took every version the trainer announced: v6 after the last step.
     assert_eq!(rec["metrics"]["version"], STEPS, "{}", rec["metrics"]);
     // The external trainer's diagnostics reached the job's step history.
-    let steps: Value = client
-        .get(format!("{}/v1/jobs/{job}/steps", server.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let steps: Value = get_json(&client, &format!("{}/v1/jobs/{job}/steps", server.base)).await;
     let steps = steps["steps"].as_array().unwrap();
     assert_eq!(steps.len() as u64, STEPS);
     for s in steps {

@@ -436,16 +436,7 @@ async fn announced_weights_are_installed_and_generate_the_next_batches() {
     // The job runs at the base version: its first batch is leased before any announcement.
     let (status, b0) = next(&t, &job, 60.0).await;
     assert_eq!((status, b0["step"].as_u64()), (200, Some(0)));
-    let versions = |b: &Value| -> std::collections::BTreeSet<u64> {
-        b["groups"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .flat_map(|g| g["samples"].as_array().unwrap().iter())
-            .flat_map(|s| s["version_spans"].as_array().unwrap().iter())
-            .map(|span| span["version"].as_u64().unwrap())
-            .collect()
-    };
+    let versions = tests::batch_versions;
     assert_eq!(versions(&b0), [0].into());
     // Announcements are checked before they are recorded.
     let src = |uri: &str| json_src(uri, "safetensors");
