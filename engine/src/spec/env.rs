@@ -14,23 +14,23 @@ pub enum EnvSpec {
     /// Latency and length model in virtual time.
     Sim {
         #[serde(default)]
-        #[schema(value_type = Object)]
+        #[schema(value_type = Option<Object>)]
         reset_latency_s: Option<Dist>,
         #[serde(default)]
-        #[schema(value_type = Object)]
+        #[schema(value_type = Option<Object>)]
         step_latency_s: Option<Dist>,
         #[serde(default)]
-        #[schema(value_type = Object)]
+        #[schema(value_type = Option<Object>)]
         turns: Option<Dist>,
         #[serde(default)]
-        #[schema(value_type = Object)]
+        #[schema(value_type = Option<Object>)]
         observation_tokens: Option<Dist>,
         /// The first observation (the prompt); default: `observation_tokens`.
         #[serde(default)]
-        #[schema(value_type = Object)]
+        #[schema(value_type = Option<Object>)]
         prompt_tokens: Option<Dist>,
         #[serde(default)]
-        #[schema(value_type = Object)]
+        #[schema(value_type = Option<Object>)]
         response_tokens: Option<Dist>,
         #[serde(default = "default_success_rate")]
         success_rate: f64,

@@ -32,7 +32,7 @@ pub enum FunctionSpec {
     /// Latency, cold start and concurrency model in virtual time.
     Sim {
         #[serde(default)]
-        #[schema(value_type = Object)]
+        #[schema(value_type = Option<Object>)]
         latency_s: Option<Dist>,
         #[serde(default)]
         cold_start_s: f64,
@@ -44,7 +44,7 @@ pub enum FunctionSpec {
         /// built-in functions; `cold_start_s` per instance started). Without it, serverless is a
         /// single pool of `concurrency` slots that goes cold after `scale_to_zero_after_s` idle.
         #[serde(default)]
-        #[schema(value_type = Object)]
+        #[schema(value_type = Option<Object>)]
         scaling: Option<infra::faas::Scaling>,
     },
     /// A built-in function (`math`, `format`, `env`, `code`, `judge`) run as processes by the
@@ -53,7 +53,7 @@ pub enum FunctionSpec {
         function: String,
         /// The function's own configuration (JSON object), e.g. the `format` regex.
         #[serde(default)]
-        #[schema(value_type = Object)]
+        #[schema(value_type = Option<Object>)]
         config: Option<serde_json::Value>,
         /// Knative knob names (`container-concurrency`, `min-scale`, `stable-window`, …).
         #[serde(default)]

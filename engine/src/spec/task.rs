@@ -75,10 +75,10 @@ pub enum ContextMode {
 #[serde(deny_unknown_fields)]
 pub struct InjectLatency {
     #[serde(default)]
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<Object>)]
     pub reset_s: Option<Dist>,
     #[serde(default)]
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<Object>)]
     pub step_s: Option<Dist>,
 }
 
