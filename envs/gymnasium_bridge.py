@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
-"""Serve any gymnasium environment through the rollarc environment protocol (v1).
+"""Serve any gymnasium environment through the rollarc environment protocol (v1 or v2).
 
-Usage: gymnasium_bridge.py ENV_ID [--kwargs JSON]
+Usage: gymnasium_bridge.py ENV [--kwargs JSON] [--path DIR]...
+
+ENV is a registered id (`FrozenLake-v1`, `module:Name-v0` to import the registering module
+first) or a class of your own, `module:Class` (a gymnasium.Env subclass), with the module
+found on the --path directories (then the working directory).
 
 Reads one JSON request per line on stdin, writes one JSON response per line on stdout:
   {"v":1,"op":"reset","seed":N}      -> {"v":1,"ok":true,"observation":TEXT}
@@ -10,18 +14,21 @@ Reads one JSON request per line on stdin, writes one JSON response per line on s
   {"v":1,"op":"close"}               -> {"v":1,"ok":true} and exit
 Errors are {"v":1,"ok":false,"error":TEXT}; the bridge never exits on bad input.
 
-Observations are the environment's text rendering (render_mode "ansi"), with highlighted
-cells shown as [x], followed by the raw observation. Actions are a name (see ACTION_NAMES) or
+Each observation is sent once: the environment's text rendering (render_mode "ansi", with
+highlighted cells shown as [x]) when it has one, else the raw observation as JSON. The
+bridge answers in the version of each request (1 or 2); a crash's traceback goes to stderr. Actions are a name (see ACTION_NAMES) or
 an index of a Discrete action space. An unknown action is reported as invalid and does not
 step the environment.
 """
+import importlib
 import json
 import re
 import sys
+import traceback
 
 import gymnasium as gym
 
-VERSION = 1
+VERSIONS = (1, 2)
 MAX_LINE = 1 << 20
 PENALTY = -0.1
 
@@ -47,32 +54,48 @@ def success(env_id, reward, terminated):
     return bool(terminated and reward > 0)
 
 
+def user_class(env_id):
+    """The gymnasium.Env subclass named by `module:Class`, or None for a registered id."""
+    if ":" not in env_id:
+        return None
+    module, name = env_id.split(":", 1)
+    obj = getattr(importlib.import_module(module), name, None)
+    if isinstance(obj, type) and issubclass(obj, gym.Env):
+        return obj
+    return None
+
+
+def make(env_id, kwargs):
+    """The environment, rendering as text when it can; returns (env, has_text)."""
+    cls = user_class(env_id)
+    if cls is not None:
+        modes = (getattr(cls, "metadata", None) or {}).get("render_modes", [])
+        if "ansi" in modes:
+            return cls(render_mode="ansi", **kwargs), True
+        return cls(**kwargs), False
+    probe = gym.make(env_id, **kwargs)
+    modes = probe.metadata.get("render_modes", [])
+    if "ansi" not in modes:
+        return probe, False
+    probe.close()
+    return gym.make(env_id, render_mode="ansi", **kwargs), True
+
+
 class Bridge:
     def __init__(self, env_id, kwargs):
         self.env_id = env_id
-        spec = gym.spec(env_id)
-        modes = (spec.kwargs or {}).get("render_modes") or []
-        try:
-            probe = gym.make(env_id, **kwargs)
-            modes = probe.metadata.get("render_modes", modes)
-            probe.close()
-        except Exception:  # noqa: BLE001 - report through the protocol instead
-            pass
-        mode = "ansi" if "ansi" in modes else None
-        self.env = gym.make(env_id, render_mode=mode, **kwargs) if mode else gym.make(env_id, **kwargs)
-        self.has_text = mode == "ansi"
+        self.env, self.has_text = make(env_id, kwargs)
         self.names = ACTION_NAMES.get(family(env_id))
         self.obs = None
         self.done = True
 
     def text(self):
-        parts = []
         if self.has_text:
             rendered = self.env.render() or ""
             rendered = HIGHLIGHT.sub(lambda m: "[" + m.group(1) + "]", rendered)
-            parts.append(ANSI.sub("", rendered).strip("\n"))
-        parts.append("observation: " + json.dumps(self.obs, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
-        return "\n".join(parts) + "\n"
+            return ANSI.sub("", rendered).strip("\n") + "\n"
+        raw = json.dumps(self.obs, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
+        return "observation: " + raw + "\n"
 
     def parse_action(self, action):
         space = self.env.action_space
@@ -104,56 +127,71 @@ class Bridge:
                 "info": {"invalid_action": False, "success": success(self.env_id, float(reward), terminated)}}
 
 
-def reply(out, **fields):
-    msg = {"v": VERSION}
+def reply(out, version, **fields):
+    msg = {"v": version}
     msg.update(fields)
     out.write(json.dumps(msg) + "\n")
     out.flush()
 
 
 def main(argv):
-    if len(argv) < 2:
+    if len(argv) < 2 or argv[1] in ("-h", "--help"):
         sys.stderr.write(__doc__)
         return 2
     kwargs = {}
-    if len(argv) >= 4 and argv[2] == "--kwargs":
-        kwargs = json.loads(argv[3])
+    paths = []
+    rest = argv[2:]
+    while rest:
+        key = rest.pop(0)
+        if key not in ("--kwargs", "--path") or not rest:
+            sys.stderr.write("unknown or incomplete option %r\n%s" % (key, __doc__))
+            return 2
+        value = rest.pop(0)
+        if key == "--kwargs":
+            kwargs = json.loads(value)
+        else:
+            paths.append(value)
+    sys.path[:0] = paths
     out = sys.stdout
     try:
         bridge = Bridge(argv[1], kwargs)
+        startup_error = None
     except Exception as e:  # noqa: BLE001
         bridge = None
-        startup_error = "cannot create %s: %s" % (argv[1], e)
+        startup_error = "cannot create %s: %s: %s" % (argv[1], type(e).__name__, e)
+        traceback.print_exc(file=sys.stderr)
     for line in sys.stdin:
         if not line.strip():
             continue
         if len(line) > MAX_LINE:
-            reply(out, ok=False, error="message of more than %d bytes (starts %r)" % (MAX_LINE, line[:200]))
+            reply(out, 1, ok=False, error="message of more than %d bytes (starts %r)" % (MAX_LINE, line[:200]))
             continue
         try:
             req = json.loads(line)
         except ValueError as e:
-            reply(out, ok=False, error="malformed message %r: %s" % (line[:200], e))
+            reply(out, 1, ok=False, error="malformed message %r: %s" % (line[:200], e))
             continue
-        if not isinstance(req, dict) or req.get("v") != VERSION:
-            reply(out, ok=False, error="protocol version must be %d in %r" % (VERSION, line[:200]))
+        version = req.get("v") if isinstance(req, dict) else None
+        if version not in VERSIONS:
+            reply(out, 1, ok=False, error="protocol version must be 1 or 2 in %r" % (line[:200],))
             continue
         op = req.get("op")
         if op == "close":
-            reply(out, ok=True)
+            reply(out, version, ok=True)
             return 0
         if bridge is None:
-            reply(out, ok=False, error=startup_error)
+            reply(out, version, ok=False, error=startup_error)
             continue
         try:
             if op == "reset":
-                reply(out, ok=True, **bridge.reset(req.get("seed", 0)))
+                reply(out, version, ok=True, **bridge.reset(req.get("seed", 0)))
             elif op == "step":
-                reply(out, ok=True, **bridge.step(req.get("action", "")))
+                reply(out, version, ok=True, **bridge.step(req.get("action", "")))
             else:
-                reply(out, ok=False, error="unknown op %r" % (op,))
+                reply(out, version, ok=False, error="unknown op %r" % (op,))
         except Exception as e:  # noqa: BLE001
-            reply(out, ok=False, error=str(e))
+            traceback.print_exc(file=sys.stderr)
+            reply(out, version, ok=False, error="%s: %s" % (type(e).__name__, e))
     return 0
 
 

@@ -66,7 +66,12 @@ pub enum BufferEvent {
     Ready { group: u64 },
     /// The group was dropped: all rewards equal (dynamic sampling), too few valid
     /// trajectories after masking, or evicted as stale.
-    Dropped { group: u64, reason: DropReason },
+    Dropped {
+        group: u64,
+        reason: DropReason,
+        /// Why the group's last masked trajectory failed (too few valid ones).
+        failure: Option<String>,
+    },
     /// These groups went into the batch of `step`.
     Consumed { step: u64, groups: Vec<u64> },
 }
@@ -141,6 +146,8 @@ struct OpenGroup {
     dispatched: usize,
     valid: Vec<Trajectory>,
     failed: usize,
+    /// The failure of the last masked trajectory.
+    last_failure: Option<String>,
     retries_left: u32,
 }
 
@@ -199,6 +206,7 @@ impl Actor for SampleBuffer {
                         dispatched,
                         valid: Vec::new(),
                         failed: 0,
+                        last_failure: None,
                         retries_left,
                     },
                 );
@@ -213,6 +221,7 @@ impl Actor for SampleBuffer {
                     (st.args.notify)(BufferEvent::Dropped {
                         group,
                         reason: DropReason::Aborted,
+                        failure: None,
                     });
                 }
             }
@@ -247,6 +256,7 @@ impl BufferState {
         self.stats.committed += 1;
         if traj.failure.is_some() {
             g.failed += 1;
+            g.last_failure = traj.failure.as_ref().map(|f| f.to_string());
             self.stats.masked += 1;
             if g.retries_left > 0 {
                 g.retries_left -= 1;
@@ -278,6 +288,7 @@ impl BufferState {
             (self.args.notify)(BufferEvent::Dropped {
                 group: gid,
                 reason: DropReason::TooFewValid,
+                failure: g.last_failure,
             });
             return;
         }
@@ -288,6 +299,7 @@ impl BufferState {
             (self.args.notify)(BufferEvent::Dropped {
                 group: gid,
                 reason: DropReason::AllEqual,
+                failure: None,
             });
             return;
         }
@@ -316,6 +328,7 @@ impl BufferState {
                 (self.args.notify)(BufferEvent::Dropped {
                     group: g.id,
                     reason: DropReason::Stale,
+                    failure: None,
                 });
             } else {
                 kept.push_back(g);

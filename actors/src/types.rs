@@ -22,6 +22,17 @@ pub enum FailureReason {
     RewardFailed(String),
 }
 
+impl std::fmt::Display for FailureReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::EnvFailed(e) => write!(f, "environment failed: {e}"),
+            Self::EnvTimeout => write!(f, "an environment call timed out"),
+            Self::GenerationFailed(e) => write!(f, "generation failed: {e}"),
+            Self::RewardFailed(e) => write!(f, "reward failed: {e}"),
+        }
+    }
+}
+
 impl FailureReason {
     /// A bounded label for metrics.
     pub fn code(&self) -> &'static str {

@@ -74,8 +74,9 @@ pub struct AccessConfig {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProgramPolicy {
-    /// Executables a spec may name: an external environment's `command[0]`, a `command`
-    /// function's `command`, the `code` function's `python`. An entry matches the name as
+    /// Executables a spec may name: an external environment's `command[0]`, the `python` of
+    /// a `reasoning_gym` or `gymnasium` environment, a `command` function's `command`, the
+    /// `code` function's `python`. An entry matches the name as
     /// written or the same file after `PATH` lookup and symlinks. Absent: any program when
     /// the service has no tokens, none when it has.
     #[serde(default)]
@@ -86,7 +87,9 @@ pub struct ProgramPolicy {
     #[serde(default)]
     pub allow_unsandboxed: Option<bool>,
     /// Host directories a spec may make readable inside the sandbox (`readable_paths` of an
-    /// environment or of the `code` function): a listed directory and what is below it.
+    /// environment or of the `code` function, a gymnasium environment's `python_path`) and
+    /// the dataset files a task may read (`tasks[].dataset.path`): a listed directory and
+    /// what is below it.
     /// Absent: any when the service has no tokens, none when it has. The data directory is
     /// never bound whatever this says.
     #[serde(default)]
@@ -306,30 +309,73 @@ impl Access {
             }
         };
         for (i, t) in spec.tasks.iter().enumerate() {
-            if let EnvSpec::External {
-                command,
-                sandbox,
-                readable_paths,
-                ..
-            } = &t.env
-            {
+            // The program an environment starts, its sandbox and the host paths it reads.
+            let (program, field, sandbox, readable_paths, extra_readable): (
+                Option<&String>,
+                &str,
+                EnvSandbox,
+                &[String],
+                &[String],
+            ) = match &t.env {
+                EnvSpec::External {
+                    command,
+                    sandbox,
+                    readable_paths,
+                    ..
+                } => (command.first(), "command", *sandbox, readable_paths, &[]),
+                EnvSpec::ReasoningGym {
+                    python,
+                    sandbox,
+                    readable_paths,
+                    ..
+                } => (Some(python), "python", *sandbox, readable_paths, &[]),
+                EnvSpec::Gymnasium {
+                    python,
+                    sandbox,
+                    readable_paths,
+                    python_path,
+                    ..
+                } => (
+                    Some(python),
+                    "python",
+                    *sandbox,
+                    readable_paths,
+                    python_path,
+                ),
+                _ => (None, "", EnvSandbox::Bwrap, &[], &[]),
+            };
+            if let Some(program) = program {
                 check_readable(
                     format!("tasks[{i}].env.readable_paths"),
                     readable_paths,
                     &mut deny,
                 );
-                if let Some(program) = command.first().filter(|c| !allowed.permits(c)) {
+                check_readable(
+                    format!("tasks[{i}].env.python_path"),
+                    extra_readable,
+                    &mut deny,
+                );
+                if !allowed.permits(program) {
                     deny(
-                        format!("tasks[{i}].env.command"),
+                        format!("tasks[{i}].env.{field}"),
                         format!("the service does not allow running `{program}`"),
                     );
                 }
-                if *sandbox == EnvSandbox::None && !allow_unsandboxed {
+                if sandbox == EnvSandbox::None && !allow_unsandboxed {
                     deny(
                         format!("tasks[{i}].env.sandbox"),
                         "the service does not allow environments outside the sandbox".into(),
                     );
                 }
+            }
+            // A dataset is a host file the job reads (and its rows reach the trajectories).
+            if let Some(d) = &t.dataset
+                && !readable.permits(&d.path)
+            {
+                deny(
+                    format!("tasks[{i}].dataset.path"),
+                    format!("the service does not allow reading {:?}", d.path),
+                );
             }
         }
         for (name, f) in &spec.reward.functions {

@@ -138,7 +138,7 @@ pub fn estimate(spec: &JobSpec) -> MemoryEstimate {
     });
     for (i, t) in spec.tasks.iter().enumerate() {
         let each = match t.env {
-            EnvSpec::External { .. } => EXTERNAL_ENV_BYTES,
+            _ if t.env.is_process() => EXTERNAL_ENV_BYTES,
             EnvSpec::Sim { .. } => 4 << 10,
             _ => BUILTIN_ENV_BYTES,
         };

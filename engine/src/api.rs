@@ -899,14 +899,7 @@ async fn cluster(
                 .iter()
                 .map(|t| EnvView {
                     task: t.domain.clone(),
-                    kind: match t.env {
-                        spec::EnvSpec::Sim { .. } => "sim".into(),
-                        spec::EnvSpec::Frozenlake { .. } => "frozenlake".into(),
-                        spec::EnvSpec::Sokoban { .. } => "sokoban".into(),
-                        spec::EnvSpec::Arithmetic { .. } => "arithmetic".into(),
-                        spec::EnvSpec::Tictactoe { .. } => "tictactoe".into(),
-                        spec::EnvSpec::External { .. } => "external".into(),
-                    },
+                    kind: t.env.kind_name().into(),
                     envs: Some(t.envs.unwrap_or(knobs.max_concurrent_episodes)),
                 })
                 .collect(),

@@ -10,6 +10,7 @@ pub mod admission;
 pub mod api;
 pub mod bench;
 pub mod cli;
+pub mod dataset;
 pub mod export;
 pub mod hub;
 pub mod job;

@@ -146,6 +146,33 @@ pub fn sandboxed(command: &[String], readable: &[String]) -> Vec<String> {
         .collect();
     binds.sort();
     binds.dedup();
+    // The directories above each bind, made traversable: bubblewrap would create them with
+    // the host's modes, and a hidden home (mode 0700) would keep the unprivileged uid out of
+    // an interpreter installed under it (its own shared library is then not found).
+    let mut above: Vec<String> = binds
+        .iter()
+        .flat_map(|p| {
+            std::path::Path::new(p)
+                .ancestors()
+                .skip(1)
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+        })
+        .filter(|a| {
+            a != "/"
+                && !SANDBOX_SYSTEM_DIRS
+                    .iter()
+                    .any(|d| std::path::Path::new(a).starts_with(d))
+                && a != "/tmp"
+                && a != "/dev"
+                && a != "/proc"
+        })
+        .collect();
+    above.sort();
+    above.dedup();
+    for a in above {
+        v.extend([s("--perms"), s("0755"), s("--dir"), a]);
+    }
     for p in binds {
         v.extend([s("--ro-bind"), p.clone(), p]);
     }

@@ -14,6 +14,7 @@ fn external(command: Vec<String>, timeout_ms: u64, max_bytes: usize) -> External
         call_timeout: Duration::from_millis(timeout_ms),
         max_message_bytes: max_bytes,
         workdir: None,
+        protocol: 1,
     })
 }
 
@@ -36,7 +37,7 @@ async fn the_protocol_round_trips_a_builtin_game() {
     let mut local = engine::envs::builtin(&serde_json::from_str(spec).unwrap()).unwrap();
     assert_eq!(
         remote.reset(3).await.unwrap().text,
-        local.reset_boxed(3).await.unwrap().text
+        local.reset_boxed(3, None).await.unwrap().text
     );
     for a in ["down", "down", "jump", "right", "right", "down", "right"] {
         let (r, l) = (

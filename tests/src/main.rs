@@ -6,6 +6,7 @@ mod api;
 mod builtin;
 mod cli;
 mod code_judge;
+mod datasets;
 mod envs;
 mod faults;
 mod llm;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
-use super::{DynEnvironment, EnvError, Environment, Observation, StepOutcome};
+use super::{DynEnvironment, EnvError, Environment, Observation, Record, StepOutcome};
 use crate::dist::Dist;
 
 /// Longest injected delay of one call.
@@ -48,7 +48,15 @@ impl Delayed {
 
 impl Environment for Delayed {
     async fn reset(&mut self, seed: u64) -> Result<Observation, EnvError> {
-        let r = self.inner.reset_boxed(seed).await;
+        self.reset_with(seed, None).await
+    }
+
+    async fn reset_with(
+        &mut self,
+        seed: u64,
+        record: Option<Record>,
+    ) -> Result<Observation, EnvError> {
+        let r = self.inner.reset_boxed(seed, record).await;
         Self::delay(self.reset.as_ref(), &mut self.rng).await;
         r
     }

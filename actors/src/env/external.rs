@@ -9,8 +9,11 @@ use infra::process::{Spawned, describe_status};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{ChildStdin, ChildStdout};
 
-use super::protocol::{self, PROTOCOL_VERSION, ProtocolError, Request, Response};
-use super::{EnvError, Environment, Observation, StepOutcome};
+use super::protocol::{self, ProtocolError, Request, Response};
+use super::{EnvError, Environment, Observation, Record, StepOutcome};
+
+/// Bytes of an environment program's stderr kept for error messages (its tail).
+pub const STDERR_TAIL_BYTES: usize = 4096;
 
 /// How to start and bound an external environment.
 #[derive(Clone, Debug, PartialEq)]
@@ -21,6 +24,8 @@ pub struct ExternalConfig {
     pub max_message_bytes: usize,
     /// Working directory of the program.
     pub workdir: Option<std::path::PathBuf>,
+    /// Protocol version spoken (1, or 2 for dataset rows on reset).
+    pub protocol: u32,
 }
 
 /// An external environment; its program (and everything it started, its whole process group)
@@ -34,6 +39,28 @@ struct Running {
     child: Spawned,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
+    /// The last [`STDERR_TAIL_BYTES`] the program wrote to stderr (read in the background).
+    stderr: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<u8>>>,
+}
+
+/// Keeps the tail of a program's stderr until it closes it.
+fn collect_stderr(
+    mut err: tokio::process::ChildStderr,
+    tail: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<u8>>>,
+) {
+    use tokio::io::AsyncReadExt;
+    tokio::spawn(async move {
+        let mut buf = [0u8; 1024];
+        while let Ok(n) = err.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            let mut t = tail.lock().unwrap_or_else(|p| p.into_inner());
+            t.extend(&buf[..n]);
+            let excess = t.len().saturating_sub(STDERR_TAIL_BYTES);
+            t.drain(..excess);
+        }
+    });
 }
 
 impl ExternalEnv {
@@ -48,7 +75,7 @@ impl ExternalEnv {
             };
             cmd.stdin(Stdio::piped())
                 .stdout(Stdio::piped())
-                .stderr(Stdio::null());
+                .stderr(Stdio::piped());
             if let Some(d) = &self.cfg.workdir {
                 cmd.current_dir(d);
             }
@@ -56,10 +83,15 @@ impl ExternalEnv {
             let mut child = infra::process::spawn(cmd).map_err(EnvError::Spawn)?;
             let stdin = child.take_stdin().ok_or(EnvError::NoPipe("stdin"))?;
             let stdout = BufReader::new(child.take_stdout().ok_or(EnvError::NoPipe("stdout"))?);
+            let stderr = std::sync::Arc::default();
+            if let Some(e) = child.take_stderr() {
+                collect_stderr(e, std::sync::Arc::clone(&stderr));
+            }
             self.proc = Some(Running {
                 child,
                 stdin,
                 stdout,
+                stderr,
             });
         }
         self.proc.as_mut().ok_or(EnvError::Closed)
@@ -72,7 +104,17 @@ impl ExternalEnv {
         }
     }
 
+    /// The tail of the program's stderr so far (lossy UTF-8, trimmed), if it wrote any.
+    fn stderr_tail(&self) -> Option<String> {
+        let p = self.proc.as_ref()?;
+        let t = p.stderr.lock().unwrap_or_else(|p| p.into_inner());
+        let (a, b) = t.as_slices();
+        let text = String::from_utf8_lossy(&[a, b].concat()).trim().to_string();
+        (!text.is_empty()).then_some(text)
+    }
+
     async fn call(&mut self, req: &Request) -> Result<Response, EnvError> {
+        let version = self.cfg.protocol;
         let limit = self.cfg.max_message_bytes;
         let timeout = self.cfg.call_timeout;
         let line = serde_json::to_string(req).map_err(EnvError::Encode)?;
@@ -95,12 +137,29 @@ impl ExternalEnv {
                     .flatten()
                     .map(|s| describe_status(&s)),
             }),
-            Ok(Ok(Ok(Some(reply)))) => protocol::parse_response(&reply).map_err(EnvError::Protocol),
+            Ok(Ok(Ok(Some(reply)))) => {
+                protocol::parse_response_v(&reply, version).map_err(EnvError::Protocol)
+            }
         };
         match r {
             Ok(resp) if resp.ok => Ok(resp),
             Ok(resp) => Err(EnvError::Reported(resp.error.unwrap_or_default())),
             Err(e) => {
+                // A crash usually says why on stderr (a traceback): give its end with the
+                // error. The program's last words may still be in flight after it exited.
+                if matches!(e, EnvError::Exited { .. }) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                let e = match (self.stderr_tail(), e) {
+                    (
+                        Some(stderr),
+                        e @ (EnvError::Exited { .. } | EnvError::Protocol(_) | EnvError::Io(_)),
+                    ) => EnvError::WithStderr {
+                        error: Box::new(e),
+                        stderr,
+                    },
+                    (_, e) => e,
+                };
                 // Timeouts and protocol violations leave the stream in an unknown state.
                 self.kill();
                 Err(e)
@@ -157,25 +216,35 @@ fn info_flag(r: &Response, key: &str) -> bool {
 
 impl Environment for ExternalEnv {
     async fn reset(&mut self, seed: u64) -> Result<Observation, EnvError> {
-        let r = self
-            .call(&Request::Reset {
-                v: PROTOCOL_VERSION,
-                seed,
-            })
-            .await?;
+        self.reset_with(seed, None).await
+    }
+
+    async fn reset_with(
+        &mut self,
+        seed: u64,
+        record: Option<Record>,
+    ) -> Result<Observation, EnvError> {
+        let v = self.cfg.protocol;
+        let record = if v >= protocol::PROTOCOL_V2 {
+            record.map(|r| (*r).clone())
+        } else {
+            None
+        };
+        let r = self.call(&Request::Reset { v, seed, record }).await?;
         let reference = r.info.as_ref().and_then(|i| i.get("reference")).cloned();
         Ok(Observation {
             text: r.observation.unwrap_or_default(),
             tokens: None,
             sim_response_len: None,
             reference,
+            messages: None,
         })
     }
 
     async fn step(&mut self, action: &str, _tokens: &[u32]) -> Result<StepOutcome, EnvError> {
         let r = self
             .call(&Request::Step {
-                v: PROTOCOL_VERSION,
+                v: self.cfg.protocol,
                 action: action.to_string(),
             })
             .await?;
@@ -190,7 +259,9 @@ impl Environment for ExternalEnv {
                 text: r.observation.clone().unwrap_or_default(),
                 tokens: None,
                 sim_response_len: None,
-                reference: None,
+                // Version 2: a reference known only now (kept for the reward functions).
+                reference: r.info.as_ref().and_then(|i| i.get("reference")).cloned(),
+                messages: None,
             },
             reward,
             terminated: r.terminated.unwrap_or(false),
@@ -203,7 +274,7 @@ impl Environment for ExternalEnv {
             let _ = tokio::time::timeout(
                 Duration::from_secs(1),
                 self.call(&Request::Close {
-                    v: PROTOCOL_VERSION,
+                    v: self.cfg.protocol,
                 }),
             )
             .await;

@@ -25,7 +25,14 @@ pub struct Observation {
     pub sim_response_len: Option<u32>,
     /// The task's reference (answer, tests) for reward functions; set at reset.
     pub reference: Option<serde_json::Value>,
+    /// A chat-format prompt (a dataset row's messages, roles kept); first turn only. The
+    /// policy's framing renders it with its chat template instead of `text`.
+    pub messages: Option<Vec<crate::model::llm::ChatMessage>>,
 }
+
+/// A dataset row handed to an environment at reset (environment protocol v2):
+/// `{"index", "epoch", "position", "prompt", "answer", "row"}`.
+pub type Record = Arc<serde_json::Value>;
 
 /// The result of one step.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -76,12 +83,27 @@ pub enum EnvError {
     Exited { status: Option<String> },
     #[error("environment is closed")]
     Closed,
+    /// A program's failure with the end of what it wrote to stderr.
+    #[error("{error}; its stderr ends with:\n{stderr}")]
+    WithStderr {
+        error: Box<EnvError>,
+        stderr: String,
+    },
 }
 
 /// One environment instance. Async so that external processes and simulated latencies fit;
 /// CPU-heavy built-ins simply do their work inline.
 pub trait Environment: Send + 'static {
     fn reset(&mut self, seed: u64) -> impl Future<Output = Result<Observation, EnvError>> + Send;
+    /// A reset that carries the task's dataset row; environments that take no data ignore it.
+    fn reset_with(
+        &mut self,
+        seed: u64,
+        record: Option<Record>,
+    ) -> impl Future<Output = Result<Observation, EnvError>> + Send {
+        let _ = record;
+        self.reset(seed)
+    }
     fn step(
         &mut self,
         action: &str,
@@ -95,6 +117,7 @@ pub trait DynEnvironment: Send + 'static {
     fn reset_boxed(
         &mut self,
         seed: u64,
+        record: Option<Record>,
     ) -> futures::future::BoxFuture<'_, Result<Observation, EnvError>>;
     fn step_boxed<'a>(
         &'a mut self,
@@ -108,8 +131,9 @@ impl<E: Environment> DynEnvironment for E {
     fn reset_boxed(
         &mut self,
         seed: u64,
+        record: Option<Record>,
     ) -> futures::future::BoxFuture<'_, Result<Observation, EnvError>> {
-        Box::pin(self.reset(seed))
+        Box::pin(self.reset_with(seed, record))
     }
     fn step_boxed<'a>(
         &'a mut self,
@@ -127,7 +151,11 @@ impl<E: Environment> DynEnvironment for E {
 pub type EnvFactory = Arc<dyn Fn(u64) -> Box<dyn DynEnvironment> + Send + Sync>;
 
 pub enum EnvMsg {
-    Reset(u64, RpcReplyPort<Result<Observation, EnvError>>),
+    Reset(
+        u64,
+        Option<Record>,
+        RpcReplyPort<Result<Observation, EnvError>>,
+    ),
     Step(
         String,
         Vec<u32>,
@@ -237,9 +265,9 @@ impl Actor for EnvActor {
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            EnvMsg::Reset(seed, reply) => {
+            EnvMsg::Reset(seed, record, reply) => {
                 st.args.counters.resets.fetch_add(1, Ordering::Relaxed);
-                let r = st.env.reset_boxed(seed).await;
+                let r = st.env.reset_boxed(seed, record).await;
                 if r.is_err() {
                     st.args.counters.failures.fetch_add(1, Ordering::Relaxed);
                 }
@@ -353,10 +381,14 @@ impl EnvLease {
         self.env.as_ref().ok_or(EnvError::Closed)
     }
 
-    pub async fn reset(&mut self, seed: u64) -> Result<Observation, EnvError> {
+    pub async fn reset(
+        &mut self,
+        seed: u64,
+        record: Option<Record>,
+    ) -> Result<Observation, EnvError> {
         let t = self.pool.call_timeout;
         let a = self.actor()?.clone();
-        let r = call_env(&a, t, |p| EnvMsg::Reset(seed, p))
+        let r = call_env(&a, t, |p| EnvMsg::Reset(seed, record, p))
             .await
             .and_then(|r| r);
         self.note(&r);

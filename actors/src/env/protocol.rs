@@ -1,5 +1,5 @@
-//! The environment protocol, version 1: newline-delimited JSON over a program's stdin and
-//! stdout. Every message is one line (at most [`MAX_MESSAGE_BYTES`] by default).
+//! The environment protocol: newline-delimited JSON over a program's stdin and stdout. Every
+//! message is one line (at most [`MAX_MESSAGE_BYTES`] by default). Version 1:
 //!
 //! ```text
 //! → {"v":1,"op":"reset","seed":7}
@@ -12,10 +12,18 @@
 //! ```
 //! `info` is free-form; rollarc reads `success` and `invalid_action` from it when present, and
 //! on `reset` a `reference` (the task's answer or tests) that it hands to reward functions.
+//!
+//! Version 2 (a task's `protocol = 2`; both sides say `"v":2`) adds, on top of version 1:
+//! - `reset` may carry the task's dataset row: `{"v":2,"op":"reset","seed":7,"record":{…}}`
+//!   with `index`, `epoch`, `position`, `messages`, `answer` and the raw `row`;
+//! - a `step` reply may carry `info.reference` too (a reference known only at the end);
+//! - every reply's `reward` is the reward of that turn (kept per turn in the trajectory).
 
 use serde::{Deserialize, Serialize};
 
 pub const PROTOCOL_VERSION: u32 = 1;
+/// The newest version: dataset rows on reset, references on step.
+pub const PROTOCOL_V2: u32 = 2;
 /// Default cap on one message line.
 pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
 
@@ -23,9 +31,20 @@ pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Request {
-    Reset { v: u32, seed: u64 },
-    Step { v: u32, action: String },
-    Close { v: u32 },
+    Reset {
+        v: u32,
+        seed: u64,
+        /// Version 2: the task's dataset row.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        record: Option<serde_json::Value>,
+    },
+    Step {
+        v: u32,
+        action: String,
+    },
+    Close {
+        v: u32,
+    },
 }
 
 /// A response from the environment program.
@@ -59,8 +78,8 @@ pub enum ProtocolError {
         #[source]
         source: serde_json::Error,
     },
-    #[error("protocol version {got} is not {PROTOCOL_VERSION} in {line:?}")]
-    Version { got: u32, line: String },
+    #[error("protocol version {got} is not {want} in {line:?}")]
+    Version { got: u32, want: u32, line: String },
 }
 
 /// Shortens a line for an error message.
@@ -76,35 +95,47 @@ pub fn excerpt(line: &str) -> String {
     format!("{}…", &line[..end])
 }
 
-/// Parses one response line.
+/// Parses one response line of a version-1 program.
 pub fn parse_response(line: &str) -> Result<Response, ProtocolError> {
+    parse_response_v(line, PROTOCOL_VERSION)
+}
+
+/// Parses one response line; its `v` must be `want`.
+pub fn parse_response_v(line: &str, want: u32) -> Result<Response, ProtocolError> {
     let r: Response =
         serde_json::from_str(line.trim_end()).map_err(|source| ProtocolError::Malformed {
             line: excerpt(line),
             source,
         })?;
-    if r.v != PROTOCOL_VERSION {
+    if r.v != want {
         return Err(ProtocolError::Version {
             got: r.v,
+            want,
             line: excerpt(line),
         });
     }
     Ok(r)
 }
 
-/// Parses one request line (the serving side).
+/// The version a request speaks.
+pub fn request_version(r: &Request) -> u32 {
+    match r {
+        Request::Reset { v, .. } | Request::Step { v, .. } | Request::Close { v } => *v,
+    }
+}
+
+/// Parses one request line (the serving side): version 1 or 2.
 pub fn parse_request(line: &str) -> Result<Request, ProtocolError> {
     let r: Request =
         serde_json::from_str(line.trim_end()).map_err(|source| ProtocolError::Malformed {
             line: excerpt(line),
             source,
         })?;
-    let v = match &r {
-        Request::Reset { v, .. } | Request::Step { v, .. } | Request::Close { v } => *v,
-    };
-    if v != PROTOCOL_VERSION {
+    let v = request_version(&r);
+    if v != PROTOCOL_VERSION && v != PROTOCOL_V2 {
         return Err(ProtocolError::Version {
             got: v,
+            want: PROTOCOL_V2,
             line: excerpt(line),
         });
     }
@@ -124,16 +155,20 @@ where
 {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
     let mut lines = input.lines();
-    let fail = |e: String| Response {
-        v: PROTOCOL_VERSION,
-        ok: false,
-        error: Some(e),
-        ..Response::default()
-    };
+    let mut version = PROTOCOL_VERSION;
     while let Some(line) = lines.next_line().await? {
         if line.trim().is_empty() {
             continue;
         }
+        if let Ok(r) = parse_request(&line) {
+            version = request_version(&r);
+        }
+        let fail = |e: String| Response {
+            v: version,
+            ok: false,
+            error: Some(e),
+            ..Response::default()
+        };
         let (resp, stop) = if line.len() > MAX_MESSAGE_BYTES {
             (
                 fail(
@@ -148,22 +183,25 @@ where
         } else {
             match parse_request(&line) {
                 Err(e) => (fail(infra::error_chain(&e)), false),
-                Ok(Request::Reset { seed, .. }) => match env.reset_boxed(seed).await {
-                    Ok(o) => (
-                        Response {
-                            v: PROTOCOL_VERSION,
-                            ok: true,
-                            observation: Some(o.text),
-                            ..Response::default()
-                        },
-                        false,
-                    ),
-                    Err(e) => (fail(infra::error_chain(&e)), false),
-                },
+                Ok(Request::Reset { seed, record, .. }) => {
+                    match env.reset_boxed(seed, record.map(std::sync::Arc::new)).await {
+                        Ok(o) => (
+                            Response {
+                                v: version,
+                                ok: true,
+                                observation: Some(o.text),
+                                info: o.reference.map(|r| serde_json::json!({ "reference": r })),
+                                ..Response::default()
+                            },
+                            false,
+                        ),
+                        Err(e) => (fail(infra::error_chain(&e)), false),
+                    }
+                }
                 Ok(Request::Step { action, .. }) => match env.step_boxed(&action, &[]).await {
                     Ok(s) => (
                         Response {
-                            v: PROTOCOL_VERSION,
+                            v: version,
                             ok: true,
                             observation: Some(s.observation.text),
                             reward: Some(s.reward),
@@ -182,7 +220,7 @@ where
                     env.close_boxed().await;
                     (
                         Response {
-                            v: PROTOCOL_VERSION,
+                            v: version,
                             ok: true,
                             ..Response::default()
                         },
@@ -219,7 +257,7 @@ mod tests {
         assert_eq!(ok.reward, Some(1.0));
         let cases: [(&str, &str); 4] = [
             ("not json", "malformed"),
-            (r#"{"v":2,"ok":true}"#, "version 2"),
+            (r#"{"v":2,"ok":true}"#, "version 2 is not 1"),
             (r#"{"v":1,"ok":true,"surprise":1}"#, "malformed"),
             (r#"{"v":1}"#, "malformed"),
         ];
@@ -231,5 +269,29 @@ mod tests {
             );
         }
         assert!(parse_request(r#"{"op":"dance","v":1}"#).is_err());
+        assert!(parse_request(r#"{"op":"close","v":3}"#).is_err());
+        // Version 2: a reset with a record; a version-1 reset has none on the wire.
+        let reset = Request::Reset {
+            v: 2,
+            seed: 4,
+            record: Some(serde_json::json!({"index": 1})),
+        };
+        let line = serde_json::to_string(&reset).unwrap();
+        assert_eq!(
+            line,
+            r#"{"op":"reset","v":2,"seed":4,"record":{"index":1}}"#
+        );
+        assert_eq!(parse_request(&line).unwrap(), reset);
+        let v1 = Request::Reset {
+            v: 1,
+            seed: 4,
+            record: None,
+        };
+        assert_eq!(
+            serde_json::to_string(&v1).unwrap(),
+            r#"{"op":"reset","v":1,"seed":4}"#
+        );
+        assert!(parse_response_v(r#"{"v":2,"ok":true}"#, 2).is_ok());
+        assert!(parse_response_v(r#"{"v":1,"ok":true}"#, 2).is_err());
     }
 }

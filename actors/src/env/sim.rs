@@ -97,6 +97,7 @@ impl SimEnv {
             tokens: Some(tokens),
             sim_response_len: Some(len),
             reference: None,
+            messages: None,
         }
     }
 

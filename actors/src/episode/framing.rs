@@ -31,6 +31,12 @@ pub trait Framing: Send + Sync {
         first: bool,
         previous: &[u32],
     ) -> Result<Vec<u32>, FramingError>;
+    /// Tokens of a chat-format prompt (a dataset row's messages) on the first turn. Without
+    /// a chat template the contents are joined by newlines and framed as an observation.
+    fn prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, FramingError> {
+        let text: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
+        self.observation(&text.join("\n"), true, &[])
+    }
     /// The action text of an answer (its end-of-turn token dropped, specials skipped).
     fn action(&self, answer: &[u32]) -> String;
     /// Ids that end an answer.
@@ -72,6 +78,8 @@ pub struct ChatFraming {
     /// generation prompt after the text.
     close: String,
     next: (String, Vec<u32>),
+    /// The job's system message, put before a dataset prompt that has none of its own.
+    system: Option<String>,
 }
 
 const SENTINEL_USER: &str = "\u{1}rollarc-observation\u{1}";
@@ -122,6 +130,7 @@ impl ChatFraming {
             close,
             next: (mid.to_string(), enc(tail)?),
             tok,
+            system: system.map(str::to_string),
         })
     }
 }
@@ -157,6 +166,54 @@ impl Framing for ChatFraming {
         };
         v.extend(body);
         v.extend_from_slice(if first { &self.first.1 } else { &self.next.1 });
+        Ok(v)
+    }
+
+    /// The messages rendered by the template with each content replaced by a marker; the
+    /// template's text between markers is encoded with special tokens, the contents without
+    /// (so a row cannot inject a role marker either).
+    fn prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, FramingError> {
+        let mut msgs: Vec<ChatMessage> = Vec::with_capacity(messages.len() + 1);
+        if let Some(s) = &self.system
+            && !messages.iter().any(|m| m.role == "system")
+        {
+            msgs.push(ChatMessage::new("system", s));
+        }
+        msgs.extend(messages.iter().cloned());
+        let marker = |i: usize| format!("\u{1}rollarc-message-{i}\u{1}");
+        let marked: Vec<ChatMessage> = msgs
+            .iter()
+            .enumerate()
+            .map(|(i, m)| ChatMessage::new(&m.role, &marker(i)))
+            .collect();
+        let mut rest = self
+            .tok
+            .render_chat(&marked, true)
+            .map_err(FramingError::Template)?;
+        let mut v = Vec::new();
+        for (i, m) in msgs.iter().enumerate() {
+            let (head, tail) = rest
+                .split_once(&marker(i))
+                .ok_or(FramingError::NotAppendOnly(
+                    "a prompt message is not rendered",
+                ))?;
+            v.extend(
+                self.tok
+                    .encode(head, true)
+                    .map_err(FramingError::Template)?,
+            );
+            v.extend(
+                self.tok
+                    .encode(&m.content, false)
+                    .map_err(FramingError::Template)?,
+            );
+            rest = tail.to_string();
+        }
+        v.extend(
+            self.tok
+                .encode(&rest, true)
+                .map_err(FramingError::Template)?,
+        );
         Ok(v)
     }
 

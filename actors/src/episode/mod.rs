@@ -73,6 +73,8 @@ pub struct EpisodeParams {
     pub barrier: Option<Arc<WaveBarrier>>,
     /// Prefill/decode disaggregation: where each turn's prefill runs.
     pub prefill: Option<PrefillRoute>,
+    /// The group's dataset row (tasks with a dataset), handed to the environment's reset.
+    pub record: Option<crate::env::Record>,
 }
 
 /// The prefill side of a disaggregated pool for one trajectory.
@@ -119,7 +121,10 @@ fn encode(
     previous: &[u32],
 ) -> Result<Vec<u32>, FramingError> {
     Ok(match (framing, &obs.tokens) {
-        (Some(f), _) => f.observation(&obs.text, first, previous)?,
+        (Some(f), _) => match &obs.messages {
+            Some(m) if first => f.prompt(m)?,
+            _ => f.observation(&obs.text, first, previous)?,
+        },
         (None, Some(t)) => t.clone(),
         (None, None) => obs.text.bytes().map(u32::from).collect(),
     })
@@ -170,7 +175,7 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
     traj.timings.wait_s += secs(wait0);
     let t = tokio::time::Instant::now();
     let first = env
-        .reset(p.seed)
+        .reset(p.seed, p.record.clone())
         .instrument(tracing::trace_span!("env.reset"))
         .await;
     traj.timings.reset_s = secs(t);
@@ -223,8 +228,11 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
         traj.timings.env_step_s += secs(t);
         task.env_outcome(&stepped);
         match stepped {
-            Ok(s) => {
+            Ok(mut s) => {
                 turn.env_reward = s.reward;
+                if let Some(r) = s.observation.reference.take() {
+                    traj.reference = Some(r);
+                }
                 traj.success |= s.success;
                 traj.invalid_actions += u32::from(s.invalid_action);
                 traj.turns.push(turn);

@@ -273,3 +273,58 @@ def test_weight_announcements(client: Client, tmp_path: Path) -> None:
     rec = client.job(job)
     assert rec["state"] in TERMINAL_STATES
     assert json.dumps(rec["metrics"])  # the step metrics are plain JSON
+
+
+def test_a_verl_parquet_dataset_written_by_pyarrow(client: Client, tmp_path: Path) -> None:
+    """verl's layout (chat-message prompts, `reward_model.ground_truth`, `extra_info.split`)
+    needs no key settings; the split keeps the train rows; every row is used once per epoch."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = []
+    for i in range(6):
+        rows.append({
+            "data_source": "toy/arith",
+            "prompt": [{"role": "user", "content": f"What is {i}+{i}?"}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": str(2 * i)},
+            "extra_info": {"split": "train" if i % 2 == 0 else "test", "index": i},
+        })
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)  # snappy, pyarrow's default
+    job = {
+        "seed": 4,
+        "tasks": [{
+            "domain": "arith",
+            "group_size": 2,
+            "max_turns": 1,
+            "max_tokens_per_turn": 4,
+            "env": {"kind": "prompt"},
+            "dataset": {"path": str(path), "split": "train", "epochs": 2, "system_prompt": "Be brief."},
+        }],
+        "pools": [{"name": "cpu", "device": "CPU", "count": 1, "backend": {
+            "kind": "builtin", "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "d_ff": 64, "max_seq": 128}}}],
+        "rollout": {"batch_size": 1, "steps": 6, "alpha": 1, "filter_all_equal": False},
+        "trainer": {"kind": "builtin"},
+    }
+    jid = client.submit(job)
+    assert client.wait(jid, timeout=300)["state"] == "succeeded"
+    # Three train rows (0, 2, 4) × 2 epochs: positions 0..5, each trained once.
+    seeds = sorted(s for step in client.steps(jid) for s in step["metrics"]["tasks"]["arith"]["seeds"])
+    assert seeds == list(range(6))
+    train_prompts = {f"What is {i}+{i}?": str(2 * i) for i in (0, 2, 4)}
+    seen = set()
+    for r in client.trajectories(jid, text=True):
+        obs = r["text"][0]["observation"]
+        assert obs.startswith("Be brief.\n"), obs
+        prompt = obs.split("\n", 1)[1]
+        assert prompt in train_prompts, obs
+        assert r["trajectory"]["reference"] == {"answer": train_prompts[prompt]}
+        seen.add(prompt)
+    assert seen == set(train_prompts)
+    # A dataset whose keys are missing is a 400 naming the field.
+    with pytest.raises(RollarcError) as e:
+        bad = json.loads(json.dumps(job))
+        bad["tasks"][0]["dataset"]["prompt_key"] = "no.such.key"
+        client.submit(bad)
+    assert e.value.status == 400 and e.value.fields[0]["field"] == "tasks[0].dataset.prompt_key"

@@ -206,3 +206,60 @@ fn programs_need_the_policy_when_tokens_are_configured() {
         ]
     );
 }
+
+#[test]
+fn bridged_environments_and_datasets_obey_the_program_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = dir.path().join("rows.jsonl");
+    std::fs::write(&rows, "{\"prompt\": \"1+1?\", \"answer\": \"2\"}\n").unwrap();
+    let s = spec(&format!(
+        r#"
+[[tasks]]
+domain = "rg"
+env = {{ kind = "reasoning_gym", dataset = "chain_sum", python = "/opt/py/bin/python3" }}
+[[tasks]]
+domain = "gym"
+env = {{ kind = "gymnasium", id = "m:Env", python_path = ["/home/u/envs"], sandbox = "none" }}
+[[tasks]]
+domain = "rows"
+env = {{ kind = "prompt" }}
+dataset = {{ path = "{}" }}
+[[pools]]
+name = "p"
+device = "H800"
+backend = {{ kind = "sim" }}
+"#,
+        rows.display()
+    ));
+    assert!(Access::open().check_programs(&s).is_empty());
+    let strict = Access::new(&cfg(&[("a", Role::Submit, "t")]), ProgramPolicy::default()).unwrap();
+    let fields: Vec<_> = strict
+        .check_programs(&s)
+        .into_iter()
+        .map(|f| f.field)
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            "tasks[0].env.python",
+            "tasks[1].env.python_path[0]",
+            "tasks[1].env.python",
+            "tasks[1].env.sandbox",
+            "tasks[2].dataset.path",
+        ]
+    );
+    // The interpreter listed, the dataset's directory readable: only the opt-out and the
+    // unlisted module directory stay refused.
+    let policy = ProgramPolicy {
+        executables: Some(vec!["/opt/py/bin/python3".into(), "python3".into()]),
+        allow_unsandboxed: None,
+        readable_paths: Some(vec![dir.path().display().to_string()]),
+        allow_network_functions: None,
+    };
+    let a = Access::new(&cfg(&[("a", Role::Submit, "t")]), policy).unwrap();
+    let fields: Vec<_> = a.check_programs(&s).into_iter().map(|f| f.field).collect();
+    assert_eq!(
+        fields,
+        ["tasks[1].env.python_path[0]", "tasks[1].env.sandbox"]
+    );
+}

@@ -34,6 +34,7 @@ pub enum EnvBenchError {
 
 fn external_config(command: Vec<String>) -> ExternalConfig {
     ExternalConfig {
+        protocol: 1,
         command,
         call_timeout: Duration::from_secs(30),
         max_message_bytes: 1 << 20,
@@ -62,7 +63,7 @@ fn per_step_us(rt: &Runtime, factory: EnvFactory, n: usize) -> Result<f64, EnvBe
             counters: Arc::new(EnvCounters::default()),
         };
         let (a, _) = Actor::spawn(None, EnvActor, args).await?;
-        ractor::call_t!(a, |p| EnvMsg::Reset(0, p), 30_000)??;
+        ractor::call_t!(a, |p| EnvMsg::Reset(0, None, p), 30_000)??;
         let t = wall_now();
         for _ in 0..n {
             // "up" at the start keeps the agent in place: the episode never ends.

@@ -76,6 +76,10 @@ pub struct TaskMetrics {
     pub success_rate: f64,
     pub mean_reward: f64,
     pub mean_turns: f64,
+    /// The seeds of the groups trained this step, sorted; for a task with a dataset, the
+    /// dataset positions of their rows (position k: epoch k div rows).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub seeds: Vec<u64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -281,7 +285,15 @@ fn batch_metrics(m: &mut StepMetrics, batch: &Batch) {
         e.mean_reward += t.reward.unwrap_or(0.0);
         e.mean_turns += t.turns.len() as f64;
     }
+    for g in &batch.groups {
+        m.tasks
+            .entry(g.task.clone())
+            .or_default()
+            .seeds
+            .push(g.seed);
+    }
     for e in m.tasks.values_mut() {
+        e.seeds.sort_unstable();
         let k = e.trajectories.max(1) as f64;
         e.success_rate /= k;
         e.mean_reward /= k;

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use actors::buffer::{BufferEvent, BufferMsg};
+use actors::buffer::{BufferEvent, BufferMsg, DropReason};
 use actors::device::{DeviceProfile, ModelProfile};
 use actors::generation::shard::ShardHandle;
 use actors::types::PolicyVersion;
@@ -48,6 +48,13 @@ pub struct Cursor {
     pub task_groups: Vec<u64>,
     pub credit: Vec<f64>,
     pub rng_draws: u64,
+    /// Per task: the next dataset position never drawn.
+    #[serde(default)]
+    pub positions: Vec<u64>,
+    /// Per task: dataset positions drawn but not yet used (their groups were open, or
+    /// dropped before use); a resumed run issues them first.
+    #[serde(default)]
+    pub pending: Vec<Vec<u64>>,
 }
 
 /// Counters for metrics and tests (serialised in step metrics as is).
@@ -104,6 +111,9 @@ struct GroupRun {
     pool: usize,
     episodes: Vec<u64>,
     closed: bool,
+    /// The dataset position of its row (tasks with a dataset).
+    position: Option<u64>,
+    record: Option<actors::env::Record>,
 }
 
 struct EpisodeRun {
@@ -114,6 +124,10 @@ struct EpisodeRun {
     shard: usize,
     handle: tokio::task::AbortHandle,
 }
+
+/// Groups that fail one after another before the first batch, after which a job gives up
+/// with the last failure (a broken environment, model or reward).
+const FAILED_GROUPS_BEFORE_GIVING_UP: u32 = 8;
 
 /// Finished trajectories between two re-plans of the cost model's split.
 const REPLAN_EVERY: u32 = 32;
@@ -141,6 +155,14 @@ pub struct SchedState {
     task_groups: Vec<u64>,
     /// Values drawn from `rng` so far (a resumed run skips as many).
     rng_draws: u64,
+    /// Per task: the next fresh dataset position, and positions to issue again first (their
+    /// groups were dropped before their row was used, or were open when the run stopped).
+    positions: Vec<u64>,
+    requeue: Vec<std::collections::VecDeque<u64>>,
+    /// The last failure a dropped group reported, and groups dropped for failures in a row
+    /// before any batch.
+    last_failure: Option<String>,
+    failed_in_a_row: u32,
     /// Observed (prefill, decode) tokens per trajectory, EWMA per task.
     observed: Vec<Option<(f64, f64)>>,
     shard_active: Vec<Vec<usize>>,
@@ -228,6 +250,20 @@ impl Actor for Scheduler {
             credit: cursor.credit.clone(),
             task_groups: cursor.task_groups.clone(),
             rng_draws: cursor.rng_draws,
+            positions: (0..n_tasks)
+                .map(|i| cursor.positions.get(i).copied().unwrap_or(0))
+                .collect(),
+            last_failure: None,
+            failed_in_a_row: 0,
+            requeue: (0..n_tasks)
+                .map(|i| {
+                    cursor
+                        .pending
+                        .get(i)
+                        .map(|p| p.iter().copied().collect())
+                        .unwrap_or_default()
+                })
+                .collect(),
             observed: vec![None; n_tasks],
             shard_active,
             pool_task_active,
@@ -326,11 +362,17 @@ impl Actor for Scheduler {
                     task_groups: st.task_groups.clone(),
                     credit: st.credit.clone(),
                     rng_draws: st.rng_draws,
+                    positions: st.positions.clone(),
+                    pending: st.pending_positions(),
                 };
                 s.open_groups = st.open_groups;
                 s.active_episodes = st.episodes.len();
                 let _ = reply.send(s);
             }
+        }
+        // Nothing left to admit, nothing open, steps to go: the job would wait forever.
+        if let Some(e) = st.exhausted() {
+            return Err(e.into());
         }
         Ok(())
     }
@@ -358,19 +400,62 @@ impl SchedState {
                     g.closed = true;
                 }
             }
-            BufferEvent::Dropped { group, reason } => {
+            BufferEvent::Dropped {
+                group,
+                reason,
+                failure,
+            } => {
                 self.abort_group_episodes(group);
-                if self.groups.remove(&group).is_some() {
+                if let Some(g) = self.groups.remove(&group) {
                     self.open_groups -= 1;
+                    // A row whose group never got a verdict is drawn again; one whose rewards
+                    // were all equal was used (it taught nothing, as in dynamic sampling).
+                    if let Some(p) = g.position
+                        && reason != DropReason::AllEqual
+                    {
+                        self.requeue[g.task].push_back(p);
+                    }
                 }
                 self.snap.dropped_groups += 1;
+                if failure.is_some() {
+                    self.last_failure = failure;
+                }
+                // Groups whose trajectories all fail, one after another from the start: the
+                // environment (or generation, or reward) is broken; say why at once.
+                if reason == DropReason::TooFewValid && self.consumed == self.a.start_version {
+                    self.failed_in_a_row += 1;
+                } else {
+                    self.failed_in_a_row = 0;
+                }
+                let k = &self.a.knobs;
+                if self.failed_in_a_row >= FAILED_GROUPS_BEFORE_GIVING_UP
+                    && let Some(f) = &self.last_failure
+                {
+                    return Err(format!(
+                        "the first {} groups all failed before any was trained; the last trajectory's failure: {f}",
+                        self.failed_in_a_row
+                    )
+                    .into());
+                }
                 // A job whose groups are (almost) all dropped would admit forever: give up
                 // loudly instead (the failure escalates to the job supervisor).
-                let k = &self.a.knobs;
                 let limit = 10 * k.batch_size as u64 * k.steps + 100;
                 if self.snap.dropped_groups > limit {
+                    let why = match (reason, &self.last_failure) {
+                        (DropReason::TooFewValid, Some(f)) => {
+                            format!("too few valid trajectories; the last failure: {f}")
+                        }
+                        (DropReason::AllEqual, _) => {
+                            "all rewards of a group equal; check filter_all_equal and the reward"
+                                .into()
+                        }
+                        (DropReason::Stale, _) | (DropReason::Aborted, _) => {
+                            "stale or aborted; check alpha".into()
+                        }
+                        (DropReason::TooFewValid, None) => "too few valid trajectories".into(),
+                    };
                     return Err(format!(
-                        "{} groups were dropped (last: {reason:?}) for {} consumed; check filter_all_equal, failure rates and alpha",
+                        "{} groups were dropped for {} consumed (last: {why})",
                         self.snap.dropped_groups, self.consumed
                     )
                     .into());
@@ -388,6 +473,50 @@ impl SchedState {
         }
         self.try_admit();
         Ok(())
+    }
+
+    /// Per task: the dataset positions drawn but not used yet, in the order they are issued
+    /// again on resume (the re-issue queue, then open groups by id).
+    fn pending_positions(&self) -> Vec<Vec<u64>> {
+        let mut out: Vec<Vec<u64>> = self
+            .requeue
+            .iter()
+            .map(|q| q.iter().copied().collect())
+            .collect();
+        for g in self.groups.values() {
+            if let Some(p) = g.position {
+                out[g.task].push(p);
+            }
+        }
+        out
+    }
+
+    /// An error when no group can be admitted any more and none is open, before the job's
+    /// steps are done: every task's dataset is used up.
+    fn exhausted(&self) -> Option<String> {
+        let all_used = (0..self.a.tasks.len()).all(|i| !self.live(i));
+        (all_used
+            && self.open_groups == 0
+            && !self.stopped
+            && self.consumed < self.a.knobs.steps)
+            .then(|| {
+                let used: Vec<String> = self
+                    .a
+                    .tasks
+                    .iter()
+                    .filter_map(|t| {
+                        t.dataset.as_ref().map(|d| {
+                            format!("{} ({} rows × {} epochs)", t.domain, d.len(), d.epochs)
+                        })
+                    })
+                    .collect();
+                format!(
+                    "every task's dataset is used up after {} of {} steps: {}; raise tasks[].dataset.epochs or lower trainer.steps",
+                    self.consumed,
+                    self.a.knobs.steps,
+                    used.join(", ")
+                )
+            })
     }
 
     fn abort_group_episodes(&mut self, gid: u64) -> usize {

@@ -94,7 +94,7 @@ pub fn random_policy_success(
                         Some(r) => r.start + e as u64 % r.count.max(1),
                         None => rng.random(),
                     };
-                    if env.reset_boxed(s).await.is_err() {
+                    if env.reset_boxed(s, None).await.is_err() {
                         continue;
                     }
                     for _ in 0..max_turns {

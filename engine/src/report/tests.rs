@@ -18,6 +18,7 @@ fn step(i: u64, lake: f64) -> StepMetrics {
             success_rate: lake,
             mean_reward: lake,
             mean_turns: 3.0,
+            seeds: Vec::new(),
         },
     );
     m

@@ -86,6 +86,71 @@ pub enum EnvSpec {
         readable_paths: Vec<String>,
         #[serde(default = "default_max_message_bytes")]
         max_message_bytes: usize,
+        /// Protocol version the program speaks: 1, or 2 (dataset rows on reset).
+        #[serde(default = "default_protocol")]
+        #[schema(minimum = 1, maximum = 2)]
+        protocol: u32,
+    },
+    /// One dataset row per episode (the task's `dataset`), answered in one turn; the answer
+    /// is checked by `verifier` and is the reference of the task's reward functions.
+    Prompt {
+        #[serde(default)]
+        verifier: VerifierSpec,
+    },
+    /// A multi-turn chat over a dataset row: its user messages are sent one per turn; the
+    /// last answer is checked by `verifier`.
+    Chat {
+        #[serde(default)]
+        verifier: VerifierSpec,
+    },
+    /// A reasoning-gym dataset by name (`envs/reasoning_gym_bridge.py`, embedded in the
+    /// binary, run by `python`): one generated problem per episode, scored by the dataset's
+    /// own verifier; its answer is the reference handed to reward functions.
+    ReasoningGym {
+        /// The dataset's name, e.g. `basic_arithmetic`, `gsm_symbolic`, `chain_sum`.
+        dataset: String,
+        /// The dataset's configuration (its generator's parameters).
+        #[serde(default)]
+        #[schema(value_type = Object)]
+        config: serde_json::Map<String, serde_json::Value>,
+        /// Problems in the generated set; episode seed k serves problem k mod size.
+        #[serde(default = "default_rg_size")]
+        #[schema(minimum = 1, maximum = 10000000)]
+        size: u64,
+        /// The generator's seed: a different seed is a different problem set (held out).
+        #[serde(default)]
+        seed: u64,
+        /// How the answer is read from a response: `auto`, `tagged` (`<answer>…</answer>`)
+        /// or `plain`.
+        #[serde(default)]
+        answer: AnswerFormat,
+        /// Appended to each question (default: asks for the answer in `<answer>` tags).
+        #[serde(default)]
+        instruction: Option<String>,
+        #[serde(default = "default_python")]
+        python: String,
+        #[serde(default)]
+        sandbox: EnvSandbox,
+        #[serde(default)]
+        readable_paths: Vec<String>,
+    },
+    /// A gymnasium environment (`envs/gymnasium_bridge.py`, embedded in the binary, run by
+    /// `python`): a registered id (`FrozenLake-v1`) or a class of your own (`module:Class`,
+    /// the module found on `python_path`).
+    Gymnasium {
+        id: String,
+        #[serde(default)]
+        #[schema(value_type = Object)]
+        kwargs: serde_json::Map<String, serde_json::Value>,
+        /// Directories searched for a `module:Class` environment's module.
+        #[serde(default)]
+        python_path: Vec<String>,
+        #[serde(default = "default_python")]
+        python: String,
+        #[serde(default)]
+        sandbox: EnvSandbox,
+        #[serde(default)]
+        readable_paths: Vec<String>,
     },
     /// Tic-tac-toe against a fixed-strategy opponent; the action is a cell 1–9.
     Tictactoe {
@@ -98,20 +163,97 @@ pub enum EnvSpec {
     },
 }
 
+/// How a dataset environment checks the final answer itself.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum VerifierSpec {
+    /// Mathematical equivalence (the `math` reward's check).
+    #[default]
+    Math,
+    /// Trimmed text equality.
+    Exact,
+    /// None: the environment's reward is 0; the reward functions decide.
+    None,
+}
+
+/// How the reasoning-gym bridge reads the answer from a response.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AnswerFormat {
+    /// The last `<answer>` tag, else the last `\boxed{}`, else the last line.
+    #[default]
+    Auto,
+    Tagged,
+    Plain,
+}
+
+impl AnswerFormat {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AnswerFormat::Auto => "auto",
+            AnswerFormat::Tagged => "tagged",
+            AnswerFormat::Plain => "plain",
+        }
+    }
+}
+
 impl EnvSpec {
+    /// The `kind` tag of this environment.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            EnvSpec::Sim { .. } => "sim",
+            EnvSpec::Frozenlake { .. } => "frozenlake",
+            EnvSpec::Sokoban { .. } => "sokoban",
+            EnvSpec::Arithmetic { .. } => "arithmetic",
+            EnvSpec::Tictactoe { .. } => "tictactoe",
+            EnvSpec::External { .. } => "external",
+            EnvSpec::Prompt { .. } => "prompt",
+            EnvSpec::Chat { .. } => "chat",
+            EnvSpec::ReasoningGym { .. } => "reasoning_gym",
+            EnvSpec::Gymnasium { .. } => "gymnasium",
+        }
+    }
+
+    /// Whether the environment is a program of its own (a real process, on the real clock).
+    pub fn is_process(&self) -> bool {
+        matches!(
+            self,
+            EnvSpec::External { .. } | EnvSpec::ReasoningGym { .. } | EnvSpec::Gymnasium { .. }
+        )
+    }
+
+    /// Whether the environment serves the task's dataset rows (and so needs a dataset).
+    pub fn needs_dataset(&self) -> bool {
+        matches!(self, EnvSpec::Prompt { .. } | EnvSpec::Chat { .. })
+    }
+
     /// The characters a built-in environment's actions are written in.
     pub fn action_alphabet(&self) -> Option<&'static str> {
         match self {
             EnvSpec::Frozenlake { .. } | EnvSpec::Sokoban { .. } => Some("LDRU"),
             EnvSpec::Arithmetic { .. } => Some("0123456789-"),
             EnvSpec::Tictactoe { .. } => Some("123456789"),
-            EnvSpec::Sim { .. } | EnvSpec::External { .. } => None,
+            EnvSpec::Sim { .. }
+            | EnvSpec::External { .. }
+            | EnvSpec::Prompt { .. }
+            | EnvSpec::Chat { .. }
+            | EnvSpec::ReasoningGym { .. }
+            | EnvSpec::Gymnasium { .. } => None,
         }
     }
 }
 
 fn default_success_rate() -> f64 {
     0.5
+}
+fn default_protocol() -> u32 {
+    1
+}
+fn default_rg_size() -> u64 {
+    100_000
+}
+fn default_python() -> String {
+    "python3".into()
 }
 fn default_max_message_bytes() -> usize {
     actors::env::protocol::MAX_MESSAGE_BYTES
@@ -211,13 +353,60 @@ impl EnvSpec {
                     );
                 }
             }
+            EnvSpec::Prompt { .. } | EnvSpec::Chat { .. } => {}
+            EnvSpec::ReasoningGym {
+                dataset,
+                size,
+                python,
+                ..
+            } => {
+                if dataset.trim().is_empty()
+                    || !dataset
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '/')
+                {
+                    problems.push(
+                        format!("{p}.dataset"),
+                        format!(
+                            "{dataset:?} is not a reasoning-gym dataset name (letters, digits, _)"
+                        ),
+                    );
+                }
+                if !(1..=10_000_000).contains(size) {
+                    problems.push(
+                        format!("{p}.size"),
+                        format!("must be in 1..=10000000, got {size}"),
+                    );
+                }
+                if python.trim().is_empty() {
+                    problems.push(format!("{p}.python"), "name the Python interpreter".into());
+                }
+            }
+            EnvSpec::Gymnasium { id, python, .. } => {
+                if id.trim().is_empty() {
+                    problems.push(
+                        format!("{p}.id"),
+                        "name a registered id (FrozenLake-v1) or module:Class".into(),
+                    );
+                }
+                if python.trim().is_empty() {
+                    problems.push(format!("{p}.python"), "name the Python interpreter".into());
+                }
+            }
             EnvSpec::External {
                 command,
                 max_message_bytes,
+                protocol,
                 ..
             } => {
                 if command.is_empty() || command[0].trim().is_empty() {
                     problems.push(format!("{p}.command"), "name the program to run".into());
+                }
+                if !(1..=2).contains(protocol) {
+                    problems.push(
+                        format!("{p}.protocol"),
+                        format!("must be 1 or 2, got {protocol}"),
+                    );
                 }
                 if !(64..=64 << 20).contains(max_message_bytes) {
                     problems.push(

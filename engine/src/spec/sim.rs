@@ -4,7 +4,6 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::env::EnvSpec;
 use super::pool::{BackendSpec, BuiltinModelSpec};
 use super::reward::FunctionSpec;
 use super::trainer::TrainerSpec;
@@ -271,10 +270,7 @@ impl JobSpec {
                 .values()
                 .all(|f| matches!(f, FunctionSpec::Sim { .. }))
             // An external environment is a real process: it takes real time.
-            && !self
-                .tasks
-                .iter()
-                .any(|t| matches!(t.env, EnvSpec::External { .. }))
+            && !self.tasks.iter().any(|t| t.env.is_process())
     }
 
     /// The clock the job runs on.

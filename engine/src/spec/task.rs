@@ -60,6 +60,103 @@ pub struct TaskSpec {
     /// turn — compacted or truncated history — so the whole context is prefilled every turn).
     #[serde(default)]
     pub context: ContextMode,
+    /// Prompts from a dataset file (one row per group) instead of seeds.
+    #[serde(default)]
+    pub dataset: Option<DatasetSpec>,
+}
+
+/// A task's prompt dataset: JSONL or parquet rows. verl's parquet layout (`prompt` as chat
+/// messages, `reward_model.ground_truth`) needs no key settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetSpec {
+    /// The file, on the service's machine (relative to its working directory).
+    pub path: String,
+    /// `jsonl` or `parquet`; default from the file name's extension.
+    #[serde(default)]
+    pub format: Option<DatasetFormat>,
+    /// Dotted path of the prompt (text, or a list of `{role, content}`); default: the first
+    /// of `prompt`, `question`, `problem`, `input` present.
+    #[serde(default)]
+    pub prompt_key: Option<String>,
+    /// Dotted path of the ground truth; default: the first of `reward_model.ground_truth`,
+    /// `answer`, `solution`, `label` present (none: no reference).
+    #[serde(default)]
+    pub answer_key: Option<String>,
+    /// A system message put before prompts that have none.
+    #[serde(default)]
+    pub system_prompt: Option<String>,
+    /// Keep only rows whose `split` (or `extra_info.split`) is this.
+    #[serde(default)]
+    pub split: Option<String>,
+    /// Keep only rows whose dotted keys equal these values (a list: any of them).
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub filter: std::collections::BTreeMap<String, serde_json::Value>,
+    /// Keep at most this many rows (after split and filter).
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    pub limit: Option<usize>,
+    /// Draw rows in a seeded random order, a new one each epoch (default true).
+    #[serde(default = "default_true")]
+    pub shuffle: bool,
+    /// Seed of the shuffle; default: derived from the job's seed.
+    #[serde(default)]
+    pub seed: Option<u64>,
+    /// Passes over the rows; when every row of every epoch is used the task admits no more
+    /// groups.
+    #[serde(default = "default_epochs")]
+    #[schema(minimum = 1, maximum = 100000)]
+    pub epochs: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DatasetFormat {
+    Jsonl,
+    Parquet,
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_epochs() -> u32 {
+    1
+}
+
+impl DatasetSpec {
+    pub(super) fn check(&self, p: &str, problems: &mut Problems) {
+        if self.path.trim().is_empty() {
+            problems.push(format!("{p}.path"), "name the dataset file".into());
+            return;
+        }
+        if !(1..=100_000).contains(&self.epochs) {
+            problems.push(
+                format!("{p}.epochs"),
+                format!("must be in 1..=100000, got {}", self.epochs),
+            );
+        }
+        if self.limit == Some(0) {
+            problems.push(format!("{p}.limit"), "must be at least 1".into());
+        }
+        if let Err(e) = crate::dataset::check_first_row(self) {
+            let field = match &e {
+                crate::dataset::DatasetError::UnknownFormat { .. } => "format",
+                crate::dataset::DatasetError::Row { message, .. }
+                    if message.contains("prompt_key") || message.contains("no prompt") =>
+                {
+                    "prompt_key"
+                }
+                crate::dataset::DatasetError::Row { message, .. }
+                    if message.contains("answer_key") =>
+                {
+                    "answer_key"
+                }
+                _ => "path",
+            };
+            problems.push(format!("{p}.{field}"), infra::error_chain(&e));
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -226,5 +323,20 @@ impl TaskSpec {
             );
         }
         t.env.check(&format!("{p}.env"), problems);
+        if let Some(d) = &t.dataset {
+            d.check(&format!("{p}.dataset"), problems);
+            if t.seeds.is_some() {
+                problems.push(
+                    format!("{p}.seeds"),
+                    "a task with a dataset draws its rows in the dataset's order; remove seeds"
+                        .into(),
+                );
+            }
+        } else if t.env.needs_dataset() {
+            problems.push(
+                format!("{p}.dataset"),
+                "this environment serves dataset rows: give the task a dataset".into(),
+            );
+        }
     }
 }

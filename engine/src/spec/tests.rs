@@ -575,3 +575,118 @@ fn alpha_zero_turns_overlap_off_and_refuses_it_when_asked() {
     .unwrap();
     assert!(ok.knobs().overlap_training);
 }
+
+#[test]
+fn datasets_and_bridged_environments_are_checked_with_their_paths() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = dir.path().join("rows.jsonl");
+    std::fs::write(&rows, "{\"question\": \"1+1?\", \"answer\": \"2\"}\n").unwrap();
+    let with = |env: &str, dataset: &str| {
+        minimal().replace(
+            "[tasks.env]\nkind = \"sim\"",
+            &format!("{dataset}\n[tasks.env]\n{env}"),
+        )
+    };
+    let ds = format!("dataset = {{ path = \"{}\" }}", rows.display());
+    // A prompt task on a JSONL file with the default keys (`question`, `answer`).
+    let s = parse(&with("kind = \"prompt\"", &ds), Format::Toml).expect("valid");
+    assert_eq!(s.tasks[0].dataset.as_ref().unwrap().epochs, 1);
+    assert!(s.tasks[0].dataset.as_ref().unwrap().shuffle);
+    let cases: Vec<(String, &str, &str)> = vec![
+        (
+            with("kind = \"prompt\"", ""),
+            "tasks[0].dataset",
+            "give the task a dataset",
+        ),
+        (
+            with(
+                "kind = \"prompt\"",
+                &format!("{ds}\nseeds = {{ start = 0, count = 4 }}"),
+            ),
+            "tasks[0].seeds",
+            "remove seeds",
+        ),
+        (
+            with(
+                "kind = \"prompt\"",
+                "dataset = { path = \"/no/such/rows.jsonl\" }",
+            ),
+            "tasks[0].dataset.path",
+            "no such file",
+        ),
+        (
+            with(
+                "kind = \"prompt\"",
+                &format!(
+                    "dataset = {{ path = \"{}\", prompt_key = \"text\" }}",
+                    rows.display()
+                ),
+            ),
+            "tasks[0].dataset.prompt_key",
+            "no prompt at `text`",
+        ),
+        (
+            with(
+                "kind = \"prompt\"",
+                &format!(
+                    "dataset = {{ path = \"{}\", answer_key = \"gt\" }}",
+                    rows.display()
+                ),
+            ),
+            "tasks[0].dataset.answer_key",
+            "no answer at `gt`",
+        ),
+        (
+            with(
+                "kind = \"prompt\"",
+                &format!("dataset = {{ path = \"{}\", epochs = 0 }}", rows.display()),
+            ),
+            "tasks[0].dataset.epochs",
+            "1..=100000",
+        ),
+        (
+            with("kind = \"reasoning_gym\"\ndataset = \"no such\"", ""),
+            "tasks[0].env.dataset",
+            "not a reasoning-gym dataset name",
+        ),
+        (
+            with(
+                "kind = \"reasoning_gym\"\ndataset = \"chain_sum\"\nsize = 0",
+                "",
+            ),
+            "tasks[0].env.size",
+            "1..=10000000",
+        ),
+        (
+            with("kind = \"gymnasium\"\nid = \"\"", ""),
+            "tasks[0].env.id",
+            "module:Class",
+        ),
+        (
+            with("kind = \"external\"\ncommand = [\"x\"]\nprotocol = 3", ""),
+            "tasks[0].env.protocol",
+            "1 or 2",
+        ),
+    ];
+    for (text, field, msg) in cases {
+        let errs = parse(&text, Format::Toml).expect_err(field).0;
+        assert!(
+            errs.iter()
+                .any(|e| e.field == field && e.message.contains(msg)),
+            "{field}: {errs:?}"
+        );
+    }
+    // Bridged environments are programs: the real clock.
+    let rg = parse(
+        &with("kind = \"reasoning_gym\"\ndataset = \"chain_sum\"", ""),
+        Format::Toml,
+    )
+    .unwrap();
+    assert_eq!(rg.clock(), Clock::Real);
+    let gym = parse(
+        &with("kind = \"gymnasium\"\nid = \"mod:Env\"", ""),
+        Format::Toml,
+    )
+    .unwrap();
+    assert_eq!(gym.clock(), Clock::Real);
+}

@@ -13,6 +13,7 @@ mod trainer;
 #[cfg(test)]
 mod tests;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use actors::device::{DeviceProfile, ModelProfile};
@@ -54,6 +55,8 @@ pub struct TaskView {
     pub group_size: usize,
     pub redundancy: usize,
     pub seeds: Option<(u64, u64)>,
+    /// The task's prompt dataset: groups draw its rows instead of seeds.
+    pub dataset: Option<Arc<crate::dataset::Dataset>>,
     /// Prior estimates of tokens per trajectory, replaced by observations.
     pub prefill_estimate: f64,
     pub decode_estimate: f64,
@@ -109,13 +112,19 @@ pub enum WiringError {
     BuiltinModelWithoutTrainer,
     #[error("tasks[{task}].reward: no reward function is named {name:?}")]
     UnknownFunction { task: usize, name: String },
+    #[error("tasks[{task}].dataset")]
+    Dataset {
+        task: usize,
+        #[source]
+        source: crate::dataset::DatasetError,
+    },
 }
 
 /// Derives the whole wiring of a job from its (validated) spec.
 pub fn plan(spec: &JobSpec) -> Result<JobPlan, WiringError> {
     let knobs = spec.knobs();
     let pools = pools::plan(spec, &knobs)?;
-    let tasks = tasks::plan(spec, &knobs);
+    let tasks = tasks::plan(spec, &knobs)?;
     let functions = spec
         .reward
         .functions

@@ -38,7 +38,7 @@ pub enum ScorerPlan {
     Function(String),
 }
 
-pub(super) fn plan(spec: &JobSpec, knobs: &Knobs) -> Vec<TaskPlan> {
+pub(super) fn plan(spec: &JobSpec, knobs: &Knobs) -> Result<Vec<TaskPlan>, super::WiringError> {
     let limits = EnvLimits {
         call_timeout: Duration::from_secs_f64(knobs.env_call_timeout_s),
     };
@@ -47,7 +47,14 @@ pub(super) fn plan(spec: &JobSpec, knobs: &Knobs) -> Vec<TaskPlan> {
         .enumerate()
         .map(|(ti, t)| {
             let (prefill, decode) = prior_tokens(t);
+            let dataset = t
+                .dataset
+                .as_ref()
+                .map(|d| crate::dataset::Dataset::load(d, spec.seed).map(Arc::new))
+                .transpose()
+                .map_err(|source| super::WiringError::Dataset { task: ti, source })?;
             let view = TaskView {
+                dataset,
                 domain: t.domain.clone(),
                 weight: t.weight,
                 group_size: t.group_size,
@@ -62,7 +69,7 @@ pub(super) fn plan(spec: &JobSpec, knobs: &Knobs) -> Vec<TaskPlan> {
                     .or(spec.mapping.fallback.as_ref())
                     .and_then(|name| spec.pools.iter().position(|p| &p.name == name)),
             };
-            TaskPlan {
+            Ok(TaskPlan {
                 view,
                 env: factory(
                     &t.env,
@@ -75,6 +82,12 @@ pub(super) fn plan(spec: &JobSpec, knobs: &Knobs) -> Vec<TaskPlan> {
                 sandboxed: matches!(
                     t.env,
                     EnvSpec::External {
+                        sandbox: EnvSandbox::Bwrap,
+                        ..
+                    } | EnvSpec::ReasoningGym {
+                        sandbox: EnvSandbox::Bwrap,
+                        ..
+                    } | EnvSpec::Gymnasium {
                         sandbox: EnvSandbox::Bwrap,
                         ..
                     }
@@ -91,7 +104,7 @@ pub(super) fn plan(spec: &JobSpec, knobs: &Knobs) -> Vec<TaskPlan> {
                 max_tokens_per_turn: t.max_tokens_per_turn,
                 allowed_tokens: t.allowed_tokens().map(Arc::from),
                 rewrite_context: t.context == ContextMode::Rewrite,
-            }
+            })
         })
         .collect()
 }
@@ -111,7 +124,10 @@ pub fn prior_tokens(t: &TaskSpec) -> (f64, f64) {
         EnvSpec::Sokoban { size, .. } => game(10.0, (*size * (*size + 1)) as f64, 6.0),
         EnvSpec::Arithmetic { .. } => game(1.0, 8.0, 4.0),
         EnvSpec::Tictactoe { .. } => game(4.0, 20.0, 2.0),
-        EnvSpec::External { .. } => game(8.0, 64.0, 8.0),
+        EnvSpec::External { .. } | EnvSpec::Gymnasium { .. } => game(8.0, 64.0, 8.0),
+        // A prompt of a few hundred tokens, a reasoning answer up to the turn's cap.
+        EnvSpec::Prompt { .. } | EnvSpec::ReasoningGym { .. } => game(1.0, 200.0, 256.0),
+        EnvSpec::Chat { .. } => game(3.0, 100.0, 256.0),
         EnvSpec::Sim {
             turns,
             observation_tokens,

@@ -88,6 +88,7 @@ impl Environment for Arithmetic {
             tokens: None,
             sim_response_len: None,
             reference: Some(serde_json::json!({ "answer": self.answer.to_string() })),
+            messages: None,
         })
     }
 

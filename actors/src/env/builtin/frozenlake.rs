@@ -103,6 +103,7 @@ impl FrozenLake {
             tokens: None,
             sim_response_len: None,
             reference: None,
+            messages: None,
         }
     }
 }

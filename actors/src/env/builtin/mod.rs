@@ -9,6 +9,7 @@
 //! | tic-tac-toe vs a fixed strategy | 3 rows of `X O .` | a cell `1`–`9` (row-major) |
 
 pub mod arithmetic;
+pub mod dataset;
 pub mod frozenlake;
 pub mod sokoban;
 pub mod tictactoe;

@@ -156,6 +156,7 @@ impl Sokoban {
             tokens: None,
             sim_response_len: None,
             reference: None,
+            messages: None,
         }
     }
 }

@@ -84,6 +84,7 @@ impl TicTacToe {
             tokens: None,
             sim_response_len: None,
             reference: None,
+            messages: None,
         }
     }
 

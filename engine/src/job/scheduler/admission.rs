@@ -36,7 +36,9 @@ impl SchedState {
         let max_active = self.a.knobs.max_concurrent_episodes;
         if self.a.knobs.barrier == Barrier::None {
             while quota > 0 {
-                let task = self.peek_task();
+                let Some(task) = self.peek_task() else {
+                    break;
+                };
                 let eps = self.a.tasks[task].group_size + self.a.tasks[task].redundancy;
                 if self.episodes.len() + eps > max_active && !self.episodes.is_empty() {
                     break;
@@ -53,7 +55,9 @@ impl SchedState {
             let mut plan = Vec::new();
             let mut total = 0;
             for _ in 0..n {
-                let t = self.next_task();
+                let Some(t) = self.next_task() else {
+                    break;
+                };
                 let eps = self.a.tasks[t].group_size + self.a.tasks[t].redundancy;
                 if total + eps > max_active && total > 0 {
                     break;
@@ -70,36 +74,49 @@ impl SchedState {
         }
     }
 
-    /// The task the next group will come from, without consuming the turn.
-    fn peek_task(&self) -> usize {
-        let total: f64 = self.a.tasks.iter().map(|t| t.weight).sum();
-        let mut best = 0;
+    /// Whether task `i` can still start a group: it has no dataset, or rows are left (to
+    /// re-issue, or not yet drawn in any epoch).
+    pub(super) fn live(&self, i: usize) -> bool {
+        match &self.a.tasks[i].dataset {
+            None => true,
+            Some(d) => !self.requeue[i].is_empty() || self.positions[i] < d.positions(),
+        }
+    }
+
+    /// The task the next group will come from, without consuming the turn (none: every
+    /// task's dataset is used up).
+    fn peek_task(&self) -> Option<usize> {
+        let live: Vec<usize> = (0..self.a.tasks.len()).filter(|&i| self.live(i)).collect();
+        let total: f64 = live.iter().map(|&i| self.a.tasks[i].weight).sum();
+        let mut best = None;
         let mut best_c = f64::MIN;
-        for (i, t) in self.a.tasks.iter().enumerate() {
-            let c = self.credit[i] + t.weight / total;
+        for &i in &live {
+            let c = self.credit[i] + self.a.tasks[i].weight / total;
             if c > best_c {
                 best_c = c;
-                best = i;
+                best = Some(i);
             }
         }
         best
     }
 
-    /// Smooth weighted round-robin: deterministic, exact shares over time.
-    fn next_task(&mut self) -> usize {
-        let total: f64 = self.a.tasks.iter().map(|t| t.weight).sum();
-        for (i, t) in self.a.tasks.iter().enumerate() {
-            self.credit[i] += t.weight / total;
+    /// Smooth weighted round-robin over the live tasks: deterministic, exact shares over
+    /// time.
+    fn next_task(&mut self) -> Option<usize> {
+        let live: Vec<usize> = (0..self.a.tasks.len()).filter(|&i| self.live(i)).collect();
+        let total: f64 = live.iter().map(|&i| self.a.tasks[i].weight).sum();
+        for &i in &live {
+            self.credit[i] += self.a.tasks[i].weight / total;
         }
-        let best = (0..self.a.tasks.len()).fold(0, |b, i| {
-            if self.credit[i] > self.credit[b] {
-                i
-            } else {
-                b
-            }
-        });
+        let best = live
+            .iter()
+            .copied()
+            .fold(None, |b: Option<usize>, i| match b {
+                Some(b) if self.credit[b] >= self.credit[i] => Some(b),
+                _ => Some(i),
+            })?;
         self.credit[best] -= 1.0;
-        best
+        Some(best)
     }
 
     /// One value of the scheduler's RNG, counted (the count is part of the cursor).
@@ -109,8 +126,22 @@ impl SchedState {
     }
 
     pub(super) fn admit_group(&mut self, barrier: Option<Arc<WaveBarrier>>) {
-        let t = self.next_task();
-        self.admit_task_group(t, barrier);
+        if let Some(t) = self.next_task() {
+            self.admit_task_group(t, barrier);
+        }
+    }
+
+    /// The next dataset position of task `task`: one to re-issue first, else a fresh one.
+    fn take_position(&mut self, task: usize) -> Option<u64> {
+        if let Some(p) = self.requeue[task].pop_front() {
+            return Some(p);
+        }
+        let d = self.a.tasks[task].dataset.as_ref()?;
+        let p = self.positions[task];
+        (p < d.positions()).then(|| {
+            self.positions[task] += 1;
+            p
+        })
     }
 
     fn admit_task_group(&mut self, task: usize, barrier: Option<Arc<WaveBarrier>>) {
@@ -118,9 +149,18 @@ impl SchedState {
         self.next_group += 1;
         let k = self.task_groups[task];
         self.task_groups[task] += 1;
-        let seed = match self.a.tasks[task].seeds {
-            Some((start, count)) => start + k % count.max(1),
-            None => self.draw(),
+        // A dataset task's group is one row: its seed is the row's dataset position.
+        let (seed, position) = match (&self.a.tasks[task].dataset, self.a.tasks[task].seeds) {
+            (Some(_), _) => match self.take_position(task) {
+                Some(p) => (p, Some(p)),
+                None => return,
+            },
+            (None, Some((start, count))) => (start + k % count.max(1), None),
+            (None, None) => (self.draw(), None),
+        };
+        let record = match (&self.a.tasks[task].dataset, position) {
+            (Some(d), Some(p)) => Some(Arc::new(d.record(p))),
+            _ => None,
         };
         let tv = &self.a.tasks[task];
         let (gs, red, domain) = (tv.group_size, tv.redundancy, tv.domain.clone());
@@ -143,6 +183,8 @@ impl SchedState {
                 pool,
                 episodes: Vec::new(),
                 closed: false,
+                position,
+                record,
             },
         );
         self.open_groups += 1;
@@ -210,6 +252,7 @@ impl SchedState {
             shard: self.a.pools[pool].shards[shard].clone(),
             barrier,
             prefill: prefill.as_ref().map(|p| p.1.clone()),
+            record: self.groups.get(&gid).and_then(|g| g.record.clone()),
         };
         // The episode reports its outcome through this task, so aborting the task also drops
         // the report (an aborted episode is accounted for by whoever aborted it).
