@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
-use crate::types::{Batch, Group, PolicyVersion, Trajectory};
+use crate::types::{Batch, FailureReason, Group, PolicyVersion, Trajectory};
 
 /// Where committed trajectories go. A trajectory is acknowledged only once `commit` returned.
 pub trait TrajectorySink: Send + Sync + 'static {
@@ -128,6 +128,8 @@ pub struct BufferStats {
     pub committed: u64,
     pub redundant: u64,
     pub masked: u64,
+    /// Trajectories that reached their context budget (trained or masked per the task).
+    pub truncated: u64,
     pub retried: u64,
     pub filtered_all_equal: u64,
     pub dropped_too_few: u64,
@@ -254,11 +256,14 @@ impl BufferState {
         }
         self.args.sink.commit(&traj)?;
         self.stats.committed += 1;
+        self.stats.truncated += u64::from(traj.truncated);
         if traj.failure.is_some() {
             g.failed += 1;
             g.last_failure = traj.failure.as_ref().map(|f| f.to_string());
             self.stats.masked += 1;
-            if g.retries_left > 0 {
+            // A truncation would happen again: no retry.
+            let retry = !matches!(traj.failure, Some(FailureReason::Truncated(_)));
+            if retry && g.retries_left > 0 {
                 g.retries_left -= 1;
                 g.dispatched += 1;
                 self.stats.retried += 1;

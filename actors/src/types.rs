@@ -20,6 +20,9 @@ pub enum FailureReason {
     GenerationFailed(String),
     /// The reward call exhausted its retries.
     RewardFailed(String),
+    /// The episode reached its context budget and the task does not train truncated
+    /// trajectories (or its first observation alone is over the budget); never retried.
+    Truncated(String),
 }
 
 impl std::fmt::Display for FailureReason {
@@ -29,6 +32,7 @@ impl std::fmt::Display for FailureReason {
             Self::EnvTimeout => write!(f, "an environment call timed out"),
             Self::GenerationFailed(e) => write!(f, "generation failed: {e}"),
             Self::RewardFailed(e) => write!(f, "reward failed: {e}"),
+            Self::Truncated(e) => write!(f, "truncated: {e}"),
         }
     }
 }
@@ -41,6 +45,7 @@ impl FailureReason {
             Self::EnvTimeout => "env_timeout",
             Self::GenerationFailed(_) => "generation_failed",
             Self::RewardFailed(_) => "reward_failed",
+            Self::Truncated(_) => "truncated",
         }
     }
 }
@@ -115,6 +120,10 @@ pub struct Trajectory {
     /// same constraint to its log-probabilities.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowed_tokens: Option<Vec<u32>>,
+    /// The episode ended early because its context reached the budget (the task's
+    /// `max_context_tokens` or the model's context): status `truncated`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
 }
 
 impl Trajectory {
@@ -163,6 +172,7 @@ impl Trajectory {
             reference: None,
             final_text: String::new(),
             allowed_tokens: None,
+            truncated: false,
         }
     }
 }

@@ -407,8 +407,8 @@ pub fn print_run(r: &RunResult) {
 /// The per-task table of a job's report.
 pub fn print_task_table(summary: &Summary) {
     println!(
-        "{:<12} {:>14} {:>14} {:>12} {:>10}",
-        "task", "random policy", "success start", "success end", "≥90% at"
+        "{:<12} {:>14} {:>14} {:>12} {:>10} {:>10}",
+        "task", "random policy", "success start", "success end", "≥90% at", "truncated"
     );
     for (name, t) in &summary.tasks {
         let at = t
@@ -420,9 +420,37 @@ pub fn print_task_table(summary: &Summary) {
             .map(|r| format!("{r:.3}"))
             .unwrap_or_else(|| "-".into());
         println!(
-            "{name:<12} {random:>14} {:>14.3} {:>12.3} {at:>10}",
-            t.success_start, t.success_end
+            "{name:<12} {random:>14} {:>14.3} {:>12.3} {at:>10} {:>9.1}%",
+            t.success_start,
+            t.success_end,
+            100.0 * t.truncation_rate
         );
+    }
+    if summary.truncated > 0 {
+        println!(
+            "{} trajectories ended at their context budget (status truncated)",
+            summary.truncated
+        );
+    }
+    if !summary.eval_change.is_empty() {
+        println!(
+            "{:<16} {:>22} {:>22} {:>10}",
+            "held-out task", "pass@1 start (± se)", "pass@1 end (± se)", "change"
+        );
+        for (name, c) in &summary.eval_change {
+            println!(
+                "{name:<16} {:>22} {:>22} {:>+9.1}pt",
+                format!(
+                    "{:.3} ± {:.3} @{}",
+                    c.pass_at_1_start, c.stderr_start, c.step_start
+                ),
+                format!(
+                    "{:.3} ± {:.3} @{}",
+                    c.pass_at_1_end, c.stderr_end, c.step_end
+                ),
+                c.change_points
+            );
+        }
     }
 }
 

@@ -10,7 +10,9 @@ mod timeline;
 pub(crate) use canvas::register_font;
 pub use canvas::{DrawError, PlotError};
 pub use plots::plots;
-pub use summary::{Summary, TaskSummary, WINDOW, random_policy_success, summarise, write};
+pub use summary::{
+    EvalChange, Summary, TaskSummary, WINDOW, eval_change, random_policy_success, summarise, write,
+};
 
 #[cfg(test)]
 mod tests;

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 mod env;
+mod eval;
 mod overrides;
 mod pool;
 mod reward;
@@ -18,6 +19,7 @@ mod task;
 mod trainer;
 
 pub use env::*;
+pub use eval::*;
 pub use overrides::apply_overrides;
 pub use pool::*;
 pub use reward::*;
@@ -52,6 +54,9 @@ pub struct JobSpec {
     pub trainer: TrainerSpec,
     #[serde(default)]
     pub sim: SimSpec,
+    /// Held-out evaluation during training.
+    #[serde(default)]
+    pub eval: Option<EvalSpec>,
 }
 
 /// One problem with a spec.
@@ -133,9 +138,9 @@ pub fn from_value(value: serde_json::Value) -> Result<JobSpec, SpecErrors> {
     let serde_json::Value::Object(mut obj) = value else {
         return Err(one("", "a job spec must be a table / object".into()));
     };
-    const KNOWN: [&str; 10] = [
+    const KNOWN: [&str; 11] = [
         "name", "seed", "preset", "tasks", "pools", "mapping", "rollout", "reward", "trainer",
-        "sim",
+        "sim", "eval",
     ];
     for k in obj.keys() {
         if !KNOWN.contains(&k.as_str()) {
@@ -155,6 +160,7 @@ pub fn from_value(value: serde_json::Value) -> Result<JobSpec, SpecErrors> {
     let reward = section::<RewardSpec>(&mut obj, "reward", &mut errs).unwrap_or_default();
     let trainer = section::<TrainerSpec>(&mut obj, "trainer", &mut errs).unwrap_or_default();
     let sim = section::<SimSpec>(&mut obj, "sim", &mut errs).unwrap_or_default();
+    let eval = section::<Option<EvalSpec>>(&mut obj, "eval", &mut errs).flatten();
     let spec = JobSpec {
         name,
         seed,
@@ -166,6 +172,7 @@ pub fn from_value(value: serde_json::Value) -> Result<JobSpec, SpecErrors> {
         reward,
         trainer,
         sim,
+        eval,
     };
     errs.extend(validate(&spec));
     if errs.is_empty() {
@@ -335,6 +342,9 @@ pub fn validate(spec: &JobSpec) -> Vec<FieldError> {
     spec.sim.check(spec, &mut problems);
     spec.reward.check(&mut problems);
     spec.trainer.check(spec, &mut problems);
+    if let Some(e) = &spec.eval {
+        e.check(spec, &mut problems);
+    }
     problems.into_vec()
 }
 

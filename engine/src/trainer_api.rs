@@ -65,6 +65,10 @@ pub struct Sample {
     /// renormalises its log-probabilities over the same set. Absent when unconstrained.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowed_tokens: Option<Vec<u32>>,
+    /// The episode ended at its context budget (status `truncated`), cut rather than
+    /// finished; absent when it finished.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
 }
 
 impl TrainingBatch {
@@ -211,6 +215,7 @@ impl Sample {
             reference: None,
             final_text: String::new(),
             allowed_tokens: self.allowed_tokens.clone(),
+            truncated: self.truncated,
         }
     }
 }
@@ -232,6 +237,7 @@ fn sample(t: &Trajectory, advantage: f64) -> Sample {
             "failed".into()
         },
         allowed_tokens: t.allowed_tokens.clone(),
+        truncated: t.truncated,
     };
     for u in &t.turns {
         s.tokens.extend_from_slice(&u.observation_tokens);
@@ -678,6 +684,7 @@ mod tests {
             reference: None,
             final_text: String::new(),
             allowed_tokens: Some(vec![b'l' as u32, b'd' as u32, b'r' as u32, b'u' as u32]),
+            truncated: false,
         }
     }
 

@@ -45,6 +45,21 @@ pub struct EpisodeTask {
     pub rewrite_context: bool,
     /// The job's fault budgets; environment calls count against `environments of task …`.
     pub faults: Option<Arc<crate::fault::Faults>>,
+    /// Tokens a trajectory's context may hold (prompt, observations and answers); a turn's
+    /// answer is cut to what is left. Reaching it — or the model's own context — ends the
+    /// episode as `truncated` instead of failing it.
+    pub max_context: Option<usize>,
+    /// Whether truncated trajectories train (otherwise they are masked, never retried).
+    pub train_truncated: bool,
+    /// Sampling temperature of the policy.
+    pub temperature: f32,
+}
+
+/// Why a turn did not produce an answer.
+enum TurnEnd {
+    Failed(FailureReason),
+    /// The context budget is reached (the detail says where).
+    Truncated(String),
 }
 
 impl EpisodeTask {
@@ -162,6 +177,12 @@ pub async fn run(shared: Arc<EpisodeShared>, p: EpisodeParams) -> EpisodeOutcome
     .await
 }
 
+/// Drives one trajectory and returns it instead of handing it to the buffer (held-out
+/// evaluation: nothing trains on it).
+pub async fn run_detached(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
+    drive(shared, p).await
+}
+
 async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
     let task = &shared.tasks[p.task];
     let mut guard = BarrierGuard(p.barrier.clone(), false);
@@ -209,8 +230,17 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
             .await
         {
             Ok(turn) => turn,
-            Err(failure) => {
+            Err(TurnEnd::Failed(failure)) => {
                 traj.failure = Some(failure);
+                break;
+            }
+            Err(TurnEnd::Truncated(why)) => {
+                traj.truncated = true;
+                // Nothing to train on without a single answer; a task that does not train
+                // truncated trajectories masks them too. Neither is retried.
+                if traj.turns.is_empty() || !task.train_truncated {
+                    traj.failure = Some(FailureReason::Truncated(why));
+                }
                 break;
             }
         };
@@ -285,6 +315,7 @@ fn new_trajectory(shared: &EpisodeShared, p: &EpisodeParams, task: &EpisodeTask)
         reference: None,
         final_text: String::new(),
         allowed_tokens: task.allowed_tokens.as_deref().map(<[u32]>::to_vec),
+        truncated: false,
         timings: Timings {
             started_at_s: tokio::time::Instant::now()
                 .duration_since(shared.started)
@@ -311,23 +342,34 @@ async fn generate(
     turn_no: u32,
     context: &mut Arc<Vec<u32>>,
     traj: &mut Trajectory,
-) -> Result<Turn, FailureReason> {
+) -> Result<Turn, TurnEnd> {
     let task = &shared.tasks[p.task];
     let previous = traj
         .turns
         .last()
         .map_or(&[][..], |t| &t.response_tokens[..]);
     let observation_tokens = encode(obs, shared.framing.as_deref(), turn_no == 0, previous)
-        .map_err(|e| FailureReason::EnvFailed(infra::error_chain(&e)))?;
+        .map_err(|e| TurnEnd::Failed(FailureReason::EnvFailed(infra::error_chain(&e))))?;
+    // The budget: the observation must fit with room for at least one answer token.
+    let mut max_tokens = task.max_tokens_per_turn;
+    if let Some(budget) = task.max_context {
+        let used = context.len() + observation_tokens.len();
+        if used >= budget {
+            return Err(TurnEnd::Truncated(format!(
+                "turn {turn_no}: the context would hold {used} tokens, the task's max_context_tokens is {budget}"
+            )));
+        }
+        max_tokens = max_tokens.min(u32::try_from(budget - used).unwrap_or(u32::MAX));
+    }
     Arc::make_mut(context).extend_from_slice(&observation_tokens);
     let req = GenRequest {
         id: p.id,
         session: p.id,
         context: context.clone(),
         params: SamplingParams {
-            temperature: 1.0,
+            temperature: task.temperature,
             top_p: 1.0,
-            max_tokens: task.max_tokens_per_turn,
+            max_tokens,
             stop_tokens: shared
                 .framing
                 .as_ref()
@@ -358,11 +400,13 @@ async fn generate(
         }
     };
     traj.timings.generate_s += secs(t);
-    let out = out.map_err(|e| {
-        FailureReason::GenerationFailed(match e {
-            GenError::Aborted => "aborted".into(),
-            other => other.to_string(),
-        })
+    let out = out.map_err(|e| match e {
+        // The model's own context is full: the episode ends here (it would fail again).
+        GenError::ContextTooLong { len, limit } => TurnEnd::Truncated(format!(
+            "turn {turn_no}: a context of {len} tokens is past the model's limit of {limit}"
+        )),
+        GenError::Aborted => TurnEnd::Failed(FailureReason::GenerationFailed("aborted".into())),
+        other => TurnEnd::Failed(FailureReason::GenerationFailed(other.to_string())),
     })?;
     Arc::make_mut(context).extend_from_slice(&out.tokens);
     Ok(Turn {

@@ -48,6 +48,7 @@ fn traj(group: u64, obs: Vec<u32>, resp: Vec<u32>, lps: Vec<f32>, reward: f64) -
         reference: None,
         final_text: String::new(),
         allowed_tokens: None,
+        truncated: false,
         timings: Timings::default(),
     }
 }

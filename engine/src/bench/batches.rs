@@ -66,6 +66,7 @@ fn synthetic(step: u64) -> TrainingBatch {
                     advantage: 0.5,
                     status: "completed".into(),
                     allowed_tokens: None,
+                    truncated: false,
                 })
                 .collect(),
         })

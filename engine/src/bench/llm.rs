@@ -182,6 +182,7 @@ fn batch() -> actors::types::Batch {
         reference: None,
         final_text: String::new(),
         allowed_tokens: None,
+        truncated: false,
         timings: Default::default(),
     };
     let groups = (0..2u64)

@@ -176,6 +176,7 @@ fn training_batch() -> actors::types::Batch {
         reference: None,
         final_text: String::new(),
         allowed_tokens: None,
+        truncated: false,
         timings: Default::default(),
     };
     let groups = (0..8u64)

@@ -47,6 +47,14 @@ pub(super) async fn drive(
     let step_limit = std::time::Duration::from_secs_f64(knobs.step_timeout_s);
     let mut summary = JobSummary::default();
     let mut last_step_end = started;
+    // Evaluations waiting for a step record to carry them (the one before training).
+    let mut evals = Vec::new();
+    if let Some(e) = &a.evaluator
+        && job.start_step == 0
+        && e.due(0, knobs.steps)
+    {
+        evals.push(evaluate(e, 0, installed).await);
+    }
     for step in job.start_step..knobs.steps {
         let t_wait = tokio::time::Instant::now();
         let batch = next_batch(job, a, report, step, step_limit).await?;
@@ -85,9 +93,22 @@ pub(super) async fn drive(
             train_s,
             wait_batch_s,
         };
-        let m = sources
+        let mut m = sources
             .collect(times, &stats, &batch, &mut timeline)
             .await?;
+        if let Some(e) = &a.evaluator
+            && e.due(step + 1, knobs.steps)
+        {
+            // The policy just trained: install it first (with overlap it would wait for the
+            // next step).
+            installed = installed_now(
+                job,
+                installed,
+                update_weights(&a.pools, &a.weights, installed, policy, &a.scheduler).await?,
+            );
+            evals.push(evaluate(e, step + 1, installed).await);
+        }
+        m.eval = std::mem::take(&mut evals);
         last_step_end = now;
         job.observer
             .on_step(&m, &batch)
@@ -103,6 +124,25 @@ pub(super) async fn drive(
         summary.trajectories_committed = last.buffer.committed;
     }
     Ok(summary)
+}
+
+/// One evaluation, logged.
+async fn evaluate(e: &super::eval::Evaluator, step: u64, version: u64) -> super::eval::EvalRecord {
+    let r = e.run(step, version).await;
+    for (task, m) in &r.tasks {
+        tracing::info!(
+            step,
+            version,
+            task = %task,
+            pass_at_1 = m.pass_at_1,
+            stderr = m.pass_at_1_stderr,
+            pass_at_k = m.pass_at_k,
+            k = m.k,
+            seconds = r.seconds,
+            "evaluation"
+        );
+    }
+    r
 }
 
 /// Tells the observer when the shards moved to another version.

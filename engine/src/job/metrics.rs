@@ -67,6 +67,10 @@ pub struct StepMetrics {
     /// (`env TASK/SLOT`: held by a trajectory) and function instance (`fn DEPLOYMENT/ID`: a
     /// request in flight); empty unless the run records a timeline.
     pub timeline: BTreeMap<String, f64>,
+    /// Held-out evaluations run after this step (the first step's record also holds the one
+    /// before training).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub eval: Vec<super::eval::EvalRecord>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -76,6 +80,8 @@ pub struct TaskMetrics {
     pub success_rate: f64,
     pub mean_reward: f64,
     pub mean_turns: f64,
+    /// Share of this step's trajectories that ended at their context budget.
+    pub truncation_rate: f64,
     /// The seeds of the groups trained this step, sorted; for a task with a dataset, the
     /// dataset positions of their rows (position k: epoch k div rows).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -284,6 +290,7 @@ fn batch_metrics(m: &mut StepMetrics, batch: &Batch) {
         e.success_rate += f64::from(u8::from(t.success));
         e.mean_reward += t.reward.unwrap_or(0.0);
         e.mean_turns += t.turns.len() as f64;
+        e.truncation_rate += f64::from(u8::from(t.truncated));
     }
     for g in &batch.groups {
         m.tasks
@@ -298,5 +305,6 @@ fn batch_metrics(m: &mut StepMetrics, batch: &Batch) {
         e.success_rate /= k;
         e.mean_reward /= k;
         e.mean_turns /= k;
+        e.truncation_rate /= k;
     }
 }

@@ -10,6 +10,7 @@
 pub mod cost;
 mod driver;
 mod error;
+pub mod eval;
 mod metrics;
 mod protocol;
 pub mod scheduler;

@@ -408,10 +408,12 @@ impl SchedState {
                 self.abort_group_episodes(group);
                 if let Some(g) = self.groups.remove(&group) {
                     self.open_groups -= 1;
-                    // A row whose group never got a verdict is drawn again; one whose rewards
-                    // were all equal was used (it taught nothing, as in dynamic sampling).
+                    // A row whose group never got a verdict (stale, aborted) is drawn again;
+                    // one whose rewards were all equal was used (it taught nothing, as in
+                    // dynamic sampling), and so was one whose episodes failed after their
+                    // retries (drawing it again could fail forever).
                     if let Some(p) = g.position
-                        && reason != DropReason::AllEqual
+                        && matches!(reason, DropReason::Stale | DropReason::Aborted)
                     {
                         self.requeue[g.task].push_back(p);
                     }

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use actors::buffer::{BufferArgs, BufferMsg, SampleBuffer};
 use actors::env::{EnvCounters, EnvPool};
-use actors::episode::EpisodeTask;
 use actors::episode::{ByteFraming, ChatFraming, Framing};
+use actors::episode::{EpisodeShared, EpisodeTask};
 use actors::error::SharedError;
 use actors::fault::{Fault, FaultPolicy, Faults, GuardedScorer};
 use actors::generation::GenError;
@@ -51,6 +51,8 @@ pub(super) struct JobActors {
     pub _crash_watch: Option<tokio_util::task::AbortOnDropHandle<()>>,
     /// How episodes frame observations for the built-in policy (`None`: simulated tokens).
     pub framing: Option<Arc<dyn Framing>>,
+    /// Held-out evaluation, when the spec asks for it.
+    pub evaluator: Option<super::eval::Evaluator>,
 }
 
 /// Instances in a row that die or never become ready before a deployment counts as
@@ -114,8 +116,15 @@ pub(super) async fn spawn(
         window: Duration::from_secs_f64(plan.knobs.fault_window_s),
         min_failures: plan.knobs.fault_min_failures,
     });
-    let (task_views, tasks, deployments) = spawn_tasks(
-        &plan.tasks,
+    // Training and held-out tasks are spawned together (they share function deployments);
+    // the held-out ones are split off for the evaluator.
+    let n_train = plan.tasks.len();
+    let mut all: Vec<&TaskPlan> = plan.tasks.iter().collect();
+    if let Some(e) = &plan.eval {
+        all.extend(e.tasks.iter());
+    }
+    let (mut task_views, mut tasks, deployments) = spawn_tasks(
+        &all,
         &plan.functions,
         &plan.knobs,
         cell,
@@ -124,6 +133,21 @@ pub(super) async fn spawn(
         &faults,
     )
     .await?;
+    let eval_views = task_views.split_off(n_train);
+    let mut eval_tasks = tasks.split_off(n_train);
+    let eval_sizes: Vec<usize> = plan
+        .eval
+        .iter()
+        .flat_map(|e| e.tasks.iter().map(|t| t.envs))
+        .collect();
+    if let Some(e) = &plan.eval {
+        for t in &mut eval_tasks {
+            t.temperature = e.temperature;
+            if let Some(m) = e.max_tokens {
+                t.max_tokens_per_turn = m;
+            }
+        }
+    }
     let crash_watch = (!deployments.is_empty()).then(|| {
         tokio_util::task::AbortOnDropHandle::new(tokio::spawn(watch_crash_loops(
             deployments,
@@ -150,6 +174,12 @@ pub(super) async fn spawn(
     )
     .await
     .map_err(JobError::spawn("trainer"))?;
+    // Evaluation episodes run on the shards that generate (not on prefill-only ones).
+    let eval_shards: Vec<_> = views
+        .iter()
+        .filter(|v| !v.prefill_only)
+        .flat_map(|v| v.shards.iter().cloned())
+        .collect();
     let (scheduler, _) = Actor::spawn_linked(
         None,
         Scheduler,
@@ -167,7 +197,45 @@ pub(super) async fn spawn(
     .await
     .map_err(JobError::spawn("scheduler"))?;
     let _ = sched_slot.set(scheduler.clone());
+    let evaluator = plan.eval.as_ref().map(|e| {
+        let shared = Arc::new(EpisodeShared {
+            buffer: buffer.clone(),
+            tasks: eval_tasks,
+            epoch: job.epoch,
+            started: tokio::time::Instant::now(),
+            batch_barrier: false,
+            framing: framing.clone(),
+        });
+        let problems = eval_views
+            .iter()
+            .zip(&eval_sizes)
+            .map(|(v, &envs)| super::eval::EvalTask {
+                domain: v.domain.clone(),
+                problems: match (&v.dataset, v.seeds) {
+                    (Some(d), _) => (0..d.len() as u64)
+                        .map(|p| (p, Some(Arc::new(d.record(p)))))
+                        .collect(),
+                    (None, Some((start, count))) => {
+                        (start..start + count).map(|s| (s, None)).collect()
+                    }
+                    (None, None) => Vec::new(),
+                },
+                envs,
+            })
+            .collect();
+        super::eval::Evaluator::new(
+            shared,
+            problems,
+            eval_shards,
+            e.n,
+            e.every,
+            e.at_start,
+            e.concurrency,
+            plan.seed ^ 0xe7a1,
+        )
+    });
     Ok(JobActors {
+        evaluator,
         framing,
         weights,
         pools,
@@ -674,7 +742,7 @@ fn server_factory(
 /// Reward functions, then each task's environment pool; returns the scheduler's task views
 /// and what episodes see of each task.
 async fn spawn_tasks(
-    plans: &[TaskPlan],
+    plans: &[&TaskPlan],
     function_plans: &[(String, FunctionPlan)],
     knobs: &Knobs,
     cell: &ActorCell,
@@ -773,6 +841,9 @@ async fn spawn_tasks(
             allowed_tokens: t.allowed_tokens.clone(),
             rewrite_context: t.rewrite_context,
             faults: Some(faults.clone()),
+            max_context: t.max_context,
+            train_truncated: t.train_truncated,
+            temperature: 1.0,
         });
         views.push(t.view.clone());
     }

@@ -36,6 +36,8 @@ pub struct TaskSummary {
     pub first_step_at_90: Option<u64>,
     pub steps: usize,
     pub trajectories: usize,
+    /// Share of the trained trajectories that ended at their context budget (`truncated`).
+    pub truncation_rate: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -47,7 +49,15 @@ pub struct Summary {
     pub trajectories: usize,
     pub bubble_ratio_mean: f64,
     pub staleness_max: u64,
+    /// Trajectories that ended at their context budget, trained or masked.
+    pub truncated: u64,
     pub tasks: BTreeMap<String, TaskSummary>,
+    /// Every held-out evaluation, in order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub eval: Vec<crate::job::eval::EvalRecord>,
+    /// Per held-out task: the first and the last evaluation.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub eval_change: BTreeMap<String, EvalChange>,
     /// The rollarc version and commit that wrote the summary.
     pub rollarc_version: String,
     pub commit: String,
@@ -56,6 +66,44 @@ pub struct Summary {
     pub seed: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spec: Option<serde_json::Value>,
+}
+
+/// A held-out task's pass@1 at its first and last evaluation.
+#[derive(Debug, Serialize)]
+pub struct EvalChange {
+    pub step_start: u64,
+    pub pass_at_1_start: f64,
+    pub stderr_start: f64,
+    pub step_end: u64,
+    pub pass_at_1_end: f64,
+    pub stderr_end: f64,
+    /// `pass_at_1_end − pass_at_1_start`, in points (×100).
+    pub change_points: f64,
+}
+
+/// The first and last evaluation of each held-out task.
+pub fn eval_change(evals: &[crate::job::eval::EvalRecord]) -> BTreeMap<String, EvalChange> {
+    let mut out = BTreeMap::new();
+    let (Some(first), Some(last)) = (evals.first(), evals.last()) else {
+        return out;
+    };
+    for (task, a) in &first.tasks {
+        if let Some(b) = last.tasks.get(task) {
+            out.insert(
+                task.clone(),
+                EvalChange {
+                    step_start: first.step,
+                    pass_at_1_start: a.pass_at_1,
+                    stderr_start: a.pass_at_1_stderr,
+                    step_end: last.step,
+                    pass_at_1_end: b.pass_at_1,
+                    stderr_end: b.pass_at_1_stderr,
+                    change_points: 100.0 * (b.pass_at_1 - a.pass_at_1),
+                },
+            );
+        }
+    }
+    out
 }
 
 /// Success rate of a uniformly random policy on a built-in game with one-token actions from
@@ -125,8 +173,9 @@ fn mean(v: impl Iterator<Item = f64>) -> f64 {
     if n == 0 { 0.0 } else { s / n as f64 }
 }
 
-/// One step of one task: step, success rate, mean reward, trajectories, seconds since start.
-type TaskStep = (u64, f64, f64, usize, f64);
+/// One step of one task: step, success rate, mean reward, trajectories, seconds since start,
+/// truncation rate.
+type TaskStep = (u64, f64, f64, usize, f64, f64);
 
 /// Mean of `f` over the steps, weighted by trajectories.
 fn weighted(v: &[TaskStep], f: fn(&TaskStep) -> f64) -> f64 {
@@ -158,11 +207,13 @@ fn task_summary(v: &[TaskStep]) -> TaskSummary {
         first_step_at_90: reached_90(v).map(|i| v[i].0),
         steps: v.len(),
         trajectories: v.iter().map(|x| x.3).sum(),
+        truncation_rate: weighted(v, |x| x.5),
     }
 }
 
 /// Builds the summary from a job's step metrics.
 pub fn summarise(job: &str, state: &str, steps: &[StepMetrics]) -> Summary {
+    let evals: Vec<_> = steps.iter().flat_map(|m| m.eval.iter().cloned()).collect();
     let mut tasks: BTreeMap<String, Vec<TaskStep>> = BTreeMap::new();
     for m in steps {
         for (name, t) in &m.tasks {
@@ -173,6 +224,7 @@ pub fn summarise(job: &str, state: &str, steps: &[StepMetrics]) -> Summary {
                     t.mean_reward,
                     t.trajectories,
                     m.elapsed_s,
+                    t.truncation_rate,
                 ));
             }
         }
@@ -189,7 +241,10 @@ pub fn summarise(job: &str, state: &str, steps: &[StepMetrics]) -> Summary {
         trajectories: steps.iter().map(|m| m.trajectories).sum(),
         bubble_ratio_mean: mean(steps.iter().map(|m| m.bubble_ratio)),
         staleness_max: steps.iter().map(|m| m.staleness_max).max().unwrap_or(0),
+        truncated: steps.iter().map(|m| m.buffer.truncated).max().unwrap_or(0),
         tasks,
+        eval_change: eval_change(&evals),
+        eval: evals,
         rollarc_version: env!("CARGO_PKG_VERSION").to_string(),
         commit: env!("ROLLARC_COMMIT").to_string(),
         seed: None,

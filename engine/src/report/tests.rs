@@ -19,6 +19,7 @@ fn step(i: u64, lake: f64) -> StepMetrics {
             mean_reward: lake,
             mean_turns: 3.0,
             seeds: Vec::new(),
+            truncation_rate: 0.0,
         },
     );
     m

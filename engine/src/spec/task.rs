@@ -63,6 +63,16 @@ pub struct TaskSpec {
     /// Prompts from a dataset file (one row per group) instead of seeds.
     #[serde(default)]
     pub dataset: Option<DatasetSpec>,
+    /// Tokens a trajectory's context may hold (prompt, observations, answers); each turn's
+    /// answer is cut to what is left. Reaching it, or the model's own context, ends the
+    /// episode with status `truncated` (counted and reported) instead of failing it.
+    #[serde(default)]
+    #[schema(minimum = 2, maximum = 10000000)]
+    pub max_context_tokens: Option<u32>,
+    /// Whether truncated trajectories train (default) or are masked out of their group
+    /// (never retried: a truncation would happen again).
+    #[serde(default = "default_true")]
+    pub train_truncated: bool,
 }
 
 /// A task's prompt dataset: JSONL or parquet rows. verl's parquet layout (`prompt` as chat
@@ -323,6 +333,14 @@ impl TaskSpec {
             );
         }
         t.env.check(&format!("{p}.env"), problems);
+        if let Some(m) = t.max_context_tokens
+            && !(2..=10_000_000).contains(&m)
+        {
+            problems.push(
+                format!("{p}.max_context_tokens"),
+                format!("must be in 2..=10000000, got {m}"),
+            );
+        }
         if let Some(d) = &t.dataset {
             d.check(&format!("{p}.dataset"), problems);
             if t.seeds.is_some() {

@@ -36,6 +36,19 @@ pub struct JobPlan {
     /// Reward functions by name, in name order.
     pub functions: Vec<(String, FunctionPlan)>,
     pub trainer: TrainerPlan,
+    /// Held-out evaluation, when the spec asks for it.
+    pub eval: Option<EvalPlan>,
+}
+
+/// The evaluation's knobs and its tasks (planned like training tasks).
+pub struct EvalPlan {
+    pub every: u64,
+    pub at_start: bool,
+    pub n: usize,
+    pub temperature: f32,
+    pub max_tokens: Option<u32>,
+    pub concurrency: Option<usize>,
+    pub tasks: Vec<TaskPlan>,
 }
 
 /// Where a disaggregated pool's prefills run and how its KV cache travels.
@@ -144,6 +157,36 @@ pub fn plan(spec: &JobSpec) -> Result<JobPlan, WiringError> {
         }
     }
     let trainer = trainer::plan(spec, &pools)?;
+    let eval = match &spec.eval {
+        None => None,
+        Some(e) => {
+            // Held-out tasks are planned as tasks of their own job (same pools, functions).
+            let mut held_out = spec.clone();
+            held_out.tasks = e.tasks.clone();
+            let tasks = tasks::plan(&held_out, &knobs)?;
+            for (ti, t) in tasks.iter().enumerate() {
+                for s in &t.scorers {
+                    if let ScorerPlan::Function(name) = s
+                        && !spec.reward.functions.contains_key(name)
+                    {
+                        return Err(WiringError::UnknownFunction {
+                            task: ti,
+                            name: name.clone(),
+                        });
+                    }
+                }
+            }
+            Some(EvalPlan {
+                every: e.every,
+                at_start: e.at_start,
+                n: e.n,
+                temperature: e.temperature as f32,
+                max_tokens: e.max_tokens,
+                concurrency: e.concurrency,
+                tasks,
+            })
+        }
+    };
     Ok(JobPlan {
         knobs,
         seed: spec.seed,
@@ -151,6 +194,7 @@ pub fn plan(spec: &JobSpec) -> Result<JobPlan, WiringError> {
         tasks,
         functions,
         trainer,
+        eval,
     })
 }
 

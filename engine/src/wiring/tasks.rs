@@ -27,6 +27,9 @@ pub struct TaskPlan {
     pub allowed_tokens: Option<Arc<[u32]>>,
     /// The prompt is re-rendered every turn: no prefix survives between turns.
     pub rewrite_context: bool,
+    /// The trajectory's context budget, and whether truncated trajectories train.
+    pub max_context: Option<usize>,
+    pub train_truncated: bool,
 }
 
 /// A reward function a task names.
@@ -104,6 +107,8 @@ pub(super) fn plan(spec: &JobSpec, knobs: &Knobs) -> Result<Vec<TaskPlan>, super
                 max_tokens_per_turn: t.max_tokens_per_turn,
                 allowed_tokens: t.allowed_tokens().map(Arc::from),
                 rewrite_context: t.context == ContextMode::Rewrite,
+                max_context: t.max_context_tokens.map(|m| m as usize),
+                train_truncated: t.train_truncated,
             })
         })
         .collect()
