@@ -11,7 +11,8 @@ extracts the answer from the response and scores it with the dataset's own verif
 (`score_answer`): the reward is its score (0..1), success a score of 1.
 
 Answer extraction (--answer): `tagged` takes the last <answer>...</answer>; `plain` the whole
-response; `auto` (default) the last <answer> tag, else the last \\boxed{...}, else the last
+response; `number` the last number in it (for numeric tasks and small models that answer in a
+sentence); `auto` (default) the last <answer> tag, else the last \\boxed{...}, else the last
 non-empty line. The instruction appended to each question says how to answer (default: put
 the final answer inside <answer></answer>).
 
@@ -27,6 +28,7 @@ MAX_LINE = 1 << 20
 DEFAULT_INSTRUCTION = "Give only the final answer inside <answer></answer>."
 
 TAG = re.compile(r"<answer>(.*?)</answer>", re.S)
+NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
 def last_boxed(text):
@@ -49,6 +51,9 @@ def extract(response, mode):
     text = response or ""
     if mode == "plain":
         return text.strip()
+    if mode == "number":
+        numbers = NUMBER.findall(text)
+        return numbers[-1].replace(",", "") if numbers else ""
     tags = TAG.findall(text)
     if tags:
         return tags[-1].strip()
@@ -118,8 +123,8 @@ def parse_args(argv):
             sys.stderr.write("unknown or incomplete option %r\n%s" % (key, __doc__))
             sys.exit(2)
         opts[key] = rest.pop(0)
-    if opts["--answer"] not in ("auto", "tagged", "plain"):
-        sys.stderr.write("--answer must be auto, tagged or plain, not %r\n" % opts["--answer"])
+    if opts["--answer"] not in ("auto", "tagged", "plain", "number"):
+        sys.stderr.write("--answer must be auto, tagged, plain or number, not %r\n" % opts["--answer"])
         sys.exit(2)
     return (argv[1], json.loads(opts["--config"]), int(opts["--size"]), int(opts["--seed"]),
             opts["--answer"], opts["--instruction"])

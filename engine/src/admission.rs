@@ -113,8 +113,15 @@ pub fn estimate(spec: &JobSpec) -> MemoryEstimate {
         let kept = knobs.alpha.saturating_add(2);
         let state = p4.saturating_mul(4u64.saturating_add(kept));
         // Backward keeps every layer's activations for the tokens of a micro-batch (the
-        // whole batch, pessimistically).
-        let tokens = batch_tokens(spec, &knobs);
+        // whole batch, pessimistically, unless micro_batch_rows bounds it).
+        let tokens = match &spec.trainer {
+            crate::spec::TrainerSpec::Builtin(b) if b.micro_batch_rows.is_some() => mul(&[
+                b.micro_batch_rows.unwrap_or(1) as u64,
+                longest_trajectory_tokens(spec),
+            ])
+            .min(batch_tokens(spec, &knobs)),
+            _ => batch_tokens(spec, &knobs),
+        };
         let act = mul(&[tokens, cfg.n_layers, cfg.d_model * 8 + cfg.d_ff * 2, 4])
             .saturating_add(mul(&[tokens, cfg.vocab, 4, 2]));
         parts.push(Part {
@@ -212,7 +219,20 @@ fn longest_trajectory_tokens(spec: &JobSpec) -> u64 {
                     u64::from(t.max_tokens_per_turn),
                 ),
             };
-            turns.saturating_mul(obs.saturating_add(resp))
+            // No trajectory outgrows its context budget or the model's context.
+            let cap = t
+                .max_context_tokens
+                .map(u64::from)
+                .into_iter()
+                .chain(spec.pools.iter().filter_map(|p| {
+                    p.backend
+                        .real_model()
+                        .and_then(|m| m.choice().shape())
+                        .map(|c| c.max_seq)
+                }))
+                .min()
+                .unwrap_or(u64::MAX);
+            turns.saturating_mul(obs.saturating_add(resp)).min(cap)
         })
         .max()
         .unwrap_or(0)

@@ -84,3 +84,38 @@ fn the_default_budget_is_a_fraction_of_the_machine() {
     let m = machine_memory().expect("/proc/meminfo on Linux");
     assert_eq!(default_budget(), m / 5 * 3);
 }
+
+#[test]
+fn no_trajectory_is_counted_longer_than_the_model_context_or_its_budget() {
+    let part = |s: &JobSpec, field: &str| {
+        estimate(s)
+            .parts
+            .iter()
+            .find(|p| p.field == field)
+            .map(|p| p.bytes)
+            .unwrap_or(0)
+    };
+    // Ten turns of 256 observation and 128 answer tokens would be 3,840 tokens; the model
+    // holds 128, so a trajectory in flight counts 128.
+    let short = builtin(
+        "d_model = 32, n_layers = 1, n_heads = 2, d_ff = 64, max_seq = 128",
+        "",
+    );
+    let long = builtin(
+        "d_model = 32, n_layers = 1, n_heads = 2, d_ff = 64, max_seq = 8192",
+        "",
+    );
+    let (s, l) = (
+        part(&short, "rollout.max_concurrent_episodes"),
+        part(&long, "rollout.max_concurrent_episodes"),
+    );
+    assert!(s < l, "{s} vs {l}");
+    assert!(part(&short, "trainer") < part(&long, "trainer"));
+    // A task's own budget caps it too.
+    let mut budget = long.clone();
+    budget.tasks[0].max_context_tokens = Some(128);
+    assert_eq!(
+        part(&budget, "rollout.max_concurrent_episodes"),
+        part(&short, "rollout.max_concurrent_episodes")
+    );
+}

@@ -120,8 +120,8 @@ pub enum EnvSpec {
         /// The generator's seed: a different seed is a different problem set (held out).
         #[serde(default)]
         seed: u64,
-        /// How the answer is read from a response: `auto`, `tagged` (`<answer>…</answer>`)
-        /// or `plain`.
+        /// How the answer is read from a response: `auto`, `tagged` (`<answer>…</answer>`),
+        /// `plain` or `number` (its last number).
         #[serde(default)]
         answer: AnswerFormat,
         /// Appended to each question (default: asks for the answer in `<answer>` tags).
@@ -185,6 +185,8 @@ pub enum AnswerFormat {
     Auto,
     Tagged,
     Plain,
+    /// The last number of the response (numeric tasks; models that answer in a sentence).
+    Number,
 }
 
 impl AnswerFormat {
@@ -193,6 +195,7 @@ impl AnswerFormat {
             AnswerFormat::Auto => "auto",
             AnswerFormat::Tagged => "tagged",
             AnswerFormat::Plain => "plain",
+            AnswerFormat::Number => "number",
         }
     }
 }
