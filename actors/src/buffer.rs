@@ -70,7 +70,7 @@ pub enum BufferEvent {
         group: u64,
         reason: DropReason,
         /// Why the group's last masked trajectory failed (too few valid ones).
-        failure: Option<String>,
+        failure: Option<FailureReason>,
     },
     /// These groups went into the batch of `step`.
     Consumed { step: u64, groups: Vec<u64> },
@@ -149,7 +149,7 @@ struct OpenGroup {
     valid: Vec<Trajectory>,
     failed: usize,
     /// The failure of the last masked trajectory.
-    last_failure: Option<String>,
+    last_failure: Option<FailureReason>,
     retries_left: u32,
 }
 
@@ -259,7 +259,7 @@ impl BufferState {
         self.stats.truncated += u64::from(traj.truncated);
         if traj.failure.is_some() {
             g.failed += 1;
-            g.last_failure = traj.failure.as_ref().map(|f| f.to_string());
+            g.last_failure.clone_from(&traj.failure);
             self.stats.masked += 1;
             // A truncation would happen again: no retry.
             let retry = !matches!(traj.failure, Some(FailureReason::Truncated(_)));

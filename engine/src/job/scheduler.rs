@@ -9,7 +9,7 @@ use std::sync::Arc;
 use actors::buffer::{BufferEvent, BufferMsg, DropReason};
 use actors::device::{DeviceProfile, ModelProfile};
 use actors::generation::shard::ShardHandle;
-use actors::types::PolicyVersion;
+use actors::types::{FailureReason, PolicyVersion};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -419,12 +419,21 @@ impl SchedState {
                     }
                 }
                 self.snap.dropped_groups += 1;
-                if failure.is_some() {
-                    self.last_failure = failure;
+                // Groups whose trajectories all fail in their environment (an error it reports,
+                // a crash, a prompt past the context budget), one after another from the
+                // start: the environment is broken; say why at once. Generation and reward
+                // failures are not counted: shards restart, functions have fault budgets.
+                let env_broken = matches!(
+                    failure,
+                    Some(FailureReason::EnvFailed(_) | FailureReason::Truncated(_))
+                );
+                if let Some(f) = failure {
+                    self.last_failure = Some(f.to_string());
                 }
-                // Groups whose trajectories all fail, one after another from the start: the
-                // environment (or generation, or reward) is broken; say why at once.
-                if reason == DropReason::TooFewValid && self.consumed == self.a.start_version {
+                if reason == DropReason::TooFewValid
+                    && env_broken
+                    && self.consumed == self.a.start_version
+                {
                     self.failed_in_a_row += 1;
                 } else {
                     self.failed_in_a_row = 0;
