@@ -191,6 +191,34 @@ pub fn plots(
             baselines: &no_baselines,
         },
     )?);
+    // Held-out evaluations: pass@1 and pass@k per task against the step they followed.
+    let mut eval: Series = BTreeMap::new();
+    for e in steps.iter().flat_map(|m| &m.eval) {
+        for (name, t) in &e.tasks {
+            eval.entry(format!("{name} pass@1"))
+                .or_default()
+                .push((e.step as f64, t.pass_at_1));
+            eval.entry(format!("{name} pass@{}", t.k))
+                .or_default()
+                .push((e.step as f64, t.pass_at_k));
+        }
+    }
+    if !eval.is_empty() {
+        out.extend(plot_pair(
+            dir,
+            "eval",
+            Lines {
+                title: "Held-out evaluation",
+                x_desc: "training step",
+                y_desc: "pass rate",
+                x_max: 1.0,
+                y_max: 1.0,
+                series: &eval,
+                smooth: false,
+                baselines: &no_baselines,
+            },
+        )?);
+    }
     if steps.iter().any(|m| !m.timeline.is_empty()) {
         out.extend(timeline_plots(dir, steps)?);
     }

@@ -63,6 +63,33 @@ fn start_and_end_are_window_means_and_a_ramp_to_one_never_holds_90_percent() {
         "an almost empty PNG ({} bytes)",
         png.len()
     );
+    // With held-out evaluations, their plot too (pass@1 and pass@k per task).
+    let mut steps = steps;
+    for (i, at) in [(0usize, 0u64), (9, 10)] {
+        let mut r = crate::job::eval::EvalRecord {
+            step: at,
+            version: at,
+            ..Default::default()
+        };
+        r.tasks.insert(
+            "held".into(),
+            crate::job::eval::EvalTaskMetrics {
+                pass_at_1: 0.2 + at as f64 / 20.0,
+                pass_at_k: 0.4 + at as f64 / 20.0,
+                k: 4,
+                ..Default::default()
+            },
+        );
+        steps[i].eval.push(r);
+    }
+    let files = plots(dir.path(), &steps, &random).unwrap();
+    assert_eq!(files.len(), 6);
+    let svg = std::fs::read_to_string(dir.path().join("eval.svg")).unwrap();
+    assert!(
+        svg.contains("Held-out evaluation")
+            && svg.contains("held pass@1")
+            && svg.contains("held pass@4")
+    );
 }
 
 #[test]
