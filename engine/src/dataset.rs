@@ -386,17 +386,8 @@ mod tests {
 
     fn spec(path: &Path) -> DatasetSpec {
         DatasetSpec {
-            path: path.to_string_lossy().into_owned(),
-            format: None,
-            prompt_key: None,
-            answer_key: None,
-            system_prompt: None,
-            split: None,
-            filter: Default::default(),
-            limit: None,
-            shuffle: true,
             seed: Some(7),
-            epochs: 1,
+            ..DatasetSpec::at(&path.to_string_lossy())
         }
     }
 

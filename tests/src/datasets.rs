@@ -289,17 +289,8 @@ async fn sigkill_mid_epoch_then_resume_uses_every_row_once_per_epoch() {
     // orders differ: shuffled per epoch).
     let ds = engine::dataset::Dataset::load(
         &engine::spec::DatasetSpec {
-            path: path.display().to_string(),
-            format: None,
-            prompt_key: None,
-            answer_key: None,
-            system_prompt: None,
-            split: None,
-            filter: Default::default(),
-            limit: None,
-            shuffle: true,
-            seed: None,
             epochs: 2,
+            ..engine::spec::DatasetSpec::at(&path.display().to_string())
         },
         5,
     )

@@ -135,6 +135,23 @@ fn default_epochs() -> u32 {
 }
 
 impl DatasetSpec {
+    /// A dataset at `path` with every other setting at its default.
+    pub fn at(path: &str) -> Self {
+        Self {
+            path: path.to_string(),
+            format: None,
+            prompt_key: None,
+            answer_key: None,
+            system_prompt: None,
+            split: None,
+            filter: Default::default(),
+            limit: None,
+            shuffle: default_true(),
+            seed: None,
+            epochs: default_epochs(),
+        }
+    }
+
     pub(super) fn check(&self, p: &str, problems: &mut Problems) {
         if self.path.trim().is_empty() {
             problems.push(format!("{p}.path"), "name the dataset file".into());

@@ -240,6 +240,26 @@ fn interpreter(python: &str) -> (String, Vec<String>) {
     }
 }
 
+/// `python SCRIPT` for an embedded bridge script (written out), and the host paths the
+/// sandbox must make readable: the interpreter's installation (sandboxed) and the spec's.
+fn script_command(
+    (name, text): (&str, &str),
+    python: &str,
+    sandbox: EnvSandbox,
+    readable_paths: &[String],
+) -> std::io::Result<(Vec<String>, Vec<String>)> {
+    let script = bridge_script(name, text)?;
+    let (python, mut readable) = match sandbox {
+        EnvSandbox::Bwrap => interpreter(python),
+        EnvSandbox::None => (python.to_string(), Vec::new()),
+    };
+    readable.extend(readable_paths.iter().cloned());
+    Ok((
+        vec![python, script.to_string_lossy().into_owned()],
+        readable,
+    ))
+}
+
 /// The command line of a bridged environment (reasoning-gym, gymnasium): the embedded
 /// script, written out, run by the spec's interpreter; with its sandbox and readable paths.
 pub fn bridge_command(spec: &EnvSpec) -> std::io::Result<(Vec<String>, EnvSandbox, Vec<String>)> {
@@ -255,15 +275,13 @@ pub fn bridge_command(spec: &EnvSpec) -> std::io::Result<(Vec<String>, EnvSandbo
             sandbox,
             readable_paths,
         } => {
-            let script = bridge_script("reasoning_gym_bridge.py", REASONING_GYM_BRIDGE)?;
-            let (python, mut readable) = match sandbox {
-                EnvSandbox::Bwrap => interpreter(python),
-                EnvSandbox::None => (python.clone(), Vec::new()),
-            };
-            readable.extend(readable_paths.iter().cloned());
-            let mut cmd = vec![
+            let (mut cmd, readable) = script_command(
+                ("reasoning_gym_bridge.py", REASONING_GYM_BRIDGE),
                 python,
-                script.to_string_lossy().into_owned(),
+                *sandbox,
+                readable_paths,
+            )?;
+            cmd.extend([
                 dataset.clone(),
                 "--config".into(),
                 serde_json::Value::Object(config.clone()).to_string(),
@@ -273,7 +291,7 @@ pub fn bridge_command(spec: &EnvSpec) -> std::io::Result<(Vec<String>, EnvSandbo
                 seed.to_string(),
                 "--answer".into(),
                 answer.as_str().into(),
-            ];
+            ]);
             if let Some(i) = instruction {
                 cmd.extend(["--instruction".into(), i.clone()]);
             }
@@ -287,19 +305,17 @@ pub fn bridge_command(spec: &EnvSpec) -> std::io::Result<(Vec<String>, EnvSandbo
             sandbox,
             readable_paths,
         } => {
-            let script = bridge_script("gymnasium_bridge.py", GYMNASIUM_BRIDGE)?;
-            let (python, mut readable) = match sandbox {
-                EnvSandbox::Bwrap => interpreter(python),
-                EnvSandbox::None => (python.clone(), Vec::new()),
-            };
-            readable.extend(readable_paths.iter().cloned());
-            let mut cmd = vec![
+            let (mut cmd, mut readable) = script_command(
+                ("gymnasium_bridge.py", GYMNASIUM_BRIDGE),
                 python,
-                script.to_string_lossy().into_owned(),
+                *sandbox,
+                readable_paths,
+            )?;
+            cmd.extend([
                 id.clone(),
                 "--kwargs".into(),
                 serde_json::Value::Object(kwargs.clone()).to_string(),
-            ];
+            ]);
             for d in python_path {
                 let abs = absolute_args(&["-".into(), d.clone()])
                     .pop()
