@@ -75,7 +75,20 @@ pub struct Turn {
     /// When generation for this turn was requested, in seconds since the job (run) started.
     #[serde(default)]
     pub started_at_s: f64,
+    /// Turns left out of this turn's context (`truncation = "drop_oldest_turns"`): it saw
+    /// the first turn, then turns `1 + dropped ..` of the history. 0: the whole history.
+    /// Never decreases along a trajectory.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dropped: u32,
 }
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// One sequence the policy saw and the trainer scores in one forward pass: tokens, whether
+/// each was generated *and* trained here, and each token's behaviour log-probability.
+pub type Segment = (Vec<u32>, Vec<bool>, Vec<f32>);
 
 /// Wall (or virtual) time spent in each stage of a trajectory, in seconds.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -140,6 +153,53 @@ impl Trajectory {
         self.turns
             .iter()
             .flat_map(|t| t.versions.iter().map(|s| s.version))
+    }
+
+    /// The sequences the policy actually saw. Without dropped turns, one: every turn's
+    /// observation then response. When turns were dropped from the context, one per run of
+    /// turns that share a context: the first turn, the kept history, then the run's turns;
+    /// only the run's responses train there (each response trains exactly once, under the
+    /// context it was sampled in).
+    pub fn segments(&self) -> Vec<Segment> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < self.turns.len() {
+            let d = self.turns[i].dropped as usize;
+            let mut end = i + 1;
+            while end < self.turns.len() && self.turns[end].dropped as usize == d {
+                end += 1;
+            }
+            let mut seg: Segment = (Vec::new(), Vec::new(), Vec::new());
+            let push = |seg: &mut Segment, t: &Turn, train: bool| {
+                seg.0.extend_from_slice(&t.observation_tokens);
+                seg.1
+                    .extend(std::iter::repeat_n(false, t.observation_tokens.len()));
+                seg.2
+                    .extend(std::iter::repeat_n(0.0, t.observation_tokens.len()));
+                for (k, &r) in t.response_tokens.iter().enumerate() {
+                    seg.0.push(r);
+                    seg.1.push(train);
+                    seg.2.push(if train {
+                        t.logprobs.get(k).copied().unwrap_or(0.0)
+                    } else {
+                        0.0
+                    });
+                }
+            };
+            if d > 0 && i > 0 {
+                // The kept head (the first turn), then the kept history before this run.
+                push(&mut seg, &self.turns[0], false);
+                for t in &self.turns[(1 + d).min(i)..i] {
+                    push(&mut seg, t, false);
+                }
+            }
+            for t in &self.turns[i..end] {
+                push(&mut seg, t, true);
+            }
+            out.push(seg);
+            i = end;
+        }
+        out
     }
 
     /// Oldest version that produced any token, or the start version for an empty trajectory.
@@ -211,16 +271,80 @@ impl Batch {
         self.groups.iter().flat_map(|g| g.trajectories.iter())
     }
 
-    /// Tokens the trainer processes: every trajectory's whole sequence (observations and
-    /// responses) once, however often generation had to prefill it.
+    /// Tokens the trainer processes: every trajectory's sequences (observations and
+    /// responses; one sequence unless turns were dropped from its context) once, however
+    /// often generation had to prefill them.
     pub fn tokens(&self) -> usize {
         self.trajectories()
             .map(|t| {
-                t.turns
-                    .iter()
-                    .map(|x| x.observation_tokens.len() + x.response_tokens.len())
-                    .sum::<usize>()
+                if t.turns.iter().all(|x| x.dropped == 0) {
+                    t.turns
+                        .iter()
+                        .map(|x| x.observation_tokens.len() + x.response_tokens.len())
+                        .sum::<usize>()
+                } else {
+                    t.segments().iter().map(|s| s.0.len()).sum()
+                }
             })
             .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn turn(obs: &[u32], resp: u32, dropped: u32) -> Turn {
+        Turn {
+            observation_tokens: obs.to_vec(),
+            response_tokens: vec![resp],
+            logprobs: vec![-(resp as f32) / 10.0],
+            dropped,
+            ..Turn::default()
+        }
+    }
+
+    #[test]
+    fn segments_follow_the_contexts_the_policy_saw() {
+        let t = Trajectory::for_test("a", turn(&[1, 2], 3, 0), Some(1.0));
+        assert_eq!(t.segments().len(), 1);
+        let mut t = t;
+        t.turns.extend([
+            turn(&[4], 5, 0),
+            turn(&[6], 7, 1),
+            turn(&[8], 9, 1),
+            turn(&[10], 11, 2),
+        ]);
+        let s = t.segments();
+        let toks: Vec<&[u32]> = s.iter().map(|x| &x.0[..]).collect();
+        assert_eq!(
+            toks,
+            [
+                &[1, 2, 3, 4, 5][..],
+                // Turn 0, then turns 2 and 3 (turn 1 left out); both answers train.
+                &[1, 2, 3, 6, 7, 8, 9],
+                // Turn 0, turn 3 as history (not trained again), then turn 4.
+                &[1, 2, 3, 8, 9, 10, 11],
+            ]
+        );
+        let f = |b: &[bool]| b.iter().map(|&x| u8::from(x)).collect::<Vec<_>>();
+        assert_eq!(f(&s[0].1), [0, 0, 1, 0, 1]);
+        assert_eq!(f(&s[1].1), [0, 0, 0, 0, 1, 0, 1]);
+        assert_eq!(f(&s[2].1), [0, 0, 0, 0, 0, 0, 1]);
+        assert_eq!(s[2].2, [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.1]);
+        assert_eq!(s[1].2[4], -0.7);
+        // The trainer processes every segment's tokens.
+        let b = Batch {
+            step: 0,
+            groups: vec![Group {
+                id: 0,
+                task: "t".into(),
+                seed: 0,
+                start_version: 0,
+                trajectories: vec![t],
+                masked: 0,
+            }],
+        };
+        assert_eq!(b.tokens(), 5 + 7 + 7);
     }
 }

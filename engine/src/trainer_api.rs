@@ -69,6 +69,12 @@ pub struct Sample {
     /// finished; absent when it finished.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub truncated: bool,
+    /// Per turn, how many turns after the first were left out of the context it was
+    /// generated in (`truncation = "drop_oldest_turns"`); absent when none was. Turn `i`
+    /// then saw turn 0, turns `1 + dropped[i] .. i` and its observation — not the whole
+    /// `tokens` prefix: score each response under that context.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dropped_turns: Vec<u32>,
 }
 
 impl TrainingBatch {
@@ -193,6 +199,7 @@ impl Sample {
                     .unwrap_or_default(),
                 versions,
                 env_reward: self.per_turn_rewards.get(i).copied().unwrap_or(0.0),
+                dropped: self.dropped_turns.get(i).copied().unwrap_or(0),
                 ..Turn::default()
             });
             prev = end;
@@ -238,6 +245,11 @@ fn sample(t: &Trajectory, advantage: f64) -> Sample {
         },
         allowed_tokens: t.allowed_tokens.clone(),
         truncated: t.truncated,
+        dropped_turns: if t.turns.iter().any(|u| u.dropped > 0) {
+            t.turns.iter().map(|u| u.dropped).collect()
+        } else {
+            Vec::new()
+        },
     };
     for u in &t.turns {
         s.tokens.extend_from_slice(&u.observation_tokens);
@@ -723,8 +735,18 @@ mod tests {
     /// optimiser step on each gives the same weights.
     #[test]
     fn a_batch_sent_to_an_external_trainer_trains_as_it_does_in_process() {
-        let b = batch();
+        let mut b = batch();
+        // One trajectory's last turn left turn 1 out of its context (drop_oldest_turns).
+        b.groups[1].trajectories[2].turns[2].dropped = 1;
         let sent = TrainingBatch::from_batch(&b, Some(AdvantageKind::Grpo));
+        let drops: Vec<&Vec<u32>> = sent
+            .groups
+            .iter()
+            .flat_map(|g| &g.samples)
+            .map(|s| &s.dropped_turns)
+            .collect();
+        assert_eq!(drops.iter().filter(|d| d.is_empty()).count(), 5);
+        assert_eq!(drops[5], &vec![0, 0, 1]);
         let wire: TrainingBatch =
             serde_json::from_slice(&serde_json::to_vec(&sent).unwrap()).unwrap();
         let back = wire.to_batch();
@@ -735,6 +757,7 @@ mod tests {
             assert_eq!(g0.rewards(), g1.rewards());
             for (t0, t1) in g0.trajectories.iter().zip(&g1.trajectories) {
                 assert_eq!(flatten(t0), flatten(t1), "{}", t0.id);
+                assert_eq!(t0.segments(), t1.segments(), "{}", t0.id);
                 assert_eq!(t0.allowed_tokens, t1.allowed_tokens);
                 for (u0, u1) in t0.turns.iter().zip(&t1.turns) {
                     assert_eq!(u0.observation_tokens, u1.observation_tokens);

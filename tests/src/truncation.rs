@@ -120,3 +120,112 @@ fn episodes_past_the_context_end_truncated_without_retries_and_are_reported() {
         "masked: not trained"
     );
 }
+
+/// `drop_oldest_turns`: FrozenLake boards carry the state, so old turns may leave the context.
+/// `window` keeps the first turn and about two more within 64 tokens; `model` learns the
+/// model's 72-token limit from the engine's refusal and fits to it.
+const DROP_SPEC: &str = r#"
+seed = 5
+[[tasks]]
+domain = "window"
+group_size = 4
+max_turns = 12
+max_tokens_per_turn = 1
+constrain_actions = true
+max_context_tokens = 100
+truncation = "drop_oldest_turns"
+env = { kind = "frozenlake", size = 4 }
+[[tasks]]
+domain = "model"
+group_size = 4
+max_turns = 12
+max_tokens_per_turn = 1
+constrain_actions = true
+truncation = "drop_oldest_turns"
+env = { kind = "frozenlake", size = 4 }
+[[pools]]
+name = "cpu"
+device = "CPU"
+count = 1
+backend = { kind = "builtin", model = { d_model = 16, n_layers = 1, n_heads = 2, d_ff = 32, max_seq = 128 } }
+[rollout]
+batch_size = 4
+steps = 4
+filter_all_equal = false
+[trainer]
+kind = "builtin"
+"#;
+
+#[test]
+fn dropping_the_oldest_turns_keeps_long_episodes_going_within_the_context() {
+    let spec = engine::spec::parse(DROP_SPEC, engine::spec::Format::Toml).expect("valid spec");
+    let sink = Arc::new(MemorySink::default());
+    let log = Arc::new(tests::BatchLog::default());
+    let summary = engine::simrun::run_blocking(spec, 0, 0, sink.clone(), log.clone(), None)
+        .expect("the job runs");
+    assert_eq!(summary.steps_done, 4);
+    let all = sink.log.lock().unwrap().clone();
+    for (task, budget) in [("window", 100), ("model", 128)] {
+        let ts: Vec<_> = all.iter().filter(|t| t.task == task).collect();
+        let long: Vec<_> = ts
+            .iter()
+            .filter(|t| t.turns.iter().any(|u| u.dropped > 0))
+            .collect();
+        assert!(
+            !long.is_empty(),
+            "{task}: some episodes outgrow {budget} tokens; turn lengths: {:?}",
+            ts.iter()
+                .map(|t| t
+                    .turns
+                    .iter()
+                    .map(|u| u.observation_tokens.len() + u.response_tokens.len())
+                    .collect::<Vec<_>>())
+                .collect::<Vec<_>>()
+        );
+        for t in &ts {
+            // Nothing ends truncated: there is always an old turn to leave out.
+            assert!(!t.truncated, "{task}: {:?}", t.failure);
+            assert_eq!(t.failure, None, "{task}");
+            // Drops only grow, never touch the first turn, and each context fits.
+            let drops: Vec<u32> = t.turns.iter().map(|u| u.dropped).collect();
+            assert!(drops.windows(2).all(|w| w[0] <= w[1]), "{drops:?}");
+            assert_eq!(drops[0], 0);
+            let segments = t.segments();
+            assert_eq!(
+                segments.len(),
+                1 + drops.windows(2).filter(|w| w[0] != w[1]).count()
+            );
+            for (toks, train, _) in &segments {
+                assert!(toks.len() <= budget, "{task}: a context of {}", toks.len());
+                assert_eq!(toks.len(), train.len());
+            }
+            // Every answer trains exactly once, under its own context.
+            let trained: usize = segments
+                .iter()
+                .map(|s| s.1.iter().filter(|&&x| x).count())
+                .sum();
+            assert_eq!(trained, t.response_tokens());
+        }
+        // What `end` would have cut: whole histories past the budget, finished instead.
+        let past = long
+            .iter()
+            .filter(|t| {
+                t.turns
+                    .iter()
+                    .map(|u| u.observation_tokens.len() + u.response_tokens.len())
+                    .sum::<usize>()
+                    > budget
+            })
+            .count();
+        assert!(past > 0, "{task}");
+    }
+    // They train: one row per context, each response once.
+    let batches = log.batches.lock().unwrap().clone();
+    assert!(
+        batches
+            .iter()
+            .flat_map(|(_, b)| b.trajectories())
+            .any(|t| t.segments().len() > 1),
+        "trajectories with dropped turns reach the trainer"
+    );
+}

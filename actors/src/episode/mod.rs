@@ -51,8 +51,63 @@ pub struct EpisodeTask {
     pub max_context: Option<usize>,
     /// Whether truncated trajectories train (otherwise they are masked, never retried).
     pub train_truncated: bool,
+    /// What reaching the context budget does: end the episode, or drop the oldest turns
+    /// (after the first) from the context and go on.
+    pub truncation: Truncation,
     /// Sampling temperature of the policy.
     pub temperature: f32,
+}
+
+/// What an episode does when its next turn would not fit the context budget.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Truncation {
+    /// End the episode with status `truncated`.
+    #[default]
+    End,
+    /// Leave the oldest turns (all but the first, which holds the task) out of the context
+    /// until the next turn fits with room for a whole answer; end (`truncated`) only when it
+    /// cannot fit even so. For environments whose observations carry their state.
+    DropOldestTurns,
+}
+
+/// The context the policy sees, and what was left out of it.
+struct Context {
+    /// Shared with the engine while a request is in flight; appended in place once the
+    /// engine has let go of it (no copy of the whole history per turn).
+    tokens: Arc<Vec<u32>>,
+    /// Turns after the first left out of it (`Truncation::DropOldestTurns`).
+    dropped: u32,
+    /// The model's own context limit, once an engine has named it.
+    model_limit: Option<usize>,
+}
+
+impl Context {
+    /// Leaves turns out (after the first) until `extra` more tokens fit in `budget`, or
+    /// every turn but the first and none of `turns` fit; rebuilds the tokens if anything
+    /// was left out. Returns whether it was.
+    fn drop_to_fit(&mut self, turns: &[Turn], extra: usize, budget: usize) -> bool {
+        let size = |t: &Turn| t.observation_tokens.len() + t.response_tokens.len();
+        if turns.len() < 2 {
+            return false;
+        }
+        let mut d = self.dropped as usize;
+        let mut len = self.tokens.len();
+        while len + extra > budget && 1 + d < turns.len() {
+            len -= size(&turns[1 + d]);
+            d += 1;
+        }
+        if d == self.dropped as usize {
+            return false;
+        }
+        self.dropped = u32::try_from(d).unwrap_or(u32::MAX);
+        let mut v = Vec::with_capacity(len + extra);
+        for t in std::iter::once(&turns[0]).chain(&turns[1 + d..]) {
+            v.extend_from_slice(&t.observation_tokens);
+            v.extend_from_slice(&t.response_tokens);
+        }
+        self.tokens = Arc::new(v);
+        true
+    }
 }
 
 /// Why a turn did not produce an answer.
@@ -210,9 +265,11 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
         }
     };
     traj.reference = obs.reference.take();
-    // Shared with the engine while a request is in flight; appended in place once the engine
-    // has let go of it (no copy of the whole history per turn).
-    let mut context: Arc<Vec<u32>> = Arc::new(Vec::new());
+    let mut context = Context {
+        tokens: Arc::new(Vec::new()),
+        dropped: 0,
+        model_limit: None,
+    };
     for turn_no in 0..task.max_turns {
         let turn_span = tracing::trace_span!("turn", turn = turn_no);
         if let Some(b) = &p.barrier
@@ -334,13 +391,16 @@ fn release(p: &EpisodeParams) {
 }
 
 /// One generation: the observation's tokens join the context, the shard answers, and the
-/// answer's tokens join the context too (nothing is re-tokenised).
+/// answer's tokens join the context too (nothing is re-tokenised). Under
+/// `Truncation::DropOldestTurns` the oldest turns leave the context first when the turn would
+/// not fit (the task's budget, or the model's limit once an engine names it: the turn is then
+/// tried again once).
 async fn generate(
     shared: &EpisodeShared,
     p: &EpisodeParams,
     obs: &Observation,
     turn_no: u32,
-    context: &mut Arc<Vec<u32>>,
+    context: &mut Context,
     traj: &mut Trajectory,
 ) -> Result<Turn, TurnEnd> {
     let task = &shared.tasks[p.task];
@@ -350,74 +410,119 @@ async fn generate(
         .map_or(&[][..], |t| &t.response_tokens[..]);
     let observation_tokens = encode(obs, shared.framing.as_deref(), turn_no == 0, previous)
         .map_err(|e| TurnEnd::Failed(FailureReason::EnvFailed(infra::error_chain(&e))))?;
-    // The budget: the observation must fit with room for at least one answer token.
-    let mut max_tokens = task.max_tokens_per_turn;
-    if let Some(budget) = task.max_context {
-        let used = context.len() + observation_tokens.len();
-        if used >= budget {
-            return Err(TurnEnd::Truncated(format!(
-                "turn {turn_no}: the context would hold {used} tokens, the task's max_context_tokens is {budget}"
-            )));
+    let dropping = task.truncation == Truncation::DropOldestTurns;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let budget = match (task.max_context, context.model_limit) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        // The budget: the observation must fit with room for at least one answer token.
+        let mut max_tokens = task.max_tokens_per_turn;
+        if let Some(budget) = budget {
+            let want = observation_tokens.len() + max_tokens as usize;
+            if dropping && context.tokens.len() + want > budget {
+                let was = context.dropped;
+                if context.drop_to_fit(&traj.turns, want, budget) {
+                    // The context no longer extends the cached one.
+                    release(p);
+                    tracing::debug!(
+                        episode = p.id,
+                        turn = turn_no,
+                        dropped = context.dropped - was,
+                        "turns left out of the context"
+                    );
+                }
+            }
+            let used = context.tokens.len() + observation_tokens.len();
+            if used >= budget {
+                return Err(TurnEnd::Truncated(match task.max_context {
+                    Some(m) if m == budget => format!(
+                        "turn {turn_no}: the context would hold {used} tokens, the task's max_context_tokens is {budget}"
+                    ),
+                    _ => format!(
+                        "turn {turn_no}: a context of {used} tokens is past the model's limit of {budget}"
+                    ),
+                }));
+            }
+            max_tokens = max_tokens.min(u32::try_from(budget - used).unwrap_or(u32::MAX));
         }
-        max_tokens = max_tokens.min(u32::try_from(budget - used).unwrap_or(u32::MAX));
+        let base = context.tokens.len();
+        Arc::make_mut(&mut context.tokens).extend_from_slice(&observation_tokens);
+        let req = GenRequest {
+            id: p.id,
+            session: p.id,
+            context: context.tokens.clone(),
+            params: SamplingParams {
+                temperature: task.temperature,
+                top_p: 1.0,
+                max_tokens,
+                stop_tokens: shared
+                    .framing
+                    .as_ref()
+                    .map(|f| f.stop_ids())
+                    .unwrap_or_default(),
+                seed: p.sample_seed ^ (u64::from(turn_no) << 48),
+                allowed_tokens: task.allowed_tokens.clone(),
+                top_k: 0,
+                stop_strings: Vec::new(),
+                ignore_eos: false,
+            },
+            sim_response_len: obs.sim_response_len,
+            prefilled: false,
+        };
+        let t = tokio::time::Instant::now();
+        let started_at_s = t.duration_since(shared.started).as_secs_f64();
+        let out = match &p.prefill {
+            None => {
+                p.shard
+                    .generate(req)
+                    .instrument(tracing::trace_span!("generate"))
+                    .await
+            }
+            Some(route) => {
+                disaggregated(route, &p.shard, req)
+                    .instrument(tracing::trace_span!("generate"))
+                    .await
+            }
+        };
+        traj.timings.generate_s += secs(t);
+        let out = match out {
+            Ok(out) => out,
+            // The model's own context is full: with turns to leave out, fit them to its
+            // limit and try once more; otherwise the episode ends here (it would fail again).
+            Err(GenError::ContextTooLong { limit, .. })
+                if dropping && attempt == 1 && context.model_limit.is_none() =>
+            {
+                context.model_limit = Some(limit);
+                Arc::make_mut(&mut context.tokens).truncate(base);
+                continue;
+            }
+            Err(e) => {
+                return Err(match e {
+                    GenError::ContextTooLong { len, limit } => TurnEnd::Truncated(format!(
+                        "turn {turn_no}: a context of {len} tokens is past the model's limit of {limit}"
+                    )),
+                    GenError::Aborted => {
+                        TurnEnd::Failed(FailureReason::GenerationFailed("aborted".into()))
+                    }
+                    other => TurnEnd::Failed(FailureReason::GenerationFailed(other.to_string())),
+                });
+            }
+        };
+        Arc::make_mut(&mut context.tokens).extend_from_slice(&out.tokens);
+        return Ok(Turn {
+            observation_tokens,
+            response_tokens: out.tokens,
+            logprobs: out.logprobs,
+            versions: out.versions,
+            env_reward: 0.0,
+            prefill_tokens: out.prefill_tokens,
+            started_at_s,
+            dropped: context.dropped,
+        });
     }
-    Arc::make_mut(context).extend_from_slice(&observation_tokens);
-    let req = GenRequest {
-        id: p.id,
-        session: p.id,
-        context: context.clone(),
-        params: SamplingParams {
-            temperature: task.temperature,
-            top_p: 1.0,
-            max_tokens,
-            stop_tokens: shared
-                .framing
-                .as_ref()
-                .map(|f| f.stop_ids())
-                .unwrap_or_default(),
-            seed: p.sample_seed ^ (u64::from(turn_no) << 48),
-            allowed_tokens: task.allowed_tokens.clone(),
-            top_k: 0,
-            stop_strings: Vec::new(),
-            ignore_eos: false,
-        },
-        sim_response_len: obs.sim_response_len,
-        prefilled: false,
-    };
-    let t = tokio::time::Instant::now();
-    let started_at_s = t.duration_since(shared.started).as_secs_f64();
-    let out = match &p.prefill {
-        None => {
-            p.shard
-                .generate(req)
-                .instrument(tracing::trace_span!("generate"))
-                .await
-        }
-        Some(route) => {
-            disaggregated(route, &p.shard, req)
-                .instrument(tracing::trace_span!("generate"))
-                .await
-        }
-    };
-    traj.timings.generate_s += secs(t);
-    let out = out.map_err(|e| match e {
-        // The model's own context is full: the episode ends here (it would fail again).
-        GenError::ContextTooLong { len, limit } => TurnEnd::Truncated(format!(
-            "turn {turn_no}: a context of {len} tokens is past the model's limit of {limit}"
-        )),
-        GenError::Aborted => TurnEnd::Failed(FailureReason::GenerationFailed("aborted".into())),
-        other => TurnEnd::Failed(FailureReason::GenerationFailed(other.to_string())),
-    })?;
-    Arc::make_mut(context).extend_from_slice(&out.tokens);
-    Ok(Turn {
-        observation_tokens,
-        response_tokens: out.tokens,
-        logprobs: out.logprobs,
-        versions: out.versions,
-        env_reward: 0.0,
-        prefill_tokens: out.prefill_tokens,
-        started_at_s,
-    })
 }
 
 /// Calls the task's reward functions; the first failure masks the trajectory.

@@ -98,7 +98,9 @@ pub struct TensorBatch {
     pub seqs: usize,
 }
 
-/// Flattens a trajectory into (tokens, per-token generated flag, behaviour logprob).
+/// Flattens a trajectory into (tokens, per-token generated flag, behaviour logprob): its
+/// whole history as one sequence. A trajectory whose turns dropped history trains on
+/// [`Trajectory::segments`] instead.
 pub fn flatten(t: &Trajectory) -> (Vec<u32>, Vec<bool>, Vec<f32>) {
     let mut toks = Vec::new();
     let mut gen_flag = Vec::new();
@@ -188,12 +190,20 @@ pub fn tensor_batches_for(
     for g in &batch.groups {
         let adv = advantages(kind, &g.rewards());
         for (t, a) in g.trajectories.iter().zip(adv) {
-            let (mut toks, mut flag, mut lps) = flatten(t);
-            toks.truncate(max_seq);
-            flag.truncate(max_seq);
-            lps.truncate(max_seq);
-            if toks.len() >= 2 {
-                rows.push((toks, flag, lps, a, t.allowed_tokens.as_deref()));
+            // One row per context the policy saw (one unless turns were dropped), each
+            // with the trajectory's advantage.
+            let segments = if t.turns.iter().all(|x| x.dropped == 0) {
+                vec![flatten(t)]
+            } else {
+                t.segments()
+            };
+            for (mut toks, mut flag, mut lps) in segments {
+                toks.truncate(max_seq);
+                flag.truncate(max_seq);
+                lps.truncate(max_seq);
+                if toks.len() >= 2 {
+                    rows.push((toks, flag, lps, a, t.allowed_tokens.as_deref()));
+                }
             }
         }
     }

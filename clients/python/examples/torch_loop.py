@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
-from rollarc import Client
+from rollarc import Client, sequences
 
 
 def loss_of(model: torch.nn.Module, batch, eps: float = 0.2, device: str = "cuda") -> torch.Tensor:
@@ -27,17 +27,19 @@ def loss_of(model: torch.nn.Module, batch, eps: float = 0.2, device: str = "cuda
     for s in batch.samples():
         if s["status"] != "completed" or sum(s["loss_mask"]) == 0:
             continue
-        ids = torch.tensor(s["tokens"], device=device).unsqueeze(0)
-        logits = model(ids).logits[0, :-1].float()
-        targets = ids[0, 1:]
-        logp = torch.log_softmax(logits, -1).gather(-1, targets[:, None])[:, 0]
-        mask = torch.tensor(s["loss_mask"][1:], device=device, dtype=torch.bool)
-        old = torch.tensor(s["behaviour_logprobs"][1:], device=device)
-        ratio = torch.exp(logp - old)
-        adv = torch.full_like(ratio, s["advantage"])
-        obj = torch.minimum(ratio * adv, ratio.clamp(1 - eps, 1 + eps) * adv)
-        total = total - obj[mask].sum()
-        count += int(mask.sum())
+        # One sequence per context the policy saw (more than one when turns were dropped).
+        for tokens, loss_mask, behaviour in sequences(s):
+            ids = torch.tensor(tokens, device=device).unsqueeze(0)
+            logits = model(ids).logits[0, :-1].float()
+            targets = ids[0, 1:]
+            logp = torch.log_softmax(logits, -1).gather(-1, targets[:, None])[:, 0]
+            mask = torch.tensor(loss_mask[1:], device=device, dtype=torch.bool)
+            old = torch.tensor(behaviour[1:], device=device)
+            ratio = torch.exp(logp - old)
+            adv = torch.full_like(ratio, s["advantage"])
+            obj = torch.minimum(ratio * adv, ratio.clamp(1 - eps, 1 + eps) * adv)
+            total = total - obj[mask].sum()
+            count += int(mask.sum())
     return total / max(count, 1)
 
 

@@ -13,7 +13,7 @@ from typing import Any, Dict, List
 import pytest
 import yaml
 
-from rollarc import Batch, Client, LeaseLost, RollarcError, TERMINAL_STATES
+from rollarc import Batch, Client, LeaseLost, RollarcError, TERMINAL_STATES, sequences
 
 
 def sim_job(steps: int, trainer: Dict[str, Any] | None = None, step_s: float = 0.0) -> Dict[str, Any]:
@@ -328,3 +328,24 @@ def test_a_verl_parquet_dataset_written_by_pyarrow(client: Client, tmp_path: Pat
         bad["tasks"][0]["dataset"]["prompt_key"] = "no.such.key"
         client.submit(bad)
     assert e.value.status == 400 and e.value.fields[0]["field"] == "tasks[0].dataset.prompt_key"
+
+
+def test_sequences_split_a_sample_at_its_dropped_turns():
+    # Turns: obs [1,2] → 3, obs [4] → 5, obs [6] → 7 and obs [8] → 9 without turn 1,
+    # obs [10] → 11 without turns 1–2 (the same sample as the Rust unit test of segments).
+    s = {
+        "tokens": list(range(1, 12)),
+        "loss_mask": [0, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1],
+        "behaviour_logprobs": [0, 0, -0.3, 0, -0.5, 0, -0.7, 0, -0.9, 0, -1.1],
+        "turn_bounds": [[2, 3], [4, 5], [6, 7], [8, 9], [10, 11]],
+        "dropped_turns": [0, 0, 1, 1, 2],
+    }
+    seqs = sequences(s)
+    assert [t for t, _, _ in seqs] == [[1, 2, 3, 4, 5], [1, 2, 3, 6, 7, 8, 9], [1, 2, 3, 8, 9, 10, 11]]
+    assert [m for _, m, _ in seqs] == [[0, 0, 1, 0, 1], [0, 0, 0, 0, 1, 0, 1], [0, 0, 0, 0, 0, 0, 1]]
+    assert seqs[2][2] == [0, 0, 0, 0, 0, 0, -1.1]
+    # Every response trains exactly once.
+    assert sum(sum(m) for _, m, _ in seqs) == sum(s["loss_mask"])
+    # Without drops: the sample's own columns.
+    plain = dict(s, dropped_turns=[])
+    assert sequences(plain) == [(plain["tokens"], plain["loss_mask"], plain["behaviour_logprobs"])]

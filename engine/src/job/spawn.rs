@@ -843,6 +843,7 @@ async fn spawn_tasks(
             faults: Some(faults.clone()),
             max_context: t.max_context,
             train_truncated: t.train_truncated,
+            truncation: t.truncation,
             temperature: 1.0,
         });
         views.push(t.view.clone());

@@ -90,6 +90,10 @@ pub enum EnvSpec {
         #[serde(default = "default_protocol")]
         #[schema(minimum = 1, maximum = 2)]
         protocol: u32,
+        /// Each observation carries the state the agent needs (a board, a screen), so old
+        /// turns may leave the context (`truncation = "drop_oldest_turns"`).
+        #[serde(default)]
+        droppable_turns: bool,
     },
     /// One dataset row per episode (the task's `dataset`), answered in one turn; the answer
     /// is checked by `verifier` and is the reference of the task's reward functions.
@@ -228,6 +232,27 @@ impl EnvSpec {
     /// Whether the environment serves the task's dataset rows (and so needs a dataset).
     pub fn needs_dataset(&self) -> bool {
         matches!(self, EnvSpec::Prompt { .. } | EnvSpec::Chat { .. })
+    }
+
+    /// Whether old turns may leave the context (`truncation = "drop_oldest_turns"`): each
+    /// observation carries the state (the grid games, gymnasium's rendered states, simulated
+    /// tokens), or an external program says so. Not a chat, where the dialogue is the state,
+    /// nor a one-turn task.
+    pub fn allows_dropping_turns(&self) -> bool {
+        match self {
+            EnvSpec::Sim { .. }
+            | EnvSpec::Frozenlake { .. }
+            | EnvSpec::Sokoban { .. }
+            | EnvSpec::Tictactoe { .. }
+            | EnvSpec::Gymnasium { .. } => true,
+            EnvSpec::External {
+                droppable_turns, ..
+            } => *droppable_turns,
+            EnvSpec::Arithmetic { .. }
+            | EnvSpec::Prompt { .. }
+            | EnvSpec::Chat { .. }
+            | EnvSpec::ReasoningGym { .. } => false,
+        }
     }
 
     /// The characters a built-in environment's actions are written in.

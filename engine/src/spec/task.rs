@@ -73,6 +73,22 @@ pub struct TaskSpec {
     /// (never retried: a truncation would happen again).
     #[serde(default = "default_true")]
     pub train_truncated: bool,
+    /// What a turn that would not fit the context does: `end` the episode (status
+    /// `truncated`), or `drop_oldest_turns` — leave the oldest turns after the first out of
+    /// the context until it fits with room for a whole answer (environments whose
+    /// observations carry their state; each answer trains under the context it was
+    /// sampled in).
+    #[serde(default)]
+    pub truncation: TruncationPolicy,
+}
+
+/// What reaching a task's context budget does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TruncationPolicy {
+    #[default]
+    End,
+    DropOldestTurns,
 }
 
 /// A task's prompt dataset: JSONL or parquet rows. verl's parquet layout (`prompt` as chat
@@ -357,6 +373,25 @@ impl TaskSpec {
                 format!("{p}.max_context_tokens"),
                 format!("must be in 2..=10000000, got {m}"),
             );
+        }
+        if t.truncation == TruncationPolicy::DropOldestTurns {
+            if !t.env.allows_dropping_turns() {
+                problems.push(
+                    format!("{p}.truncation"),
+                    format!(
+                        "drop_oldest_turns needs an environment whose observations carry its state; `{}` does not (an external program says so with droppable_turns = true)",
+                        t.env.kind_name()
+                    ),
+                );
+            } else if t.max_turns < 3 {
+                problems.push(
+                    format!("{p}.truncation"),
+                    format!(
+                        "drop_oldest_turns keeps the first turn, so it needs max_turns of at least 3, got {}",
+                        t.max_turns
+                    ),
+                );
+            }
         }
         if let Some(d) = &t.dataset {
             d.check(&format!("{p}.dataset"), problems);

@@ -690,3 +690,53 @@ fn datasets_and_bridged_environments_are_checked_with_their_paths() {
     .unwrap();
     assert_eq!(gym.clock(), Clock::Real);
 }
+
+#[test]
+fn dropping_old_turns_needs_an_environment_that_allows_it_and_turns_to_drop() {
+    let with = |task: &str, env: &str| {
+        minimal().replace(
+            "[tasks.env]\nkind = \"sim\"",
+            &format!("{task}\ntruncation = \"drop_oldest_turns\"\n[tasks.env]\n{env}"),
+        )
+    };
+    for ok in [
+        with("max_turns = 8", "kind = \"frozenlake\""),
+        with("max_turns = 8", "kind = \"sim\""),
+        with(
+            "max_turns = 8",
+            "kind = \"external\"\ncommand = [\"x\"]\ndroppable_turns = true",
+        ),
+    ] {
+        let s = parse(&ok, Format::Toml).expect("valid");
+        assert_eq!(s.tasks[0].truncation, TruncationPolicy::DropOldestTurns);
+    }
+    let cases = [
+        (
+            with("max_turns = 8", "kind = \"external\"\ncommand = [\"x\"]"),
+            "`external` does not",
+        ),
+        (with("max_turns = 8", "kind = \"chat\""), "`chat` does not"),
+        (
+            with("max_turns = 2", "kind = \"frozenlake\""),
+            "at least 3, got 2",
+        ),
+    ];
+    for (text, msg) in cases {
+        let errs = parse(&text, Format::Toml).expect_err(msg).0;
+        assert!(
+            errs.iter()
+                .any(|e| e.field == "tasks[0].truncation" && e.message.contains(msg)),
+            "{msg}: {errs:?}"
+        );
+    }
+    let errs = parse(
+        &minimal().replace("[tasks.env]", "truncation = \"sometimes\"\n[tasks.env]"),
+        Format::Toml,
+    )
+    .expect_err("unknown policy")
+    .0;
+    assert!(
+        errs.iter().any(|e| e.field.contains("truncation")),
+        "{errs:?}"
+    );
+}

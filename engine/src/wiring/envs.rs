@@ -92,6 +92,7 @@ fn base_factory(spec: &EnvSpec, seed_base: u64, limits: &EnvLimits) -> EnvFactor
             sandbox,
             readable_paths,
             protocol,
+            ..
         } => external(
             &absolute_args(command),
             *sandbox,

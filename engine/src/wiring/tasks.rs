@@ -8,7 +8,7 @@ use actors::env::EnvFactory;
 
 use super::TaskView;
 use super::envs::{EnvLimits, factory};
-use crate::spec::{ContextMode, EnvSandbox, EnvSpec, JobSpec, Knobs, TaskSpec};
+use crate::spec::{ContextMode, EnvSandbox, EnvSpec, JobSpec, Knobs, TaskSpec, TruncationPolicy};
 
 /// One task of a job.
 pub struct TaskPlan {
@@ -30,6 +30,8 @@ pub struct TaskPlan {
     /// The trajectory's context budget, and whether truncated trajectories train.
     pub max_context: Option<usize>,
     pub train_truncated: bool,
+    /// What a turn that would not fit the context does.
+    pub truncation: actors::episode::Truncation,
 }
 
 /// A reward function a task names.
@@ -109,6 +111,12 @@ pub(super) fn plan(spec: &JobSpec, knobs: &Knobs) -> Result<Vec<TaskPlan>, super
                 rewrite_context: t.context == ContextMode::Rewrite,
                 max_context: t.max_context_tokens.map(|m| m as usize),
                 train_truncated: t.train_truncated,
+                truncation: match t.truncation {
+                    TruncationPolicy::End => actors::episode::Truncation::End,
+                    TruncationPolicy::DropOldestTurns => {
+                        actors::episode::Truncation::DropOldestTurns
+                    }
+                },
             })
         })
         .collect()

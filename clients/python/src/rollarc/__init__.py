@@ -18,7 +18,15 @@ from .client import (
     RollarcError,
     TERMINAL_STATES,
 )
-from .types import BatchGroup, JobRecord, Sample, Staleness, StepRecord, TrajectoryRow
+from .types import (
+    BatchGroup,
+    JobRecord,
+    Sample,
+    Staleness,
+    StepRecord,
+    TrajectoryRow,
+    sequences,
+)
 
 __all__ = [
     "Batch",
@@ -33,5 +41,6 @@ __all__ = [
     "StepRecord",
     "TERMINAL_STATES",
     "TrajectoryRow",
+    "sequences",
 ]
 __version__ = "0.1.0"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 if sys.version_info >= (3, 11):
     from typing import NotRequired, TypedDict
@@ -71,6 +71,11 @@ class Sample(TypedDict):
     status: str
     #: the tokens generation was constrained to, if it was
     allowed_tokens: NotRequired[List[int]]
+    #: the episode ended at its context budget
+    truncated: NotRequired[bool]
+    #: per turn, turns after the first left out of its context (truncation =
+    #: "drop_oldest_turns"); absent when none was. Train with `rollarc.sequences(sample)`.
+    dropped_turns: NotRequired[List[int]]
 
 
 class BatchGroup(TypedDict):
@@ -90,3 +95,47 @@ class Staleness(TypedDict):
     version: int
     admitted_groups: int
     consumed: int
+
+
+def sequences(sample: Sample) -> List[Tuple[List[int], List[int], List[float]]]:
+    """The sequences the policy saw, as (tokens, loss_mask, behaviour_logprobs).
+
+    One — the sample's own columns — unless turns were dropped from the context
+    (`dropped_turns`). Then one per run of turns that share a context: turn 0, the history
+    kept before the run, then the run's turns; only the run's responses have loss_mask 1, so
+    every response trains once, under the context it was sampled in.
+    """
+    drops = sample.get("dropped_turns") or []
+    if not any(drops):
+        return [(sample["tokens"], sample["loss_mask"], sample["behaviour_logprobs"])]
+    bounds = sample["turn_bounds"]
+    # Turn i spans [previous response end, its response end): observation then response.
+    spans, prev = [], 0
+    for start, end in bounds:
+        spans.append((prev, start, end))
+        prev = end
+    toks, lps = sample["tokens"], sample["behaviour_logprobs"]
+
+    def part(i: int, train: bool, out: Tuple[List[int], List[int], List[float]]) -> None:
+        a, s, e = spans[i]
+        out[0].extend(toks[a:e])
+        out[1].extend([0] * (s - a) + [1 if train else 0] * (e - s))
+        out[2].extend([0.0] * (s - a) + (list(lps[s:e]) if train else [0.0] * (e - s)))
+
+    result = []
+    i = 0
+    while i < len(spans):
+        d = drops[i] if i < len(drops) else 0
+        end = i + 1
+        while end < len(spans) and (drops[end] if end < len(drops) else 0) == d:
+            end += 1
+        seq: Tuple[List[int], List[int], List[float]] = ([], [], [])
+        if d > 0 and i > 0:
+            part(0, False, seq)
+            for k in range(min(1 + d, i), i):
+                part(k, False, seq)
+        for k in range(i, end):
+            part(k, True, seq)
+        result.append(seq)
+        i = end
+    return result
