@@ -3,72 +3,90 @@
 //! has finished generating. Episodes that end or are cancelled leave the barrier, so it never
 //! waits for someone who is gone.
 
-use tokio::sync::watch;
+use std::sync::Mutex;
 
-#[derive(Clone, Debug, Default)]
+use tokio::sync::oneshot;
+
+#[derive(Debug, Default)]
 struct WaveState {
     participants: usize,
     arrived: usize,
-    turn_generation: u64,
     finished: usize,
+    /// Episodes waiting at this turn, in arrival order.
+    at_turn: Vec<oneshot::Sender<()>>,
+    /// Episodes waiting for the whole wave to finish, in arrival order.
+    at_end: Vec<oneshot::Sender<()>>,
 }
 
 impl WaveState {
-    fn release_if_complete(&mut self) {
+    /// Releases the turn's waiters once every episode still stepping has arrived, and the
+    /// end's once every participant finished. Waiters wake in arrival order: a waker chosen
+    /// by anything but the seed (tokio's `watch` picks among its notifiers at random) would
+    /// reorder the engine's queue and make a seeded run differ from one invocation to the
+    /// next.
+    fn release(&mut self) {
         let still_stepping = self.participants.saturating_sub(self.finished);
         if self.arrived > 0 && self.arrived >= still_stepping {
             self.arrived = 0;
-            self.turn_generation += 1;
+            for w in self.at_turn.drain(..) {
+                let _ = w.send(());
+            }
+        }
+        if self.finished >= self.participants {
+            for w in self.at_end.drain(..) {
+                let _ = w.send(());
+            }
         }
     }
 }
 
 /// A barrier shared by the episodes of one wave.
 pub struct WaveBarrier {
-    tx: watch::Sender<WaveState>,
+    state: Mutex<WaveState>,
 }
 
 impl WaveBarrier {
     pub fn new(participants: usize) -> Self {
-        let (tx, _) = watch::channel(WaveState {
-            participants,
-            ..WaveState::default()
-        });
-        Self { tx }
+        Self {
+            state: Mutex::new(WaveState {
+                participants,
+                ..WaveState::default()
+            }),
+        }
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut WaveState) -> T) -> T {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let out = f(&mut s);
+        s.release();
+        out
     }
 
     /// Waits until every episode still stepping has reached the end of this turn.
     pub async fn turn(&self) {
-        let mut generation = 0;
-        self.tx.send_modify(|s| {
-            generation = s.turn_generation;
+        let (tx, rx) = oneshot::channel();
+        self.with(|s| {
             s.arrived += 1;
-            s.release_if_complete();
+            s.at_turn.push(tx);
         });
-        let mut rx = self.tx.subscribe();
-        let _ = rx.wait_for(|s| s.turn_generation > generation).await;
+        let _ = rx.await;
     }
 
     /// This episode is done stepping (ended, failed or truncated).
     pub fn finish(&self) {
-        self.tx.send_modify(|s| {
-            s.finished += 1;
-            s.release_if_complete();
-        });
+        self.with(|s| s.finished += 1);
     }
 
     /// This episode left without finishing (cancelled).
     pub fn leave(&self) {
-        self.tx.send_modify(|s| {
-            s.participants = s.participants.saturating_sub(1);
-            s.release_if_complete();
-        });
+        self.with(|s| s.participants = s.participants.saturating_sub(1));
     }
 
     /// Waits until every episode of the wave finished stepping (batch barrier before reward).
     pub async fn all_finished(&self) {
-        let mut rx = self.tx.subscribe();
-        let _ = rx.wait_for(|s| s.finished >= s.participants).await;
+        let (tx, rx) = oneshot::channel();
+        self.with(|s| s.at_end.push(tx));
+        let _ = rx.await;
     }
 }
 

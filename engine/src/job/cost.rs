@@ -25,6 +25,30 @@ pub struct PoolCost {
     pub prefill_only: bool,
 }
 
+/// Tokens of one trajectory as the cost model sees it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Tokens {
+    /// Prefilled over all its turns: a `rewrite` context re-prefills its whole history each
+    /// turn, so this grows with the square of the turns.
+    pub prefill: f64,
+    /// Generated.
+    pub decode: f64,
+    /// Its final context (prompt, observations and answers): what attention reads at decode
+    /// time, however often it was prefilled.
+    pub context: f64,
+}
+
+impl Tokens {
+    /// An `append` trajectory's: its context is what it prefilled and generated.
+    pub fn append(prefill: f64, decode: f64) -> Self {
+        Self {
+            prefill,
+            decode,
+            context: prefill + decode,
+        }
+    }
+}
+
 /// A task's load as the cost model sees it.
 #[derive(Clone, Copy, Debug)]
 pub struct TaskLoad {
@@ -32,10 +56,10 @@ pub struct TaskLoad {
     pub weight: f64,
     /// Episodes per group (group size plus redundancy).
     pub group: usize,
-    /// Mean (prefill, decode) tokens per trajectory.
-    pub tokens: (f64, f64),
-    /// 95th-percentile (prefill, decode) tokens per trajectory.
-    pub tail: (f64, f64),
+    /// Mean tokens per trajectory.
+    pub tokens: Tokens,
+    /// 95th-percentile tokens per trajectory.
+    pub tail: Tokens,
 }
 
 /// The pools of a job, for cost estimates.
@@ -60,18 +84,19 @@ impl CostModel {
         }
     }
 
-    /// Shard-seconds one trajectory of `(prefill, decode)` tokens takes on pool `p` at decode
-    /// batch `batch`: its prefill, and each decode token a decode step's share (a step serves
-    /// every sequence of the batch).
-    pub fn trajectory_cost(&self, p: usize, (prefill, decode): (f64, f64), batch: f64) -> f64 {
-        self.prefill_s(p, prefill) + decode * self.decode_step_s(p, prefill, decode, batch) / batch
+    /// Shard-seconds one trajectory of `t` tokens takes on pool `p` at decode batch `batch`:
+    /// its prefill, and each decode token a decode step's share (a step serves every
+    /// sequence of the batch).
+    pub fn trajectory_cost(&self, p: usize, t: Tokens, batch: f64) -> f64 {
+        self.prefill_s(p, t.prefill) + t.decode * self.decode_step_s(p, t, batch) / batch
     }
 
     /// Seconds of one decode step of pool `p` at `batch` sequences whose context is, on
-    /// average, half way through a trajectory of `(prefill, decode)` tokens.
-    fn decode_step_s(&self, p: usize, prefill: f64, decode: f64, batch: f64) -> f64 {
+    /// average, half way through a trajectory of `t` tokens: half its final context (not
+    /// its prefill count, which a `rewrite` context inflates by re-prefilling).
+    fn decode_step_s(&self, p: usize, t: Tokens, batch: f64) -> f64 {
         let pool = &self.pools[p];
-        let context = (prefill + decode) / 2.0;
+        let context = t.context / 2.0;
         decode_step_seconds(
             &pool.device,
             &pool.model,
@@ -81,10 +106,10 @@ impl CostModel {
         )
     }
 
-    /// Seconds one trajectory of `(prefill, decode)` tokens takes on one shard of pool `p`:
-    /// prefill, then each decode token a whole step at the pool's batch.
-    pub fn trajectory_latency(&self, p: usize, (prefill, decode): (f64, f64), batch: f64) -> f64 {
-        self.prefill_s(p, prefill) + decode * self.decode_step_s(p, prefill, decode, batch)
+    /// Seconds one trajectory of `t` tokens takes on one shard of pool `p`: prefill, then
+    /// each decode token a whole step at the pool's batch.
+    pub fn trajectory_latency(&self, p: usize, t: Tokens, batch: f64) -> f64 {
+        self.prefill_s(p, t.prefill) + t.decode * self.decode_step_s(p, t, batch)
     }
 
     /// Pools that take groups.

@@ -16,7 +16,7 @@ use rand::{Rng, SeedableRng};
 
 use actors::episode::{EpisodeOutcome, EpisodeShared};
 
-use super::cost::{CostModel, PoolCost};
+use super::cost::{CostModel, PoolCost, Tokens};
 pub use crate::wiring::{PrefillLink, TaskView};
 
 mod admission;
@@ -163,17 +163,17 @@ pub struct SchedState {
     /// before any batch.
     last_failure: Option<String>,
     failed_in_a_row: u32,
-    /// Observed (prefill, decode) tokens per trajectory, EWMA per task.
-    observed: Vec<Option<(f64, f64)>>,
+    /// Observed tokens per trajectory (prefill, decode, context), EWMA per task.
+    observed: Vec<Option<Tokens>>,
     shard_active: Vec<Vec<usize>>,
     /// Active episodes per pool and task (the cost model's backlog).
     pool_task_active: Vec<Vec<usize>>,
     /// The cost model's split of each task over the pools ([task][pool], rows sum to 1), or
     /// none when the search space is too large (then: earliest finish per group).
     split: Option<Vec<Vec<f64>>>,
-    /// The last `TAIL_WINDOW` finished trajectories' (prefill, decode) tokens per task: the
+    /// The last `TAIL_WINDOW` finished trajectories' tokens per task: the
     /// latency bound uses their 95th percentile (a step waits for its slowest trajectories).
-    recent: Vec<std::collections::VecDeque<(f64, f64)>>,
+    recent: Vec<std::collections::VecDeque<Tokens>>,
     /// Smooth weighted round-robin credit per task and pool, for following `split`.
     pool_credit: Vec<Vec<f64>>,
     ended_since_plan: u32,
@@ -308,6 +308,7 @@ impl Actor for Scheduler {
                 task,
                 prefill,
                 decode,
+                context,
                 failed,
             }) => {
                 if let Some(e) = st.episodes.remove(&episode) {
@@ -317,15 +318,21 @@ impl Actor for Scheduler {
                 if failed {
                     st.snap.failed_episodes += 1;
                 } else {
-                    let o = st.observed[task].get_or_insert((prefill as f64, decode as f64));
-                    o.0 = 0.9 * o.0 + 0.1 * prefill as f64;
-                    o.1 = 0.9 * o.1 + 0.1 * decode as f64;
+                    let seen = Tokens {
+                        prefill: prefill as f64,
+                        decode: decode as f64,
+                        context: context as f64,
+                    };
+                    let o = st.observed[task].get_or_insert(seen);
+                    o.prefill = 0.9 * o.prefill + 0.1 * seen.prefill;
+                    o.decode = 0.9 * o.decode + 0.1 * seen.decode;
+                    o.context = 0.9 * o.context + 0.1 * seen.context;
                     st.ended_since_plan = st.ended_since_plan.saturating_add(1);
                     let r = &mut st.recent[task];
                     if r.len() == TAIL_WINDOW {
                         r.pop_front();
                     }
-                    r.push_back((prefill as f64, decode as f64));
+                    r.push_back(seen);
                 }
                 st.try_admit();
             }

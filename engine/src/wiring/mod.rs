@@ -70,9 +70,8 @@ pub struct TaskView {
     pub seeds: Option<(u64, u64)>,
     /// The task's prompt dataset: groups draw its rows instead of seeds.
     pub dataset: Option<Arc<crate::dataset::Dataset>>,
-    /// Prior estimates of tokens per trajectory, replaced by observations.
-    pub prefill_estimate: f64,
-    pub decode_estimate: f64,
+    /// Prior estimate of tokens per trajectory, replaced by observations.
+    pub estimate: crate::job::cost::Tokens,
     pub declared_pool: Option<usize>,
 }
 

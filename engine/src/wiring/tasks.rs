@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use actors::env::EnvFactory;
 
+use crate::job::cost::Tokens;
+
 use super::TaskView;
 use super::envs::{EnvLimits, factory};
 use crate::spec::{ContextMode, EnvSandbox, EnvSpec, JobSpec, Knobs, TaskSpec, TruncationPolicy};
@@ -51,7 +53,7 @@ pub(super) fn plan(spec: &JobSpec, knobs: &Knobs) -> Result<Vec<TaskPlan>, super
         .iter()
         .enumerate()
         .map(|(ti, t)| {
-            let (prefill, decode) = prior_tokens(t);
+            let estimate = prior_tokens(t);
             let dataset = t
                 .dataset
                 .as_ref()
@@ -65,8 +67,7 @@ pub(super) fn plan(spec: &JobSpec, knobs: &Knobs) -> Result<Vec<TaskPlan>, super
                 group_size: t.group_size,
                 redundancy: t.redundancy,
                 seeds: t.seeds.map(|s| (s.start, s.count)),
-                prefill_estimate: prefill,
-                decode_estimate: decode,
+                estimate,
                 declared_pool: spec
                     .mapping
                     .declared
@@ -122,13 +123,13 @@ pub(super) fn plan(spec: &JobSpec, knobs: &Knobs) -> Result<Vec<TaskPlan>, super
         .collect()
 }
 
-/// Prior per-trajectory token estimates (prefill, decode) for the cost model, from the task's
-/// environment; observations replace them as trajectories finish.
-pub fn prior_tokens(t: &TaskSpec) -> (f64, f64) {
+/// Prior per-trajectory token estimates for the cost model, from the task's environment;
+/// observations replace them as trajectories finish.
+pub fn prior_tokens(t: &TaskSpec) -> Tokens {
     // Built-in games: byte-level observations of the board each turn, short answers.
     let game = |turns: f64, obs: f64, resp: f64| {
         let turns = turns.min(t.max_turns as f64);
-        (turns * obs, turns * resp.min(t.max_tokens_per_turn as f64))
+        Tokens::append(turns * obs, turns * resp.min(t.max_tokens_per_turn as f64))
     };
     match &t.env {
         EnvSpec::Frozenlake { size, .. } => {
@@ -161,13 +162,14 @@ pub fn prior_tokens(t: &TaskSpec) -> (f64, f64) {
                 .min(t.max_tokens_per_turn as f64);
             if t.context == ContextMode::Rewrite {
                 // The whole context every turn: the prompt, then the grown history.
-                (
-                    turns * prompt + (obs + resp) * turns * (turns - 1.0) / 2.0,
-                    turns * resp,
-                )
+                Tokens {
+                    prefill: turns * prompt + (obs + resp) * turns * (turns - 1.0) / 2.0,
+                    decode: turns * resp,
+                    context: prompt + (turns - 1.0) * obs + turns * resp,
+                }
             } else {
                 // Prefill the prompt, then each later turn's observation (the history is cached).
-                (prompt + (turns - 1.0) * obs, turns * resp)
+                Tokens::append(prompt + (turns - 1.0) * obs, turns * resp)
             }
         }
     }

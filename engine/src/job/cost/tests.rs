@@ -17,8 +17,8 @@ fn task(prefill: f64, decode: f64) -> TaskLoad {
     TaskLoad {
         weight: 1.0,
         group: 8,
-        tokens: (prefill, decode),
-        tail: (2.0 * prefill, 2.0 * decode),
+        tokens: Tokens::append(prefill, decode),
+        tail: Tokens::append(2.0 * prefill, 2.0 * decode),
     }
 }
 
@@ -27,7 +27,7 @@ fn a_larger_decode_batch_makes_a_trajectory_cheaper_per_shard_but_slower() {
     let m = CostModel {
         pools: vec![pool("H20", 1)],
     };
-    let t = (1_000.0, 2_000.0);
+    let t = Tokens::append(1_000.0, 2_000.0);
     let (c1, c64) = (m.trajectory_cost(0, t, 1.0), m.trajectory_cost(0, t, 64.0));
     let (l1, l64) = (
         m.trajectory_latency(0, t, 1.0),
@@ -142,4 +142,44 @@ fn earliest_finish_prefers_the_faster_pool_until_its_backlog_grows() {
     assert_eq!(m.earliest_finish(0, &tasks, &idle, &batches), 0);
     let busy_fast = vec![vec![10_000], vec![0]];
     assert_eq!(m.earliest_finish(0, &tasks, &busy_fast, &batches), 1);
+}
+
+/// A `rewrite` trajectory re-prefills its history every turn: its prefill count grows with
+/// the square of its turns, its context does not. Two trajectories with the same context and
+/// answers differ only by their prefill seconds, on every pool and batch; sizing decode by
+/// the prefill count made the SWE-like one's decode steps ≈ 5× too long.
+#[test]
+fn a_rewrite_context_costs_its_reprefills_but_decodes_at_its_length() {
+    let m = CostModel {
+        pools: vec![pool("H800", 1), pool("H20", 1)],
+    };
+    // hardware.toml's SWE task: ≈ 8.5 turns, 3,000-token prompt, ≈ 1,243-token tool
+    // outputs, 160-token answers.
+    let append = Tokens::append(3_000.0 + 7.5 * 1_243.0, 1_360.0);
+    let rewrite = Tokens {
+        prefill: 70_222.0,
+        ..append
+    };
+    assert_eq!(rewrite.context, append.context);
+    for p in 0..2 {
+        for batch in [1.0, 32.0, 128.0] {
+            let extra = m.prefill_s(p, rewrite.prefill) - m.prefill_s(p, append.prefill);
+            for f in [CostModel::trajectory_latency, CostModel::trajectory_cost] {
+                let (r, a) = (f(&m, p, rewrite, batch), f(&m, p, append, batch));
+                assert!(
+                    ((r - a) - extra).abs() < 1e-9 * r,
+                    "pool {p} batch {batch}: {r} - {a} vs {extra}"
+                );
+            }
+        }
+    }
+    // Read as a context, the re-prefill count makes decoding far slower than it is.
+    let inflated = Tokens::append(rewrite.prefill, rewrite.decode);
+    let decode = |t: Tokens| m.trajectory_latency(1, t, 64.0) - m.prefill_s(1, t.prefill);
+    assert!(
+        decode(inflated) > 2.0 * decode(rewrite),
+        "{} vs {}",
+        decode(inflated),
+        decode(rewrite)
+    );
 }

@@ -2,7 +2,7 @@
 //! or the cost model's split followed by smooth weighted round-robin), and the loads the cost
 //! model is fed with.
 
-use super::super::cost::TaskLoad;
+use super::super::cost::{TaskLoad, Tokens};
 use super::{REPLAN_EVERY, SchedState};
 use crate::spec::MappingMode;
 
@@ -76,19 +76,25 @@ impl SchedState {
             .iter()
             .enumerate()
             .map(|(t, tv)| {
-                let tokens = self.observed[t].unwrap_or((tv.prefill_estimate, tv.decode_estimate));
+                let tokens = self.observed[t].unwrap_or(tv.estimate);
                 let r = &self.recent[t];
                 let tail = if r.len() >= 8 {
-                    let q = |mut v: Vec<f64>| {
+                    let q = |f: fn(&Tokens) -> f64| {
+                        let mut v: Vec<f64> = r.iter().map(f).collect();
                         v.sort_by(f64::total_cmp);
                         v[(v.len() * 95 / 100).min(v.len() - 1)]
                     };
-                    (
-                        q(r.iter().map(|x| x.0).collect()),
-                        q(r.iter().map(|x| x.1).collect()),
-                    )
+                    Tokens {
+                        prefill: q(|x| x.prefill),
+                        decode: q(|x| x.decode),
+                        context: q(|x| x.context),
+                    }
                 } else {
-                    (2.0 * tokens.0, 2.0 * tokens.1)
+                    Tokens {
+                        prefill: 2.0 * tokens.prefill,
+                        decode: 2.0 * tokens.decode,
+                        context: 2.0 * tokens.context,
+                    }
                 };
                 TaskLoad {
                     weight: tv.weight,
