@@ -201,16 +201,20 @@ fn longest_trajectory_tokens(spec: &JobSpec) -> u64 {
                     observation_tokens,
                     prompt_tokens,
                     response_tokens,
+                    difficulty,
                     ..
                 } => {
-                    let up = |d: &Option<actors::dist::Dist>, default: u64| {
-                        d.as_ref().map_or(default, |d| d.upper().max(0.0) as u64)
+                    // A hard prompt scales turns and answers by up to its factor.
+                    let f = difficulty.as_ref().map_or(1.0, |d| d.upper().max(1.0));
+                    let up = |d: &Option<actors::dist::Dist>, default: u64, f: f64| {
+                        d.as_ref()
+                            .map_or(default, |d| (d.upper().max(0.0) * f) as u64)
                     };
-                    let obs = up(observation_tokens, DEFAULT_OBSERVATION_TOKENS);
+                    let obs = up(observation_tokens, DEFAULT_OBSERVATION_TOKENS, 1.0);
                     (
-                        up(turns, u64::from(t.max_turns)).min(u64::from(t.max_turns)),
-                        obs.max(up(prompt_tokens, obs)),
-                        up(response_tokens, u64::from(t.max_tokens_per_turn)),
+                        up(turns, u64::from(t.max_turns), f).min(u64::from(t.max_turns)),
+                        obs.max(up(prompt_tokens, obs, 1.0)),
+                        up(response_tokens, u64::from(t.max_tokens_per_turn), f),
                     )
                 }
                 _ => (

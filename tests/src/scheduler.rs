@@ -746,3 +746,64 @@ fn every_barrier_mode_and_preset_is_deterministic_for_a_seed() {
         }
     }
 }
+
+/// Correlated difficulty: one factor per prompt scales every episode of its group — turns,
+/// answer lengths, environment latency — so groups differ and their episodes agree.
+#[test]
+fn a_prompts_difficulty_scales_every_episode_of_its_group() {
+    let spec = SpecBuilder::new()
+        .pool("h20", "H20", 2, "")
+        .extra(
+            r#"[[tasks]]
+domain = "swe"
+group_size = 4
+max_turns = 100
+max_tokens_per_turn = 4096
+[tasks.env]
+kind = "sim"
+step_latency_s = { constant = 1.0 }
+turns = { constant = 8 }
+observation_tokens = { constant = 50 }
+response_tokens = { constant = 100 }
+difficulty = { lognormal = { mu = 0.0, sigma = 0.6 } }
+"#,
+        )
+        .rollout("batch_size = 6")
+        .rollout("steps = 2")
+        .rollout("filter_all_equal = false")
+        .build();
+    let r = run_recorded(spec);
+    let mut groups: BTreeMap<u64, Vec<&actors::types::Trajectory>> = BTreeMap::new();
+    for t in &r.committed {
+        groups.entry(t.group_id).or_default().push(t);
+    }
+    assert!(groups.len() >= 12);
+    let mut turns_per_group = BTreeSet::new();
+    for ts in groups.values() {
+        let shape = |t: &actors::types::Trajectory| {
+            (
+                t.turns.len(),
+                t.turns
+                    .iter()
+                    .map(|u| u.response_tokens.len())
+                    .collect::<Vec<_>>(),
+                (t.timings.env_step_s * 1e6).round() as u64,
+            )
+        };
+        for t in ts {
+            assert_eq!(shape(t), shape(ts[0]), "group {}", t.group_id);
+        }
+        // Turns and answers scale together: 8 turns and 100 tokens at factor 1.
+        let (turns, answers, _) = shape(ts[0]);
+        let f = answers[0] as f64 / 100.0;
+        assert!(
+            ((turns as f64) - 8.0 * f).abs() <= 0.5 + 1e-9 || turns == 1,
+            "{turns} turns at factor {f}"
+        );
+        turns_per_group.insert(turns);
+    }
+    assert!(
+        turns_per_group.len() >= 4,
+        "prompts differ: {turns_per_group:?}"
+    );
+}

@@ -31,6 +31,9 @@ pub struct SimEnvConfig {
     pub success_rate: f64,
     pub failure_probability: f64,
     pub hang_probability: f64,
+    /// Correlated difficulty: a factor drawn from the reset seed alone (so shared by every
+    /// episode of a group) scaling turns, response lengths and latencies. `None`: 1.
+    pub difficulty: Option<Dist>,
 }
 
 impl Default for SimEnvConfig {
@@ -45,6 +48,7 @@ impl Default for SimEnvConfig {
             success_rate: 0.5,
             failure_probability: 0.0,
             hang_probability: 0.0,
+            difficulty: None,
         }
     }
 }
@@ -54,6 +58,8 @@ pub struct SimEnv {
     rng: SmallRng,
     turns_left: u32,
     success: bool,
+    /// This episode's prompt's difficulty factor.
+    factor: f64,
 }
 
 impl SimEnv {
@@ -63,6 +69,7 @@ impl SimEnv {
             rng: SmallRng::seed_from_u64(seed),
             turns_left: 0,
             success: false,
+            factor: 1.0,
         }
     }
 
@@ -86,10 +93,7 @@ impl SimEnv {
                 1 + (x % 31_999) as u32
             })
             .collect();
-        let len = self
-            .cfg
-            .response_tokens
-            .sample(&mut self.rng)
+        let len = (self.cfg.response_tokens.sample(&mut self.rng) * self.factor)
             .round()
             .clamp(1.0, MAX_TOKENS) as u32;
         Observation {
@@ -107,7 +111,7 @@ impl SimEnv {
         {
             std::future::pending::<()>().await;
         }
-        let s = d.sample(&mut self.rng);
+        let s = d.sample(&mut self.rng) * self.factor;
         if s > 0.0 {
             let s = s.min(MAX_LATENCY_S);
             tokio::time::sleep(std::time::Duration::from_secs_f64(s)).await;
@@ -123,11 +127,18 @@ impl SimEnv {
 
 impl Environment for SimEnv {
     async fn reset(&mut self, seed: u64) -> Result<Observation, EnvError> {
+        // The prompt's difficulty follows the seed alone: every episode of the group shares it.
+        self.factor = self.cfg.difficulty.as_ref().map_or(1.0, |d| {
+            d.sample(&mut SmallRng::seed_from_u64(seed ^ 0xd1ff_1c01_7ee5_eed5))
+                .max(0.0)
+        });
         // The episode's own randomness follows its seed, so groups replay identically.
         self.rng = SmallRng::seed_from_u64(seed ^ self.rng.random::<u64>());
         let d = self.cfg.reset_latency.clone();
         self.latency(&d).await?;
-        self.turns_left = self.cfg.turns.sample(&mut self.rng).round().max(1.0) as u32;
+        self.turns_left = (self.cfg.turns.sample(&mut self.rng) * self.factor)
+            .round()
+            .clamp(1.0, f64::from(u32::MAX)) as u32;
         self.success = self.rng.random_bool(self.cfg.success_rate.clamp(0.0, 1.0));
         Ok(self.observation(true))
     }

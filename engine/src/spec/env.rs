@@ -38,6 +38,13 @@ pub enum EnvSpec {
         failure_probability: f64,
         #[serde(default)]
         hang_probability: f64,
+        /// Correlated difficulty: a factor drawn once per prompt (group) from this
+        /// distribution scales the turns, response lengths and environment latencies of every
+        /// episode of the group, so stragglers are hard prompts rather than independent draws.
+        /// Default: none (factor 1).
+        #[serde(default)]
+        #[schema(value_type = Option<Object>)]
+        difficulty: Option<Dist>,
     },
     /// FrozenLake (4×4 or 8×8, slippery or not); actions `left|down|right|up`.
     Frozenlake {
@@ -468,10 +475,27 @@ impl EnvSpec {
             success_rate,
             failure_probability,
             hang_probability,
+            difficulty,
         } = self
         else {
             return;
         };
+        if let Some(d) = difficulty {
+            let found = d.problems();
+            let valid = found.is_empty();
+            for m in found {
+                problems.push(format!("{p}.difficulty"), m);
+            }
+            if valid && d.upper() > 100.0 {
+                problems.push(
+                    format!("{p}.difficulty"),
+                    format!(
+                        "a factor reaches {:.3e} (its largest value, or six standard deviations up); at most 100 allowed (negative draws count as 0)",
+                        d.upper()
+                    ),
+                );
+            }
+        }
         // (field, distribution, the largest value it may reach)
         for (name, d, max) in [
             ("reset_latency_s", reset_latency_s, super::MAX_SECONDS),

@@ -66,6 +66,7 @@ fn base_factory(spec: &EnvSpec, seed_base: u64, limits: &EnvLimits) -> EnvFactor
             success_rate,
             failure_probability,
             hang_probability,
+            difficulty,
         } => {
             let d = SimEnvConfig::default();
             let cfg = SimEnvConfig {
@@ -78,6 +79,7 @@ fn base_factory(spec: &EnvSpec, seed_base: u64, limits: &EnvLimits) -> EnvFactor
                 success_rate: *success_rate,
                 failure_probability: *failure_probability,
                 hang_probability: *hang_probability,
+                difficulty: difficulty.clone(),
             };
             Arc::new(move |i| {
                 Box::new(SimEnv::new(

@@ -147,18 +147,17 @@ pub fn prior_tokens(t: &TaskSpec) -> Tokens {
             observation_tokens,
             prompt_tokens,
             response_tokens,
+            difficulty,
             ..
         } => {
-            let turns = turns
-                .as_ref()
-                .map_or(1.0, |d| d.mean())
+            // A prompt's difficulty scales its turns and answers (mean factor).
+            let f = difficulty.as_ref().map_or(1.0, |d| d.mean().max(0.0));
+            let turns = (turns.as_ref().map_or(1.0, |d| d.mean()) * f)
                 .min(t.max_turns as f64)
                 .max(1.0);
             let obs = observation_tokens.as_ref().map_or(64.0, |d| d.mean());
             let prompt = prompt_tokens.as_ref().map_or(obs, |d| d.mean());
-            let resp = response_tokens
-                .as_ref()
-                .map_or(64.0, |d| d.mean())
+            let resp = (response_tokens.as_ref().map_or(64.0, |d| d.mean()) * f)
                 .min(t.max_tokens_per_turn as f64);
             if t.context == ContextMode::Rewrite {
                 // The whole context every turn: the prompt, then the grown history.
