@@ -11,7 +11,8 @@ pub(crate) use canvas::register_font;
 pub use canvas::{DrawError, PlotError};
 pub use plots::plots;
 pub use summary::{
-    EvalChange, Summary, TaskSummary, WINDOW, eval_change, random_policy_success, summarise, write,
+    EvalChange, RolloutSummary, Summary, TaskSummary, WINDOW, eval_change, random_policy_success,
+    rollout_summary, summarise, write,
 };
 
 #[cfg(test)]

@@ -807,3 +807,60 @@ difficulty = { lognormal = { mu = 0.0, sigma = 0.6 } }
         "prompts differ: {turns_per_group:?}"
     );
 }
+
+/// Where a step's time went: each stage per trajectory, the batch's span, the trainer's wait
+/// for its batch — per step and in the run's summary.
+#[test]
+fn rollout_metrics_break_each_step_down_by_stage() {
+    let spec = SpecBuilder::new()
+        .pool("h20", "H20", 2, "")
+        .extra(
+            r#"[[tasks]]
+domain = "agent"
+group_size = 4
+max_turns = 10
+max_tokens_per_turn = 256
+[tasks.env]
+kind = "sim"
+reset_latency_s = { constant = 2.0 }
+step_latency_s = { constant = 0.5 }
+turns = { constant = 3 }
+observation_tokens = { constant = 50 }
+response_tokens = { constant = 100 }
+[trainer]
+kind = "sim"
+seconds_per_token = 0.001
+gpus = 1
+"#,
+        )
+        .rollout("batch_size = 4")
+        .rollout("steps = 4")
+        .rollout("filter_all_equal = false")
+        .build();
+    let r = run_recorded(spec);
+    for (m, b) in &r.batches {
+        let s = m.rollout.stages;
+        assert!((s.reset_s - 2.0).abs() < 1e-9, "{s:?}");
+        assert!((s.env_step_s - 1.5).abs() < 1e-9, "{s:?}");
+        assert!(s.generate_s > 0.0 && s.reward_s >= 0.0 && s.wait_s >= 0.0);
+        // The batch's span covers its slowest trajectory.
+        let longest = b
+            .trajectories()
+            .map(|t| t.timings.ended_at_s - t.timings.started_at_s)
+            .fold(0.0, f64::max);
+        assert!(m.rollout.rollout_s >= longest - 1e-9 && longest >= 3.5);
+        assert!(m.wait_batch_s <= m.step_s + 1e-9);
+    }
+    let steps: Vec<_> = r.batches.iter().map(|(m, _)| m.clone()).collect();
+    let sum = engine::report::summarise("j", "succeeded", &steps);
+    let ro = &sum.rollout;
+    assert!((ro.stages.reset_s - 2.0).abs() < 1e-9);
+    let waits: Vec<f64> = steps.iter().map(|m| m.wait_batch_s).collect();
+    assert_eq!(
+        ro.wait_batch_s_max,
+        waits.iter().copied().fold(0.0, f64::max)
+    );
+    let share = waits.iter().sum::<f64>() / steps.iter().map(|m| m.step_s).sum::<f64>();
+    assert!((ro.wait_batch_share - share).abs() < 1e-12 && share > 0.0 && share <= 1.0);
+    assert!(ro.rollout_s_mean >= 3.5);
+}

@@ -56,6 +56,7 @@ pub(super) async fn drive(
         evals.push(evaluate(e, 0, installed).await);
     }
     for step in job.start_step..knobs.steps {
+        let mut weight_sync_s = 0.0;
         let t_wait = tokio::time::Instant::now();
         let batch = next_batch(job, a, report, step, step_limit).await?;
         let wait_batch_s = t_wait.elapsed().as_secs_f64();
@@ -64,11 +65,13 @@ pub(super) async fn drive(
         if knobs.overlap_training {
             // Suspend, install the newest finished weights, resume; rollout goes on while
             // the step trains.
+            let t_sync = tokio::time::Instant::now();
             installed = installed_now(
                 job,
                 installed,
                 update_weights(&a.pools, &a.weights, installed, policy, &a.scheduler).await?,
             );
+            weight_sync_s += t_sync.elapsed().as_secs_f64();
             t_train = tokio::time::Instant::now();
             stats = train(&a.trainer, batch.clone(), &job.cancel, step_limit).await?;
         } else {
@@ -78,13 +81,17 @@ pub(super) async fn drive(
             suspend_all(&a.pools).await?;
             t_train = tokio::time::Instant::now();
             stats = train(&a.trainer, batch.clone(), &job.cancel, step_limit).await?;
+            let t_sync = tokio::time::Instant::now();
             installed = installed_now(
                 job,
                 installed,
                 update_weights(&a.pools, &a.weights, installed, policy, &a.scheduler).await?,
             );
+            weight_sync_s += t_sync.elapsed().as_secs_f64();
             let _ = a.scheduler.cast(SchedMsg::Training(false));
         }
+        // Without overlap, the install after training counts in `train_s` too (generation
+        // waits for both).
         let train_s = t_train.elapsed().as_secs_f64();
         let now = tokio::time::Instant::now();
         let times = StepTimes {
@@ -92,6 +99,7 @@ pub(super) async fn drive(
             step_s: now.duration_since(last_step_end).as_secs_f64(),
             train_s,
             wait_batch_s,
+            weight_sync_s,
         };
         let mut m = sources
             .collect(times, &stats, &batch, &mut timeline)

@@ -21,6 +21,68 @@ use super::supervisor::SupervisorReport;
 use super::{CONTROL_TIMEOUT, JobError};
 use crate::hub::FunctionHub;
 
+/// Where one step's rollout time went: the span of its batch, each stage per trajectory, the
+/// weight installs, and the work thrown away.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RolloutMetrics {
+    /// From the first trajectory of the batch starting to the last one ending.
+    pub rollout_s: f64,
+    /// Mean seconds per trajectory of the batch in each stage.
+    pub stages: StageSeconds,
+    /// Seconds the step spent suspending, installing weights and resuming generation.
+    pub weight_sync_s: f64,
+    /// Since the start: episodes cancelled once their group was full (redundancy), and
+    /// aborted or evicted for staleness.
+    pub cancelled_episodes: u64,
+    pub stale_aborted: u64,
+    pub stale_evicted: u64,
+}
+
+/// Mean seconds per trajectory in each stage of an episode.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StageSeconds {
+    /// Environment reset.
+    pub reset_s: f64,
+    /// Generation (prefill and decode, queueing at the shard included).
+    pub generate_s: f64,
+    /// Environment steps.
+    pub env_step_s: f64,
+    /// Reward functions.
+    pub reward_s: f64,
+    /// Waiting: for an environment, at a barrier, or suspended for a weight update.
+    pub wait_s: f64,
+}
+
+impl StageSeconds {
+    /// The weighted mean of several (stage seconds, weight) pairs.
+    pub fn weighted_mean(items: impl Iterator<Item = (StageSeconds, f64)>) -> Self {
+        let mut s = Self::default();
+        let mut total = 0.0;
+        for (x, w) in items {
+            s.reset_s += w * x.reset_s;
+            s.generate_s += w * x.generate_s;
+            s.env_step_s += w * x.env_step_s;
+            s.reward_s += w * x.reward_s;
+            s.wait_s += w * x.wait_s;
+            total += w;
+        }
+        if total > 0.0 {
+            for v in [
+                &mut s.reset_s,
+                &mut s.generate_s,
+                &mut s.env_step_s,
+                &mut s.reward_s,
+                &mut s.wait_s,
+            ] {
+                *v /= total;
+            }
+        }
+        s
+    }
+}
+
 /// Metrics of one training step (stored per step and streamed as events).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -42,6 +104,8 @@ pub struct StepMetrics {
     pub trainer: actors::trainer::TrainerNumbers,
     /// Time the step driver waited for the batch.
     pub wait_batch_s: f64,
+    /// Where the step's rollout time went.
+    pub rollout: RolloutMetrics,
     pub groups: usize,
     pub trajectories: usize,
     pub mean_reward: f64,
@@ -174,6 +238,7 @@ pub(super) struct StepTimes {
     pub step_s: f64,
     pub train_s: f64,
     pub wait_batch_s: f64,
+    pub weight_sync_s: f64,
 }
 
 impl MetricSources<'_> {
@@ -197,6 +262,7 @@ impl MetricSources<'_> {
             wait_batch_s: t.wait_batch_s,
             ..StepMetrics::default()
         };
+        m.rollout.weight_sync_s = t.weight_sync_s;
         batch_metrics(&mut m, batch);
         let mut busy_now: BTreeMap<String, f64> = BTreeMap::new();
         m.scheduler = call(self.scheduler, SchedMsg::Snapshot, CONTROL_TIMEOUT)
@@ -242,6 +308,9 @@ impl MetricSources<'_> {
             .await
             .map_err(JobError::call("sample buffer"))?;
         m.trajectories_per_s = m.buffer.committed as f64 / elapsed;
+        m.rollout.cancelled_episodes = m.scheduler.cancelled_extras;
+        m.rollout.stale_aborted = m.scheduler.aborted_stale;
+        m.rollout.stale_evicted = m.buffer.evicted_stale;
         self.counters(&mut m);
         if timeline.on {
             for (task, c) in self.env_counters {
@@ -284,6 +353,31 @@ fn batch_metrics(m: &mut StepMetrics, batch: &Batch) {
         .collect();
     m.staleness_mean = stale.iter().sum::<u64>() as f64 / n;
     m.staleness_max = stale.iter().copied().max().unwrap_or(0);
+    let first = trajs
+        .iter()
+        .map(|t| t.timings.started_at_s)
+        .fold(f64::INFINITY, f64::min);
+    let last = trajs
+        .iter()
+        .map(|t| t.timings.ended_at_s)
+        .fold(f64::NEG_INFINITY, f64::max);
+    m.rollout.rollout_s = if trajs.is_empty() {
+        0.0
+    } else {
+        (last - first).max(0.0)
+    };
+    m.rollout.stages = StageSeconds::weighted_mean(trajs.iter().map(|t| {
+        (
+            StageSeconds {
+                reset_s: t.timings.reset_s,
+                generate_s: t.timings.generate_s,
+                env_step_s: t.timings.env_step_s,
+                reward_s: t.timings.reward_s,
+                wait_s: t.timings.wait_s,
+            },
+            1.0,
+        )
+    }));
     for t in &trajs {
         let e = m.tasks.entry(t.task.clone()).or_default();
         e.trajectories += 1;

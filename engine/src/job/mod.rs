@@ -34,7 +34,9 @@ use scheduler::SchedMsg;
 use supervisor::SupervisorReport;
 
 pub use error::{JobError, ObserverError};
-pub use metrics::{NoObserver, PoolMetrics, StepMetrics, StepObserver, TaskMetrics};
+pub use metrics::{
+    NoObserver, PoolMetrics, RolloutMetrics, StageSeconds, StepMetrics, StepObserver, TaskMetrics,
+};
 
 /// How long control calls to the job's actors may take (virtual or wall time).
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(3600);

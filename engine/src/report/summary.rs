@@ -51,6 +51,8 @@ pub struct Summary {
     pub staleness_max: u64,
     /// Trajectories that ended at their context budget, trained or masked.
     pub truncated: u64,
+    /// Where the steps' time went: rollout span, trainer waits, stages, weight syncs.
+    pub rollout: RolloutSummary,
     pub tasks: BTreeMap<String, TaskSummary>,
     /// Every held-out evaluation, in order.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -66,6 +68,55 @@ pub struct Summary {
     pub seed: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spec: Option<serde_json::Value>,
+}
+
+/// Where a run's step time went (over the steps given: a scenario leaves out its warm-up).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct RolloutSummary {
+    pub step_s_mean: f64,
+    /// Span of a step's batch: its first trajectory's start to its last one's end.
+    pub rollout_s_mean: f64,
+    pub train_s_mean: f64,
+    /// The trainer waiting for its batch (`get_batch`): mean and longest, and its share of
+    /// the steps' time.
+    pub wait_batch_s_mean: f64,
+    pub wait_batch_s_max: f64,
+    pub wait_batch_share: f64,
+    /// Suspend, install and resume per step.
+    pub weight_sync_s_mean: f64,
+    /// Seconds per trained trajectory in each stage (weighted by trajectories).
+    pub stages: crate::job::StageSeconds,
+    /// At the last step, since the start: truncated trajectories, episodes cancelled as
+    /// extras of full groups, aborted and evicted for staleness.
+    pub truncated: u64,
+    pub cancelled_episodes: u64,
+    pub stale_aborted: u64,
+    pub stale_evicted: u64,
+}
+
+/// The rollout figures of `steps`.
+pub fn rollout_summary(steps: &[&StepMetrics]) -> RolloutSummary {
+    let n = steps.len().max(1) as f64;
+    let sum = |f: fn(&StepMetrics) -> f64| steps.iter().map(|m| f(m)).sum::<f64>();
+    let last = steps.last();
+    RolloutSummary {
+        step_s_mean: sum(|m| m.step_s) / n,
+        rollout_s_mean: sum(|m| m.rollout.rollout_s) / n,
+        train_s_mean: sum(|m| m.train_s) / n,
+        wait_batch_s_mean: sum(|m| m.wait_batch_s) / n,
+        wait_batch_s_max: steps.iter().map(|m| m.wait_batch_s).fold(0.0, f64::max),
+        wait_batch_share: sum(|m| m.wait_batch_s) / sum(|m| m.step_s).max(1e-9),
+        weight_sync_s_mean: sum(|m| m.rollout.weight_sync_s) / n,
+        stages: crate::job::StageSeconds::weighted_mean(
+            steps
+                .iter()
+                .map(|m| (m.rollout.stages, m.trajectories as f64)),
+        ),
+        truncated: last.map_or(0, |m| m.buffer.truncated),
+        cancelled_episodes: last.map_or(0, |m| m.rollout.cancelled_episodes),
+        stale_aborted: last.map_or(0, |m| m.rollout.stale_aborted),
+        stale_evicted: last.map_or(0, |m| m.rollout.stale_evicted),
+    }
 }
 
 /// A held-out task's pass@1 at its first and last evaluation.
@@ -242,6 +293,7 @@ pub fn summarise(job: &str, state: &str, steps: &[StepMetrics]) -> Summary {
         bubble_ratio_mean: mean(steps.iter().map(|m| m.bubble_ratio)),
         staleness_max: steps.iter().map(|m| m.staleness_max).max().unwrap_or(0),
         truncated: steps.iter().map(|m| m.buffer.truncated).max().unwrap_or(0),
+        rollout: rollout_summary(&steps.iter().collect::<Vec<_>>()),
         tasks,
         eval_change: eval_change(&evals),
         eval: evals,

@@ -29,6 +29,9 @@ pub struct RunResult {
     /// (work thrown away).
     pub stale_aborted: u64,
     pub stale_evicted: u64,
+    /// Where the step time went after the warm-up: rollout span, trainer waits, stages,
+    /// weight syncs, cancelled work.
+    pub rollout: crate::report::RolloutSummary,
 }
 
 /// A check's outcome.

@@ -45,6 +45,14 @@ pub fn run_one(name: &str, spec: JobSpec, warmup: u64) -> Result<RunResult, JobE
         decode_tokens: s.pools.values().map(|p| p.decode_tokens).sum(),
         stale_aborted: s.steps.last().map_or(0, |m| m.scheduler.aborted_stale),
         stale_evicted: s.steps.last().map_or(0, |m| m.buffer.evicted_stale),
+        rollout: crate::report::rollout_summary(&{
+            let after: Vec<_> = s.steps.iter().filter(|m| m.step >= warmup).collect();
+            if after.is_empty() {
+                s.steps.iter().collect()
+            } else {
+                after
+            }
+        }),
     })
 }
 

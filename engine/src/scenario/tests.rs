@@ -193,6 +193,7 @@ fn result(name: &str, step_s: f64) -> RunResult {
         decode_tokens: 0,
         stale_aborted: 0,
         stale_evicted: 0,
+        rollout: Default::default(),
     }
 }
 
