@@ -109,7 +109,8 @@ pub enum BufferMsg {
     /// A finished or failed trajectory. The buffer commits it through the sink before it
     /// counts towards a group (a redundant one, for a group already full, is discarded).
     Record(Box<Trajectory>),
-    /// The scheduler aborted the group (e.g. stale in flight).
+    /// The scheduler aborted the group (stale in flight, or an over-provisioned wave's
+    /// straggler): open or ready, it is dropped.
     Abort {
         group: u64,
     },
@@ -218,7 +219,9 @@ impl Actor for SampleBuffer {
                 st.try_fulfil();
             }
             BufferMsg::Abort { group } => {
-                if st.open.remove(&group).is_some() {
+                let was_ready = st.ready.len();
+                st.ready.retain(|g| g.id != group);
+                if st.open.remove(&group).is_some() || st.ready.len() < was_ready {
                     st.stats.aborted += 1;
                     (st.args.notify)(BufferEvent::Dropped {
                         group,

@@ -864,3 +864,81 @@ gpus = 1
     assert!((ro.wait_batch_share - share).abs() < 1e-12 && share > 0.0 && share <= 1.0);
     assert!(ro.rollout_s_mean >= 3.5);
 }
+
+/// Over-provisioned waves: `batch_size + k` groups per wave, the first `batch_size` to finish
+/// train, the stragglers are cancelled and their work reported as wasted. Under a
+/// heavy-tailed environment the synchronous baseline's steps get shorter.
+#[test]
+fn overprovisioned_waves_train_the_first_groups_and_cancel_the_stragglers() {
+    let run = |k: usize| {
+        SpecBuilder::new()
+            .pool("h20", "H20", 2, "")
+            .extra(
+                r#"[[tasks]]
+domain = "agent"
+group_size = 4
+max_turns = 10
+max_tokens_per_turn = 256
+[tasks.env]
+kind = "sim"
+step_latency_s = { lognormal = { mu = 0.0, sigma = 1.0 } }
+turns = { constant = 4 }
+observation_tokens = { constant = 50 }
+response_tokens = { constant = 100 }
+difficulty = { lognormal = { mu = 0.0, sigma = 0.5 } }
+"#,
+            )
+            .preset("sync")
+            .rollout("batch_size = 4")
+            .rollout("steps = 6")
+            .rollout(&format!("overprovision = {k}"))
+            .seed(4)
+            .build()
+    };
+    let base = run_recorded(run(0));
+    let over = run_recorded(run(3));
+    for (m, b) in &over.batches {
+        assert_eq!(b.groups.len(), 4, "a batch holds batch_size groups");
+        assert_eq!(m.staleness_max, 0, "cancelled groups never train late");
+    }
+    let last = &over.batches.last().unwrap().0;
+    let s = &last.scheduler;
+    // Every wave admits batch + 3 (the wave after the last step has started by the time
+    // its record is taken).
+    assert!(
+        s.admitted_groups.is_multiple_of(7) && s.admitted_groups >= 6 * 7,
+        "{}",
+        s.admitted_groups
+    );
+    assert_eq!(s.cancelled_groups, 6 * 3, "and cancels the 3 slowest");
+    assert!(s.cancelled_tokens > 0 && s.cancelled_env_s > 0.0, "{s:?}");
+    assert_eq!(last.rollout.cancelled_groups, s.cancelled_groups);
+    assert_eq!(base.batches.last().unwrap().0.scheduler.cancelled_groups, 0);
+    // The batch waits for the 4 fastest of 7 groups, not for all of 4.
+    let mean = |r: &tests::Recorded| {
+        r.batches.iter().map(|(m, _)| m.step_s).sum::<f64>() / r.batches.len() as f64
+    };
+    assert!(
+        mean(&over) < 0.9 * mean(&base),
+        "over-provisioned {:.1} s vs {:.1} s",
+        mean(&over),
+        mean(&base)
+    );
+    // Over-provisioning needs waves.
+    let errs = engine::spec::parse(
+        &SpecBuilder::new()
+            .pool("h20", "H20", 1, "")
+            .single_turn("math", "")
+            .rollout("barrier = \"none\"")
+            .rollout("overprovision = 2")
+            .toml(),
+        engine::spec::Format::Toml,
+    )
+    .expect_err("needs waves")
+    .0;
+    assert!(
+        errs.iter()
+            .any(|e| e.field == "rollout.overprovision" && e.message.contains("barrier")),
+        "{errs:?}"
+    );
+}

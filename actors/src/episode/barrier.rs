@@ -16,6 +16,17 @@ struct WaveState {
     at_turn: Vec<oneshot::Sender<()>>,
     /// Episodes waiting for the whole wave to finish, in arrival order.
     at_end: Vec<oneshot::Sender<()>>,
+    /// Over-provisioned waves: the end comes once this many groups have each finished
+    /// their episodes (the rest of the wave is cancelled), not when every episode has.
+    quorum: Option<Quorum>,
+}
+
+#[derive(Debug, Default)]
+struct Quorum {
+    groups: usize,
+    /// Per group: episodes finished, and how many make it whole.
+    progress: std::collections::BTreeMap<u64, (usize, usize)>,
+    whole: usize,
 }
 
 impl WaveState {
@@ -32,7 +43,8 @@ impl WaveState {
                 let _ = w.send(());
             }
         }
-        if self.finished >= self.participants {
+        let quorum = self.quorum.as_ref().is_some_and(|q| q.whole >= q.groups);
+        if self.finished >= self.participants || quorum {
             for w in self.at_end.drain(..) {
                 let _ = w.send(());
             }
@@ -55,6 +67,26 @@ impl WaveBarrier {
         }
     }
 
+    /// A wave of `participants` episodes whose end (the batch barrier) comes once `groups`
+    /// of its groups (id → episodes that make it whole) have finished.
+    pub fn with_quorum(
+        participants: usize,
+        groups: usize,
+        sizes: impl IntoIterator<Item = (u64, usize)>,
+    ) -> Self {
+        Self {
+            state: Mutex::new(WaveState {
+                participants,
+                quorum: Some(Quorum {
+                    groups,
+                    progress: sizes.into_iter().map(|(g, n)| (g, (0, n))).collect(),
+                    whole: 0,
+                }),
+                ..WaveState::default()
+            }),
+        }
+    }
+
     fn with<T>(&self, f: impl FnOnce(&mut WaveState) -> T) -> T {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let out = f(&mut s);
@@ -72,9 +104,19 @@ impl WaveBarrier {
         let _ = rx.await;
     }
 
-    /// This episode is done stepping (ended, failed or truncated).
-    pub fn finish(&self) {
-        self.with(|s| s.finished += 1);
+    /// This episode (of `group`) is done stepping (ended, failed or truncated).
+    pub fn finish(&self, group: u64) {
+        self.with(|s| {
+            s.finished += 1;
+            if let Some(q) = &mut s.quorum
+                && let Some((done, need)) = q.progress.get_mut(&group)
+            {
+                *done += 1;
+                if *done == *need {
+                    q.whole += 1;
+                }
+            }
+        });
     }
 
     /// This episode left without finishing (cancelled).
@@ -107,7 +149,7 @@ mod tests {
                 tokio::time::sleep(Duration::from_secs(delay)).await;
                 if i == 2 {
                     // Episode 2 ends after its first turn: it must not hold the others.
-                    b.finish();
+                    b.finish(0);
                     return tokio::time::Instant::now();
                 }
                 b.turn().await;

@@ -145,6 +145,9 @@ pub struct EpisodeParams {
     pub prefill: Option<PrefillRoute>,
     /// The group's dataset row (tasks with a dataset), handed to the environment's reset.
     pub record: Option<crate::env::Record>,
+    /// Tokens prefilled and generated so far, for whoever may cancel the episode (what a
+    /// cancellation wastes).
+    pub progress: Option<Arc<std::sync::atomic::AtomicU64>>,
 }
 
 /// The prefill side of a disaggregated pool for one trajectory.
@@ -157,14 +160,14 @@ pub struct PrefillRoute {
 }
 
 /// Leaves the wave barrier if the episode is dropped (cancelled) before finishing.
-struct BarrierGuard(Option<Arc<WaveBarrier>>, bool);
+struct BarrierGuard(Option<Arc<WaveBarrier>>, bool, u64);
 
 impl BarrierGuard {
     fn finish(&mut self) {
         if let Some(b) = &self.0
             && !self.1
         {
-            b.finish();
+            b.finish(self.2);
             self.1 = true;
         }
     }
@@ -246,7 +249,7 @@ pub async fn run_detached(shared: &EpisodeShared, p: &EpisodeParams) -> Trajecto
 
 async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
     let task = &shared.tasks[p.task];
-    let mut guard = BarrierGuard(p.barrier.clone(), false);
+    let mut guard = BarrierGuard(p.barrier.clone(), false, p.group);
     let mut traj = new_trajectory(shared, p, task);
     let wait0 = tokio::time::Instant::now();
     let Some(mut env) = task.envs.lease().await else {
@@ -292,7 +295,15 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
             .instrument(turn_span.clone())
             .await
         {
-            Ok(turn) => turn,
+            Ok(turn) => {
+                if let Some(c) = &p.progress {
+                    c.fetch_add(
+                        u64::from(turn.prefill_tokens) + turn.response_tokens.len() as u64,
+                        std::sync::atomic::Ordering::Relaxed,
+                    );
+                }
+                turn
+            }
             Err(TurnEnd::Failed(failure)) => {
                 traj.failure = Some(failure);
                 break;

@@ -202,6 +202,7 @@ impl Evaluator {
                         barrier: None,
                         prefill: None,
                         record,
+                        progress: None,
                     };
                     let shared = self.shared.clone();
                     async move { (p, episode::run_detached(&shared, &params).await) }

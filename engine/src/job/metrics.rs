@@ -32,9 +32,14 @@ pub struct RolloutMetrics {
     pub stages: StageSeconds,
     /// Seconds the step spent suspending, installing weights and resuming generation.
     pub weight_sync_s: f64,
-    /// Since the start: episodes cancelled once their group was full (redundancy), and
-    /// aborted or evicted for staleness.
+    /// Since the start: episodes cancelled once their group was full (redundancy), groups
+    /// of a wave cancelled once its batch was full (over-provisioning), what those
+    /// cancellations threw away (tokens prefilled and generated, seconds environments were
+    /// held), and groups aborted or evicted for staleness.
     pub cancelled_episodes: u64,
+    pub cancelled_groups: u64,
+    pub cancelled_tokens: u64,
+    pub cancelled_env_s: f64,
     pub stale_aborted: u64,
     pub stale_evicted: u64,
 }
@@ -309,6 +314,9 @@ impl MetricSources<'_> {
             .map_err(JobError::call("sample buffer"))?;
         m.trajectories_per_s = m.buffer.committed as f64 / elapsed;
         m.rollout.cancelled_episodes = m.scheduler.cancelled_extras;
+        m.rollout.cancelled_groups = m.scheduler.cancelled_groups;
+        m.rollout.cancelled_tokens = m.scheduler.cancelled_tokens;
+        m.rollout.cancelled_env_s = m.scheduler.cancelled_env_s;
         m.rollout.stale_aborted = m.scheduler.aborted_stale;
         m.rollout.stale_evicted = m.buffer.evicted_stale;
         self.counters(&mut m);

@@ -68,6 +68,12 @@ pub struct SchedSnapshot {
     pub admitted_groups: u64,
     pub dispatched_episodes: u64,
     pub cancelled_extras: u64,
+    /// Over-provisioned groups of a wave cancelled once its batch was full.
+    pub cancelled_groups: u64,
+    /// What cancelling extras and over-provisioned groups threw away: tokens prefilled and
+    /// generated, and seconds their environments were held.
+    pub cancelled_tokens: u64,
+    pub cancelled_env_s: f64,
     pub aborted_stale: u64,
     pub retries: u64,
     pub failed_episodes: u64,
@@ -114,15 +120,33 @@ struct GroupRun {
     /// The dataset position of its row (tasks with a dataset).
     position: Option<u64>,
     record: Option<actors::env::Record>,
+    /// The wave it was admitted in (barrier modes).
+    wave: Option<u64>,
+    /// What its ended episodes took: tokens prefilled and generated, seconds each held its
+    /// environment (wasted if the group is cancelled).
+    spent: Waste,
 }
 
 struct EpisodeRun {
+    group: u64,
     pool: usize,
     task: usize,
     /// The prefill shard of a disaggregated pool.
     prefill_shard: Option<usize>,
     shard: usize,
     handle: tokio::task::AbortHandle,
+    /// When it was dispatched, and the tokens it has prefilled and generated so far (what
+    /// a cancellation wastes).
+    started: tokio::time::Instant,
+    tokens: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// Work thrown away by cancelling episodes.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Waste {
+    episodes: usize,
+    tokens: u64,
+    env_s: f64,
 }
 
 /// Groups that fail one after another before the first batch, after which a job gives up
@@ -150,6 +174,8 @@ pub struct SchedState {
     open_groups: usize,
     next_group: u64,
     next_episode: u64,
+    /// Waves admitted so far (barrier modes).
+    wave: u64,
     /// Smooth weighted round-robin credit per task.
     credit: Vec<f64>,
     task_groups: Vec<u64>,
@@ -247,6 +273,7 @@ impl Actor for Scheduler {
             open_groups: 0,
             next_group: cursor.next_group,
             next_episode: 0,
+            wave: 0,
             credit: cursor.credit.clone(),
             task_groups: cursor.task_groups.clone(),
             rng_draws: cursor.rng_draws,
@@ -313,6 +340,11 @@ impl Actor for Scheduler {
             }) => {
                 if let Some(e) = st.episodes.remove(&episode) {
                     st.release_shards(&e);
+                    if let Some(g) = st.groups.get_mut(&e.group) {
+                        g.spent.episodes += 1;
+                        g.spent.tokens += e.tokens.load(std::sync::atomic::Ordering::Relaxed);
+                        g.spent.env_s += e.started.elapsed().as_secs_f64();
+                    }
                 }
                 st.reap();
                 if failed {
@@ -399,8 +431,9 @@ impl SchedState {
                 }
             }
             BufferEvent::CancelExtras { group } => {
-                let n = self.abort_group_episodes(group);
-                self.snap.cancelled_extras += n as u64;
+                let w = self.abort_group_episodes(group);
+                self.snap.cancelled_extras += w.episodes as u64;
+                self.count_waste(w);
             }
             BufferEvent::Ready { group } => {
                 if let Some(g) = self.groups.get_mut(&group) {
@@ -482,10 +515,15 @@ impl SchedState {
             BufferEvent::Consumed { groups, .. } => {
                 self.consumed += 1;
                 self.snap.consumed = self.consumed;
+                let mut waves = std::collections::BTreeSet::new();
                 for g in groups {
-                    if self.groups.remove(&g).is_some() {
+                    if let Some(run) = self.groups.remove(&g) {
                         self.open_groups -= 1;
+                        waves.extend(run.wave);
                     }
+                }
+                if self.a.knobs.overprovision > 0 {
+                    self.cancel_stragglers(&waves);
                 }
             }
         }
@@ -537,16 +575,44 @@ impl SchedState {
             })
     }
 
-    fn abort_group_episodes(&mut self, gid: u64) -> usize {
+    /// Over-provisioning: once a wave's batch is taken, the rest of the wave is cancelled —
+    /// groups still running, and any that finished too late to be taken (the buffer drops
+    /// them; a dataset row goes back to be drawn again).
+    fn cancel_stragglers(&mut self, waves: &std::collections::BTreeSet<u64>) {
+        let stragglers: Vec<u64> = self
+            .groups
+            .iter()
+            .filter(|(_, g)| g.wave.is_some_and(|w| waves.contains(&w)))
+            .map(|(id, _)| *id)
+            .collect();
+        for gid in stragglers {
+            let spent = self.groups.get(&gid).map(|g| g.spent).unwrap_or_default();
+            let w = self.abort_group_episodes(gid);
+            self.count_waste(w);
+            self.count_waste(spent);
+            self.snap.cancelled_groups += 1;
+            let _ = self.a.buffer.cast(BufferMsg::Abort { group: gid });
+        }
+    }
+
+    fn count_waste(&mut self, w: Waste) {
+        self.snap.cancelled_tokens += w.tokens;
+        self.snap.cancelled_env_s += w.env_s;
+    }
+
+    fn abort_group_episodes(&mut self, gid: u64) -> Waste {
         let Some(g) = self.groups.get_mut(&gid) else {
-            return 0;
+            return Waste::default();
         };
         g.closed = true;
-        let mut n = 0;
+        let mut waste = Waste::default();
         for eid in std::mem::take(&mut g.episodes) {
             if let Some(e) = self.episodes.remove(&eid) {
                 self.release_shards(&e);
                 e.handle.abort();
+                waste.episodes += 1;
+                waste.tokens += e.tokens.load(std::sync::atomic::Ordering::Relaxed);
+                waste.env_s += e.started.elapsed().as_secs_f64();
                 let sh = &self.a.pools[e.pool].shards[e.shard];
                 sh.abort(eid);
                 sh.release(eid);
@@ -556,10 +622,9 @@ impl SchedState {
                     sh.abort(eid);
                     sh.release(eid);
                 }
-                n += 1;
             }
         }
-        n
+        waste
     }
 
     fn abort_all(&mut self) {

@@ -86,10 +86,14 @@ pub struct RolloutSummary {
     pub weight_sync_s_mean: f64,
     /// Seconds per trained trajectory in each stage (weighted by trajectories).
     pub stages: crate::job::StageSeconds,
-    /// At the last step, since the start: truncated trajectories, episodes cancelled as
-    /// extras of full groups, aborted and evicted for staleness.
+    /// At the last step, since the start: truncated trajectories; episodes cancelled as
+    /// extras of full groups and over-provisioned groups cancelled, with the tokens and
+    /// environment-seconds they wasted; groups aborted and evicted for staleness.
     pub truncated: u64,
     pub cancelled_episodes: u64,
+    pub cancelled_groups: u64,
+    pub cancelled_tokens: u64,
+    pub cancelled_env_s: f64,
     pub stale_aborted: u64,
     pub stale_evicted: u64,
 }
@@ -114,6 +118,9 @@ pub fn rollout_summary(steps: &[&StepMetrics]) -> RolloutSummary {
         ),
         truncated: last.map_or(0, |m| m.buffer.truncated),
         cancelled_episodes: last.map_or(0, |m| m.rollout.cancelled_episodes),
+        cancelled_groups: last.map_or(0, |m| m.rollout.cancelled_groups),
+        cancelled_tokens: last.map_or(0, |m| m.rollout.cancelled_tokens),
+        cancelled_env_s: last.map_or(0.0, |m| m.rollout.cancelled_env_s),
         stale_aborted: last.map_or(0, |m| m.rollout.stale_aborted),
         stale_evicted: last.map_or(0, |m| m.rollout.stale_evicted),
     }

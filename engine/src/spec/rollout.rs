@@ -188,6 +188,13 @@ pub struct RolloutSpec {
     #[serde(default)]
     #[schema(exclusive_minimum = 0.0, maximum = 2592000.0)]
     pub step_timeout_s: Option<f64>,
+    /// Over-provisioned waves (RollArt's redundant environments) for the barrier modes: each
+    /// wave admits `batch_size + overprovision` groups, the first `batch_size` to finish make
+    /// the batch and the rest are cancelled (their tokens and environment time are reported
+    /// as wasted). Per-group redundancy (`tasks.redundancy`) works beside it. Default 0.
+    #[serde(default)]
+    #[schema(maximum = 65536)]
+    pub overprovision: Option<usize>,
 }
 
 /// Largest `rollout.fault_min_failures`.
@@ -213,6 +220,9 @@ pub struct Knobs {
     pub fault_window_s: f64,
     pub fault_min_failures: u64,
     pub step_timeout_s: f64,
+    /// Extra groups per wave (barrier modes), cancelled once the batch is full.
+    #[serde(default)]
+    pub overprovision: usize,
 }
 
 impl RolloutSpec {
@@ -237,6 +247,27 @@ impl RolloutSpec {
         }
         if r.alpha.is_some_and(|a| a > 1000) {
             problems.push("rollout.alpha".into(), "must be at most 1000".into());
+        }
+        if let Some(k) = r.overprovision
+            && k > 0
+        {
+            if k > super::MAX_BATCH_GROUPS {
+                problems.push(
+                    "rollout.overprovision".into(),
+                    format!(
+                        "must be at most {} groups, got {k}",
+                        super::MAX_BATCH_GROUPS
+                    ),
+                );
+            } else if spec.knobs().barrier == Barrier::None {
+                problems.push(
+                    "rollout.overprovision".into(),
+                    "over-provisioning cuts the stragglers of a wave (barrier = wave, turn or \
+                     batch); with barrier = none every extra group in flight trains in a later \
+                     step anyway (alpha bounds how many)"
+                        .into(),
+                );
+            }
         }
         if r.overlap_training == Some(true) && spec.knobs().alpha == 0 {
             problems.push(
@@ -339,6 +370,7 @@ impl JobSpec {
             on_weight_update: r.on_weight_update.unwrap_or(on_weight_update),
             max_concurrent_episodes: r.max_concurrent_episodes.unwrap_or(
                 batch_size
+                    .saturating_add(r.overprovision.unwrap_or(0))
                     .saturating_mul(group_eps)
                     .saturating_mul((alpha as usize).saturating_add(1)),
             ),
@@ -355,6 +387,7 @@ impl JobSpec {
                     3600.0
                 },
             ),
+            overprovision: r.overprovision.unwrap_or(0),
         }
     }
 

@@ -51,7 +51,10 @@ impl SchedState {
             if !self.episodes.is_empty() {
                 return;
             }
-            let n = quota.min(self.a.knobs.batch_size);
+            // Over-provisioned: `overprovision` groups more than the batch; the stragglers
+            // are cancelled once the batch is full (they never train, so never go stale).
+            let n = quota.min(self.a.knobs.batch_size) + self.a.knobs.overprovision;
+            self.wave += 1;
             let mut plan = Vec::new();
             let mut total = 0;
             for _ in 0..n {
@@ -65,11 +68,36 @@ impl SchedState {
                 total += eps;
                 plan.push(t);
             }
-            // A plain wave has no barrier inside: its trajectories advance on their own.
-            let barrier =
-                (self.a.knobs.barrier != Barrier::Wave).then(|| Arc::new(WaveBarrier::new(total)));
+            // A plain wave has no barrier inside: its trajectories advance on their own. An
+            // over-provisioned batch barrier ends once `batch_size` groups are whole.
+            let k = &self.a.knobs;
+            let barrier = match k.barrier {
+                Barrier::Wave | Barrier::None => None,
+                Barrier::Batch if k.overprovision > 0 => {
+                    let first = self.next_group;
+                    let sizes: Vec<(u64, usize)> = plan
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &t)| (first + i as u64, self.a.tasks[t].group_size))
+                        .collect();
+                    Some(Arc::new(WaveBarrier::with_quorum(
+                        total,
+                        k.batch_size.min(plan.len()),
+                        sizes,
+                    )))
+                }
+                Barrier::Turn | Barrier::Batch => Some(Arc::new(WaveBarrier::new(total))),
+            };
+            let before = self.snap.dispatched_episodes;
             for t in plan {
                 self.admit_task_group(t, barrier.clone());
+            }
+            // A group that could not start (its dataset used up) never joins the barrier.
+            if let Some(b) = &barrier {
+                let joined = (self.snap.dispatched_episodes - before) as usize;
+                for _ in joined..total {
+                    b.leave();
+                }
             }
         }
     }
@@ -185,6 +213,8 @@ impl SchedState {
                 closed: false,
                 position,
                 record,
+                wave: (self.a.knobs.barrier != Barrier::None).then_some(self.wave),
+                spent: Default::default(),
             },
         );
         self.open_groups += 1;
@@ -242,6 +272,7 @@ impl SchedState {
             )
         });
         self.pool_task_active[pool][task] += 1;
+        let tokens = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let params = EpisodeParams {
             id: eid,
             group: gid,
@@ -253,6 +284,7 @@ impl SchedState {
             barrier,
             prefill: prefill.as_ref().map(|p| p.1.clone()),
             record: self.groups.get(&gid).and_then(|g| g.record.clone()),
+            progress: Some(tokens.clone()),
         };
         // The episode reports its outcome through this task, so aborting the task also drops
         // the report (an aborted episode is accounted for by whoever aborted it).
@@ -265,11 +297,14 @@ impl SchedState {
         self.episodes.insert(
             eid,
             EpisodeRun {
+                group: gid,
                 pool,
                 task,
                 shard,
                 handle,
                 prefill_shard: prefill.map(|p| p.0),
+                started: tokio::time::Instant::now(),
+                tokens,
             },
         );
         if let Some(g) = self.groups.get_mut(&gid) {
