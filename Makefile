@@ -5,7 +5,7 @@ JOBS ?= 2
 export CARGO_BUILD_JOBS := $(JOBS)
 export CARGO_TERM_COLOR := never
 
-.PHONY: run run-llm test sdk-test bench bench-setup bench-sim learn learn-external plan lint fmt-check clippy ci build cuda-check setup sim chaos fuzz-api device-check
+.PHONY: run run-llm test sdk-test deploy-check bench bench-setup bench-sim learn learn-external plan lint fmt-check clippy ci build cuda-check setup sim chaos fuzz-api device-check
 
 GYMNASIUM_VERSION := 1.0.0
 SCHEMATHESIS_VERSION := 4.32.5
@@ -29,6 +29,10 @@ SDK_VENV ?= $(HOME)/.cache/rollarc/sdk-venv-2
 SDK_DEPS := httpx==0.28.1 msgpack==1.2.4 pandas==3.1.1 pyarrow==26.0.1 pyyaml==6.0.4 pytest==9.2.0 setuptools==84.2.1
 ## reasoning-gym: procedural reasoning tasks with verifiers (the `reasoning_gym` environment).
 REASONING_GYM_VERSION := 0.1.25
+## kubernetes-validate checks the service's Kubernetes manifests against the API's JSON schemas
+## (bundled in the wheel: offline), in its own virtual environment outside the tree.
+KUBE_VALIDATE_VERSION := 1.37.0
+KUBE_VALIDATE := $(HOME)/.cache/rollarc/kubernetes-validate-$(KUBE_VALIDATE_VERSION)/bin/kubernetes-validate
 
 ## Installs what the project needs (idempotent): the pinned toolchain's components,
 ## cargo-nextest, gymnasium and reasoning-gym (for their bridges and tests), bubblewrap (the sandbox),
@@ -46,6 +50,8 @@ setup:
 		echo "warning: bubblewrap could not be installed; external environments need sandbox = \"none\""
 	@test -f $(SDK_VENV)/.ready || { python3 -m venv $(SDK_VENV) && \
 		$(SDK_VENV)/bin/pip install --quiet --disable-pip-version-check $(SDK_DEPS) && touch $(SDK_VENV)/.ready; }
+	@test -x $(KUBE_VALIDATE) || { python3 -m venv $(dir $(KUBE_VALIDATE)).. && \
+		$(dir $(KUBE_VALIDATE))pip install --quiet --disable-pip-version-check "kubernetes-validate==$(KUBE_VALIDATE_VERSION)"; }
 	@test -x $(ST) || { python3 -m venv $(FUZZ_VENV) && \
 		$(FUZZ_VENV)/bin/pip install --quiet --disable-pip-version-check "schemathesis==$(SCHEMATHESIS_VERSION)"; }
 	@$(XLLAMACPP)/bin/python -c "import importlib.metadata as m, sys; sys.exit(m.version('xllamacpp') != '$(XLLAMACPP_VERSION)')" 2>/dev/null || { \
@@ -120,6 +126,12 @@ test: setup fmt-check clippy cuda-check
 	$(CARGO) nextest run --workspace --no-fail-fast
 	ST=$(ST) tests/fuzz-api.sh
 	$(MAKE) --no-print-directory sdk-test
+	$(MAKE) --no-print-directory deploy-check
+
+## The service's Kubernetes manifests against the Kubernetes 1.33 API schemas (strict: an
+## unknown field fails); the config they carry is started by a test (`cli::`).
+deploy-check: setup
+	$(KUBE_VALIDATE) --strict --quiet -k 1.33.0 infra/deploy/service/rollarc.yaml
 
 ## The Python SDK: installed from clients/python into its test environment, then its pytest
 ## suite against a real `rollarc serve` (target/debug/rollarc).

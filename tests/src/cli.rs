@@ -286,3 +286,37 @@ fn set_overrides_a_field_of_the_job_file() {
         "{out:?}"
     );
 }
+
+/// The service config the Kubernetes manifest carries (its ConfigMap) is one `rollarc serve`
+/// starts with: ready, the API closed to callers without a token, `/metrics` open to the
+/// scraper its pod annotations invite.
+#[tokio::test]
+async fn the_kubernetes_manifests_config_starts_the_service() {
+    let manifest = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../infra/deploy/service/rollarc.yaml"
+    ))
+    .unwrap();
+    let mut config = String::new();
+    let mut inside = false;
+    for line in manifest.lines() {
+        if line.trim_end() == "  service.toml: |" {
+            inside = true;
+        } else if inside && (line.is_empty() || line.starts_with("    ")) {
+            config.push_str(line.strip_prefix("    ").unwrap_or(""));
+            config.push('\n');
+        } else if inside {
+            break;
+        }
+    }
+    assert!(config.contains("[access]"), "{config}");
+    let dir = tempfile::tempdir().unwrap();
+    // `serve --addr` and `--data-dir` override the file's (the pod's) address and directory.
+    let server = tests::server::ServerProcess::start_with(&dir.path().join("data"), Some(&config));
+    let c = reqwest::Client::new();
+    let get = |path: &str| c.get(format!("{}{path}", server.base)).send();
+    assert_eq!(get("/readyz").await.unwrap().status(), 200);
+    assert_eq!(get("/healthz").await.unwrap().status(), 200);
+    assert_eq!(get("/v1/jobs").await.unwrap().status(), 401);
+    assert_eq!(get("/metrics").await.unwrap().status(), 200);
+}
