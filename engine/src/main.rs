@@ -26,8 +26,41 @@ struct Cli {
     /// Bearer token of the client commands (a service with `[access]` tokens needs one).
     #[arg(long, global = true, env = "ROLLARC_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// More log on the terminal: `-v` info, `-vv` debug (`RUST_LOG` overrides). Commands
+    /// show warnings only by default; `serve` logs at info. `run` and `serve` also keep the
+    /// whole log (info, or debug with `-vv`) in DATA_DIR/logs/rollarc.log.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+/// The log levels of a command: a service's log is its output (info); any other command's
+/// output is its result, so its terminal shows warnings unless asked for more.
+fn log_levels(cli: &Cli) -> infra::telemetry::LogLevels {
+    use infra::telemetry::{DEBUG_LOG, DEFAULT_LOG, LogLevels, QUIET_LOG};
+    let service = matches!(cli.cmd, Cmd::Serve { .. } | Cmd::EnvServe { .. });
+    let stderr = match (cli.verbose, service) {
+        (0, false) => QUIET_LOG,
+        (0, true) | (1, _) => DEFAULT_LOG,
+        _ => DEBUG_LOG,
+    };
+    LogLevels {
+        stderr,
+        file: if cli.verbose >= 2 {
+            DEBUG_LOG
+        } else {
+            DEFAULT_LOG
+        },
+    }
+}
+
+/// Where `run` and `serve` keep their whole log.
+fn log_file(data_dir: &std::path::Path) {
+    let path = data_dir.join("logs").join("rollarc.log");
+    if let Err(e) = infra::telemetry::log_to_file(&path) {
+        tracing::warn!(path = %path.display(), error = %e, "cannot write the log file");
+    }
 }
 
 #[derive(Subcommand)]
@@ -280,7 +313,7 @@ fn read_spec(file: &std::path::Path, sets: &[String]) -> anyhow::Result<JobSpec>
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let _guard = infra::telemetry::init_tracing(&infra::env::ProcessEnv);
+    let _guard = infra::telemetry::init_tracing_with(&infra::env::ProcessEnv, log_levels(&cli));
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
@@ -455,6 +488,7 @@ fn serve(
     let data_dir = data_dir
         .or(cfg.data_dir)
         .unwrap_or_else(|| PathBuf::from("data"));
+    log_file(&data_dir);
     let grace_s = cfg.grace_s.unwrap_or(10.0);
     if !(grace_s.is_finite() && (0.0..=engine::spec::MAX_SECONDS).contains(&grace_s)) {
         bail!(
@@ -566,10 +600,11 @@ fn run_job(
     let spec = read_spec(file, sets)?;
     runtime()?.block_on(async move {
         let service = Service::open(&ServiceConfig {
-            data_dir,
+            data_dir: data_dir.clone(),
             max_running: 1,
             max_memory: None,
         })?;
+        log_file(&data_dir);
         let id = service.submit(spec)?;
         let (first, rx) = service.subscribe(&id)?;
         let hub = service.functions.clone();

@@ -101,16 +101,88 @@ impl Drop for TracingGuard {
 /// every command's output).
 pub const DEFAULT_LOG: &str = "info,opentelemetry=warn,opentelemetry_sdk=warn,opentelemetry_otlp=warn,opentelemetry_prometheus=warn";
 
-/// Installs the log subscriber (`RUST_LOG`, default [`DEFAULT_LOG`]) and, when
-/// `OTEL_EXPORTER_OTLP_ENDPOINT` is set, an OTLP span exporter. Safe to call more than once.
+/// [`DEFAULT_LOG`] with more detail: rollarc's own crates at debug.
+pub const DEBUG_LOG: &str = "info,engine=debug,actors=debug,infra=debug,functions=debug,opentelemetry=warn,opentelemetry_sdk=warn,opentelemetry_otlp=warn,opentelemetry_prometheus=warn";
+/// Warnings and errors only (a command's own output is its result).
+pub const QUIET_LOG: &str = "warn";
+
+/// Where the log goes: the terminal at one level, and a file (once a command names it with
+/// [`log_to_file`]) at another.
+#[derive(Clone, Copy, Debug)]
+pub struct LogLevels {
+    /// On stderr, unless `RUST_LOG` says otherwise.
+    pub stderr: &'static str,
+    /// In the log file.
+    pub file: &'static str,
+}
+
+impl Default for LogLevels {
+    fn default() -> Self {
+        Self {
+            stderr: DEFAULT_LOG,
+            file: DEFAULT_LOG,
+        }
+    }
+}
+
+/// The log file, once set; lines before that go to stderr only.
+static LOG_FILE: std::sync::Mutex<Option<std::fs::File>> = std::sync::Mutex::new(None);
+
+/// Appends every later log line to `path` (its directory is created). The file is the full
+/// record of a run whose terminal shows only warnings.
+pub fn log_to_file(path: &std::path::Path) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    *LOG_FILE.lock().unwrap_or_else(|p| p.into_inner()) = Some(f);
+    Ok(())
+}
+
+/// Writes to the log file when one is set, else nowhere.
+struct FileSink;
+
+impl std::io::Write for FileSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match LOG_FILE.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            Some(f) => f.write_all(buf).map(|()| buf.len()),
+            None => Ok(buf.len()),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        match LOG_FILE.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            Some(f) => f.flush(),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Installs the log subscriber at the default levels (see [`init_tracing_with`]).
 pub fn init_tracing(env: &dyn EnvSource) -> TracingGuard {
-    let filter = EnvFilter::try_new(env.var("RUST_LOG").unwrap_or_else(|| DEFAULT_LOG.into()))
-        .unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG));
+    init_tracing_with(env, LogLevels::default())
+}
+
+/// Installs the log subscriber — stderr at `levels.stderr` (`RUST_LOG` overrides it), the log
+/// file at `levels.file` — and, when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, an OTLP span
+/// exporter. Safe to call more than once (the first call wins).
+pub fn init_tracing_with(env: &dyn EnvSource, levels: LogLevels) -> TracingGuard {
+    use tracing_subscriber::Layer;
+    let stderr_filter =
+        EnvFilter::try_new(env.var("RUST_LOG").unwrap_or_else(|| levels.stderr.into()))
+            .unwrap_or_else(|_| EnvFilter::new(levels.stderr));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let fmt = tracing_subscriber::fmt::layer()
         .with_target(false)
         .with_ansi(ansi)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_filter(stderr_filter);
+    let file = tracing_subscriber::fmt::layer()
+        .with_ansi(false)
+        .with_writer(|| FileSink)
+        .with_filter(EnvFilter::new(levels.file));
     let mut tracer = None;
     let otel = if env.var("OTEL_EXPORTER_OTLP_ENDPOINT").is_some() {
         match opentelemetry_otlp::SpanExporter::builder()
@@ -123,7 +195,11 @@ pub fn init_tracing(env: &dyn EnvSource) -> TracingGuard {
                     .build();
                 let t = opentelemetry::trace::TracerProvider::tracer(&provider, "rollarc");
                 tracer = Some(provider);
-                Some(tracing_opentelemetry::layer().with_tracer(t))
+                // Spans at the levels the log would show by default (`RUST_LOG` overrides).
+                let f =
+                    EnvFilter::try_new(env.var("RUST_LOG").unwrap_or_else(|| DEFAULT_LOG.into()))
+                        .unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG));
+                Some(tracing_opentelemetry::layer().with_tracer(t).with_filter(f))
             }
             Err(e) => {
                 eprintln!("OTLP span exporter disabled: {e}");
@@ -134,8 +210,8 @@ pub fn init_tracing(env: &dyn EnvSource) -> TracingGuard {
         None
     };
     let _ = tracing_subscriber::registry()
-        .with(filter)
         .with(fmt)
+        .with(file)
         .with(otel)
         .try_init();
     TracingGuard { tracer }

@@ -72,6 +72,28 @@ fn commands_print_no_library_info_lines() {
     assert!(out.status.success(), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("meter provider"), "library chatter:\n{err}");
+    // Quiet by default: no info lines on the terminal; the whole log is in the data dir.
+    assert!(!err.contains(" INFO "), "info on the terminal:\n{err}");
+    let log = std::fs::read_to_string(dir.path().join("data/logs/rollarc.log")).unwrap();
+    assert!(log.contains(" INFO ") && log.contains("job-1"), "{log}");
+    assert!(!log.contains("meter provider"), "{log}");
+    // `-v`: info on the terminal too.
+    let out = Command::new(tests::rollarc_bin())
+        .arg("-v")
+        .arg("run")
+        .arg(&job)
+        .arg("--data-dir")
+        .arg(dir.path().join("data-v"))
+        .arg("--report")
+        .arg(dir.path().join("report-v"))
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(" INFO "),
+        "{out:?}"
+    );
     // An unknown job's report is an error naming it (it used to succeed silently).
     let out = Command::new(tests::rollarc_bin())
         .args(["report", "job-none", "--data-dir"])
