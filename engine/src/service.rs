@@ -741,6 +741,8 @@ impl Service {
             }
         }
         if let Some((state, reason)) = outcome {
+            // Its series leave `/metrics` before anyone can see it ended.
+            self.metrics.job_ended(&id);
             if let Err(e) = self.store.transition(&id, state, reason.as_deref()) {
                 tracing::error!(job = %id, error = %e, "could not record the job's final state");
             }
@@ -856,7 +858,7 @@ impl StepObserver for ServiceObserver {
         self.service
             .store
             .complete_step(&self.id, m.step + 1, &metrics, &trained)?;
-        self.service.metrics.record_step(m, batch);
+        self.service.metrics.record_step(&self.id, m, batch);
         // The event stays small: the per-resource timeline (most of a step's record) is
         // served by `GET /v1/jobs/{id}/steps`.
         let mut metrics = metrics;

@@ -15,6 +15,9 @@ use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::env::EnvSource;
 
+/// The Prometheus client the registry is made with (job-scoped gauges in the engine use it).
+pub use prometheus;
+
 #[derive(Debug, thiserror::Error)]
 pub enum TelemetryError {
     #[error("could not build the prometheus exporter")]
@@ -70,6 +73,12 @@ impl Metrics {
 
     pub fn meter(&self) -> Meter {
         self.provider.meter("rollarc")
+    }
+
+    /// The Prometheus registry behind `/metrics`: job-scoped gauges (a `job` label, series
+    /// removed when the job ends — which OpenTelemetry instruments cannot do) register here.
+    pub fn registry(&self) -> &prometheus::Registry {
+        &self.registry
     }
 
     /// Prometheus text exposition of every instrument.

@@ -306,7 +306,8 @@ async fn health_readiness_metrics_and_openapi() {
         .await
         .unwrap();
     assert!(m.contains("rollarc_trainer_steps_total"), "{m}");
-    assert!(m.contains("rollarc_pool_utilisation_ratio"), "{m}");
+    // The job has ended: its job-scoped series are gone (they used to keep their last value).
+    assert!(!series(&m, "rollarc_pool_utilisation_ratio", &id), "{m}");
     let api: serde_json::Value = s
         .client
         .get(s.url("/openapi.json"))
@@ -702,5 +703,68 @@ fn the_openapi_example_is_valid_and_links_resolve() {
     assert_eq!(links.len(), 3);
     for l in links.values() {
         assert!(ops.contains(&l["operationId"].as_str().unwrap()), "{l}");
+    }
+}
+
+/// Whether `/metrics` text `m` has a `metric` series of job `job`.
+fn series(m: &str, metric: &str, job: &str) -> bool {
+    m.lines()
+        .any(|l| l.starts_with(&format!("{metric}{{")) && l.contains(&format!("job=\"{job}\"")))
+}
+
+/// Two jobs at once each have their own series (a `job` label: they used to overwrite each
+/// other's gauges), trainer and task numbers included; a job's series leave `/metrics` when
+/// it ends, the other's stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_scoped_metrics_carry_the_job_and_leave_with_it() {
+    let s = TestServer::start().await;
+    let a = tests::submit_job(&s.client, &s.url(""), slow_job(1000)).await;
+    let b = tests::submit_job(&s.client, &s.url(""), slow_job(1000)).await;
+    for id in [&a, &b] {
+        wait_job(&s.client, &s.url(""), id, Duration::from_secs(60), |v| {
+            v["step"].as_u64().unwrap_or(0) >= 1
+        })
+        .await;
+    }
+    let scrape = || async {
+        s.client
+            .get(s.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    let m = scrape().await;
+    for id in [&a, &b] {
+        for metric in [
+            "rollarc_job_step",
+            "rollarc_pool_utilisation_ratio",
+            "rollarc_generation_bubble_ratio",
+            "rollarc_task_success_ratio",
+            "rollarc_trainer_loss",
+        ] {
+            assert!(series(&m, metric, id), "{metric} of {id}:\n{m}");
+        }
+    }
+    for id in [&a, &b] {
+        s.client
+            .post(s.url(&format!("/v1/jobs/{id}/cancel")))
+            .send()
+            .await
+            .unwrap();
+        wait_job(&s.client, &s.url(""), id, Duration::from_secs(60), |v| {
+            v["state"] == "cancelled"
+        })
+        .await;
+        let m = scrape().await;
+        assert!(
+            !m.lines().any(|l| l.contains(&format!("job=\"{id}\""))),
+            "{id} left:\n{m}"
+        );
+        if id == &a {
+            assert!(series(&m, "rollarc_job_step", &b), "{m}");
+        }
     }
 }
