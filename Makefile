@@ -25,8 +25,11 @@ export ROLLARC_XLLAMACPP_PYTHON := $(XLLAMACPP)/bin/python
 ## The Python SDK's tests (pytest against a real `rollarc serve`), in their own virtual
 ## environment outside the tree; the SDK itself is installed from clients/python each run.
 ## pyarrow writes the verl-layout parquet dataset one SDK test submits.
-SDK_VENV ?= $(HOME)/.cache/rollarc/sdk-venv-2
-SDK_DEPS := httpx==0.28.1 msgpack==1.2.4 pandas==3.1.1 pyarrow==26.0.1 pyyaml==6.0.4 pytest==9.2.0 setuptools==84.2.1
+## TensorBoard's event reader checks the events files the service writes (its server's
+## dependencies are left out: --no-deps, then what the reader imports).
+SDK_VENV ?= $(HOME)/.cache/rollarc/sdk-venv-3
+SDK_DEPS := httpx==0.28.1 msgpack==1.2.4 pandas==3.1.1 pyarrow==26.0.1 pyyaml==6.0.4 pytest==9.2.0 setuptools==84.2.1 absl-py==2.5.1 protobuf==6.33.1
+TENSORBOARD_VERSION := 2.21.0
 ## reasoning-gym: procedural reasoning tasks with verifiers (the `reasoning_gym` environment).
 REASONING_GYM_VERSION := 0.1.25
 ## kubernetes-validate checks the service's Kubernetes manifests against the API's JSON schemas
@@ -49,7 +52,9 @@ setup:
 	@command -v bwrap >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; } || \
 		echo "warning: bubblewrap could not be installed; external environments need sandbox = \"none\""
 	@test -f $(SDK_VENV)/.ready || { python3 -m venv $(SDK_VENV) && \
-		$(SDK_VENV)/bin/pip install --quiet --disable-pip-version-check $(SDK_DEPS) && touch $(SDK_VENV)/.ready; }
+		$(SDK_VENV)/bin/pip install --quiet --disable-pip-version-check $(SDK_DEPS) && \
+		$(SDK_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps "tensorboard==$(TENSORBOARD_VERSION)" && \
+		touch $(SDK_VENV)/.ready; }
 	@test -x $(KUBE_VALIDATE) || { python3 -m venv $(dir $(KUBE_VALIDATE)).. && \
 		$(dir $(KUBE_VALIDATE))pip install --quiet --disable-pip-version-check "kubernetes-validate==$(KUBE_VALIDATE_VERSION)"; }
 	@test -x $(ST) || { python3 -m venv $(FUZZ_VENV) && \

@@ -24,6 +24,7 @@ pub mod simrun;
 pub mod spec;
 pub mod store;
 pub mod telemetry;
+pub mod tensorboard;
 pub mod text;
 pub mod train_client;
 pub mod trainer_api;

@@ -768,6 +768,13 @@ fn write_report(
     let path = engine::report::write(dir, &summary)
         .with_context(|| format!("writing the report to {}", dir.display()))?;
     println!("report: {}", path.display());
+    // The learning record for TensorBoard, rebuilt from the store (the service also writes
+    // it live under DATA_DIR/tensorboard).
+    let tb = dir.join("tensorboard").join(id);
+    let _ = std::fs::remove_dir_all(&tb);
+    let tb = engine::tensorboard::write_steps(&tb, j.created_at_ms as f64 / 1e3, &steps)
+        .with_context(|| format!("writing TensorBoard events under {}", dir.display()))?;
+    println!("tensorboard: {}", tb.display());
     let random: std::collections::BTreeMap<String, f64> = summary
         .tasks
         .iter()

@@ -672,6 +672,7 @@ impl Service {
                     id: id.clone(),
                     steps: spec.knobs().steps,
                     external: matches!(spec.trainer, crate::spec::TrainerSpec::External(_)),
+                    tensorboard: std::sync::Mutex::new(None),
                 });
                 let sink = Arc::new(JobSink {
                     store: self.store.clone(),
@@ -835,6 +836,39 @@ struct ServiceObserver {
     /// An external trainer's acknowledgement marks the rows it trained on (the stored
     /// batch, which after a restart is not the one the job assembled again).
     external: bool,
+    /// The job's TensorBoard events file (`DATA_DIR/tensorboard/JOB/`), opened at its first
+    /// step; a resumed attempt starts a file of its own beside it.
+    tensorboard: std::sync::Mutex<Option<crate::tensorboard::EventWriter>>,
+}
+
+impl ServiceObserver {
+    /// Appends the step's scalars to the job's TensorBoard events (a failure is logged, never
+    /// the job's).
+    fn tensorboard(&self, m: &StepMetrics) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        let Ok(mut w) = self.tensorboard.lock() else {
+            return;
+        };
+        if w.is_none() {
+            let dir = self.service.data_dir.join("tensorboard").join(&self.id);
+            match crate::tensorboard::EventWriter::create(&dir, now) {
+                Ok(x) => *w = Some(x),
+                Err(e) => {
+                    tracing::warn!(job = %self.id, dir = %dir.display(), error = %e, "no TensorBoard events");
+                    return;
+                }
+            }
+        }
+        if let Some(x) = w.as_mut() {
+            for (step, values) in crate::tensorboard::step_events(m) {
+                if let Err(e) = x.scalars(step, now, &values) {
+                    tracing::warn!(job = %self.id, error = %e, "TensorBoard events not written");
+                }
+            }
+        }
+    }
 }
 
 impl StepObserver for ServiceObserver {
@@ -859,6 +893,7 @@ impl StepObserver for ServiceObserver {
             .store
             .complete_step(&self.id, m.step + 1, &metrics, &trained)?;
         self.service.metrics.record_step(&self.id, m, batch);
+        self.tensorboard(m);
         // The event stays small: the per-resource timeline (most of a step's record) is
         // served by `GET /v1/jobs/{id}/steps`.
         let mut metrics = metrics;

@@ -15,6 +15,8 @@ import pytest
 from rollarc import Client
 
 ROOT = Path(__file__).resolve().parents[3]
+#: The running service's data directory (set by the `service` fixture).
+DATA: dict = {}
 
 
 @pytest.fixture(scope="session")
@@ -23,6 +25,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if not Path(binary).is_file():
         pytest.fail(f"no rollarc binary at {binary} (cargo build --workspace --bins, or set ROLLARC_BIN)")
     work = tmp_path_factory.mktemp("service")
+    DATA["dir"] = work / "data"
     log = open(work / "serve.log", "w+")
     proc = subprocess.Popen(
         [binary, "serve", "--addr", "127.0.0.1:0", "--data-dir", str(work / "data")],
@@ -51,6 +54,11 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+@pytest.fixture()
+def data_dir(service: str) -> Path:
+    return DATA["dir"]
 
 
 @pytest.fixture()

@@ -349,3 +349,23 @@ def test_sequences_split_a_sample_at_its_dropped_turns():
     # Without drops: the sample's own columns.
     plain = dict(s, dropped_turns=[])
     assert sequences(plain) == [(plain["tokens"], plain["loss_mask"], plain["behaviour_logprobs"])]
+
+
+def test_tensorboard_reads_every_step_of_a_job(client: Client, data_dir: Path) -> None:
+    # TensorBoard's own reader (tensorboard.backend.event_processing): the service writes a
+    # job's numbers under DATA_DIR/tensorboard/JOB as it goes.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    job = client.submit(sim_job(4))
+    assert client.wait(job, timeout=120)["state"] == "succeeded"
+    acc = EventAccumulator(str(data_dir / "tensorboard" / job))
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    for tag in ["rollout/success", "rollout/trajectories_per_s", "trainer/loss", "rollout/bubble_ratio"]:
+        assert tag in tags, tags
+    stored = list(client.steps(job))
+    events = acc.Scalars("rollout/success")
+    assert [e.step for e in events] == [r["step"] for r in stored] == [1, 2, 3, 4]
+    for e, r in zip(events, stored):
+        assert abs(e.value - r["metrics"]["success_rate"]) < 1e-6
+    assert any(t.endswith("/success") and not t.startswith("rollout") for t in tags), tags
