@@ -845,9 +845,8 @@ impl ServiceObserver {
     /// Appends the step's scalars to the job's TensorBoard events (a failure is logged, never
     /// the job's).
     fn tensorboard(&self, m: &StepMetrics) {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64());
+        // A record's timestamp: the store's wall clock.
+        let now = crate::store::now_ms() as f64 / 1e3;
         let Ok(mut w) = self.tensorboard.lock() else {
             return;
         };
