@@ -218,7 +218,24 @@ pub fn init_tracing_with(env: &dyn EnvSource, levels: LogLevels) -> TracingGuard
     } else {
         None
     };
+    // A filter in front of all layers: what no layer wants is disabled where it is written
+    // (a span on every turn of a simulated week costs nothing then). Without it, an absent
+    // OTLP layer counts as wanting everything and every debug span is built and dropped
+    // (measured: the production week's simulation at half speed).
+    let rank = |l: &str| {
+        [QUIET_LOG, DEFAULT_LOG, DEBUG_LOG]
+            .iter()
+            .position(|x| *x == l)
+    };
+    let widest = if rank(levels.file) > rank(levels.stderr) {
+        levels.file
+    } else {
+        levels.stderr
+    };
+    let global = EnvFilter::try_new(env.var("RUST_LOG").unwrap_or_else(|| widest.into()))
+        .unwrap_or_else(|_| EnvFilter::new(widest));
     let _ = tracing_subscriber::registry()
+        .with(global)
         .with(fmt)
         .with(file)
         .with(otel)

@@ -34,7 +34,8 @@ pub struct Tokens {
     /// Generated.
     pub decode: f64,
     /// Its final context (prompt, observations and answers): what attention reads at decode
-    /// time, however often it was prefilled.
+    /// time, however often it was prefilled. Observed and kept, not read by the estimates yet
+    /// (see `decode_step_s`).
     pub context: f64,
 }
 
@@ -91,12 +92,16 @@ impl CostModel {
         self.prefill_s(p, t.prefill) + t.decode * self.decode_step_s(p, t, batch) / batch
     }
 
-    /// Seconds of one decode step of pool `p` at `batch` sequences whose context is, on
-    /// average, half way through a trajectory of `t` tokens: half its final context (not
-    /// its prefill count, which a `rewrite` context inflates by re-prefilling).
+    /// Seconds of one decode step of pool `p` at `batch` sequences, sized by half the
+    /// trajectory's prefill and decode tokens. For a `rewrite` context that is more than its
+    /// length (every turn re-prefills the history); sizing by `t.context` instead is closer
+    /// to what attention reads, but measured in `make bench-sim` it moves 12–29 % of the
+    /// decode-heavy groups onto the compute-rich pool and makes rollarc's steps 3–28 % slower
+    /// (32B end to end: 2.01× → 1.57× over Sync+): the model has no term for prefill-heavy
+    /// and decode-heavy work interfering on one pool, which the larger size stands in for.
     fn decode_step_s(&self, p: usize, t: Tokens, batch: f64) -> f64 {
         let pool = &self.pools[p];
-        let context = t.context / 2.0;
+        let context = (t.prefill + t.decode) / 2.0;
         decode_step_seconds(
             &pool.device,
             &pool.model,

@@ -25,6 +25,9 @@ struct Lines<'a> {
     smooth: bool,
     /// Per series, a dashed reference level (the random policy's success).
     baselines: &'a BTreeMap<String, f64>,
+    /// Measured points (a few evaluations, not a curve): each drawn as a dot, with a ± error
+    /// bar where the series has one per point (the standard error).
+    points: Option<&'a BTreeMap<String, Vec<f64>>>,
 }
 
 /// The trailing mean over `w` points (fewer at the start).
@@ -72,12 +75,31 @@ fn draw<DB: DrawingBackend>(
             .draw_series(LineSeries::new(line, color.stroke_width(2)))?
             .label(if l.smooth {
                 format!("{name} ({}-step mean)", super::summary::WINDOW)
+            } else if l.points.is_some_and(|e| e.contains_key(name)) {
+                format!("{name} (± standard error)")
             } else {
                 name.clone()
             })
             .legend(move |(x, y)| {
                 PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
             });
+        if let Some(errors) = l.points {
+            chart.draw_series(
+                pts.iter()
+                    .map(|&(x, y)| Circle::new((x, y), 4, color.filled())),
+            )?;
+            if let Some(e) = errors.get(name) {
+                let cap = l.x_max.max(1.0) / 150.0;
+                for (&(x, y), &e) in pts.iter().zip(e) {
+                    let (lo, hi) = ((y - e).max(0.0), (y + e).min(l.y_max));
+                    chart.draw_series([
+                        PathElement::new(vec![(x, lo), (x, hi)], color.stroke_width(2)),
+                        PathElement::new(vec![(x - cap, lo), (x + cap, lo)], color.stroke_width(2)),
+                        PathElement::new(vec![(x - cap, hi), (x + cap, hi)], color.stroke_width(2)),
+                    ])?;
+                }
+            }
+        }
         if let Some(&b) = l.baselines.get(name) {
             chart
                 .draw_series(DashedLineSeries::new(
@@ -175,6 +197,7 @@ pub fn plots(
             series: &success,
             smooth: true,
             baselines: random,
+            points: None,
         },
     )?;
     out.extend(plot_pair(
@@ -189,15 +212,21 @@ pub fn plots(
             series: &util,
             smooth: false,
             baselines: &no_baselines,
+            points: None,
         },
     )?);
     // Held-out evaluations: pass@1 and pass@k per task against the step they followed.
     let mut eval: Series = BTreeMap::new();
+    let mut stderr: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for e in steps.iter().flat_map(|m| &m.eval) {
         for (name, t) in &e.tasks {
             eval.entry(format!("{name} pass@1"))
                 .or_default()
                 .push((e.step as f64, t.pass_at_1));
+            stderr
+                .entry(format!("{name} pass@1"))
+                .or_default()
+                .push(t.pass_at_1_stderr);
             eval.entry(format!("{name} pass@{}", t.k))
                 .or_default()
                 .push((e.step as f64, t.pass_at_k));
@@ -216,6 +245,7 @@ pub fn plots(
                 series: &eval,
                 smooth: false,
                 baselines: &no_baselines,
+                points: Some(&stderr),
             },
         )?);
     }
