@@ -101,6 +101,8 @@ pub async fn watch_events_with(
     extra: impl Fn() -> String,
 ) -> Option<JobEvent> {
     let mp = indicatif::MultiProgress::new();
+    // Bars on a terminal; a plain line per step otherwise (a log, a pipe, CI).
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let mut tasks: BTreeMap<String, ProgressBar> = BTreeMap::new();
     let mut pb: Option<ProgressBar> = None;
     let mut last = first.clone();
@@ -122,6 +124,13 @@ pub async fn watch_events_with(
                         metrics,
                         ..
                     } => {
+                        if !tty {
+                            println!(
+                                "step {step}/{steps} {}",
+                                progress_msg_full(metrics, &extra())
+                            );
+                            print_plain_tasks_and_evals(metrics);
+                        }
                         let b = pb.get_or_insert_with(|| mp.add(bar(*steps)));
                         b.set_position(*step);
                         b.set_message(progress_msg_full(metrics, &extra()));
@@ -186,6 +195,47 @@ pub fn api_client(token: Option<&str>) -> Result<reqwest::Client, WatchError> {
     Ok(reqwest::Client::builder()
         .default_headers(headers)
         .build()?)
+}
+
+/// Without a terminal: each task's success and any held-out evaluation of a step, a line
+/// each.
+fn print_plain_tasks_and_evals(metrics: &serde_json::Value) {
+    if let Some(ts) = metrics.get("tasks").and_then(|t| t.as_object()) {
+        for (name, t) in ts {
+            let g = |k: &str| t.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
+            if g("trajectories") > 0.0 {
+                println!(
+                    "  {name}: success {:.3} · reward {:.3} · {:.1} turns",
+                    g("success_rate"),
+                    g("mean_reward"),
+                    g("mean_turns")
+                );
+            }
+        }
+    }
+    for e in metrics
+        .get("eval")
+        .and_then(|e| e.as_array())
+        .into_iter()
+        .flatten()
+    {
+        let step = e.get("step").and_then(|s| s.as_u64()).unwrap_or(0);
+        for (name, t) in e
+            .get("tasks")
+            .and_then(|t| t.as_object())
+            .into_iter()
+            .flatten()
+        {
+            let g = |k: &str| t.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
+            println!(
+                "  eval {name} after step {step}: pass@1 {:.3} ± {:.3} · pass@{} {:.3}",
+                g("pass_at_1"),
+                g("pass_at_1_stderr"),
+                g("k"),
+                g("pass_at_k")
+            );
+        }
+    }
 }
 
 /// Follows a remote job's server-sent events.

@@ -74,6 +74,12 @@ fn commands_print_no_library_info_lines() {
     assert!(!err.contains("meter provider"), "library chatter:\n{err}");
     // Quiet by default: no info lines on the terminal; the whole log is in the data dir.
     assert!(!err.contains(" INFO "), "info on the terminal:\n{err}");
+    // Without a terminal, progress is a plain line per step (bars need one).
+    let out_text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out_text.contains("step 1/1") && out_text.contains("lake: success"),
+        "{out_text}"
+    );
     let log = std::fs::read_to_string(dir.path().join("data/logs/rollarc.log")).unwrap();
     assert!(log.contains(" INFO ") && log.contains("job-1"), "{log}");
     assert!(!log.contains("meter provider"), "{log}");
