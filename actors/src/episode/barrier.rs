@@ -1,7 +1,8 @@
 //! Turn and batch barriers for the synchronous baselines: every episode of a wave waits for
 //! the slowest at each turn (`turn`), and, for `batch`, no reward fires until the whole wave
-//! has finished generating. Episodes that end or are cancelled leave the barrier, so it never
-//! waits for someone who is gone.
+//! has finished generating — or, in an over-provisioned wave, until a quorum of its groups
+//! has (the scheduler cancels the rest). Episodes that end or are cancelled leave the
+//! barrier, so it never waits for someone who is gone.
 
 use std::sync::Mutex;
 
