@@ -96,13 +96,15 @@ struct JobGauges {
 type LabelSet = (usize, Vec<String>);
 
 /// The gauge vectors, registered once per process in the `/metrics` registry.
-fn vecs() -> &'static [prometheus::GaugeVec] {
-    static VECS: std::sync::OnceLock<Vec<prometheus::GaugeVec>> = std::sync::OnceLock::new();
+fn vecs() -> &'static [Option<prometheus::GaugeVec>] {
+    static VECS: std::sync::OnceLock<Vec<Option<prometheus::GaugeVec>>> =
+        std::sync::OnceLock::new();
     VECS.get_or_init(|| {
         let registry = infra::telemetry::Metrics::global().registry();
         JOB_GAUGES
             .iter()
-            .filter_map(|(name, help, labels)| {
+            // One entry per gauge (none where it could not be made): indices stay aligned.
+            .map(|(name, help, labels)| {
                 let mut l = vec!["job"];
                 l.extend_from_slice(labels);
                 let v = prometheus::GaugeVec::new(prometheus::Opts::new(*name, *help), &l).ok()?;
@@ -127,7 +129,7 @@ impl JobGauges {
         let Some(i) = JOB_GAUGES.iter().position(|g| g.0 == metric) else {
             return;
         };
-        let Some(v) = vecs().get(i) else {
+        let Some(v) = vecs().get(i).and_then(Option::as_ref) else {
             return;
         };
         let mut all = vec![job.to_string()];
@@ -147,7 +149,7 @@ impl JobGauges {
         };
         for (i, labels) in sets {
             let refs: Vec<&str> = labels.iter().map(String::as_str).collect();
-            if let Some(v) = vecs().get(i) {
+            if let Some(v) = vecs().get(i).and_then(Option::as_ref) {
                 let _ = v.remove_label_values(&refs);
             }
         }

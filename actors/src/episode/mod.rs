@@ -208,10 +208,9 @@ fn encode(
 pub struct EpisodeOutcome {
     pub episode: u64,
     pub task: usize,
-    /// Tokens prefilled and generated, and the final context (for the cost model).
+    /// Tokens prefilled and generated (for the cost model).
     pub prefill: u64,
     pub decode: u64,
-    pub context: u64,
     /// Masked for an infrastructure failure (the buffer decides about a retry).
     pub failed: bool,
 }
@@ -226,11 +225,6 @@ pub async fn run(shared: Arc<EpisodeShared>, p: EpisodeParams) -> EpisodeOutcome
             task: p.task,
             prefill: traj.prefill_tokens() as u64,
             decode: traj.response_tokens() as u64,
-            context: traj
-                .turns
-                .iter()
-                .map(|t| t.observation_tokens.len() + t.response_tokens.len())
-                .sum::<usize>() as u64,
             failed: traj.failure.is_some(),
         };
         // The buffer is critical: if it is gone the job is failing already.

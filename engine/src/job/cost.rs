@@ -33,20 +33,11 @@ pub struct Tokens {
     pub prefill: f64,
     /// Generated.
     pub decode: f64,
-    /// Its final context (prompt, observations and answers): what attention reads at decode
-    /// time, however often it was prefilled. Observed and kept, not read by the estimates yet
-    /// (see `decode_step_s`).
-    pub context: f64,
 }
 
 impl Tokens {
-    /// An `append` trajectory's: its context is what it prefilled and generated.
-    pub fn append(prefill: f64, decode: f64) -> Self {
-        Self {
-            prefill,
-            decode,
-            context: prefill + decode,
-        }
+    pub fn new(prefill: f64, decode: f64) -> Self {
+        Self { prefill, decode }
     }
 }
 
@@ -94,7 +85,7 @@ impl CostModel {
 
     /// Seconds of one decode step of pool `p` at `batch` sequences, sized by half the
     /// trajectory's prefill and decode tokens. For a `rewrite` context that is more than its
-    /// length (every turn re-prefills the history); sizing by `t.context` instead is closer
+    /// length (every turn re-prefills the history); sizing by the context length is closer
     /// to what attention reads, but measured in `make bench-sim` it moves 12–29 % of the
     /// decode-heavy groups onto the compute-rich pool and makes rollarc's steps 3–28 % slower
     /// (32B end to end: 2.01× → 1.57× over Sync+): the model has no term for prefill-heavy

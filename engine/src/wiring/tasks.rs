@@ -129,7 +129,7 @@ pub fn prior_tokens(t: &TaskSpec) -> Tokens {
     // Built-in games: byte-level observations of the board each turn, short answers.
     let game = |turns: f64, obs: f64, resp: f64| {
         let turns = turns.min(t.max_turns as f64);
-        Tokens::append(turns * obs, turns * resp.min(t.max_tokens_per_turn as f64))
+        Tokens::new(turns * obs, turns * resp.min(t.max_tokens_per_turn as f64))
     };
     match &t.env {
         EnvSpec::Frozenlake { size, .. } => {
@@ -161,14 +161,13 @@ pub fn prior_tokens(t: &TaskSpec) -> Tokens {
                 .min(t.max_tokens_per_turn as f64);
             if t.context == ContextMode::Rewrite {
                 // The whole context every turn: the prompt, then the grown history.
-                Tokens {
-                    prefill: turns * prompt + (obs + resp) * turns * (turns - 1.0) / 2.0,
-                    decode: turns * resp,
-                    context: prompt + (turns - 1.0) * obs + turns * resp,
-                }
+                Tokens::new(
+                    turns * prompt + (obs + resp) * turns * (turns - 1.0) / 2.0,
+                    turns * resp,
+                )
             } else {
                 // Prefill the prompt, then each later turn's observation (the history is cached).
-                Tokens::append(prompt + (turns - 1.0) * obs, turns * resp)
+                Tokens::new(prompt + (turns - 1.0) * obs, turns * resp)
             }
         }
     }

@@ -17,8 +17,8 @@ fn task(prefill: f64, decode: f64) -> TaskLoad {
     TaskLoad {
         weight: 1.0,
         group: 8,
-        tokens: Tokens::append(prefill, decode),
-        tail: Tokens::append(2.0 * prefill, 2.0 * decode),
+        tokens: Tokens::new(prefill, decode),
+        tail: Tokens::new(2.0 * prefill, 2.0 * decode),
     }
 }
 
@@ -27,7 +27,7 @@ fn a_larger_decode_batch_makes_a_trajectory_cheaper_per_shard_but_slower() {
     let m = CostModel {
         pools: vec![pool("H20", 1)],
     };
-    let t = Tokens::append(1_000.0, 2_000.0);
+    let t = Tokens::new(1_000.0, 2_000.0);
     let (c1, c64) = (m.trajectory_cost(0, t, 1.0), m.trajectory_cost(0, t, 64.0));
     let (l1, l64) = (
         m.trajectory_latency(0, t, 1.0),
