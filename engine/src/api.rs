@@ -1,6 +1,7 @@
 //! HTTP API v1 (axum). Errors are JSON `{"error": {"code", "message", "fields"}}` with a stable
 //! machine `code`; request bodies are limited to [`MAX_BODY_BYTES`].
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 
@@ -179,6 +180,9 @@ pub struct PageQuery {
     /// `true`: add each turn's observation and response as text (`text`), decoded by the
     /// job's tokenizer (400 for a job on simulated pools).
     pub text: Option<bool>,
+    /// `true`: the newest `limit` rows after `after` instead of the oldest (still in cursor
+    /// order), e.g. for a viewer that opens on the latest trajectories.
+    pub newest: Option<bool>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -244,6 +248,7 @@ pub struct DeviceView {
         get_job,
         get_job_spec,
         job_steps,
+        job_baselines,
         cancel_job,
         job_events,
         trajectories,
@@ -269,6 +274,7 @@ pub struct DeviceView {
         crate::store::TurnText,
         StepPage,
         StepRecord,
+        Baselines,
         actors::types::Trajectory,
         actors::types::Turn,
         actors::types::VersionSpan,
@@ -370,6 +376,7 @@ pub fn router_with(service: Arc<Service>, access: Arc<Access>) -> Router {
         .route("/v1/jobs/{id}", get(get_job))
         .route("/v1/jobs/{id}/spec", get(get_job_spec))
         .route("/v1/jobs/{id}/steps", get(job_steps))
+        .route("/v1/jobs/{id}/baselines", get(job_baselines))
         .route("/v1/jobs/{id}/cancel", post(cancel_job))
         .route("/v1/jobs/{id}/events", get(job_events))
         .route("/v1/jobs/{id}/trajectories", get(trajectories))
@@ -383,6 +390,9 @@ pub fn router_with(service: Arc<Service>, access: Arc<Access>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
+        .route("/", get(crate::ui::index))
+        .route("/ui/app.js", get(crate::ui::script))
+        .route("/ui/app.css", get(crate::ui::style))
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -397,6 +407,7 @@ pub fn router_with(service: Arc<Service>, access: Arc<Access>) -> Router {
 /// Routes anyone may call.
 fn is_open(path: &str, access: &Access) -> bool {
     matches!(path, "/healthz" | "/readyz" | "/openapi.json")
+        || crate::ui::PATHS.contains(&path)
         || (path == "/metrics" && access.metrics_open())
 }
 
@@ -579,6 +590,43 @@ async fn get_job_spec(
         .spec(&id)?
         .ok_or_else(|| ServiceError::NotFound(id.clone()))?;
     Ok(Json(spec))
+}
+
+/// What a uniformly random policy scores on each task, the baseline of its success curve.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Baselines {
+    /// Success rate of a random policy per task (measured on the environment itself, 4,000
+    /// episodes from the job's seed); `null` where it is not defined (tasks whose answers
+    /// are not single actions from an alphabet).
+    pub tasks: BTreeMap<String, Option<f64>>,
+}
+
+/// The random-policy baseline of each task of the job.
+#[utoipa::path(get, path = "/v1/jobs/{id}/baselines", params(("id" = String, Path, description = "job id")), responses((status = 200, body = Baselines), (status = 404, body = ErrorBody)))]
+async fn job_baselines(
+    State(s): State<Arc<Service>>,
+    Extension(p): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<Json<Baselines>, ApiError> {
+    visible_job(&s, &p, &id)?;
+    let spec = s
+        .store
+        .spec(&id)?
+        .ok_or_else(|| ServiceError::NotFound(id.clone()))?;
+    let tasks = tokio::task::spawn_blocking(move || {
+        spec.tasks
+            .iter()
+            .map(|t| {
+                (
+                    t.domain.clone(),
+                    crate::report::random_policy_success(t, 4000, spec.seed),
+                )
+            })
+            .collect()
+    })
+    .await
+    .map_err(|e| ApiError::internal(&e))?;
+    Ok(Json(Baselines { tasks }))
 }
 
 /// A page size (`limit`, default 100) within 1..=`MAX_PAGE`.
@@ -804,7 +852,9 @@ async fn trajectories(
         Some(true) => TrainedFilter::Trained,
         Some(false) => TrainedFilter::Untrained,
     };
-    let mut rows = s.store.trajectories(&id, after, limit, filter)?;
+    let mut rows = s
+        .store
+        .trajectories(&id, after, limit, filter, q.newest == Some(true))?;
     if q.text == Some(true) {
         let svc = s.clone();
         let job = id.clone();

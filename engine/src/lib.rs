@@ -28,6 +28,7 @@ pub mod tensorboard;
 pub mod text;
 pub mod train_client;
 pub mod trainer_api;
+pub mod ui;
 pub mod wiring;
 
 pub use wiring::envs;

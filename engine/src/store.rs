@@ -445,14 +445,18 @@ impl Store {
         after: i64,
         limit: usize,
         filter: TrainedFilter,
+        newest: bool,
     ) -> Result<Vec<TrajectoryRow>, StoreError> {
         let cond = match filter {
             TrainedFilter::All => "",
             TrainedFilter::Trained => " AND trained_step IS NOT NULL",
             TrainedFilter::Untrained => " AND trained_step IS NULL",
         };
+        // `newest`: the last `limit` rows after the cursor (still oldest first).
+        let order = if newest { "DESC" } else { "ASC" };
         let sql = format!(
-            "SELECT seq, trained_step, body FROM trajectories WHERE job_id = ?1 AND seq > ?2{cond} ORDER BY seq LIMIT ?3"
+            "SELECT seq, trained_step, body FROM (SELECT seq, trained_step, body FROM trajectories \
+             WHERE job_id = ?1 AND seq > ?2{cond} ORDER BY seq {order} LIMIT ?3) ORDER BY seq"
         );
         self.with(|c| {
             let mut st = c.prepare(&sql)?;

@@ -441,6 +441,41 @@ async fn the_shipped_example_succeeds_and_pages() {
         rows.len() >= 8 * 8 * 8,
         "8 steps × 8 groups × 8 trajectories at least"
     );
+    // `newest`: the last page, still in cursor order (the dashboard opens on it).
+    let text = s
+        .client
+        .get(s.url(&format!("/v1/jobs/{id}/trajectories?limit=7&newest=true")))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let newest: Vec<i64> = text
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["cursor"]
+                .as_i64()
+                .unwrap()
+        })
+        .collect();
+    let tail: Vec<i64> = rows[rows.len() - 7..].iter().map(|r| r.0).collect();
+    assert_eq!(newest, tail);
+    // A simulated task has no random-policy baseline (its answers are not one-token actions).
+    let b: serde_json::Value = s
+        .client
+        .get(s.url(&format!("/v1/jobs/{id}/baselines")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let tasks = b["tasks"].as_object().unwrap();
+    assert!(
+        !tasks.is_empty() && tasks.values().all(|v| v.is_null()),
+        "{b}"
+    );
 }
 
 /// Hardening: event streams of unknown ids are 404 and leave nothing behind; a finished job's
