@@ -11,6 +11,7 @@ mod envs;
 mod eval;
 mod faults;
 mod llm;
+mod otlp;
 mod persistence;
 mod reward_functions;
 mod scheduler;

@@ -27,7 +27,13 @@ impl ServerProcess {
 
     /// The same, with a service config (TOML, written next to the data directory).
     pub fn start_with(dir: &std::path::Path, config: Option<&str>) -> Self {
+        Self::start_env(dir, config, &[])
+    }
+
+    /// The same, with more environment variables for the service.
+    pub fn start_env(dir: &std::path::Path, config: Option<&str>, env: &[(&str, &str)]) -> Self {
         let mut cmd = Command::new(crate::rollarc_bin());
+        cmd.envs(env.iter().copied());
         cmd.args(["serve", "--addr", "127.0.0.1:0", "--data-dir"])
             .arg(dir);
         if let Some(c) = config {

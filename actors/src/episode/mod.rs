@@ -23,6 +23,8 @@ pub use framing::{ByteFraming, ChatFraming, Framing, FramingError};
 /// What every episode of a job shares.
 pub struct EpisodeShared {
     pub buffer: ActorRef<BufferMsg>,
+    /// Where new episodes' trace spans hang (the training step in progress).
+    pub trace_parent: Arc<TraceParent>,
     pub tasks: Vec<EpisodeTask>,
     pub epoch: u64,
     pub started: tokio::time::Instant,
@@ -30,6 +32,45 @@ pub struct EpisodeShared {
     /// The built-in policy's framing of observations and answers (byte-level or the
     /// checkpoint's chat template). `None`: simulated tokens.
     pub framing: Option<Arc<dyn Framing>>,
+}
+
+/// The span new episodes' trace spans are children of: the training step in progress (the
+/// job's span before the first step). The step driver sets it at each step's start, so an
+/// episode hangs under the step during which it started (under asynchrony it may train in a
+/// later one). A step's span closes once the episodes under it have ended.
+#[derive(Debug)]
+pub struct TraceParent(std::sync::Mutex<tracing::Span>);
+
+impl TraceParent {
+    pub fn new(span: tracing::Span) -> Self {
+        Self(std::sync::Mutex::new(span))
+    }
+
+    pub fn set(&self, span: tracing::Span) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = span;
+    }
+
+    pub fn get(&self) -> tracing::Span {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// The episode's trace span (see [`infra::telemetry::TRACE_TARGET`]).
+fn episode_span(shared: &EpisodeShared, p: &EpisodeParams, eval: bool) -> tracing::Span {
+    let parent = shared.trace_parent.get();
+    tracing::info_span!(
+        target: infra::telemetry::TRACE_TARGET,
+        parent: &parent,
+        "episode",
+        episode = p.id,
+        group = p.group,
+        task = %shared.tasks[p.task].domain,
+        seed = p.seed,
+        eval,
+        reward = tracing::field::Empty,
+        success = tracing::field::Empty,
+        turns = tracing::field::Empty,
+    )
 }
 
 /// A task as episodes see it.
@@ -217,9 +258,11 @@ pub struct EpisodeOutcome {
 
 /// Drives one trajectory, hands it to the sample buffer and returns its outcome.
 pub async fn run(shared: Arc<EpisodeShared>, p: EpisodeParams) -> EpisodeOutcome {
-    let span = tracing::debug_span!("episode", episode = p.id, group = p.group, task = p.task);
+    let span = episode_span(&shared, &p, false);
+    let inner = span.clone();
     async move {
         let traj = drive(&shared, &p).await;
+        record_outcome(&inner, &traj);
         let outcome = EpisodeOutcome {
             episode: p.id,
             task: p.task,
@@ -238,7 +281,18 @@ pub async fn run(shared: Arc<EpisodeShared>, p: EpisodeParams) -> EpisodeOutcome
 /// Drives one trajectory and returns it instead of handing it to the buffer (held-out
 /// evaluation: nothing trains on it).
 pub async fn run_detached(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
-    drive(shared, p).await
+    let span = episode_span(shared, p, true);
+    let traj = drive(shared, p).instrument(span.clone()).await;
+    record_outcome(&span, &traj);
+    traj
+}
+
+fn record_outcome(span: &tracing::Span, traj: &Trajectory) {
+    if let Some(r) = traj.reward {
+        span.record("reward", r);
+    }
+    span.record("success", traj.success);
+    span.record("turns", traj.turns.len());
 }
 
 async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
@@ -255,7 +309,7 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
     let t = tokio::time::Instant::now();
     let first = env
         .reset(p.seed, p.record.clone())
-        .instrument(tracing::trace_span!("env.reset"))
+        .instrument(tracing::info_span!(target: infra::telemetry::TRACE_TARGET, "env.reset"))
         .await;
     traj.timings.reset_s = secs(t);
     task.env_outcome(&first);
@@ -274,7 +328,8 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
         model_limit: None,
     };
     for turn_no in 0..task.max_turns {
-        let turn_span = tracing::trace_span!("turn", turn = turn_no);
+        let turn_span =
+            tracing::info_span!(target: infra::telemetry::TRACE_TARGET, "turn", turn = turn_no);
         if let Some(b) = &p.barrier
             && turn_no > 0
         {
@@ -321,7 +376,7 @@ async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajectory {
         let t = tokio::time::Instant::now();
         let stepped = env
             .step(action, turn.response_tokens.clone())
-            .instrument(tracing::trace_span!(parent: &turn_span, "env.step"))
+            .instrument(tracing::info_span!(target: infra::telemetry::TRACE_TARGET, parent: &turn_span, "env.step"))
             .await;
         traj.timings.env_step_s += secs(t);
         task.env_outcome(&stepped);
@@ -489,12 +544,16 @@ async fn generate(
             None => {
                 p.shard
                     .generate(req)
-                    .instrument(tracing::trace_span!("generate"))
+                    .instrument(
+                        tracing::info_span!(target: infra::telemetry::TRACE_TARGET, "generate"),
+                    )
                     .await
             }
             Some(route) => {
                 disaggregated(route, &p.shard, req)
-                    .instrument(tracing::trace_span!("generate"))
+                    .instrument(
+                        tracing::info_span!(target: infra::telemetry::TRACE_TARGET, "generate"),
+                    )
                     .await
             }
         };
@@ -543,7 +602,7 @@ async fn score(task: &EpisodeTask, traj: &mut Trajectory) {
     for s in &task.scorers {
         match s
             .score(traj)
-            .instrument(tracing::trace_span!("reward"))
+            .instrument(tracing::info_span!(target: infra::telemetry::TRACE_TARGET, "reward"))
             .await
         {
             Ok(r) => total += r,

@@ -56,73 +56,94 @@ pub(super) async fn drive(
         evals.push(evaluate(e, 0, installed).await);
     }
     for step in job.start_step..knobs.steps {
-        let mut weight_sync_s = 0.0;
-        let t_wait = tokio::time::Instant::now();
-        let batch = next_batch(job, a, report, step, step_limit).await?;
-        let wait_batch_s = t_wait.elapsed().as_secs_f64();
-        let t_train;
-        let stats: TrainStats;
-        if knobs.overlap_training {
-            // Suspend, install the newest finished weights, resume; rollout goes on while
-            // the step trains.
-            let t_sync = tokio::time::Instant::now();
-            installed = installed_now(
-                job,
-                installed,
-                update_weights(&a.pools, &a.weights, installed, policy, &a.scheduler).await?,
-            );
-            weight_sync_s += t_sync.elapsed().as_secs_f64();
-            t_train = tokio::time::Instant::now();
-            stats = train(&a.trainer, batch.clone(), &job.cancel, step_limit).await?;
+        // The step's trace span (under the job's); episodes starting from now hang under it.
+        // The first one was made before the scheduler started.
+        let span = if step == job.start_step {
+            a.trace_parent.get()
         } else {
-            // No overlap: generation pauses while training, then installs the fresh version.
-            // (A scheduler that is gone fails the job through the supervisor.)
-            let _ = a.scheduler.cast(SchedMsg::Training(true));
-            suspend_all(&a.pools).await?;
-            t_train = tokio::time::Instant::now();
-            stats = train(&a.trainer, batch.clone(), &job.cancel, step_limit).await?;
-            let t_sync = tokio::time::Instant::now();
-            installed = installed_now(
-                job,
-                installed,
-                update_weights(&a.pools, &a.weights, installed, policy, &a.scheduler).await?,
-            );
-            weight_sync_s += t_sync.elapsed().as_secs_f64();
-            let _ = a.scheduler.cast(SchedMsg::Training(false));
-        }
-        // Without overlap, the install after training counts in `train_s` too (generation
-        // waits for both).
-        let train_s = t_train.elapsed().as_secs_f64();
-        let now = tokio::time::Instant::now();
-        let times = StepTimes {
-            step,
-            step_s: now.duration_since(last_step_end).as_secs_f64(),
-            train_s,
-            wait_batch_s,
-            weight_sync_s,
+            let s = step_span(step + 1, installed);
+            a.trace_parent.set(s.clone());
+            s
         };
-        let mut m = sources
-            .collect(times, &stats, &batch, &mut timeline)
-            .await?;
-        if let Some(e) = &a.evaluator
-            && e.due(step + 1, knobs.steps)
-        {
-            // The policy just trained: install it first (with overlap it would wait for the
-            // next step).
-            installed = installed_now(
-                job,
-                installed,
-                update_weights(&a.pools, &a.weights, installed, policy, &a.scheduler).await?,
-            );
-            evals.push(evaluate(e, step + 1, installed).await);
-        }
-        m.eval = std::mem::take(&mut evals);
-        last_step_end = now;
-        job.observer
-            .on_step(&m, &batch)
-            .map_err(|source| JobError::Record { step, source })?;
-        summary.steps_done = step + 1;
-        summary.steps.push(m);
+        let body = async {
+            let mut weight_sync_s = 0.0;
+            let t_wait = tokio::time::Instant::now();
+            let batch = next_batch(job, a, report, step, step_limit).await?;
+            let wait_batch_s = t_wait.elapsed().as_secs_f64();
+            let t_train;
+            let stats: TrainStats;
+            if knobs.overlap_training {
+                // Suspend, install the newest finished weights, resume; rollout goes on while
+                // the step trains.
+                let t_sync = tokio::time::Instant::now();
+                installed = installed_now(
+                    job,
+                    installed,
+                    update_weights(&a.pools, &a.weights, installed, policy, &a.scheduler).await?,
+                );
+                weight_sync_s += t_sync.elapsed().as_secs_f64();
+                t_train = tokio::time::Instant::now();
+                stats = tracing::Instrument::instrument(
+                    train(&a.trainer, batch.clone(), &job.cancel, step_limit),
+                    tracing::info_span!(target: infra::telemetry::TRACE_TARGET, "train"),
+                )
+                .await?;
+            } else {
+                // No overlap: generation pauses while training, then installs the fresh version.
+                // (A scheduler that is gone fails the job through the supervisor.)
+                let _ = a.scheduler.cast(SchedMsg::Training(true));
+                suspend_all(&a.pools).await?;
+                t_train = tokio::time::Instant::now();
+                stats = tracing::Instrument::instrument(
+                    train(&a.trainer, batch.clone(), &job.cancel, step_limit),
+                    tracing::info_span!(target: infra::telemetry::TRACE_TARGET, "train"),
+                )
+                .await?;
+                let t_sync = tokio::time::Instant::now();
+                installed = installed_now(
+                    job,
+                    installed,
+                    update_weights(&a.pools, &a.weights, installed, policy, &a.scheduler).await?,
+                );
+                weight_sync_s += t_sync.elapsed().as_secs_f64();
+                let _ = a.scheduler.cast(SchedMsg::Training(false));
+            }
+            // Without overlap, the install after training counts in `train_s` too (generation
+            // waits for both).
+            let train_s = t_train.elapsed().as_secs_f64();
+            let now = tokio::time::Instant::now();
+            let times = StepTimes {
+                step,
+                step_s: now.duration_since(last_step_end).as_secs_f64(),
+                train_s,
+                wait_batch_s,
+                weight_sync_s,
+            };
+            let mut m = sources
+                .collect(times, &stats, &batch, &mut timeline)
+                .await?;
+            if let Some(e) = &a.evaluator
+                && e.due(step + 1, knobs.steps)
+            {
+                // The policy just trained: install it first (with overlap it would wait for the
+                // next step).
+                installed = installed_now(
+                    job,
+                    installed,
+                    update_weights(&a.pools, &a.weights, installed, policy, &a.scheduler).await?,
+                );
+                evals.push(evaluate(e, step + 1, installed).await);
+            }
+            m.eval = std::mem::take(&mut evals);
+            last_step_end = now;
+            job.observer
+                .on_step(&m, &batch)
+                .map_err(|source| JobError::Record { step, source })?;
+            summary.steps_done = step + 1;
+            summary.steps.push(m);
+            Ok::<(), JobError>(())
+        };
+        tracing::Instrument::instrument(body, span).await?;
     }
     let _ = a.scheduler.cast(SchedMsg::Shutdown);
     summary.elapsed_s = started.elapsed().as_secs_f64();
@@ -132,6 +153,16 @@ pub(super) async fn drive(
         summary.trajectories_committed = last.buffer.committed;
     }
     Ok(summary)
+}
+
+/// The trace span of training step `step` (1-based), begun on policy `version`.
+pub(super) fn step_span(step: u64, version: u64) -> tracing::Span {
+    tracing::info_span!(
+        target: infra::telemetry::TRACE_TARGET,
+        "step",
+        step,
+        version,
+    )
 }
 
 /// One evaluation, logged.

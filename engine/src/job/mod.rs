@@ -94,7 +94,12 @@ pub async fn run(job: JobRun) -> Result<JobSummary, JobError> {
     let (sup, report) = supervisor::spawn(&prefix)
         .await
         .map_err(JobError::spawn("job supervisor"))?;
-    let span = tracing::info_span!("job", job = %job.id, epoch = job.epoch);
+    let span = tracing::info_span!(
+        "job",
+        job = %job.id,
+        name = job.spec.name.as_deref().unwrap_or(""),
+        epoch = job.epoch,
+    );
     let result = tracing::Instrument::instrument(
         run_plan(&job, plan, started, &sup, &report, hub.as_ref()),
         span,
@@ -128,8 +133,12 @@ async fn run_plan(
         a.trainer.get_id(),
         a.weights.get_id(),
     ]);
+    // The first step's trace span, before any episode starts.
+    a.trace_parent
+        .set(driver::step_span(job.start_step + 1, job.start_step));
     let shared = Arc::new(EpisodeShared {
         buffer: a.buffer.clone(),
+        trace_parent: a.trace_parent.clone(),
         tasks: std::mem::take(&mut a.tasks),
         epoch: job.epoch,
         started,

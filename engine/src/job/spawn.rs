@@ -53,6 +53,8 @@ pub(super) struct JobActors {
     pub framing: Option<Arc<dyn Framing>>,
     /// Held-out evaluation, when the spec asks for it.
     pub evaluator: Option<super::eval::Evaluator>,
+    /// The span episodes' trace spans hang under (the step driver moves it step by step).
+    pub trace_parent: Arc<actors::episode::TraceParent>,
 }
 
 /// Instances in a row that die or never become ready before a deployment counts as
@@ -197,9 +199,12 @@ pub(super) async fn spawn(
     .await
     .map_err(JobError::spawn("scheduler"))?;
     let _ = sched_slot.set(scheduler.clone());
+    // The job's span until the first step starts.
+    let trace_parent = Arc::new(actors::episode::TraceParent::new(tracing::Span::current()));
     let evaluator = plan.eval.as_ref().map(|e| {
         let shared = Arc::new(EpisodeShared {
             buffer: buffer.clone(),
+            trace_parent: trace_parent.clone(),
             tasks: eval_tasks,
             epoch: job.epoch,
             started: tokio::time::Instant::now(),
@@ -236,6 +241,7 @@ pub(super) async fn spawn(
     });
     Ok(JobActors {
         evaluator,
+        trace_parent,
         framing,
         weights,
         pools,
