@@ -112,27 +112,27 @@ fn reward(
     })
 }
 
-/// The deployment's name: the same function and configuration share one serverless
-/// deployment whoever asks; a local one is the job's own (and kept warm: `min-scale` ≥ 1).
+/// The deployment's name and the label of its metrics: the same function and configuration
+/// share one serverless deployment whoever asks; a local one is the job's own (and kept warm:
+/// `min-scale` ≥ 1), named after the job, its metrics labelled without it (bounded labels).
 fn deployment_name(
     job: &str,
     name: &str,
     dep: &DeploymentConfig,
     scaling: &mut Scaling,
     placement: RewardPlacement,
-) -> String {
+) -> (String, Option<String>) {
     let identity = format!("{}|{:?}|{:?}|{:?}", dep.command, dep.args, dep.env, scaling);
     match placement {
-        RewardPlacement::Serverless => dns(&format!("{}-{}", dep.name, short_hash(&identity))),
+        RewardPlacement::Serverless => (
+            dns(&format!("{}-{}", dep.name, short_hash(&identity))),
+            None,
+        ),
         RewardPlacement::Local => {
             scaling.min_scale = scaling.min_scale.max(1);
             scaling.initial_scale = scaling.initial_scale.max(scaling.min_scale);
-            dns(&format!(
-                "{}-{}-{}",
-                dns(job),
-                dns(name),
-                short_hash(&identity)
-            ))
+            let label = dns(&format!("{}-{}", dns(name), short_hash(&identity)));
+            (dns(&format!("{}-{label}", dns(job))), Some(label))
         }
     }
 }
@@ -232,7 +232,7 @@ impl FunctionHub {
             }
         };
         dep.timeout_seconds = timeout_s.ceil() as u64;
-        dep.name = deployment_name(job, name, &dep, &mut scaling, placement);
+        (dep.name, dep.metrics_name) = deployment_name(job, name, &dep, &mut scaling, placement);
         let cc = scaling.container_concurrency;
         dep.scaling = scaling;
         let deployment = self

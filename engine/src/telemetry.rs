@@ -1,7 +1,9 @@
 //! The metric catalogue of the service: every instrument in one place, names following
-//! `rollarc_<subsystem>_<name>_<unit>[_total]`, labels bounded (pool, task, and `job` on the
-//! job-scoped gauges: only running jobs have series — a job's are removed when it ends, so
-//! the label takes at most `max_running` values at a time).
+//! `rollarc_<subsystem>_<name>_<unit>[_total]`, labels bounded (pool, task, and `job_id` on
+//! the job-scoped gauges: only running jobs have series — a job's are removed when it ends,
+//! so the label takes at most `max_running` values at a time). Not `job`: Prometheus sets
+//! that label on every scraped series (the scrape job's name) and would rename ours to
+//! `exported_job`, so queries written with `job="…"` would find nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
@@ -23,7 +25,7 @@ pub struct Catalogue {
     jobs: JobGauges,
 }
 
-/// A job-scoped gauge: its name, help and labels after `job`.
+/// A job-scoped gauge: its name, help and labels after `job_id`.
 const JOB_GAUGES: &[(&str, &str, &[&str])] = &[
     (
         "rollarc_job_step",
@@ -92,7 +94,7 @@ struct JobGauges {
     set: Mutex<BTreeMap<String, BTreeSet<LabelSet>>>,
 }
 
-/// A gauge (its index in [`JOB_GAUGES`]) and its label values, `job` first.
+/// A gauge (its index in [`JOB_GAUGES`]) and its label values, `job_id` first.
 type LabelSet = (usize, Vec<String>);
 
 /// The gauge vectors, registered once per process in the `/metrics` registry.
@@ -105,7 +107,7 @@ fn vecs() -> &'static [Option<prometheus::GaugeVec>] {
             .iter()
             // One entry per gauge (none where it could not be made): indices stay aligned.
             .map(|(name, help, labels)| {
-                let mut l = vec!["job"];
+                let mut l = vec!["job_id"];
                 l.extend_from_slice(labels);
                 let v = prometheus::GaugeVec::new(prometheus::Opts::new(*name, *help), &l).ok()?;
                 if let Err(e) = registry.register(Box::new(v.clone())) {

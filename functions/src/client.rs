@@ -106,7 +106,7 @@ impl FunctionClient {
         rejected_counter().add(
             1,
             &[
-                opentelemetry::KeyValue::new("function", self.router.function().to_string()),
+                opentelemetry::KeyValue::new("function", self.router.metrics_label().to_string()),
                 opentelemetry::KeyValue::new("reason", label),
             ],
         );

@@ -744,7 +744,7 @@ fn the_openapi_example_is_valid_and_links_resolve() {
 /// Whether `/metrics` text `m` has a `metric` series of job `job`.
 fn series(m: &str, metric: &str, job: &str) -> bool {
     m.lines()
-        .any(|l| l.starts_with(&format!("{metric}{{")) && l.contains(&format!("job=\"{job}\"")))
+        .any(|l| l.starts_with(&format!("{metric}{{")) && l.contains(&format!("job_id=\"{job}\"")))
 }
 
 /// Two jobs at once each have their own series (a `job` label: they used to overwrite each
@@ -795,7 +795,7 @@ async fn job_scoped_metrics_carry_the_job_and_leave_with_it() {
         .await;
         let m = scrape().await;
         assert!(
-            !m.lines().any(|l| l.contains(&format!("job=\"{id}\""))),
+            !m.lines().any(|l| l.contains(&format!("job_id=\"{id}\""))),
             "{id} left:\n{m}"
         );
         if id == &a {

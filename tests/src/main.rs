@@ -13,6 +13,7 @@ mod faults;
 mod llm;
 mod otlp;
 mod persistence;
+mod prometheus;
 mod reward_functions;
 mod scheduler;
 mod server_fakes;

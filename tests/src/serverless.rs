@@ -767,4 +767,43 @@ async fn local_placement_gives_the_job_dedicated_warm_instances_removed_at_its_e
         },
     )
     .await;
+    // Metrics label the deployment without its job (bounded: the label of every job's
+    // dedicated `shaped` deployment is the same), and its instance gauges are back at 0.
+    let label = name
+        .strip_prefix(&format!("{id}-"))
+        .expect("named after the job");
+    let metrics = s
+        .client
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let with_function: Vec<&str> = metrics
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.contains("function=\""))
+        .collect();
+    assert!(
+        with_function.iter().all(|l| !l.contains(id.as_str())),
+        "a function label holds the job id: {with_function:#?}"
+    );
+    let series = |metric: &str| {
+        with_function
+            .iter()
+            .filter(|l| l.starts_with(metric) && l.contains(&format!("function=\"{label}\"")))
+            .count()
+    };
+    assert!(
+        series("rollarc_router_calls_total") > 0,
+        "{with_function:#?}"
+    );
+    assert!(series("rollarc_function_instance_events_total") > 0);
+    for l in with_function.iter().filter(|l| {
+        l.starts_with("rollarc_function_instances{")
+            || l.starts_with("rollarc_function_desired_instances{")
+    }) {
+        assert!(l.ends_with(" 0"), "a removed deployment's gauge: {l}");
+    }
 }

@@ -292,6 +292,11 @@ pub struct DeploymentConfig {
     /// Container image for the Knative translation.
     #[serde(default)]
     pub image: Option<String>,
+    /// The `function` label of the deployment's metrics (default: `name`). A job's dedicated
+    /// deployment is named after the job; its label leaves the job out, so labels stay bounded
+    /// by the functions and configurations in use, not by the jobs ever run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_name: Option<String>,
 }
 
 fn d_readiness() -> String {
@@ -328,7 +333,13 @@ impl DeploymentConfig {
             activator_capacity: d_activator(),
             timeout_seconds: d_timeout(),
             image: None,
+            metrics_name: None,
         }
+    }
+
+    /// The `function` label of this deployment's metrics.
+    pub fn metrics_label(&self) -> &str {
+        self.metrics_name.as_deref().unwrap_or(&self.name)
     }
 
     /// Every problem, each with its dotted field path.

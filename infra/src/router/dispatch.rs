@@ -43,6 +43,7 @@ pub enum Target {
 /// the activator and balanced over the function's instances.
 pub struct Router {
     function: Arc<str>,
+    label: Arc<str>,
     inner: Mutex<Inner>,
     budget: Arc<TpsBudget>,
     stats: Arc<RouterStats>,
@@ -81,14 +82,19 @@ impl Router {
             Target::Endpoints(rx) => (rx, None, None),
         };
         let function: Arc<str> = Arc::from(function);
+        // Metrics are labelled by the deployment's bounded label (a URL's by the function).
+        let label: Arc<str> = deployment
+            .as_ref()
+            .map_or_else(|| function.clone(), |d| Arc::from(d.cfg.metrics_label()));
         let budget = Arc::new(TpsBudget::new(
             cfg.retry_window,
             cfg.retry_min_per_sec,
             cfg.retry_ratio,
         ));
-        let inner = service_stack(&function, &cfg, endpoints, outliers, &stats, &budget);
+        let inner = service_stack(&label, &cfg, endpoints, outliers, &stats, &budget);
         Arc::new(Self {
             function,
+            label,
             inner: Mutex::new(inner),
             budget,
             stats,
@@ -109,6 +115,11 @@ impl Router {
 
     pub fn function(&self) -> &str {
         &self.function
+    }
+
+    /// The `function` label of this router's metrics (bounded: no job ids).
+    pub fn metrics_label(&self) -> &str {
+        &self.label
     }
 
     /// The local deployment behind this router (none for a URL or other endpoints).
@@ -219,7 +230,7 @@ impl Router {
         if out.is_err() {
             self.stats.failures.fetch_add(1, Ordering::Relaxed);
         }
-        let f = opentelemetry::KeyValue::new("function", self.function.to_string());
+        let f = opentelemetry::KeyValue::new("function", self.label.to_string());
         m.calls.add(
             1,
             &[f.clone(), opentelemetry::KeyValue::new("outcome", outcome)],
@@ -236,7 +247,7 @@ impl Router {
 }
 
 /// Retry (→ hedge) → activator buffer with load shedding → p2c balance over peak-EWMA
-/// instances, each behind its concurrency limit.
+/// instances, each behind its concurrency limit. `function` labels its metrics and logs.
 fn service_stack(
     function: &Arc<str>,
     cfg: &RouterConfig,

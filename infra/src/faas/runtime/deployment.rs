@@ -49,6 +49,8 @@ pub(super) struct State {
     pub(super) last_failure: Option<String>,
     /// The last lines instances wrote to stderr (at most [`STDERR_TAIL_LINES`]).
     pub(super) stderr_tail: std::collections::VecDeque<String>,
+    /// Removed from its label's gauges: publish no more.
+    pub(super) forgotten: bool,
 }
 
 /// Lines of instance stderr kept to explain a failure.
@@ -135,6 +137,7 @@ impl Deployment {
                 consecutive_crashes: 0,
                 last_failure: None,
                 stderr_tail: std::collections::VecDeque::new(),
+                forgotten: false,
             }),
             endpoints: watch::Sender::new(Vec::new()),
             poke: Notify::new(),
@@ -249,22 +252,67 @@ impl Deployment {
                 true
             }
         });
-        let m = metrics();
-        let name = opentelemetry::KeyValue::new("function", self.cfg.name.clone());
-        for (phase, label) in [
-            (Phase::Starting, "starting"),
-            (Phase::Ready, "ready"),
-            (Phase::Draining, "draining"),
-        ] {
-            let n = st.instances.values().filter(|i| i.phase == phase).count() as u64;
-            m.instances.record(
-                n,
-                &[name.clone(), opentelemetry::KeyValue::new("state", label)],
-            );
+        let count = |phase| st.instances.values().filter(|i| i.phase == phase).count() as u64;
+        let counts = [
+            count(Phase::Starting),
+            count(Phase::Ready),
+            count(Phase::Draining),
+            st.desired as u64,
+        ];
+        if !st.forgotten {
+            gauges(self, Some(counts));
         }
-        m.desired
-            .record(st.desired as u64, std::slice::from_ref(&name));
     }
+
+    /// Takes the deployment out of its label's gauges (it was removed; a late publish of a
+    /// straggling instance does not put it back).
+    pub(super) fn forget(&self) {
+        let mut st = self.lock();
+        st.forgotten = true;
+        gauges(self, None);
+        drop(st);
+    }
+}
+
+/// Instances by state and desired instances of every live deployment, by label and name.
+type GaugeBook = BTreeMap<String, BTreeMap<String, [u64; 4]>>;
+
+/// Sets (or, with `None`, removes) this deployment's counts, then records the sums of its
+/// label: deployments sharing a label (the same function and configuration dedicated to
+/// several jobs) add up instead of overwriting each other, and a removed one leaves its
+/// label's series at what the others hold.
+fn gauges(dep: &Deployment, counts: Option<[u64; 4]>) {
+    static BOOK: std::sync::Mutex<GaugeBook> = std::sync::Mutex::new(BTreeMap::new());
+    let label = dep.cfg.metrics_label().to_string();
+    let mut book = BOOK.lock().unwrap_or_else(|p| p.into_inner());
+    let of_label = book.entry(label.clone()).or_default();
+    match counts {
+        Some(c) => {
+            of_label.insert(dep.cfg.name.clone(), c);
+        }
+        None => {
+            of_label.remove(&dep.cfg.name);
+        }
+    }
+    let mut sum = [0u64; 4];
+    for c in of_label.values() {
+        for (s, v) in sum.iter_mut().zip(c) {
+            *s += v;
+        }
+    }
+    if of_label.is_empty() {
+        book.remove(&label);
+    }
+    drop(book);
+    let m = metrics();
+    let name = opentelemetry::KeyValue::new("function", label);
+    for (i, state) in ["starting", "ready", "draining"].into_iter().enumerate() {
+        m.instances.record(
+            sum[i],
+            &[name.clone(), opentelemetry::KeyValue::new("state", state)],
+        );
+    }
+    m.desired.record(sum[3], std::slice::from_ref(&name));
 }
 
 struct RuntimeMetrics {
@@ -293,7 +341,7 @@ pub(super) fn event(dep: &Deployment, what: &'static str) {
     metrics().events.add(
         1,
         &[
-            opentelemetry::KeyValue::new("function", dep.cfg.name.clone()),
+            opentelemetry::KeyValue::new("function", dep.cfg.metrics_label().to_string()),
             opentelemetry::KeyValue::new("event", what),
         ],
     );

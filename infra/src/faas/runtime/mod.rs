@@ -116,6 +116,7 @@ impl FunctionRuntime {
             while !dep.lock().instances.is_empty() && Instant::now() < deadline {
                 let _ = tokio::time::timeout(Duration::from_millis(50), rx.changed()).await;
             }
+            dep.forget();
         }
     }
 
