@@ -275,6 +275,8 @@ pub struct DeviceView {
         StepPage,
         StepRecord,
         Baselines,
+        CancelAnswer,
+        CancelInfo,
         actors::types::Trajectory,
         actors::types::Turn,
         actors::types::VersionSpan,
@@ -702,21 +704,64 @@ async fn job_steps(
     Ok(Json(StepPage { steps, event_id }))
 }
 
+/// The answer to a cancel: the job as it is now, and what the cancel does to it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CancelAnswer {
+    #[serde(flatten)]
+    pub job: JobRecord,
+    pub cancel: CancelInfo,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CancelInfo {
+    /// `stopping`: the job was running; it stops now and its state becomes `cancelled` once
+    /// its actors and processes are down (watch the job or its events). `cancelled`: it was
+    /// queued and never started.
+    pub outcome: &'static str,
+    /// The step (1-based) that was in flight: it is not recorded; the steps before it and
+    /// their trajectories are kept.
+    pub in_flight_step: Option<u64>,
+    pub message: String,
+}
+
 /// Cancel a queued or running job.
-#[utoipa::path(post, path = "/v1/jobs/{id}/cancel", params(("id" = String, Path, description = "job id")), responses((status = 202, body = JobRecord), (status = 403, description = "a read token", body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+#[utoipa::path(post, path = "/v1/jobs/{id}/cancel", params(("id" = String, Path, description = "job id")), responses((status = 202, body = CancelAnswer), (status = 403, description = "a read token", body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 async fn cancel_job(
     State(s): State<Arc<Service>>,
     Extension(p): Extension<Principal>,
     Path(id): Path<String>,
-) -> Result<(StatusCode, Json<JobRecord>), ApiError> {
+) -> Result<(StatusCode, Json<CancelAnswer>), ApiError> {
     visible_job(&s, &p, &id)?;
     require(&p, Role::Submit)?;
     s.cancel(&id)?;
-    let j = s
+    let job = s
         .store
         .get(&id)?
         .ok_or_else(|| ServiceError::NotFound(id.clone()))?;
-    Ok((StatusCode::ACCEPTED, Json(j)))
+    let cancel = if job.state.is_terminal() {
+        CancelInfo {
+            outcome: "cancelled",
+            in_flight_step: None,
+            message: format!("{id} was cancelled before it started"),
+        }
+    } else {
+        let in_flight =
+            (job.state == JobState::Running && job.step < job.steps).then_some(job.step + 1);
+        CancelInfo {
+            outcome: "stopping",
+            in_flight_step: in_flight,
+            message: match in_flight {
+                Some(n) => format!(
+                    "{id} is stopping: step {n} of {} was in flight and is not recorded; steps 1–{} and their trajectories are kept. Its state becomes cancelled once its actors and processes are down",
+                    job.steps, job.step
+                ),
+                None => format!(
+                    "{id} is stopping; its state becomes cancelled once its actors and processes are down"
+                ),
+            },
+        }
+    };
+    Ok((StatusCode::ACCEPTED, Json(CancelAnswer { job, cancel })))
 }
 
 /// Where a reconnecting events client resumes.

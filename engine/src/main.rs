@@ -246,26 +246,29 @@ struct ServeConfig {
     policy: engine::access::ProgramPolicy,
 }
 
-/// Job files are TOML or JSON; a YAML file gets a clear refusal instead of TOML errors.
-fn check_spec_extension(file: &std::path::Path) -> anyhow::Result<()> {
-    if file
-        .extension()
+/// Whether a job file is YAML (by its extension).
+fn is_yaml(file: &std::path::Path) -> bool {
+    file.extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml"))
-    {
-        bail!(
-            "{}: job files are TOML or JSON; convert YAML to one of them (the Python SDK, \
-             clients/python, submits YAML files as JSON)",
-            file.display()
-        );
-    }
-    Ok(())
 }
 
-/// A job file's text and format, with `--set` overrides applied (then as JSON).
+/// A job file's text and format (TOML, JSON, or YAML — sent on as JSON), with `--set`
+/// overrides applied (then as JSON).
 fn spec_text(file: &std::path::Path, sets: &[String]) -> anyhow::Result<(String, Format)> {
-    check_spec_extension(file)?;
     let body =
         std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    if is_yaml(file) {
+        let mut doc: serde_json::Value = yaml_serde::from_str(&body)
+            .with_context(|| format!("{} is not valid YAML", file.display()))?;
+        if !doc.is_object() {
+            bail!(
+                "{}: a job spec is a mapping (tasks, pools, …)",
+                file.display()
+            );
+        }
+        spec::apply_overrides(&mut doc, sets).map_err(|e| anyhow::anyhow!(e))?;
+        return Ok((serde_json::to_string(&doc)?, Format::Json));
+    }
     let fmt = if file.extension().is_some_and(|e| e == "json") {
         Format::Json
     } else {
@@ -585,7 +588,18 @@ fn cancel(client: &reqwest::Client, server: &str, id: &str) -> anyhow::Result<Ex
             .send()
             .await?;
         let status = r.status();
-        println!("{}", r.text().await?);
+        let body = r.text().await?;
+        // The service's sentence (what the cancel does, or why it was refused), else the body.
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        match v
+            .pointer("/cancel/message")
+            .or_else(|| v.pointer("/error/message"))
+            .and_then(|m| m.as_str())
+        {
+            Some(m) if status.is_success() => println!("{m}"),
+            Some(m) => eprintln!("error: {m}"),
+            None => println!("{body}"),
+        }
         Ok(exit_code(status.is_success()))
     })
 }

@@ -204,6 +204,22 @@ async fn cancel_stops_a_running_job_and_a_second_cancel_conflicts() {
         .await
         .unwrap();
     assert_eq!(r.status(), 202);
+    // The answer says what happens: the job is stopping, and which step was in flight (it
+    // used to be the bare record, `state: running`).
+    let a: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(a["cancel"]["outcome"], "stopping", "{a}");
+    let done = a["step"].as_u64().unwrap();
+    assert_eq!(
+        a["cancel"]["in_flight_step"].as_u64(),
+        Some(done + 1),
+        "{a}"
+    );
+    let msg = a["cancel"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains(&format!("step {} of 1000 was in flight", done + 1))
+            && msg.contains("cancelled once"),
+        "{msg}"
+    );
     let job = wait_job(&s.client, &s.url(""), &id, Duration::from_secs(30), |v| {
         v["state"] == "cancelled"
     })

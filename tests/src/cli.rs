@@ -118,19 +118,62 @@ fn commands_print_no_library_info_lines() {
 /// A YAML job is refused clearly: by the CLI (naming the file and what to do) and by the API
 /// (415, instead of TOML parse errors about YAML syntax); TOML sent as plain text still works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn yaml_job_specs_are_refused_clearly() {
+async fn yaml_job_files_run_and_bad_yaml_is_named() {
     let dir = tempfile::tempdir().unwrap();
+    // The same one-step simulated job as `sim_job`, written as YAML (anchors, comments and
+    // flow mappings included).
     let yaml = dir.path().join("job.yaml");
-    std::fs::write(&yaml, "tasks:\n  - domain: lake\n").unwrap();
+    std::fs::write(
+        &yaml,
+        "# one step on one simulated H800\n\
+         tasks:\n\
+         \x20 - domain: lake\n\
+         \x20   group_size: 4\n\
+         \x20   max_turns: 6\n\
+         \x20   max_tokens_per_turn: 128\n\
+         \x20   env:\n\
+         \x20     kind: sim\n\
+         \x20     reset_latency_s: {lognormal: {mu: -1.0, sigma: 1.0}}\n\
+         \x20     step_latency_s: &step {normal: {mean: 2.0, std: 1.5}}\n\
+         \x20     turns: {uniform: {low: 2, high: 6}}\n\
+         \x20     observation_tokens: {constant: 64}\n\
+         \x20     response_tokens: {uniform: {low: 16, high: 128}}\n\
+         \x20     success_rate: 0.5\n\
+         pools:\n\
+         \x20 - {name: h800, device: H800, count: 1, backend: {kind: sim, model: qwen3-8b}}\n\
+         rollout:\n\
+         \x20 steps: 1\n",
+    )
+    .unwrap();
+    let out = run(
+        &yaml,
+        &["rollout.steps=2"],
+        &dir.path().join("data"),
+        &dir.path().join("report"),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("report/summary.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(summary["steps"], 2, "--set applies to a YAML file too");
+    assert_eq!(summary["spec"]["pools"][0]["device"], "H800");
+
+    let bad = dir.path().join("bad.yml");
+    std::fs::write(&bad, "tasks: [unclosed\n").unwrap();
     let out = Command::new(tests::rollarc_bin())
         .args(["--server", "http://127.0.0.1:9", "submit"])
-        .arg(&yaml)
+        .arg(&bad)
         .output()
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("job.yaml") && err.contains("TOML or JSON"),
+        err.contains("bad.yml") && err.contains("not valid YAML"),
         "{err}"
     );
 

@@ -553,6 +553,7 @@ class JobPage {
     try {
       const r = await (await api(this.base + '/cancel', { method: 'POST' })).json();
       this.job.state = r.state;
+      if (r.cancel && r.cancel.message) banner(r.cancel.message);
     } catch (e) {
       banner('cancel failed: ' + e.message);
       this.job.cancelling = false;
