@@ -179,6 +179,15 @@ async fn a_job_leaves_a_whole_trace_in_an_otlp_receiver() {
         "training spans hang under their step"
     );
     assert_eq!(named("train").count() as u64, STEPS);
+    for t in named("train") {
+        for k in ["loss", "entropy", "grad_norm", "lr", "response_len_mean"] {
+            let v: f64 = attr(t, k)
+                .unwrap_or_else(|| panic!("the train span has no {k}"))
+                .parse()
+                .unwrap();
+            assert!(v.is_finite(), "{k} = {v}");
+        }
+    }
     let mut episodes: HashMap<u64, &Span> = HashMap::new();
     for e in named("episode") {
         let parent = by_id

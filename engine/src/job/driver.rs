@@ -67,6 +67,24 @@ pub(super) async fn drive(
         };
         let body = async {
             let mut weight_sync_s = 0.0;
+            // The trainer's numbers land on it once the step is recorded (OTLP sees them too).
+            let train_span = tracing::info_span!(
+                target: infra::telemetry::TRACE_TARGET,
+                "train",
+                loss = tracing::field::Empty,
+                policy_loss = tracing::field::Empty,
+                kl = tracing::field::Empty,
+                entropy = tracing::field::Empty,
+                grad_norm = tracing::field::Empty,
+                lr = tracing::field::Empty,
+                clip_frac_low = tracing::field::Empty,
+                clip_frac_high = tracing::field::Empty,
+                is_weight_mean = tracing::field::Empty,
+                is_weight_max = tracing::field::Empty,
+                response_len_mean = tracing::field::Empty,
+                response_len_max = tracing::field::Empty,
+                trajectories = tracing::field::Empty,
+            );
             let t_wait = tokio::time::Instant::now();
             let batch = next_batch(job, a, report, step, step_limit).await?;
             let wait_batch_s = t_wait.elapsed().as_secs_f64();
@@ -85,7 +103,7 @@ pub(super) async fn drive(
                 t_train = tokio::time::Instant::now();
                 stats = tracing::Instrument::instrument(
                     train(&a.trainer, batch.clone(), &job.cancel, step_limit),
-                    tracing::info_span!(target: infra::telemetry::TRACE_TARGET, "train"),
+                    train_span.clone(),
                 )
                 .await?;
             } else {
@@ -96,7 +114,7 @@ pub(super) async fn drive(
                 t_train = tokio::time::Instant::now();
                 stats = tracing::Instrument::instrument(
                     train(&a.trainer, batch.clone(), &job.cancel, step_limit),
-                    tracing::info_span!(target: infra::telemetry::TRACE_TARGET, "train"),
+                    train_span.clone(),
                 )
                 .await?;
                 let t_sync = tokio::time::Instant::now();
@@ -122,6 +140,7 @@ pub(super) async fn drive(
             let mut m = sources
                 .collect(times, &stats, &batch, &mut timeline)
                 .await?;
+            record_trainer(&train_span, &m);
             if let Some(e) = &a.evaluator
                 && e.due(step + 1, knobs.steps)
             {
@@ -153,6 +172,32 @@ pub(super) async fn drive(
         summary.trajectories_committed = last.buffer.committed;
     }
     Ok(summary)
+}
+
+/// The step's trainer numbers on its `train` span.
+fn record_trainer(span: &tracing::Span, m: &super::StepMetrics) {
+    let t = &m.trainer;
+    span.record("loss", m.loss);
+    span.record("trajectories", m.trajectories);
+    for (k, v) in [
+        ("policy_loss", t.policy_loss),
+        ("kl", t.kl),
+        ("entropy", t.entropy),
+        ("grad_norm", t.grad_norm),
+        ("lr", t.lr),
+        ("clip_frac_low", t.clip_frac_low),
+        ("clip_frac_high", t.clip_frac_high),
+        ("is_weight_mean", t.is_weight_mean),
+        ("is_weight_max", t.is_weight_max),
+        ("response_len_mean", t.response_len_mean),
+    ] {
+        if let Some(v) = v {
+            span.record(k, v);
+        }
+    }
+    if let Some(v) = t.response_len_max {
+        span.record("response_len_max", v);
+    }
 }
 
 /// The trace span of training step `step` (1-based), begun on policy `version`.
