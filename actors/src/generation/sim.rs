@@ -216,8 +216,16 @@ impl SimEngine {
                 // The common case (no stop tokens): a cheap xorshift stream seeded from the
                 // request's RNG; a simulated week emits billions of tokens.
                 let mut x = s.rng.random::<u64>() | 1;
-                s.tokens.reserve(n as usize);
-                s.logprobs.reserve(n as usize);
+                if s.tokens.capacity() == 0 {
+                    // The whole answer at once: growing by steps reallocated (and copied) each
+                    // answer several times, a fifth of a simulated week's run time.
+                    let whole = (s.target as usize).max(n as usize);
+                    s.tokens.reserve_exact(whole);
+                    s.logprobs.reserve_exact(whole);
+                } else {
+                    s.tokens.reserve(n as usize);
+                    s.logprobs.reserve(n as usize);
+                }
                 for _ in 0..n {
                     x ^= x << 13;
                     x ^= x >> 7;
