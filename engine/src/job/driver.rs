@@ -68,23 +68,7 @@ pub(super) async fn drive(
         let body = async {
             let mut weight_sync_s = 0.0;
             // The trainer's numbers land on it once the step is recorded (OTLP sees them too).
-            let train_span = tracing::info_span!(
-                target: infra::telemetry::TRACE_TARGET,
-                "train",
-                loss = tracing::field::Empty,
-                policy_loss = tracing::field::Empty,
-                kl = tracing::field::Empty,
-                entropy = tracing::field::Empty,
-                grad_norm = tracing::field::Empty,
-                lr = tracing::field::Empty,
-                clip_frac_low = tracing::field::Empty,
-                clip_frac_high = tracing::field::Empty,
-                is_weight_mean = tracing::field::Empty,
-                is_weight_max = tracing::field::Empty,
-                response_len_mean = tracing::field::Empty,
-                response_len_max = tracing::field::Empty,
-                trajectories = tracing::field::Empty,
-            );
+            let train_span = train_span();
             let t_wait = tokio::time::Instant::now();
             let batch = next_batch(job, a, report, step, step_limit).await?;
             let wait_batch_s = t_wait.elapsed().as_secs_f64();
@@ -172,6 +156,27 @@ pub(super) async fn drive(
         summary.trajectories_committed = last.buffer.committed;
     }
     Ok(summary)
+}
+
+/// The trace span of a step's training, its numbers recorded by [`record_trainer`].
+fn train_span() -> tracing::Span {
+    tracing::info_span!(
+        target: infra::telemetry::TRACE_TARGET,
+        "train",
+        loss = tracing::field::Empty,
+        policy_loss = tracing::field::Empty,
+        kl = tracing::field::Empty,
+        entropy = tracing::field::Empty,
+        grad_norm = tracing::field::Empty,
+        lr = tracing::field::Empty,
+        clip_frac_low = tracing::field::Empty,
+        clip_frac_high = tracing::field::Empty,
+        is_weight_mean = tracing::field::Empty,
+        is_weight_max = tracing::field::Empty,
+        response_len_mean = tracing::field::Empty,
+        response_len_max = tracing::field::Empty,
+        trajectories = tracing::field::Empty,
+    )
 }
 
 /// The step's trainer numbers on its `train` span.
