@@ -319,6 +319,25 @@ pub async fn page_all(
     id: &str,
     limit: usize,
 ) -> Vec<(i64, String)> {
+    all_rows(client, base, id, limit)
+        .await
+        .into_iter()
+        .map(|row| {
+            (
+                row["cursor"].as_i64().expect("cursor"),
+                row["trajectory"]["id"].as_str().expect("id").to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Every trajectory row of a job (as the NDJSON pages hold them), `limit` per page.
+pub async fn all_rows(
+    client: &reqwest::Client,
+    base: &str,
+    id: &str,
+    limit: usize,
+) -> Vec<serde_json::Value> {
     let mut out = Vec::new();
     let mut after = 0i64;
     loop {
@@ -335,14 +354,11 @@ pub async fn page_all(
             .lines()
             .map(|l| serde_json::from_str(l).expect("ndjson line"))
             .collect();
-        if rows.is_empty() {
+        let Some(last) = rows.last() else {
             return out;
-        }
-        for row in rows {
-            let c = row["cursor"].as_i64().expect("cursor");
-            out.push((c, row["trajectory"]["id"].as_str().expect("id").to_string()));
-            after = c;
-        }
+        };
+        after = last["cursor"].as_i64().expect("cursor");
+        out.extend(rows);
     }
 }
 

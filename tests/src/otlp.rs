@@ -109,32 +109,10 @@ async fn a_job_leaves_a_whole_trace_in_an_otlp_receiver() {
     .await;
     assert_eq!(done["state"], "succeeded", "{done}");
     let mut turns_of: BTreeMap<u64, usize> = BTreeMap::new();
-    let mut after = 0;
-    loop {
-        let text = c
-            .get(format!(
-                "{}/v1/jobs/{id}/trajectories?after={after}&limit=1000",
-                server.base
-            ))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        let rows: Vec<serde_json::Value> = text
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
-        if rows.is_empty() {
-            break;
-        }
-        for r in &rows {
-            after = r["cursor"].as_i64().unwrap();
-            let tid = r["trajectory"]["id"].as_str().unwrap();
-            let e: u64 = tid.rsplit("-e").next().unwrap().parse().unwrap();
-            turns_of.insert(e, r["trajectory"]["turns"].as_array().unwrap().len());
-        }
+    for r in tests::all_rows(&c, &server.base, &id, 1000).await {
+        let tid = r["trajectory"]["id"].as_str().unwrap();
+        let e: u64 = tid.rsplit("-e").next().unwrap().parse().unwrap();
+        turns_of.insert(e, r["trajectory"]["turns"].as_array().unwrap().len());
     }
     assert!(turns_of.len() >= (STEPS * 2 * 4) as usize);
     // A graceful stop flushes the exporter.

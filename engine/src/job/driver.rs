@@ -71,6 +71,12 @@ pub(super) async fn drive(
             let train_span = train_span();
             let t_wait = tokio::time::Instant::now();
             let batch = next_batch(job, a, report, step, step_limit).await?;
+            let training = || {
+                tracing::Instrument::instrument(
+                    train(&a.trainer, batch.clone(), &job.cancel, step_limit),
+                    train_span.clone(),
+                )
+            };
             let wait_batch_s = t_wait.elapsed().as_secs_f64();
             let t_train;
             let stats: TrainStats;
@@ -85,22 +91,14 @@ pub(super) async fn drive(
                 );
                 weight_sync_s += t_sync.elapsed().as_secs_f64();
                 t_train = tokio::time::Instant::now();
-                stats = tracing::Instrument::instrument(
-                    train(&a.trainer, batch.clone(), &job.cancel, step_limit),
-                    train_span.clone(),
-                )
-                .await?;
+                stats = training().await?;
             } else {
                 // No overlap: generation pauses while training, then installs the fresh version.
                 // (A scheduler that is gone fails the job through the supervisor.)
                 let _ = a.scheduler.cast(SchedMsg::Training(true));
                 suspend_all(&a.pools).await?;
                 t_train = tokio::time::Instant::now();
-                stats = tracing::Instrument::instrument(
-                    train(&a.trainer, batch.clone(), &job.cancel, step_limit),
-                    train_span.clone(),
-                )
-                .await?;
+                stats = training().await?;
                 let t_sync = tokio::time::Instant::now();
                 installed = installed_now(
                     job,
