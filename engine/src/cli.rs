@@ -388,6 +388,32 @@ fn summary_line(label: &str, s: &JobSummary, wall: Duration) {
         s.bubble_ratio,
         wall.as_secs_f64()
     );
+    print_functions(&s.functions);
+}
+
+/// One line per simulated function deployment: calls, instances, and its GPU time.
+fn print_functions(functions: &std::collections::BTreeMap<String, actors::reward::FunctionUsage>) {
+    for (name, u) in functions {
+        let held = if u.gpus_per_instance > 0 {
+            format!(
+                "{:.0} GPU-s held ({} per instance), {:.1} % busy, batches of {:.1}",
+                u.gpu_s(),
+                u.gpus_per_instance,
+                100.0 * u.utilisation(),
+                u.mean_batch
+            )
+        } else {
+            format!(
+                "{:.0} instance-s held, {:.1} % busy",
+                u.instance_s,
+                100.0 * u.utilisation()
+            )
+        };
+        println!(
+            "    function {name}: {} calls, {} cold starts, peak {} instances, {held}",
+            u.calls, u.cold_starts, u.peak_instances
+        );
+    }
 }
 
 /// `rollarc sim`: runs the spec (optionally under several presets) in virtual time.
@@ -452,6 +478,10 @@ pub fn print_run(r: &RunResult) {
             .collect::<Vec<_>>()
             .join(", ")
     );
+    if r.jobs > 1 {
+        println!("    {} jobs on one clock (figures are their mean)", r.jobs);
+    }
+    print_functions(&r.functions);
 }
 
 /// The per-task table of a job's report.

@@ -44,7 +44,7 @@ pub use matrix::{BuildSpecError, SetPathError, build_spec, set_path};
 pub use metric::Metric;
 pub use parse::{RunDef, Scenario};
 pub use results::{CheckResult, RunResult, ScenarioResult, table};
-pub use run::{events_of, peak_rss_kib, peak_rss_mib, run, run_one};
+pub use run::{events_of, peak_rss_kib, peak_rss_mib, run, run_jobs, run_one};
 
 #[cfg(test)]
 mod tests;

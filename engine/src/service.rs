@@ -694,6 +694,7 @@ impl Service {
                     functions: Some(self.functions.clone()),
                     timeline,
                     batches: Some(self.batches.clone()),
+                    shared_sim_functions: None,
                 };
                 // A panic anywhere in the job's runtime fails (or restarts) this job only.
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

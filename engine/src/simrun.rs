@@ -45,6 +45,7 @@ pub fn run_virtual_with(
         functions: None,
         timeline: false,
         batches: None,
+        shared_sim_functions: None,
     }))
 }
 
@@ -109,5 +110,6 @@ pub fn run_from(
         functions: None,
         timeline,
         batches: None,
+        shared_sim_functions: None,
     }))
 }

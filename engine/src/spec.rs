@@ -340,7 +340,7 @@ pub fn validate(spec: &JobSpec) -> Vec<FieldError> {
     spec.mapping.check(spec, &mut problems);
     spec.rollout.check(spec, &mut problems);
     spec.sim.check(spec, &mut problems);
-    spec.reward.check(&mut problems);
+    spec.reward.check(spec, &mut problems);
     spec.trainer.check(spec, &mut problems);
     if let Some(e) = &spec.eval {
         e.check(spec, &mut problems);

@@ -148,6 +148,11 @@ pub(super) async fn drive(
     }
     let _ = a.scheduler.cast(SchedMsg::Shutdown);
     summary.elapsed_s = started.elapsed().as_secs_f64();
+    summary.functions = a
+        .sim_functions
+        .iter()
+        .map(|(name, f)| (name.clone(), f.usage()))
+        .collect();
     if let Some(last) = summary.steps.last() {
         summary.bubble_ratio = last.bubble_ratio;
         summary.pools = last.pools.clone();

@@ -51,6 +51,9 @@ pub struct JobSummary {
     pub trajectories_committed: u64,
     pub bubble_ratio: f64,
     pub pools: BTreeMap<String, PoolMetrics>,
+    /// Simulated function deployments (scaled or on GPUs): calls, instances, instance- and
+    /// GPU-seconds held and busy, up to the job's end.
+    pub functions: BTreeMap<String, actors::reward::FunctionUsage>,
 }
 
 /// Inputs of one run of a job.
@@ -75,6 +78,33 @@ pub struct JobRun {
     pub timeline: bool,
     /// The service's batch desk (jobs with an external trainer need one).
     pub batches: Option<Arc<crate::trainer_api::BatchDesk>>,
+    /// Simulated function deployments shared with other jobs of the same virtual runtime;
+    /// none: the job has its own.
+    pub shared_sim_functions: Option<Arc<SharedSimFunctions>>,
+}
+
+/// Simulated function deployments (those with `scaling` or `gpu`) shared by the jobs of one
+/// virtual runtime, by function name: the first job to name one deploys it, later jobs call
+/// the same instances and autoscaler.
+#[derive(Default)]
+pub struct SharedSimFunctions(std::sync::Mutex<BTreeMap<String, Arc<actors::reward::SimFunction>>>);
+
+impl SharedSimFunctions {
+    /// The deployment named `name`, made by `make` if no job has made it yet.
+    pub fn get_or_deploy(
+        &self,
+        name: &str,
+        make: impl FnOnce() -> Arc<actors::reward::SimFunction>,
+    ) -> Arc<actors::reward::SimFunction> {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        m.entry(name.to_string()).or_insert_with(make).clone()
+    }
+
+    /// What every shared deployment used up to now.
+    pub fn usage(&self) -> BTreeMap<String, actors::reward::FunctionUsage> {
+        let m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        m.iter().map(|(k, f)| (k.clone(), f.usage())).collect()
+    }
 }
 
 /// Runs the job to its last step, or until cancelled or failed.

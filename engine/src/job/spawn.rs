@@ -55,6 +55,8 @@ pub(super) struct JobActors {
     pub evaluator: Option<super::eval::Evaluator>,
     /// The span episodes' trace spans hang under (the step driver moves it step by step).
     pub trace_parent: Arc<actors::episode::TraceParent>,
+    /// Simulated function deployments with usage to report (scaled or on GPUs).
+    pub sim_functions: Vec<(String, Arc<SimFunction>)>,
 }
 
 /// Instances in a row that die or never become ready before a deployment counts as
@@ -125,16 +127,8 @@ pub(super) async fn spawn(
     if let Some(e) = &plan.eval {
         all.extend(e.tasks.iter());
     }
-    let (mut task_views, mut tasks, deployments) = spawn_tasks(
-        &all,
-        &plan.functions,
-        &plan.knobs,
-        cell,
-        &job.id,
-        hub,
-        &faults,
-    )
-    .await?;
+    let (mut task_views, mut tasks, deployments, sim_functions) =
+        spawn_tasks(&all, &plan.functions, &plan.knobs, cell, job, hub, &faults).await?;
     let eval_views = task_views.split_off(n_train);
     let mut eval_tasks = tasks.split_off(n_train);
     let eval_sizes: Vec<usize> = plan
@@ -242,6 +236,7 @@ pub(super) async fn spawn(
     Ok(JobActors {
         evaluator,
         trace_parent,
+        sim_functions,
         framing,
         weights,
         pools,
@@ -752,12 +747,14 @@ async fn spawn_tasks(
     function_plans: &[(String, FunctionPlan)],
     knobs: &Knobs,
     cell: &ActorCell,
-    job_id: &str,
+    job: &JobRun,
     hub: Option<&Arc<FunctionHub>>,
     faults: &Arc<Faults>,
 ) -> Result<SpawnedTasks, JobError> {
+    let job_id = job.id.as_str();
     let mut functions: BTreeMap<&str, SharedScorer> = BTreeMap::new();
     let mut deployments = Vec::new();
+    let mut sim_functions = Vec::new();
     for (name, f) in function_plans {
         let scorer: SharedScorer = match f {
             FunctionPlan::SimScaled {
@@ -765,12 +762,24 @@ async fn spawn_tasks(
                 cold_start,
                 scaling,
                 seed,
-            } => Arc::new(SimFunction::new(
-                latency.clone(),
-                *cold_start,
-                scaling.clone(),
-                *seed,
-            )),
+                gpu,
+            } => {
+                let make = || {
+                    SimFunction::serving(
+                        latency.clone(),
+                        *cold_start,
+                        scaling.clone(),
+                        *seed,
+                        gpu.clone(),
+                    )
+                };
+                let f = match &job.shared_sim_functions {
+                    Some(shared) => shared.get_or_deploy(name, make),
+                    None => make(),
+                };
+                sim_functions.push((name.clone(), f.clone()));
+                Arc::new(f)
+            }
             FunctionPlan::SimSlots {
                 latency,
                 cold_start,
@@ -854,15 +863,16 @@ async fn spawn_tasks(
         });
         views.push(t.view.clone());
     }
-    Ok((views, out, deployments))
+    Ok((views, out, deployments, sim_functions))
 }
 
-/// The scheduler's task views, what episodes see of each task, and the local deployments of
-/// the job's functions.
+/// The scheduler's task views, what episodes see of each task, the local deployments of the
+/// job's functions, and its simulated deployments with usage to report.
 type SpawnedTasks = (
     Vec<TaskView>,
     Vec<EpisodeTask>,
     Vec<(String, Arc<Deployment>)>,
+    Vec<(String, Arc<SimFunction>)>,
 );
 
 /// A checkpoint pool without a loaded checkpoint (the trainer plan always loads one).

@@ -50,6 +50,8 @@ pub enum RunError {
     NotSimulated,
     #[error("duplicate run name")]
     Duplicate,
+    #[error("jobs: must be in 1..=64, got {0}")]
+    Jobs(u32),
     /// Boxed: a job's error is large, and most scenario errors are not simulation failures.
     #[error(transparent)]
     Simulation(#[from] Box<JobError>),

@@ -19,15 +19,22 @@ pub enum Metric {
     TrainerBusy,
     /// Total virtual time of the run.
     ElapsedS,
+    /// GPU-seconds held by the simulated reward models on GPUs (every deployment, cold
+    /// starts included).
+    RewardGpuS,
+    /// Busy share of the GPU-seconds those reward models held.
+    RewardGpuUtil,
 }
 
 impl Metric {
-    pub const ALL: [Metric; 5] = [
+    pub const ALL: [Metric; 7] = [
         Metric::StepS,
         Metric::Throughput,
         Metric::Bubble,
         Metric::TrainerBusy,
         Metric::ElapsedS,
+        Metric::RewardGpuS,
+        Metric::RewardGpuUtil,
     ];
 
     pub fn name(self) -> &'static str {
@@ -37,6 +44,28 @@ impl Metric {
             Self::Bubble => "bubble",
             Self::TrainerBusy => "trainer_busy",
             Self::ElapsedS => "elapsed_s",
+            Self::RewardGpuS => "reward_gpu_s",
+            Self::RewardGpuUtil => "reward_gpu_util",
+        }
+    }
+
+    /// Whether the metric reads the function deployments (shared by a run's jobs) rather than
+    /// one job's steps.
+    pub fn of_deployments(self) -> bool {
+        matches!(self, Self::RewardGpuS | Self::RewardGpuUtil)
+    }
+
+    /// A deployment metric of the run's function usage.
+    pub fn of_functions(
+        self,
+        functions: &std::collections::BTreeMap<String, actors::reward::FunctionUsage>,
+    ) -> f64 {
+        let gpu = functions.values().filter(|u| u.gpus_per_instance > 0);
+        let (held, busy) = gpu.fold((0.0, 0.0), |(h, b), u| (h + u.gpu_s(), b + u.busy_gpu_s()));
+        match self {
+            Self::RewardGpuS => held,
+            Self::RewardGpuUtil if held > 0.0 => busy / held,
+            _ => 0.0,
         }
     }
 
@@ -64,6 +93,7 @@ impl Metric {
                     / n
             }
             Self::ElapsedS => s.elapsed_s,
+            Self::RewardGpuS | Self::RewardGpuUtil => self.of_functions(&s.functions),
         }
     }
 }

@@ -40,7 +40,21 @@ struct RunFile {
     matrix: BTreeMap<String, Vec<Value>>,
     #[serde(default)]
     set: BTreeMap<String, Value>,
+    /// Copies of the job run together on one virtual clock (seeds `seed`, `seed + 1`, …).
+    #[serde(default = "one_job")]
+    jobs: u32,
+    /// Whether those jobs share their simulated function deployments (one deployment and
+    /// autoscaler per name) instead of each deploying its own.
+    #[serde(default)]
+    shared_functions: bool,
 }
+
+fn one_job() -> u32 {
+    1
+}
+
+/// Most jobs one run may hold (the bound `RunError::Jobs` states).
+pub const MAX_JOBS_PER_RUN: u32 = 64;
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(untagged)]
@@ -98,6 +112,9 @@ struct ScenarioFile {
 pub struct RunDef {
     pub name: String,
     pub spec: JobSpec,
+    /// Jobs run together, and whether they share their simulated function deployments.
+    pub jobs: u32,
+    pub shared_functions: bool,
 }
 
 /// A parsed scenario.
@@ -190,7 +207,15 @@ fn expand_runs(file: &str, base: &Value, list: &[RunFile]) -> Result<Vec<RunDef>
             if runs.iter().any(|x| x.name == name) {
                 return Err(err(&name, RunError::Duplicate));
             }
-            runs.push(RunDef { name, spec });
+            if r.jobs == 0 || r.jobs > MAX_JOBS_PER_RUN {
+                return Err(err(&name, RunError::Jobs(r.jobs)));
+            }
+            runs.push(RunDef {
+                name,
+                spec,
+                jobs: r.jobs,
+                shared_functions: r.shared_functions,
+            });
         }
     }
     if runs.is_empty() {
@@ -198,6 +223,8 @@ fn expand_runs(file: &str, base: &Value, list: &[RunFile]) -> Result<Vec<RunDef>
         runs.push(RunDef {
             name: "base".into(),
             spec,
+            jobs: 1,
+            shared_functions: false,
         });
     }
     Ok(runs)

@@ -30,8 +30,20 @@ pub struct RunResult {
     pub stale_aborted: u64,
     pub stale_evicted: u64,
     /// Where the step time went after the warm-up: rollout span, trainer waits, stages,
-    /// weight syncs, cancelled work.
+    /// weight syncs, cancelled work (the first job's, when the run has several).
     pub rollout: crate::report::RolloutSummary,
+    /// Jobs run together on one virtual clock (metrics are their mean; `elapsed_s` the last
+    /// to end).
+    #[serde(default = "one_job")]
+    pub jobs: u32,
+    /// Simulated function deployments with their usage: the shared ones once, or each name
+    /// summed over the jobs' own deployments.
+    #[serde(default)]
+    pub functions: BTreeMap<String, actors::reward::FunctionUsage>,
+}
+
+fn one_job() -> u32 {
+    1
 }
 
 /// A check's outcome.

@@ -194,6 +194,8 @@ fn result(name: &str, step_s: f64) -> RunResult {
         stale_aborted: 0,
         stale_evicted: 0,
         rollout: Default::default(),
+        jobs: 1,
+        functions: BTreeMap::new(),
     }
 }
 
@@ -275,4 +277,83 @@ band = [1.0, 10.0]
     let again = run(&sc, |_| {}).unwrap();
     assert_eq!(res.runs[0].metrics, again.runs[0].metrics);
     assert!(table(&[res]).contains("trajectory-level beats"));
+}
+
+#[test]
+fn jobs_on_one_clock_share_one_gpu_judge_deployment_or_each_deploy_their_own() {
+    let judge = r#"set = { "tasks[0].reward" = ["judge"], "reward.placement" = "PLACEMENT", "reward.functions" = { judge = { kind = "sim", cold_start_s = 5.0, gpu = { device = "H800", model = "qwen3-8b", gpus_per_instance = 2, instances = 2, max_batch = 4 }, scaling = { container-concurrency = 4, min-scale = 0, max-scale = 2, initial-scale = 0 } } } }"#;
+    let serverless = judge.replace("PLACEMENT", "serverless");
+    let local = judge.replace("PLACEMENT", "local");
+    let sc = parse(&format!(
+        r#"
+[[runs]]
+name = "own"
+jobs = 3
+{serverless}
+
+[[runs]]
+name = "shared"
+jobs = 3
+shared_functions = true
+{serverless}
+
+[[runs]]
+name = "dedicated"
+{local}
+"#
+    ))
+    .unwrap();
+    let res = run(&sc, |_| {}).unwrap();
+    let [own, shared, dedicated] = &res.runs[..] else {
+        panic!("three runs")
+    };
+    assert_eq!((own.jobs, shared.jobs, dedicated.jobs), (3, 3, 1));
+    assert_eq!(
+        (own.steps, shared.steps),
+        (9, 9),
+        "three jobs of three steps"
+    );
+    let (o, s, d) = (
+        &own.functions["judge"],
+        &shared.functions["judge"],
+        &dedicated.functions["judge"],
+    );
+    // Three deployments of at least one instance each, against one capped at two.
+    assert!(o.peak_instances >= 3, "{o:?}");
+    assert!(s.peak_instances <= 2, "{s:?}");
+    // Every job's trajectories were judged, by the shared deployment too.
+    assert!(
+        s.calls >= 3 * 3 * 2 * 2 && o.calls >= 3 * 3 * 2 * 2,
+        "{s:?} {o:?}"
+    );
+    for u in [o, s, d] {
+        assert_eq!(u.gpus_per_instance, 2);
+        assert!(
+            u.batches > 0 && u.mean_batch >= 1.0 && u.mean_batch <= 4.0,
+            "{u:?}"
+        );
+        assert!(
+            u.busy_instance_s > 0.0 && u.busy_instance_s <= u.instance_s,
+            "{u:?}"
+        );
+    }
+    // Dedicated: two instances of two GPUs held from their deployment (after the shards'
+    // first weights) to the job's end.
+    let held = dedicated.metrics["reward_gpu_s"];
+    let whole = 2.0 * 2.0 * dedicated.simulated_s;
+    assert!(held <= whole && held > 0.95 * whole, "{held} vs {whole}");
+    let util = shared.metrics["reward_gpu_util"];
+    assert!(util > 0.0 && util <= 1.0, "{util}");
+    // Deterministic with several jobs on one clock.
+    let again = run(&sc, |_| {}).unwrap();
+    for (a, b) in res.runs.iter().zip(&again.runs) {
+        assert_eq!(a.metrics, b.metrics, "{}", a.name);
+        assert_eq!(a.functions, b.functions, "{}", a.name);
+    }
+    let e = parse("[[runs]]\nname = \"x\"\njobs = 0\n").unwrap_err();
+    assert!(
+        chain(&e).contains("jobs: must be in 1..=64, got 0"),
+        "{}",
+        chain(&e)
+    );
 }

@@ -46,6 +46,11 @@ pub enum FunctionSpec {
         #[serde(default)]
         #[schema(value_type = Option<Object>)]
         scaling: Option<infra::faas::Scaling>,
+        /// A reward model on GPUs: each instance batches its calls on the device roofline
+        /// (`latency_s` is then what a call costs besides the model). Its GPU time held and
+        /// busy is reported per function.
+        #[serde(default)]
+        gpu: Option<SimGpuSpec>,
     },
     /// A built-in function (`math`, `format`, `env`, `code`, `judge`) run as processes by the
     /// service's function runtime.
@@ -96,6 +101,110 @@ pub enum FunctionSpec {
         #[serde(default)]
         hedge_percentile: Option<f64>,
     },
+}
+
+/// A simulated reward or judge model served on GPUs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SimGpuSpec {
+    /// Device class (`sim.devices` or the catalogue: H800, H20, H100, A100, CPU).
+    pub device: String,
+    /// Model profile (`sim.models` or the catalogue, e.g. `qwen3-8b`).
+    pub model: String,
+    /// GPUs per instance, one tensor-parallel group.
+    #[serde(default = "one")]
+    pub gpus_per_instance: u32,
+    /// Instances of a dedicated deployment (`reward.placement = "local"`): always on. A
+    /// serverless one is scaled by its `scaling`.
+    #[serde(default = "one")]
+    pub instances: u32,
+    /// Calls an instance runs in one batch.
+    #[serde(default = "default_judge_batch")]
+    pub max_batch: u32,
+    /// Tokens of the verdict decoded per call.
+    #[serde(default = "default_verdict_tokens")]
+    pub verdict_tokens: u32,
+    /// What the judge reads of a trajectory.
+    #[serde(default)]
+    pub reads: JudgeReads,
+}
+
+/// What a judge on GPUs reads of a trajectory (what its prefill costs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum JudgeReads {
+    /// Every turn: observations and answers.
+    #[default]
+    Trajectory,
+    /// The task (first observation) and the final answer.
+    FinalAnswer,
+}
+
+fn one() -> u32 {
+    1
+}
+fn default_judge_batch() -> u32 {
+    32
+}
+fn default_verdict_tokens() -> u32 {
+    16
+}
+
+impl SimGpuSpec {
+    fn check(&self, p: &str, spec: &super::JobSpec, problems: &mut Problems) {
+        if spec.device_profile(&self.device).is_none() {
+            problems.push(
+                format!("{p}.device"),
+                format!(
+                    "unknown device class {:?}, expected one of {} or one under sim.devices",
+                    self.device,
+                    actors::device::DeviceProfile::BUILTIN_NAMES.join(", ")
+                ),
+            );
+        }
+        if spec.model_profile(&self.model).is_none() {
+            problems.push(
+                format!("{p}.model"),
+                format!(
+                    "unknown model {:?}, expected one of {} or one under sim.models",
+                    self.model,
+                    actors::device::ModelProfile::BUILTIN_NAMES.join(", ")
+                ),
+            );
+        }
+        for (field, v, max) in [
+            ("gpus_per_instance", self.gpus_per_instance, 64),
+            ("instances", self.instances, 4096),
+            ("max_batch", self.max_batch, 65_536),
+            ("verdict_tokens", self.verdict_tokens, 1 << 20),
+        ] {
+            if v == 0 || v > max {
+                problems.push(
+                    format!("{p}.{field}"),
+                    format!("must be in 1..={max}, got {v}"),
+                );
+            }
+        }
+        if let (Some(d), Some(m)) = (
+            spec.device_profile(&self.device),
+            spec.model_profile(&self.model),
+        ) {
+            let have = d.memory * f64::from(self.gpus_per_instance.max(1));
+            if m.weight_bytes() > have {
+                problems.push(
+                    format!("{p}.gpus_per_instance"),
+                    format!(
+                        "{}'s weights ({:.0} GB) do not fit in {} × {} ({:.0} GB)",
+                        m.name,
+                        m.weight_bytes() / 1e9,
+                        self.gpus_per_instance,
+                        d.name,
+                        have / 1e9
+                    ),
+                );
+            }
+        }
+    }
 }
 
 fn default_function_timeout() -> f64 {
@@ -152,7 +261,7 @@ fn check_function_common(
 
 impl RewardSpec {
     /// Checks every function definition.
-    pub(super) fn check(&self, problems: &mut Problems) {
+    pub(super) fn check(&self, spec: &super::JobSpec, problems: &mut Problems) {
         for (name, f) in &self.functions {
             let p = format!("reward.functions.{name}");
             if BUILTIN_REWARDS.contains(&name.as_str()) {
@@ -168,7 +277,11 @@ impl RewardSpec {
                     concurrency,
                     scale_to_zero_after_s,
                     scaling,
+                    gpu,
                 } => {
+                    if let Some(g) = gpu {
+                        g.check(&format!("{p}.gpu"), spec, problems);
+                    }
                     if let Some(s) = scaling {
                         for (k, m) in s.problems() {
                             problems.push(format!("{p}.scaling.{k}"), m);

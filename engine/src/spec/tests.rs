@@ -158,6 +158,12 @@ range = [1.0, 0.0]
 kind = "command"
 command = " "
 timeout_s = 0
+[reward.functions.g]
+kind = "sim"
+gpu = { device = "B200", model = "qwen3-9b", max_batch = 0 }
+[reward.functions.h]
+kind = "sim"
+gpu = { device = "CPU", model = "qwen3-14b" }
 "#
     );
     let errs = parse(&body, Format::Toml).unwrap_err();
@@ -170,9 +176,24 @@ timeout_s = 0
         "reward.functions.b.range",
         "reward.functions.c.command",
         "reward.functions.c.timeout_s",
+        "reward.functions.g.gpu.device",
+        "reward.functions.g.gpu.model",
+        "reward.functions.g.gpu.max_batch",
+        "reward.functions.h.gpu.gpus_per_instance",
     ] {
         assert!(fields.contains(&f), "{f} not reported: {fields:?}");
     }
+    let fit = errs
+        .0
+        .iter()
+        .find(|e| e.field == "reward.functions.h.gpu.gpus_per_instance")
+        .unwrap();
+    assert!(
+        fit.message
+            .contains("qwen3-14b's weights (30 GB) do not fit in 1 × CPU (16 GB)"),
+        "{}",
+        fit.message
+    );
     // Unknown knobs are refused by name (Knative's names only).
     let body = format!(
         "{}\n[reward.functions.a]\nkind = \"builtin\"\nfunction = \"math\"\nscaling = {{ stable_window = \"6s\" }}\n",

@@ -83,6 +83,8 @@ pub enum FunctionPlan {
         cold_start: Duration,
         scaling: infra::faas::Scaling,
         seed: u64,
+        /// A reward model on GPUs (instances batch on the device roofline).
+        gpu: Option<actors::reward::GpuService>,
     },
     /// A simulated function with fixed slots, optionally scaling to zero when idle.
     SimSlots {
@@ -141,8 +143,8 @@ pub fn plan(spec: &JobSpec) -> Result<JobPlan, WiringError> {
         .reward
         .functions
         .iter()
-        .map(|(name, f)| (name.clone(), function(spec.seed, &knobs, name, f)))
-        .collect();
+        .map(|(name, f)| Ok((name.clone(), function(spec, &knobs, name, f)?)))
+        .collect::<Result<_, WiringError>>()?;
     for (ti, t) in tasks.iter().enumerate() {
         for s in &t.scorers {
             if let ScorerPlan::Function(name) = s
@@ -197,7 +199,12 @@ pub fn plan(spec: &JobSpec) -> Result<JobPlan, WiringError> {
     })
 }
 
-fn function(seed: u64, knobs: &Knobs, name: &str, f: &FunctionSpec) -> FunctionPlan {
+fn function(
+    spec: &JobSpec,
+    knobs: &Knobs,
+    name: &str,
+    f: &FunctionSpec,
+) -> Result<FunctionPlan, WiringError> {
     use crate::spec::RewardPlacement;
     let FunctionSpec::Sim {
         latency_s,
@@ -205,22 +212,62 @@ fn function(seed: u64, knobs: &Knobs, name: &str, f: &FunctionSpec) -> FunctionP
         concurrency,
         scale_to_zero_after_s,
         scaling,
+        gpu,
     } = f
     else {
-        return FunctionPlan::Hub(f.clone());
+        return Ok(FunctionPlan::Hub(f.clone()));
     };
     let latency = latency_s.clone().unwrap_or_default();
-    let seed = seed
+    let seed = spec.seed
         ^ name
             .bytes()
             .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64));
     let cold_start = Duration::from_secs_f64(*cold_start_s);
-    match (knobs.placement, scaling) {
+    if let Some(g) = gpu {
+        let at = |k: &str| format!("reward.functions.{name}.gpu.{k}");
+        let base = device(spec, at("device"), &g.device)?;
+        let service = actors::reward::GpuService {
+            device: base.group(g.gpus_per_instance, 0.9),
+            model: model(spec, at("model"), &g.model)?,
+            efficiency: actors::device::Efficiency::default(),
+            gpus: g.gpus_per_instance,
+            max_batch: g.max_batch,
+            verdict_tokens: g.verdict_tokens,
+            final_answer_only: g.reads == crate::spec::JudgeReads::FinalAnswer,
+        };
+        let scaling = match knobs.placement {
+            RewardPlacement::Serverless => {
+                let mut s = scaling.clone().unwrap_or_default();
+                if s.container_concurrency == 0 {
+                    // An instance takes what one batch holds.
+                    s.container_concurrency = g.max_batch;
+                }
+                s
+            }
+            // Dedicated: `instances` always on, each taking a batch's worth of calls.
+            RewardPlacement::Local => infra::faas::Scaling {
+                container_concurrency: g.max_batch,
+                initial_scale: g.instances,
+                min_scale: g.instances,
+                max_scale: g.instances,
+                ..Default::default()
+            },
+        };
+        return Ok(FunctionPlan::SimScaled {
+            latency,
+            cold_start,
+            scaling,
+            seed,
+            gpu: Some(service),
+        });
+    }
+    Ok(match (knobs.placement, scaling) {
         (RewardPlacement::Serverless, Some(scaling)) => FunctionPlan::SimScaled {
             latency,
             cold_start,
             scaling: scaling.clone(),
             seed,
+            gpu: None,
         },
         (RewardPlacement::Serverless, None) => FunctionPlan::SimSlots {
             latency,
@@ -236,7 +283,7 @@ fn function(seed: u64, knobs: &Knobs, name: &str, f: &FunctionSpec) -> FunctionP
             scale_to_zero_after: None,
             seed,
         },
-    }
+    })
 }
 
 /// A device class of the spec (`sim.devices` or the catalogue), or an error naming `field`.
