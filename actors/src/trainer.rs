@@ -81,12 +81,45 @@ pub trait Trainer: Send + 'static {
     ) -> futures::future::BoxFuture<'_, StepResult>;
 }
 
+/// A host's cores shared by a trainer and generation engines (a CPU deployment, as measured
+/// by `rollarc profile`): engines charge the seconds they compute; a trainer that would use
+/// every core alone loses `busy / cores` seconds to the generation that runs beside it.
+#[derive(Debug)]
+pub struct HostCpu {
+    pub cores: f64,
+    busy_ns: std::sync::atomic::AtomicU64,
+}
+
+impl HostCpu {
+    pub fn new(cores: f64) -> Self {
+        Self {
+            cores: cores.max(1.0),
+            busy_ns: Default::default(),
+        }
+    }
+
+    /// An engine computed for `secs` (one core).
+    pub fn charge(&self, secs: f64) {
+        self.busy_ns.fetch_add(
+            (secs.max(0.0) * 1e9) as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// Engine seconds charged so far.
+    pub fn busy_s(&self) -> f64 {
+        self.busy_ns.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e9
+    }
+}
+
 /// Time model of a GPU trainer: seconds per trained token divided over GPUs, plus a fixed
 /// per-step overhead (optimizer, weight gather).
 pub struct SimTrainer {
     pub seconds_per_token: f64,
     pub gpus: u32,
     pub step_overhead: Duration,
+    /// Cores shared with the generation engines: their compute during a step slows it.
+    pub host: Option<std::sync::Arc<HostCpu>>,
     pub modelled_weight_bytes: f64,
     /// Fault injection: panic when asked to train this step.
     pub panic_at_step: Option<u64>,
@@ -114,9 +147,16 @@ impl Trainer for SimTrainer {
             panic!("injected trainer fault at step {step}");
         }
         Box::pin(async move {
-            let secs = self.seconds_per_token * tokens as f64 / self.gpus.max(1) as f64
+            let mut secs = self.seconds_per_token * tokens as f64 / self.gpus.max(1) as f64
                 + self.step_overhead.as_secs_f64();
+            let before = self.host.as_ref().map(|h| h.busy_s());
             tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+            if let (Some(h), Some(before)) = (&self.host, before) {
+                // The cores generation took while this step trained, made up afterwards.
+                let lost = (h.busy_s() - before) / h.cores;
+                tokio::time::sleep(Duration::from_secs_f64(lost)).await;
+                secs += lost;
+            }
             let stats = TrainStats {
                 step,
                 version: next_version,

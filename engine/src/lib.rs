@@ -15,6 +15,7 @@ pub mod export;
 pub mod hub;
 pub mod job;
 pub mod plan;
+pub mod profile;
 pub mod report;
 pub mod scenario;
 pub mod server;

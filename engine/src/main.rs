@@ -153,6 +153,16 @@ enum Cmd {
         #[arg(long, default_value = "report")]
         out: PathBuf,
     },
+    /// Derive a simulation spec from a finished real job's telemetry (measured engine-step,
+    /// training and environment costs), for `rollarc sim` to predict it at other settings.
+    Profile {
+        job: String,
+        #[arg(long, default_value = "data")]
+        data_dir: PathBuf,
+        /// Where the simulation spec (JSON) goes.
+        #[arg(long, default_value = "profiled.json")]
+        out: PathBuf,
+    },
     /// Export the policy a checkpoint job trained (its newest checkpoint, or `--version`) as
     /// a GGUF file or a Hugging Face directory, for inference servers.
     Export {
@@ -402,6 +412,33 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             let store = engine::store::Store::open(&db)?;
             write_report(&store, &data_dir, &job, &out)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Profile { job, data_dir, out } => {
+            let db = data_dir.join("rollarc.db");
+            if !db.is_file() {
+                bail!("{} holds no rollarc store (rollarc.db)", data_dir.display());
+            }
+            let store = engine::store::Store::open(&db)?;
+            let (spec, fit) = engine::profile::profile(&store, &job)?;
+            std::fs::write(&out, serde_json::to_string_pretty(&spec)?)
+                .with_context(|| format!("cannot write {}", out.display()))?;
+            println!(
+                "engine step {:.2} ms + {:.2} µs/token (fit error {:.1} %); training {:.3} s + {:.2} µs/token (fit error {:.1} %); {} steps, trajectories {:?}",
+                fit.engine_step_s * 1e3,
+                fit.engine_s_per_token * 1e6,
+                100.0 * fit.engine_fit_error,
+                fit.train_overhead_s,
+                fit.train_s_per_token * 1e6,
+                100.0 * fit.train_fit_error,
+                fit.steps,
+                fit.trajectories
+            );
+            println!(
+                "wrote {} (try: rollarc sim {})",
+                out.display(),
+                out.display()
+            );
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Export {

@@ -391,3 +391,77 @@ async fn the_kubernetes_manifests_config_starts_the_service() {
     assert_eq!(get("/v1/jobs").await.unwrap().status(), 401);
     assert_eq!(get("/metrics").await.unwrap().status(), 200);
 }
+
+/// `rollarc profile` turns a finished real job (a short quickstart) into a simulation spec
+/// that `rollarc sim` runs; a job with too few steps is refused by name.
+#[test]
+fn a_real_job_profiles_into_a_spec_the_simulator_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let quickstart =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/quickstart.toml");
+    let (data, report) = (dir.path().join("data"), dir.path().join("report"));
+    let out = run(
+        &quickstart,
+        &["rollout.steps=4", "trainer.decay_steps=4"],
+        &data,
+        &report,
+    );
+    assert!(out.status.success(), "{out:?}");
+    let spec = dir.path().join("profiled.json");
+    let out = Command::new(tests::rollarc_bin())
+        .args(["profile", "job-1", "--data-dir"])
+        .arg(&data)
+        .arg("--out")
+        .arg(&spec)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("engine step") && said.contains("training"),
+        "{said}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&spec).unwrap()).unwrap();
+    assert_eq!(v["trainer"]["kind"], "sim");
+    assert!(
+        v["pools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["backend"]["kind"] == "sim"
+                && p["backend"]["measured"]["step_s"].as_f64().is_some())
+    );
+    assert!(
+        v["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t["env"]["kind"] == "sim")
+    );
+    let out = Command::new(tests::rollarc_bin())
+        .arg("sim")
+        .arg(&spec)
+        .args(["--set", "rollout.batch_size=24"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("traj/s"),
+        "{out:?}"
+    );
+    // A simulated one-step job has too few steps to fit anything.
+    let job = sim_job_file(dir.path());
+    let other = dir.path().join("other");
+    assert!(run(&job, &[], &other, &report).status.success());
+    let out = Command::new(tests::rollarc_bin())
+        .args(["profile", "job-1", "--data-dir"])
+        .arg(&other)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("a profile needs at least 3"),
+        "{out:?}"
+    );
+}

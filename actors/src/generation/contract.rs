@@ -277,11 +277,54 @@ mod tests {
             step_overhead: std::time::Duration::ZERO,
             modelled_weight_bytes: 1.0,
             panic_at_step: None,
+            host: None,
         };
         check_trainer(&mut s, &batch(), 1);
         let (_, p, cfg) = builtin();
         let mut b =
             crate::model::trainer::BuiltinTrainer::new(cfg, &p, Default::default()).unwrap();
         check_trainer(&mut b, &batch(), 1);
+    }
+
+    /// A simulated trainer on a host shared with generation makes up the cores the engines
+    /// took while it trained: busy seconds / cores.
+    #[test]
+    fn a_trainer_sharing_its_host_loses_what_generation_computes_beside_it() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let host = std::sync::Arc::new(crate::trainer::HostCpu::new(2.0));
+        let mut s = crate::trainer::SimTrainer {
+            seconds_per_token: 1e-3,
+            gpus: 1,
+            step_overhead: std::time::Duration::from_secs(1),
+            modelled_weight_bytes: 1.0,
+            panic_at_step: None,
+            host: Some(host.clone()),
+        };
+        let b = batch();
+        let alone = 1.0 + 1e-3 * b.tokens() as f64;
+        rt.block_on(async {
+            // Nothing computes beside it: its own time.
+            let (stats, _) = s.train(&b, 1).await.unwrap();
+            assert!((stats.seconds - alone).abs() < 1e-9, "{}", stats.seconds);
+            // An engine computes 0.6 s while it trains: 0.3 s more on two cores.
+            let h = host.clone();
+            let beside = tokio::spawn(async move {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                h.charge(0.6);
+            });
+            let t0 = tokio::time::Instant::now();
+            let (stats, _) = s.train(&b, 2).await.unwrap();
+            beside.await.unwrap();
+            assert!(
+                (stats.seconds - (alone + 0.3)).abs() < 1e-9,
+                "{}",
+                stats.seconds
+            );
+            assert!((t0.elapsed().as_secs_f64() - (alone + 0.3)).abs() < 1e-6);
+        });
     }
 }

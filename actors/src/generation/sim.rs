@@ -28,6 +28,7 @@ use crate::weights::Weights;
 
 mod prefix_cache;
 use prefix_cache::PrefixCache;
+use std::sync::Arc;
 
 /// Knobs of the simulator.
 #[derive(Clone, Debug)]
@@ -56,6 +57,20 @@ pub struct SimEngineConfig {
     pub max_fused_s: f64,
     /// Fault injection: the engine freezes after this many steps.
     pub hang_after_steps: Option<u64>,
+    /// Costs measured on a real engine (`rollarc profile`), replacing the roofline's step time.
+    pub measured: Option<MeasuredCost>,
+    /// The host whose cores this engine shares with the trainer (a CPU deployment): every
+    /// modelled step is charged to it.
+    pub host: Option<Arc<crate::trainer::HostCpu>>,
+}
+
+/// An engine step's cost as measured on a real engine: a fixed part per step, plus each token
+/// prefilled and each sequence decoded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct MeasuredCost {
+    pub step_s: f64,
+    pub prefill_s_per_token: f64,
+    pub decode_s_per_token: f64,
 }
 
 impl SimEngineConfig {
@@ -74,6 +89,8 @@ impl SimEngineConfig {
             max_fused_iterations: 4096,
             max_fused_s: 20.0,
             hang_after_steps: None,
+            measured: None,
+            host: None,
         }
     }
 }
@@ -323,6 +340,9 @@ impl SimEngine {
         if j == 0 || batch == 0 {
             return 0.0;
         }
+        if let Some(m) = self.cfg.measured {
+            return j as f64 * (m.step_s + m.decode_s_per_token * batch as f64);
+        }
         let (dev, m, e) = (&self.cfg.device, &self.cfg.model, self.cfg.efficiency);
         let b = batch as f64;
         let touched = (m.active_params * b).min(m.params).max(m.active_params);
@@ -468,17 +488,29 @@ impl GenerationEngine for SimEngine {
         // One decode token for each sequence whose prefill is done.
         let decoding = self.decoding();
         let kv: u64 = decoding.iter().map(|&i| self.running[i].kv_tokens()).sum();
-        let secs = prefill_seconds(
-            &self.cfg.device,
-            &self.cfg.model,
-            self.cfg.efficiency,
-            prefill as f64,
-        ) + self.decode_seconds(decoding.len(), kv);
+        let secs = match self.cfg.measured {
+            Some(m) => {
+                m.step_s
+                    + m.prefill_s_per_token * prefill as f64
+                    + m.decode_s_per_token * decoding.len() as f64
+            }
+            None => {
+                prefill_seconds(
+                    &self.cfg.device,
+                    &self.cfg.model,
+                    self.cfg.efficiency,
+                    prefill as f64,
+                ) + self.decode_seconds(decoding.len(), kv)
+            }
+        };
         self.emit(&decoding, 1);
         report.prefill_tokens = prefill;
         report.decode_tokens = decoding.len() as u64;
         self.prefill_total += prefill;
         report.modelled = Duration::from_secs_f64(secs);
+        if let Some(h) = &self.cfg.host {
+            h.charge(secs);
+        }
         self.retire(&mut report);
         report
     }
@@ -544,6 +576,9 @@ impl GenerationEngine for SimEngine {
         }
         let (b, kv0) = self.fused_plan();
         report.modelled = Duration::from_secs_f64(self.fused_seconds(b, kv0, iterations));
+        if let Some(h) = &self.cfg.host {
+            h.charge(report.modelled.as_secs_f64());
+        }
         let idx = self.decoding();
         self.emit(&idx, iterations);
         report.decode_tokens = idx.len() as u64 * iterations;

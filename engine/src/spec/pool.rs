@@ -61,6 +61,11 @@ pub enum BackendSpec {
         prefill_pool: Option<String>,
         #[serde(default)]
         kv_transfer_gbps: Option<f64>,
+        /// Step costs measured on a real engine (what `rollarc profile` writes): seconds per
+        /// engine step, per prefilled token and per decoded token, replacing the roofline.
+        #[serde(default)]
+        #[schema(value_type = Option<Object>)]
+        measured: Option<actors::generation::sim::MeasuredCost>,
     },
     /// The built-in transformer on CPU (real generation, on its own thread per shard).
     Builtin {
@@ -429,10 +434,25 @@ impl PoolSpec {
             tp_efficiency,
             prefill_pool,
             kv_transfer_gbps,
+            measured,
         } = &pl.backend
         else {
             return;
         };
+        if let Some(m) = measured {
+            for (k, v) in [
+                ("step_s", m.step_s),
+                ("prefill_s_per_token", m.prefill_s_per_token),
+                ("decode_s_per_token", m.decode_s_per_token),
+            ] {
+                if !(v.is_finite() && (0.0..=3600.0).contains(&v)) {
+                    problems.push(
+                        format!("{p}.backend.measured.{k}"),
+                        format!("must be seconds in [0, 3600], got {v}"),
+                    );
+                }
+            }
+        }
         if spec.model_profile(model).is_none() {
             problems.push(
                 format!("{p}.backend.model"),

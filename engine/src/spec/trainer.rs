@@ -26,6 +26,11 @@ pub enum TrainerSpec {
         /// Training MFU (default 0.35).
         #[serde(default)]
         mfu: Option<f64>,
+        /// The trainer shares a host of this many cores with the simulated generation pools
+        /// (a CPU deployment, as `rollarc profile` measures one): their compute while a step
+        /// trains slows it by busy seconds / cores.
+        #[serde(default)]
+        host_cores: Option<u32>,
     },
     /// The built-in trainer for the built-in model (CPU).
     Builtin(BuiltinTrainerSpec),
@@ -176,6 +181,7 @@ impl Default for TrainerSpec {
             device: None,
             model: None,
             mfu: None,
+            host_cores: None,
         }
     }
 }
@@ -252,7 +258,16 @@ impl TrainerSpec {
                 device,
                 model,
                 mfu,
+                host_cores,
             } => {
+                if let Some(c) = host_cores
+                    && (*c == 0 || *c > 4096)
+                {
+                    problems.push(
+                        "trainer.host_cores".into(),
+                        format!("must be in 1..=4096, got {c}"),
+                    );
+                }
                 if let Some(d) = device
                     && spec.device_profile(d).is_none()
                 {

@@ -137,7 +137,7 @@ pub enum WiringError {
 /// Derives the whole wiring of a job from its (validated) spec.
 pub fn plan(spec: &JobSpec) -> Result<JobPlan, WiringError> {
     let knobs = spec.knobs();
-    let pools = pools::plan(spec, &knobs)?;
+    let mut pools = pools::plan(spec, &knobs)?;
     let tasks = tasks::plan(spec, &knobs)?;
     let functions = spec
         .reward
@@ -158,6 +158,16 @@ pub fn plan(spec: &JobSpec) -> Result<JobPlan, WiringError> {
         }
     }
     let trainer = trainer::plan(spec, &pools)?;
+    // A trainer sharing its host's cores: the simulated engines charge their compute to it.
+    if let TrainerPlan::Sim { trainer: t, .. } = &trainer
+        && let Some(host) = &t.host
+    {
+        for p in &mut pools {
+            if let EnginePlan::Sim { config, .. } = &mut p.engine {
+                config.host = Some(host.clone());
+            }
+        }
+    }
     let eval = match &spec.eval {
         None => None,
         Some(e) => {

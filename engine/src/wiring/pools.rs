@@ -125,6 +125,7 @@ pub(super) fn plan(spec: &JobSpec, knobs: &Knobs) -> Result<Vec<PoolPlan>, Wirin
                 hang_probability,
                 gpus_per_shard,
                 tp_efficiency,
+                measured,
                 ..
             } => {
                 let device = base.group(*gpus_per_shard, tp_efficiency.unwrap_or(0.9));
@@ -145,6 +146,7 @@ pub(super) fn plan(spec: &JobSpec, knobs: &Knobs) -> Result<Vec<PoolPlan>, Wirin
                     cfg.weight_sync.intra_bandwidth = g * 1e9;
                 }
                 cfg.hang_probability = *hang_probability;
+                cfg.measured = *measured;
                 let faults = spec
                     .sim
                     .faults

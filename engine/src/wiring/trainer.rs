@@ -1,6 +1,7 @@
 //! The trainer a job runs: the built-in one (real weights) or the time model of a GPU
 //! trainer, and the weight-sync model of simulated clusters.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use actors::device::{SyncMode, WeightSync};
@@ -82,6 +83,7 @@ pub(super) fn plan(spec: &JobSpec, pools: &[PoolPlan]) -> Result<TrainerPlan, Wi
         device: device_name,
         model: model_name,
         mfu,
+        host_cores,
     } = t
     else {
         unreachable!("matched above")
@@ -111,6 +113,7 @@ pub(super) fn plan(spec: &JobSpec, pools: &[PoolPlan]) -> Result<TrainerPlan, Wi
             ),
             modelled_weight_bytes: bytes,
             panic_at_step: spec.sim.trainer_panic_at_step,
+            host: host_cores.map(|c| Arc::new(actors::trainer::HostCpu::new(f64::from(c)))),
         },
         panic_runs: spec.sim.trainer_panic_runs.unwrap_or(1),
     })

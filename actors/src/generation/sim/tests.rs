@@ -275,3 +275,33 @@ fn prefill_only_requests_retire_only_when_their_whole_context_is_prefilled() {
     assert!(done[&1].1 >= 3, "{done:?}");
     assert!(done.values().map(|d| d.1).max().unwrap() >= 4, "{done:?}");
 }
+
+#[test]
+fn measured_costs_replace_the_roofline_for_single_and_fused_steps() {
+    let mut c = cfg("tiny", "CPU");
+    c.measured = Some(MeasuredCost {
+        step_s: 0.01,
+        prefill_s_per_token: 2e-5,
+        decode_s_per_token: 1e-4,
+    });
+    let mut e = SimEngine::new(c);
+    e.add(req(1, 1, 300, 40));
+    e.add(req(2, 2, 200, 40));
+    // The first step prefills both contexts (500 tokens) and decodes nothing yet.
+    let rep = e.step();
+    assert_eq!(rep.prefill_tokens, 500);
+    let expect = 0.01 + 2e-5 * 500.0 + 1e-4 * rep.decode_tokens as f64;
+    assert!(
+        (rep.modelled.as_secs_f64() - expect).abs() < 1e-9,
+        "{rep:?}"
+    );
+    // Then decode steps of two sequences, fused or not: 10 ms + 2 × 100 µs each.
+    let rep = e.step();
+    let iterations = rep.decode_tokens as f64 / 2.0;
+    assert!(iterations >= 1.0);
+    let expect = iterations * (0.01 + 2.0 * 1e-4);
+    assert!(
+        (rep.modelled.as_secs_f64() - expect).abs() < 1e-9,
+        "{rep:?}"
+    );
+}
