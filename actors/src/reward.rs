@@ -641,14 +641,29 @@ mod tests {
         )
     }
 
-    #[test]
-    fn a_simulated_serverless_function_scales_from_zero_with_cold_starts_and_back_to_zero() {
-        let rt = tokio::runtime::Builder::new_current_thread()
+    /// A paused current-thread runtime (virtual time).
+    fn paused() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .start_paused(true)
             .build()
-            .unwrap();
-        rt.block_on(async {
+            .unwrap()
+    }
+
+    /// `n` calls of `t` at once: each one's score and when it came back (since `t0`).
+    async fn burst(
+        f: &Arc<SimFunction>,
+        t: &Trajectory,
+        n: usize,
+        t0: tokio::time::Instant,
+    ) -> Vec<(Result<f64, RewardError>, Duration)> {
+        let calls = (0..n).map(|_| async move { (f.score(t).await, t0.elapsed()) });
+        futures::future::join_all(calls).await
+    }
+
+    #[test]
+    fn a_simulated_serverless_function_scales_from_zero_with_cold_starts_and_back_to_zero() {
+        paused().block_on(async {
             let scaling = Scaling {
                 container_concurrency: 4,
                 initial_scale: 0,
@@ -661,13 +676,7 @@ mod tests {
             let t0 = tokio::time::Instant::now();
             // A burst of 40 calls at zero: the first instance starts on the activator's poke,
             // the autoscaler adds more; every call waits for a cold start, then 1 s of work.
-            let t = traj();
-            let calls = (0..40).map(|_| {
-                let f = f.clone();
-                let t = t.clone();
-                async move { (f.score(&t).await, t0.elapsed()) }
-            });
-            let out = futures::future::join_all(calls).await;
+            let out = burst(&f, &traj(), 40, t0).await;
             assert!(out.iter().all(|(r, _)| matches!(r, Ok(v) if *v == 1.0)));
             let first = out.iter().map(|(_, d)| *d).min().unwrap();
             let last = out.iter().map(|(_, d)| *d).max().unwrap();
@@ -704,12 +713,7 @@ mod tests {
 
     #[test]
     fn a_gpu_reward_model_batches_its_calls_on_the_roofline_and_accounts_its_gpu_time() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
-        rt.block_on(async {
+        paused().block_on(async {
             // One always-on instance of two GPUs (a dedicated reward deployment).
             let scaling = Scaling {
                 container_concurrency: 64,
@@ -738,12 +742,7 @@ mod tests {
                 None,
             );
             let t0 = tokio::time::Instant::now();
-            let calls = (0..20).map(|_| {
-                let f = f.clone();
-                let t = t.clone();
-                async move { (f.score(&t).await, t0.elapsed()) }
-            });
-            let out = futures::future::join_all(calls).await;
+            let out = burst(&f, &t, 20, t0).await;
             assert!(out.iter().all(|(r, _)| matches!(r, Ok(v) if *v == 1.0)));
             let done = out.iter().map(|(_, d)| *d).max().unwrap().as_secs_f64();
             let u = f.usage();

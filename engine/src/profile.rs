@@ -314,7 +314,12 @@ pub fn profile(store: &Store, job: &str) -> Result<(Value, ProfileFit), ProfileE
             "host_cores": host_cores as u32,
         }),
     );
-    obj.remove("sim");
+    // Of the simulation section, only the device classes the pools name (no clock: every
+    // part is simulated now, so the clock is virtual; no injected faults).
+    obj.insert(
+        "sim".into(),
+        json!({ "devices": spec.sim.devices, "models": spec.sim.models }),
+    );
     // The result must be a valid simulated spec.
     let checked: JobSpec = crate::spec::parse(
         &serde_json::to_string(&out).map_err(|e| ProfileError::Invalid(e.to_string()))?,

@@ -52,7 +52,8 @@ pub struct JobSummary {
     pub bubble_ratio: f64,
     pub pools: BTreeMap<String, PoolMetrics>,
     /// Simulated function deployments (scaled or on GPUs): calls, instances, instance- and
-    /// GPU-seconds held and busy, up to the job's end.
+    /// GPU-seconds held and busy, up to the job's end (a deployment shared with other jobs:
+    /// all of theirs too).
     pub functions: BTreeMap<String, actors::reward::FunctionUsage>,
 }
 
