@@ -148,6 +148,34 @@ impl Trajectory {
         self.turns.iter().map(|t| t.prefill_tokens as usize).sum()
     }
 
+    /// The mean context a generated token attended to (tokens before it in the sequence it
+    /// was sampled in: the history kept at its turn, the turn's observation and the answer so
+    /// far), which is what a decode step reads from the KV cache. However often the context
+    /// was prefilled (a `rewrite` context re-prefills it every turn), this is its length.
+    /// 0 without generated tokens.
+    pub fn decode_context(&self) -> f64 {
+        let len = |t: &Turn| (t.observation_tokens.len() + t.response_tokens.len()) as f64;
+        let (mut attended, mut generated, mut history) = (0.0, 0.0, 0.0);
+        for (i, t) in self.turns.iter().enumerate() {
+            let d = t.dropped as usize;
+            let kept = if d > 0 && i > 0 {
+                len(&self.turns[0]) + self.turns[(1 + d).min(i)..i].iter().map(len).sum::<f64>()
+            } else {
+                history
+            };
+            let r = t.response_tokens.len() as f64;
+            let before = kept + t.observation_tokens.len() as f64;
+            attended += r * before + r * (r - 1.0).max(0.0) / 2.0;
+            generated += r;
+            history += len(t);
+        }
+        if generated > 0.0 {
+            attended / generated
+        } else {
+            0.0
+        }
+    }
+
     /// Every policy version that produced a token of this trajectory.
     pub fn versions(&self) -> impl Iterator<Item = PolicyVersion> + '_ {
         self.turns
@@ -346,5 +374,41 @@ mod tests {
             }],
         };
         assert_eq!(b.tokens(), 5 + 7 + 7);
+    }
+
+    #[test]
+    fn the_decode_context_is_what_each_answer_token_attended_to_not_what_was_prefilled() {
+        let mut t = Trajectory::for_test("a", turn(&[1, 2], 3, 0), Some(1.0));
+        t.turns.extend([
+            turn(&[4], 5, 0),
+            turn(&[6], 7, 1),
+            turn(&[8], 9, 1),
+            turn(&[10], 11, 2),
+        ]);
+        // Each answer token's position in the sequence it was sampled in (the segments).
+        let mut positions = Vec::new();
+        for (toks, train, _) in t.segments() {
+            positions.extend((0..toks.len()).filter(|&k| train[k]).map(|k| k as f64));
+        }
+        assert_eq!(positions, [2.0, 4.0, 4.0, 6.0, 6.0]);
+        assert!(
+            (t.decode_context() - 4.4).abs() < 1e-12,
+            "{}",
+            t.decode_context()
+        );
+        // Re-prefilling every turn (a rewrite context) does not change it.
+        for x in &mut t.turns {
+            x.prefill_tokens = 1_000;
+        }
+        assert!((t.decode_context() - 4.4).abs() < 1e-12);
+        // A longer answer: its tokens see the observation and the answer so far.
+        let mut long = turn(&[1, 2], 3, 0);
+        long.response_tokens = vec![3, 4, 5];
+        let t = Trajectory::for_test("b", long, None);
+        assert_eq!(t.decode_context(), 3.0);
+        assert_eq!(
+            Trajectory::for_test("c", turn(&[1], 2, 0), None).decode_context(),
+            1.0
+        );
     }
 }

@@ -385,6 +385,56 @@ response_tokens = { constant = 16 }
     );
 }
 
+/// Bug 3 of #17: an SWE-like task whose agent re-renders its prompt every turn (`rewrite`)
+/// re-prefills its history, so its prefill count is ≈ 9× its context. Sizing decode steps by
+/// that count made its decode look bandwidth-bound and sent ≈ 18 % of its groups to the H20
+/// pool, where the prefill is 6.7× slower and those trajectories held every step back
+/// (344 s against 216 s for this run). Decoded at its real context it stays on the H800s.
+#[test]
+fn a_rewrite_context_task_stays_on_the_compute_rich_pool() {
+    let run = SpecBuilder::new()
+        .pool("h800", "H800", 16, "")
+        .pool("h20", "H20", 6, "")
+        .raw_task(
+            r#"[[tasks]]
+domain = "swe"
+group_size = 8
+max_turns = 30
+max_tokens_per_turn = 1024
+context = "rewrite"
+[tasks.env]
+kind = "sim"
+reset_latency_s = { lognormal = { mu = 0.0, sigma = 0.5 } }
+step_latency_s = { lognormal = { mu = -1.0, sigma = 0.5 } }
+turns = { uniform = { low = 5, high = 12 } }
+prompt_tokens = { uniform = { low = 2000, high = 4000 } }
+observation_tokens = { lognormal = { mu = 7.0, sigma = 0.5 } }
+response_tokens = { uniform = { low = 64, high = 256 } }
+"#,
+        )
+        .rollout("batch_size = 8")
+        .rollout("steps = 6")
+        .seed(5)
+        .extra("[mapping]\nmode = \"cost_model\"")
+        .build();
+    let r = run_recorded(run);
+    assert!(r.committed.len() >= 6 * 8 * 8);
+    let on_h20 = r.committed.iter().filter(|t| t.pool == "h20").count();
+    assert!(
+        on_h20 * 20 < r.committed.len(),
+        "{on_h20} of {} trajectories on H20",
+        r.committed.len()
+    );
+    // What the cost model saw: a context far below the re-prefill count.
+    let t = &r.committed[0];
+    assert!(
+        (t.prefill_tokens() as f64) > 2.0 * t.decode_context(),
+        "{} prefilled, context {}",
+        t.prefill_tokens(),
+        t.decode_context()
+    );
+}
+
 #[test]
 fn a_frozen_shard_is_detected_and_restarted() {
     let spec = SpecBuilder::new()

@@ -252,6 +252,9 @@ pub struct EpisodeOutcome {
     /// Tokens prefilled and generated (for the cost model).
     pub prefill: u64,
     pub decode: u64,
+    /// The mean context a generated token attended to ([`Trajectory::decode_context`],
+    /// rounded): what the cost model sizes decode steps by.
+    pub context: u64,
     /// Masked for an infrastructure failure (the buffer decides about a retry).
     pub failed: bool,
 }
@@ -268,6 +271,7 @@ pub async fn run(shared: Arc<EpisodeShared>, p: EpisodeParams) -> EpisodeOutcome
             task: p.task,
             prefill: traj.prefill_tokens() as u64,
             decode: traj.response_tokens() as u64,
+            context: traj.decode_context().round() as u64,
             failed: traj.failure.is_some(),
         };
         // The buffer is critical: if it is gone the job is failing already.

@@ -33,11 +33,20 @@ pub struct Tokens {
     pub prefill: f64,
     /// Generated.
     pub decode: f64,
+    /// The mean context a generated token attends to (what a decode step reads of its KV):
+    /// the context's length, however often it was prefilled.
+    pub context: f64,
 }
 
 impl Tokens {
+    /// A trajectory whose context was prefilled once (`append`): prefill, then decode, so a
+    /// generated token attends on average to half of everything.
     pub fn new(prefill: f64, decode: f64) -> Self {
-        Self { prefill, decode }
+        Self {
+            prefill,
+            decode,
+            context: (prefill + decode) / 2.0,
+        }
     }
 }
 
@@ -83,16 +92,12 @@ impl CostModel {
         self.prefill_s(p, t.prefill) + t.decode * self.decode_step_s(p, t, batch) / batch
     }
 
-    /// Seconds of one decode step of pool `p` at `batch` sequences, sized by half the
-    /// trajectory's prefill and decode tokens. For a `rewrite` context that is more than its
-    /// length (every turn re-prefills the history); sizing by the context length is closer
-    /// to what attention reads, but measured in `make bench-sim` it moves 12–29 % of the
-    /// decode-heavy groups onto the compute-rich pool and makes rollarc's steps 3–28 % slower
-    /// (32B end to end: 2.01× → 1.57× over Sync+): the model has no term for prefill-heavy
-    /// and decode-heavy work interfering on one pool, which the larger size stands in for.
+    /// Seconds of one decode step of pool `p` at `batch` sequences, each reading the KV of
+    /// the context its tokens attend to (`t.context`, not the prefill count: a `rewrite`
+    /// context re-prefills its history every turn but attention reads it once per step).
     fn decode_step_s(&self, p: usize, t: Tokens, batch: f64) -> f64 {
         let pool = &self.pools[p];
-        let context = (t.prefill + t.decode) / 2.0;
+        let context = t.context;
         decode_step_seconds(
             &pool.device,
             &pool.model,
@@ -115,14 +120,82 @@ impl CostModel {
             .collect()
     }
 
+    /// The estimated rollout time of a step under split `x` (`[task][pool]`): the larger of
+    /// the throughput bound (each pool's shard-seconds per step over its shards, at the
+    /// decode batch the split implies) and the latency bound (the slowest task's tail
+    /// trajectory on a pool it uses). Prefill and decode share a pool's engine steps (chunked
+    /// prefill), so a pool that spends a share ρ of the step prefilling stretches every decode
+    /// step by 1 / (1 − ρ); as ρ is the pool's prefill seconds over the step time, the
+    /// estimate is the fixed point `T = max(throughput, latency(T))`.
+    pub fn estimate_step_s(
+        &self,
+        tasks: &[TaskLoad],
+        batch_size: usize,
+        alpha: u64,
+        x: &[Vec<f64>],
+    ) -> f64 {
+        let (nt, np) = (tasks.len(), self.pools.len());
+        let demand = demand(tasks, batch_size);
+        // Trajectories in flight per step: up to α + 1 batches.
+        let in_flight = (alpha + 1) as f64;
+        // Per pool: its decode batch, and its shard-seconds per step in all and prefilling on
+        // its own shards (a disaggregated pool prefills elsewhere).
+        let mut batch = vec![1.0; np];
+        let mut prefill = vec![0.0; np];
+        let mut throughput: f64 = 0.0;
+        for p in 0..np {
+            let shards = self.pools[p].shards.max(1) as f64;
+            batch[p] = ((0..nt).map(|t| x[t][p] * demand[t]).sum::<f64>() * in_flight / shards)
+                .clamp(1.0, self.pools[p].max_batch.max(1) as f64);
+            let mut load = 0.0;
+            for t in (0..nt).filter(|&t| x[t][p] > 0.0) {
+                let n = x[t][p] * demand[t] / shards;
+                load += n * self.trajectory_cost(p, tasks[t].tokens, batch[p]);
+                if self.pools[p].prefill_from.is_none() {
+                    prefill[p] += n * self.prefill_s(p, tasks[t].tokens.prefill);
+                }
+            }
+            throughput = throughput.max(load);
+        }
+        // Each task's tail trajectory on each pool it uses: its prefill seconds, and its
+        // decode seconds before the stretch.
+        let mut tails: Vec<(usize, f64, f64)> = Vec::new();
+        for p in 0..np {
+            for t in (0..nt).filter(|&t| x[t][p] > 1e-9) {
+                let tail = tasks[t].tail;
+                let decode = tail.decode * self.decode_step_s(p, tail, batch[p]);
+                tails.push((p, self.prefill_s(p, tail.prefill), decode));
+            }
+        }
+        let latency = |step: f64| {
+            tails
+                .iter()
+                .fold(0.0_f64, |worst, &(p, prefill_s, decode_s)| {
+                    let share = (prefill[p] / step.max(1e-9)).min(0.95);
+                    worst.max(prefill_s + decode_s / (1.0 - share))
+                })
+        };
+        // latency(T) falls as T grows: bisect between the throughput bound and latency there.
+        let (mut lo, mut hi) = (throughput, latency(throughput));
+        if hi <= lo {
+            return lo;
+        }
+        for _ in 0..40 {
+            let mid = 0.5 * (lo + hi);
+            if latency(mid) > mid {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        hi
+    }
+
     /// The static split of every task over the pools (`[task][pool]`, rows sum to 1): every
     /// way of giving each task a pool, each also improved by splitting one task between two
-    /// pools to balance their loads, scored by the estimated rollout time of a step — the
-    /// larger of the throughput bound (each pool's shard-seconds per step over its shards, at
-    /// the decode batch the split implies) and the latency bound (the slowest task's tail
-    /// trajectory on a pool it uses). A rule of thumb such as "multi-turn to compute-rich,
-    /// math to bandwidth-rich" is one candidate, chosen only when it is best. `None` when there
-    /// are more than [`MAX_ASSIGNMENTS`] assignments. `batch_now`: each pool's current decode
+    /// pools to balance their loads, scored by [`Self::estimate_step_s`]. A rule of thumb
+    /// such as "multi-turn to compute-rich, math to bandwidth-rich" is one candidate, chosen
+    /// only when it is best. `None` when there are more than [`MAX_ASSIGNMENTS`] assignments. `batch_now`: each pool's current decode
     /// batch (for the balancing costs).
     pub fn plan_split(
         &self,
@@ -137,35 +210,9 @@ impl CostModel {
         if (ne as f64).powi(nt as i32) > MAX_ASSIGNMENTS {
             return None;
         }
-        let total_w: f64 = tasks.iter().map(|t| t.weight).sum::<f64>().max(1e-9);
-        let demand: Vec<f64> = tasks
-            .iter()
-            .map(|t| batch_size as f64 * t.weight / total_w * t.group as f64)
-            .collect();
+        let demand = demand(tasks, batch_size);
         let shards: Vec<f64> = self.pools.iter().map(|p| p.shards.max(1) as f64).collect();
-        // Trajectories in flight per step: up to α + 1 batches.
-        let in_flight = (alpha + 1) as f64;
-        let score = |x: &[Vec<f64>]| {
-            let mut worst: f64 = 0.0;
-            for p in 0..np {
-                // The decode batch this split gives the pool's shards.
-                let batch = ((0..nt).map(|t| x[t][p] * demand[t]).sum::<f64>() * in_flight
-                    / shards[p])
-                    .clamp(1.0, self.pools[p].max_batch.max(1) as f64);
-                let load: f64 = (0..nt)
-                    .filter(|&t| x[t][p] > 0.0)
-                    .map(|t| x[t][p] * demand[t] * self.trajectory_cost(p, tasks[t].tokens, batch))
-                    .sum::<f64>()
-                    / shards[p];
-                worst = worst.max(load);
-                for (t, row) in x.iter().enumerate() {
-                    if row[p] > 1e-9 {
-                        worst = worst.max(self.trajectory_latency(p, tasks[t].tail, batch));
-                    }
-                }
-            }
-            worst
-        };
+        let score = |x: &[Vec<f64>]| self.estimate_step_s(tasks, batch_size, alpha, x);
         let cost: Vec<Vec<f64>> = tasks
             .iter()
             .map(|t| {
@@ -250,6 +297,15 @@ impl CostModel {
         }
         best
     }
+}
+
+/// Episodes of each task per step: its share of the batch's groups times its group.
+fn demand(tasks: &[TaskLoad], batch_size: usize) -> Vec<f64> {
+    let total_w: f64 = tasks.iter().map(|t| t.weight).sum::<f64>().max(1e-9);
+    tasks
+        .iter()
+        .map(|t| batch_size as f64 * t.weight / total_w * t.group as f64)
+        .collect()
 }
 
 #[cfg(test)]

@@ -335,6 +335,7 @@ impl Actor for Scheduler {
                 task,
                 prefill,
                 decode,
+                context,
                 failed,
             }) => {
                 if let Some(e) = st.episodes.remove(&episode) {
@@ -352,10 +353,12 @@ impl Actor for Scheduler {
                     let seen = Tokens {
                         prefill: prefill as f64,
                         decode: decode as f64,
+                        context: context as f64,
                     };
                     let o = st.observed[task].get_or_insert(seen);
                     o.prefill = 0.9 * o.prefill + 0.1 * seen.prefill;
                     o.decode = 0.9 * o.decode + 0.1 * seen.decode;
+                    o.context = 0.9 * o.context + 0.1 * seen.context;
                     st.ended_since_plan = st.ended_since_plan.saturating_add(1);
                     let r = &mut st.recent[task];
                     if r.len() == TAIL_WINDOW {

@@ -159,15 +159,20 @@ pub fn prior_tokens(t: &TaskSpec) -> Tokens {
             let prompt = prompt_tokens.as_ref().map_or(obs, |d| d.mean());
             let resp = (response_tokens.as_ref().map_or(64.0, |d| d.mean()) * f)
                 .min(t.max_tokens_per_turn as f64);
-            if t.context == ContextMode::Rewrite {
+            // Turn k's answer attends to the prompt, k turns of history, and itself so far,
+            // whichever way the context was prefilled.
+            let context = prompt + (turns - 1.0) / 2.0 * (obs + resp) + resp / 2.0;
+            let prefill = if t.context == ContextMode::Rewrite {
                 // The whole context every turn: the prompt, then the grown history.
-                Tokens::new(
-                    turns * prompt + (obs + resp) * turns * (turns - 1.0) / 2.0,
-                    turns * resp,
-                )
+                turns * prompt + (obs + resp) * turns * (turns - 1.0) / 2.0
             } else {
                 // Prefill the prompt, then each later turn's observation (the history is cached).
-                Tokens::new(prompt + (turns - 1.0) * obs, turns * resp)
+                prompt + (turns - 1.0) * obs
+            };
+            Tokens {
+                prefill,
+                decode: turns * resp,
+                context,
             }
         }
     }

@@ -187,3 +187,48 @@ fn simulated_functions_follow_the_reward_placement() {
         _ => panic!("local: warm fixed slots"),
     }
 }
+
+/// The cost model's prior for a sim environment: a `rewrite` context prefills its whole
+/// history every turn (≈ turns² / 2 of it) but attends to it once, so it decodes at the same
+/// context as an `append` one.
+#[test]
+fn a_rewrite_prior_prefills_the_history_every_turn_but_decodes_at_its_context() {
+    let task = |context: &str| {
+        raw(&format!(
+            r#"
+[[tasks]]
+domain = "swe"
+max_turns = 30
+max_tokens_per_turn = 1024
+context = "{context}"
+[tasks.env]
+kind = "sim"
+turns = {{ constant = 10 }}
+prompt_tokens = {{ constant = 3000 }}
+observation_tokens = {{ constant = 300 }}
+response_tokens = {{ constant = 160 }}
+[[pools]]
+name = "p"
+device = "H800"
+count = 1
+backend = {{ kind = "sim" }}
+"#
+        ))
+        .tasks
+        .remove(0)
+    };
+    let (append, rewrite) = (
+        prior_tokens(&task("append")),
+        prior_tokens(&task("rewrite")),
+    );
+    // Prompt then nine observations, against ten whole contexts.
+    assert_eq!(append.prefill, 3_000.0 + 9.0 * 300.0);
+    assert_eq!(rewrite.prefill, 10.0 * 3_000.0 + 460.0 * 45.0);
+    assert_eq!(append.decode, 1_600.0);
+    assert_eq!(rewrite.decode, 1_600.0);
+    // Turn k's answer sees the prompt, k turns of history and half of itself.
+    let context = 3_000.0 + 4.5 * 460.0 + 80.0;
+    assert_eq!(append.context, context);
+    assert_eq!(rewrite.context, context);
+    assert!(rewrite.prefill > 9.0 * rewrite.context);
+}

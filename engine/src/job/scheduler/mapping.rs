@@ -87,11 +87,13 @@ impl SchedState {
                     Tokens {
                         prefill: q(|x| x.prefill),
                         decode: q(|x| x.decode),
+                        context: q(|x| x.context),
                     }
                 } else {
                     Tokens {
                         prefill: 2.0 * tokens.prefill,
                         decode: 2.0 * tokens.decode,
+                        context: 2.0 * tokens.context,
                     }
                 };
                 TaskLoad {
