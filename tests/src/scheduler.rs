@@ -780,8 +780,22 @@ fn every_barrier_mode_and_preset_is_deterministic_for_a_seed() {
     for preset in ["sync", "sync_plus", "one_off", "rollarc", "areal"] {
         specs.push((format!("preset {preset}"), base().preset(preset).build()));
     }
+    // A shard that freezes and is restarted: its in-flight requests fail together, and the
+    // episodes must wake in the same order every time (they woke in a per-process hash order).
+    let frozen = "frozen shard";
+    specs.push((
+        frozen.into(),
+        base()
+            .rollout("frozen_after_s = 30")
+            .extra("[[sim.faults]]\npool = \"h20\"\nshard = 0\nhang_after_steps = 40")
+            .build(),
+    ));
     for (name, spec) in specs {
         let a = run_recorded(spec.clone());
+        if name == frozen {
+            let restarts = a.summary.steps.last().map_or(0, |m| m.shard_restarts);
+            assert!(restarts > 0, "the fault froze no shard");
+        }
         for _ in 0..2 {
             let b = run_recorded(spec.clone());
             assert_eq!(a.summary, b.summary, "{name}");

@@ -11,7 +11,7 @@ pub mod remote;
 pub mod shard;
 pub mod sim;
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -327,7 +327,10 @@ impl EngineLoopJoin {
 
 struct LoopState {
     engine: Box<dyn GenerationEngine>,
-    replies: HashMap<u64, flume::Sender<Result<GenOutput, GenError>>>,
+    /// Ordered by request id: when the loop is killed (a frozen shard), the senders drop in
+    /// this order and their episodes wake in it, so a restart is the same on every run (a
+    /// `HashMap`'s order is seeded per process).
+    replies: BTreeMap<u64, flume::Sender<Result<GenOutput, GenError>>>,
     suspended: bool,
     busy: Duration,
     steps: u64,
@@ -387,7 +390,7 @@ async fn engine_loop(
 ) {
     let mut st = LoopState {
         engine,
-        replies: HashMap::new(),
+        replies: BTreeMap::new(),
         suspended: false,
         busy: Duration::ZERO,
         steps: 0,
