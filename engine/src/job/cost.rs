@@ -195,8 +195,8 @@ impl CostModel {
     /// way of giving each task a pool, each also improved by splitting one task between two
     /// pools to balance their loads, scored by [`Self::estimate_step_s`]. A rule of thumb
     /// such as "multi-turn to compute-rich, math to bandwidth-rich" is one candidate, chosen
-    /// only when it is best. `None` when there are more than [`MAX_ASSIGNMENTS`] assignments. `batch_now`: each pool's current decode
-    /// batch (for the balancing costs).
+    /// only when it is best. `None` when there are more than [`MAX_ASSIGNMENTS`] assignments.
+    /// `batch_now`: each pool's current decode batch (for the balancing costs).
     pub fn plan_split(
         &self,
         tasks: &[TaskLoad],
