@@ -1,6 +1,6 @@
 //! Command-line helpers: the progress display of a job (in-process or remote), its metrics,
 //! the lines and tables other commands print, and the `sim` comparison. The benchmarks are in
-//! [`crate::bench`].
+//! [`lab::bench`].
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -9,15 +9,15 @@ use indicatif::{ProgressBar, ProgressStyle};
 use infra::clock::wall_now;
 use tokio::sync::broadcast;
 
-use crate::job::{JobError, JobSummary};
-use crate::report::Summary;
-use crate::scenario::RunResult;
-use crate::service::JobEvent;
-use crate::spec::{JobSpec, Preset};
+use job::runtime::{JobError, JobSummary};
+use job::spec::{JobSpec, Preset};
+use lab::report::Summary;
+use lab::scenario::RunResult;
+use service::service::JobEvent;
 
 /// Why following a remote job failed.
 #[derive(Debug, thiserror::Error)]
-pub enum WatchError {
+pub(crate) enum WatchError {
     #[error(transparent)]
     Http(#[from] reqwest::Error),
     #[error("{status}: {body}")]
@@ -31,7 +31,7 @@ pub enum WatchError {
 
 /// Why `rollarc sim` failed.
 #[derive(Debug, thiserror::Error)]
-pub enum SimError {
+pub(crate) enum SimError {
     #[error("unknown preset {0:?}, expected one of sync, sync_plus, one_off, areal, rollarc")]
     UnknownPreset(String),
     #[error(transparent)]
@@ -84,18 +84,11 @@ fn task_bar(mp: &indicatif::MultiProgress, name: &str) -> ProgressBar {
     pb
 }
 
-/// Shows an in-process job's events until it ends; returns the last event. `rx`: none when
-/// the job had already ended (see `Service::subscribe`).
-pub async fn watch_events(
-    rx: Option<broadcast::Receiver<JobEvent>>,
-    first: Option<JobEvent>,
-) -> Option<JobEvent> {
-    watch_events_with(rx, first, String::new).await
-}
-
-/// Like [`watch_events`], with a bar per task (success, trajectories/s, turns) and `extra()`
-/// appended to the job bar's message at every step (e.g. function instances).
-pub async fn watch_events_with(
+/// Shows an in-process job's events until it ends, with a bar per task (success,
+/// trajectories/s, turns) and `extra()` appended to the job bar's message at every step (e.g.
+/// function instances); returns the last event. `rx`: none when the job had already ended
+/// (see `Service::subscribe`).
+pub(crate) async fn watch_events_with(
     rx: Option<broadcast::Receiver<JobEvent>>,
     first: Option<JobEvent>,
     extra: impl Fn() -> String,
@@ -184,7 +177,7 @@ pub async fn watch_events_with(
 }
 
 /// The HTTP client of the client commands: sends `token` as a bearer token on every request.
-pub fn api_client(token: Option<&str>) -> Result<reqwest::Client, WatchError> {
+pub(crate) fn api_client(token: Option<&str>) -> Result<reqwest::Client, WatchError> {
     let mut headers = reqwest::header::HeaderMap::new();
     if let Some(t) = token {
         let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {t}"))
@@ -239,7 +232,7 @@ fn print_plain_tasks_and_evals(metrics: &serde_json::Value) {
 }
 
 /// Follows a remote job's server-sent events.
-pub async fn watch_remote(
+pub(crate) async fn watch_remote(
     client: &reqwest::Client,
     server: &str,
     id: &str,
@@ -344,7 +337,7 @@ pub async fn watch_remote(
     })
 }
 
-pub fn print_metrics(m: &serde_json::Value) {
+pub(crate) fn print_metrics(m: &serde_json::Value) {
     let f = |p: &str| m.pointer(p).and_then(|v| v.as_f64()).unwrap_or(0.0);
     println!(
         "time {:.1} s · trajectories/s {:.2} · bubble ratio {:.3} · staleness mean {:.2} max {}",
@@ -417,7 +410,7 @@ fn print_functions(functions: &std::collections::BTreeMap<String, actors::reward
 }
 
 /// `rollarc sim`: runs the spec (optionally under several presets) in virtual time.
-pub fn sim(spec: JobSpec, preset: Option<&str>, compare: &[String]) -> Result<(), SimError> {
+pub(crate) fn sim(spec: JobSpec, preset: Option<&str>, compare: &[String]) -> Result<(), SimError> {
     let parse = |p: &str| Preset::parse(p).ok_or_else(|| SimError::UnknownPreset(p.to_string()));
     let base = match preset {
         Some(p) => spec.with_preset(parse(p)?),
@@ -425,7 +418,7 @@ pub fn sim(spec: JobSpec, preset: Option<&str>, compare: &[String]) -> Result<()
     };
     if compare.is_empty() {
         let t = wall_now();
-        let s = crate::simrun::run_virtual(base)?;
+        let s = job::simrun::run_virtual(base)?;
         summary_line(s.steps.last().map_or("run", |_| "run"), &s, t.elapsed());
         if let Some(last) = s.steps.last() {
             print_metrics(&serde_json::to_value(last)?);
@@ -436,7 +429,7 @@ pub fn sim(spec: JobSpec, preset: Option<&str>, compare: &[String]) -> Result<()
     for name in compare {
         let p = parse(name)?;
         let t = wall_now();
-        let s = crate::simrun::run_virtual(base.with_preset(p))?;
+        let s = job::simrun::run_virtual(base.with_preset(p))?;
         summary_line(p.name(), &s, t.elapsed());
         results.push((p, s));
     }
@@ -455,7 +448,7 @@ pub fn sim(spec: JobSpec, preset: Option<&str>, compare: &[String]) -> Result<()
 }
 
 /// One run of a scenario, as `rollarc scenario` prints it.
-pub fn print_run(r: &RunResult) {
+pub(crate) fn print_run(r: &RunResult) {
     println!(
         "  {:<28} step {:>9.1} s  bubble {:.3}  trainer busy {:.2}  ({} steps, {:.0} simulated s, {:.2} s wall, {} events)  prefill/decode {:.1}  stale {}/{}  pools {}",
         r.name,
@@ -485,7 +478,7 @@ pub fn print_run(r: &RunResult) {
 }
 
 /// The per-task table of a job's report.
-pub fn print_task_table(summary: &Summary) {
+pub(crate) fn print_task_table(summary: &Summary) {
     println!(
         "{:<12} {:>14} {:>14} {:>12} {:>10} {:>10}",
         "task", "random policy", "success start", "success end", "≥90% at", "truncated"
@@ -536,7 +529,7 @@ pub fn print_task_table(summary: &Summary) {
 
 /// `rollarc devices`: the GPUs found, with the profile the mapper would use, and the device
 /// classes it knows.
-pub fn print_devices() {
+pub(crate) fn print_devices() {
     match actors::device::discover_gpus() {
         Ok(gpus) if gpus.is_empty() => println!("no GPU found"),
         Ok(gpus) => {
@@ -573,7 +566,7 @@ pub fn print_devices() {
 }
 
 /// `rollarc status`: one line per job (id, state, steps, success, name).
-pub fn job_table(jobs: &serde_json::Value) -> String {
+pub(crate) fn job_table(jobs: &serde_json::Value) -> String {
     let mut out = format!(
         "{:<10} {:<10} {:>11} {:>8}  {}\n",
         "ID", "STATE", "STEP", "SUCCESS", "NAME"
@@ -597,7 +590,7 @@ pub fn job_table(jobs: &serde_json::Value) -> String {
 }
 
 /// `rollarc status ID`: the job's state, progress, error and its tasks' latest numbers.
-pub fn job_detail(j: &serde_json::Value) -> String {
+pub(crate) fn job_detail(j: &serde_json::Value) -> String {
     let u = |k: &str| j.get(k).and_then(|s| s.as_u64()).unwrap_or(0);
     let mut out = format!(
         "{} {} at step {}/{}{}\n",

@@ -1,4 +1,9 @@
-//! `rollarc`: the service and its command-line client.
+//! `rollarc`: the service and its command-line client. The only crate that depends on all
+//! three layers (`job`, `service`, `lab`); it parses the command line and hands each command to
+//! the layer that owns it.
+
+mod cli;
+mod train_client;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -8,11 +13,11 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use engine::service::{JobEvent, Service, ServiceConfig};
-use engine::spec::{self, Format, JobSpec};
+use job::spec::{self, Format, JobSpec};
+use service::service::{JobEvent, Service, ServiceConfig};
 
 #[derive(Parser)]
-#[command(name = "rollarc", version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("ROLLARC_COMMIT"), ")"), about = "Rollout engine for agentic RL")]
+#[command(name = "rollarc", version = lab::VERSION, about = "Rollout engine for agentic RL")]
 struct Cli {
     /// Address of a running service (client commands).
     #[arg(
@@ -230,7 +235,7 @@ enum Cmd {
     Bench {
         #[arg(long, default_value_t = 10_000)]
         episodes: usize,
-        /// scheduler, model, env, functions, presets or all.
+        /// scheduler, model, llm, servers, env, functions, presets, batches or all.
         #[arg(long, default_value = "all")]
         what: String,
         /// Training steps per run of the preset benchmark.
@@ -251,9 +256,9 @@ struct ServeConfig {
     #[serde(default)]
     insecure_public: bool,
     #[serde(default)]
-    access: engine::access::AccessConfig,
+    access: service::access::AccessConfig,
     #[serde(default)]
-    policy: engine::access::ProgramPolicy,
+    policy: service::access::ProgramPolicy,
 }
 
 /// Whether a job file is YAML (by its extension).
@@ -355,7 +360,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let server = cli.server;
-    let client = || engine::cli::api_client(cli.token.as_deref());
+    let client = || crate::cli::api_client(cli.token.as_deref());
     match cli.cmd {
         Cmd::Serve {
             addr,
@@ -368,7 +373,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Status { id, json } => status(&client()?, &server, id, json),
         Cmd::Cancel { id } => cancel(&client()?, &server, &id),
         Cmd::Watch { id } => {
-            Ok(runtime()?.block_on(engine::cli::watch_remote(&client()?, &server, &id))?)
+            Ok(runtime()?.block_on(crate::cli::watch_remote(&client()?, &server, &id))?)
         }
         Cmd::Train {
             job,
@@ -378,10 +383,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             wait_s,
         } => {
             let trainer = match trainer {
-                Some(f) => engine::train_client::trainer_from_file(&f)?,
-                None => engine::train_client::default_trainer(),
+                Some(f) => crate::train_client::trainer_from_file(&f)?,
+                None => crate::train_client::default_trainer(),
             };
-            let o = engine::train_client::TrainOptions {
+            let o = crate::train_client::TrainOptions {
                 server,
                 token: cli.token.clone(),
                 job,
@@ -391,7 +396,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 wait: std::time::Duration::from_secs_f64(wait_s.clamp(0.0, 60.0)),
                 quiet: false,
             };
-            let s = runtime()?.block_on(engine::train_client::train(o))?;
+            let s = runtime()?.block_on(crate::train_client::train(o))?;
             println!(
                 "job ended {}: {} steps trained here, {} batches acknowledged, newest version v{}",
                 s.job_state, s.steps, s.acked, s.version
@@ -410,7 +415,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if !db.is_file() {
                 bail!("{} holds no rollarc store (rollarc.db)", data_dir.display());
             }
-            let store = engine::store::Store::open(&db)?;
+            let store = job::store::Store::open(&db)?;
             write_report(&store, &data_dir, &job, &out)?;
             Ok(ExitCode::SUCCESS)
         }
@@ -419,8 +424,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if !db.is_file() {
                 bail!("{} holds no rollarc store (rollarc.db)", data_dir.display());
             }
-            let store = engine::store::Store::open(&db)?;
-            let (spec, fit) = engine::profile::profile(&store, &job)?;
+            let store = job::store::Store::open(&db)?;
+            let (spec, fit) = lab::profile::profile(&store, &job)?;
             std::fs::write(&out, serde_json::to_string_pretty(&spec)?)
                 .with_context(|| format!("cannot write {}", out.display()))?;
             println!(
@@ -448,7 +453,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             format,
             out,
         } => {
-            let v = engine::export::export_job(&data_dir, &job, version, &format, &out)?;
+            let v = lab::export::export_job(&data_dir, &job, version, &format, &out)?;
             println!("exported {job} v{v} to {}", out.display());
             Ok(ExitCode::SUCCESS)
         }
@@ -459,7 +464,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             compare,
         } => {
             let spec = read_spec(&file, &set)?;
-            engine::cli::sim(spec, preset.as_deref(), &compare)?;
+            crate::cli::sim(spec, preset.as_deref(), &compare)?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Scenario {
@@ -479,7 +484,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         } => plan(&scenario, budget, json_out),
         Cmd::EnvServe { spec } => env_serve(&spec),
         Cmd::Devices => {
-            engine::cli::print_devices();
+            crate::cli::print_devices();
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Bench {
@@ -487,27 +492,30 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             what,
             preset_steps,
         } => {
-            let opts = engine::bench::BenchOptions {
+            let opts = lab::bench::BenchOptions {
                 episodes,
                 preset_file: std::path::Path::new("examples/quickstart.toml"),
                 preset_steps,
             };
-            engine::bench::run(&what, &opts)?;
+            lab::bench::run(&what, &opts, || {
+                service::bench_batches::bench_batches().map_err(Into::into)
+            })?;
             Ok(ExitCode::SUCCESS)
         }
     }
 }
 
 fn token(name: &str, role: &str) -> anyhow::Result<ExitCode> {
-    let role: engine::access::Role = serde_json::from_value(serde_json::json!(role))
+    let role: service::access::Role = serde_json::from_value(serde_json::json!(role))
         .with_context(|| format!("--role must be read, submit or admin, got {role:?}"))?;
-    let token = engine::access::new_token().map_err(|_| anyhow::anyhow!("no system randomness"))?;
+    let token =
+        service::access::new_token().map_err(|_| anyhow::anyhow!("no system randomness"))?;
     println!("token (give it to the client, e.g. ROLLARC_TOKEN=…; it is not stored):\n  {token}");
     println!("service config entry:");
     println!("[[access.tokens]]");
     println!("name = {name:?}");
     println!("role = {:?}", format!("{role:?}").to_lowercase());
-    println!("sha256 = {:?}", engine::access::hash_token(&token));
+    println!("sha256 = {:?}", service::access::hash_token(&token));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -530,10 +538,10 @@ fn serve(
         .unwrap_or_else(|| PathBuf::from("data"));
     log_file(&data_dir);
     let grace_s = cfg.grace_s.unwrap_or(10.0);
-    if !(grace_s.is_finite() && (0.0..=engine::spec::MAX_SECONDS).contains(&grace_s)) {
+    if !(grace_s.is_finite() && (0.0..=job::spec::MAX_SECONDS).contains(&grace_s)) {
         bail!(
             "grace_s must be a number of seconds in [0, {}], got {grace_s}",
-            engine::spec::MAX_SECONDS
+            job::spec::MAX_SECONDS
         );
     }
     let grace = Duration::from_secs_f64(grace_s);
@@ -544,14 +552,14 @@ fn serve(
         Some(g) => bail!("max_memory_gib must be a number of GiB in (0, 1e6], got {g}"),
     };
     let access =
-        engine::access::Access::new(&cfg.access, cfg.policy).context("invalid service config")?;
+        service::access::Access::new(&cfg.access, cfg.policy).context("invalid service config")?;
     let rt = runtime()?;
-    rt.block_on(engine::server::check_exposure(
+    rt.block_on(service::server::check_exposure(
         &addr,
         &access,
         insecure_public || cfg.insecure_public,
     ))?;
-    rt.block_on(engine::server::serve(
+    rt.block_on(service::server::serve(
         &addr,
         ServiceConfig {
             data_dir,
@@ -610,9 +618,9 @@ fn status(
         if json || !status.is_success() {
             println!("{}", serde_json::to_string_pretty(&v)?);
         } else if one {
-            print!("{}", engine::cli::job_detail(&v));
+            print!("{}", crate::cli::job_detail(&v));
         } else {
-            print!("{}", engine::cli::job_table(&v["jobs"]));
+            print!("{}", crate::cli::job_table(&v["jobs"]));
         }
         Ok(exit_code(status.is_success()))
     })
@@ -675,13 +683,13 @@ fn run_job(
                 .collect();
             format!(" · functions {}", list.join(", "))
         };
-        let last = engine::cli::watch_events_with(rx, Some(first), functions).await;
+        let last = crate::cli::watch_events_with(rx, Some(first), functions).await;
         print_summary(&service, &id)?;
         write_report(&service.store, service.data_dir(), &id, report)?;
         Ok(exit_code(matches!(
             last,
             Some(JobEvent::State {
-                state: engine::store::JobState::Succeeded,
+                state: job::store::JobState::Succeeded,
                 ..
             })
         )))
@@ -693,7 +701,7 @@ fn scenario(
     json_out: Option<PathBuf>,
     quiet: bool,
 ) -> anyhow::Result<ExitCode> {
-    let sc = engine::scenario::Scenario::load(file)?;
+    let sc = lab::scenario::Scenario::load(file)?;
     println!(
         "{} — {} ({}): {} runs",
         sc.name,
@@ -701,12 +709,12 @@ fn scenario(
         sc.figure,
         sc.runs.len()
     );
-    let res = engine::scenario::run(&sc, |r| {
+    let res = lab::scenario::run(&sc, |r| {
         if !quiet {
-            engine::cli::print_run(r);
+            crate::cli::print_run(r);
         }
     })?;
-    print!("{}", engine::scenario::table(std::slice::from_ref(&res)));
+    print!("{}", lab::scenario::table(std::slice::from_ref(&res)));
     if let Some(p) = json_out {
         std::fs::write(&p, serde_json::to_string_pretty(&res)?)
             .with_context(|| format!("cannot write {}", p.display()))?;
@@ -733,7 +741,7 @@ fn bench_sim(
     let exe = std::env::current_exe().context("cannot find this executable")?;
     // Checks outside the paper's band are reported (and explained in the scenario's notes),
     // not a failure of the benchmark.
-    engine::simbench::run_all(&exe, &files, out, parallel)?;
+    lab::simbench::run_all(&exe, &files, out, parallel)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -745,9 +753,9 @@ fn plan(
     if !(budget.is_finite() && budget > 0.0) {
         bail!("--budget must be a positive cost (H20 = 1), got {budget}");
     }
-    let sc = engine::scenario::Scenario::load(scenario)?;
+    let sc = lab::scenario::Scenario::load(scenario)?;
     println!("planning {} under a budget of {budget:.0}", sc.name);
-    let p = engine::plan::plan(&sc, budget, |c| {
+    let p = lab::plan::plan(&sc, budget, |c| {
         let roll: Vec<String> = c
             .rollout_gpus
             .iter()
@@ -761,7 +769,7 @@ fn plan(
             c.step_s
         );
     })?;
-    print!("{}", engine::plan::render(&p));
+    print!("{}", lab::plan::render(&p));
     if let Some(out) = json_out {
         std::fs::write(&out, serde_json::to_string_pretty(&p)?)
             .with_context(|| format!("cannot write {}", out.display()))?;
@@ -770,9 +778,9 @@ fn plan(
 }
 
 fn env_serve(spec: &str) -> anyhow::Result<ExitCode> {
-    let env: engine::spec::EnvSpec = serde_json::from_str(spec)
+    let env: job::spec::EnvSpec = serde_json::from_str(spec)
         .context("the environment spec is not valid JSON for an env table")?;
-    let Some(mut env) = engine::wiring::envs::builtin(&env) else {
+    let Some(mut env) = job::wiring::envs::builtin(&env) else {
         bail!("only built-in games can be served (frozenlake, sokoban, arithmetic, tictactoe)")
     };
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -787,7 +795,7 @@ fn env_serve(spec: &str) -> anyhow::Result<ExitCode> {
 }
 
 fn write_report(
-    store: &engine::store::Store,
+    store: &job::store::Store,
     data_dir: &std::path::Path,
     id: &str,
     dir: &std::path::Path,
@@ -798,32 +806,32 @@ fn write_report(
             data_dir.display()
         );
     };
-    let steps: Vec<engine::job::StepMetrics> = store
+    let steps: Vec<job::runtime::StepMetrics> = store
         .step_metrics(id)?
         .into_iter()
         .map(serde_json::from_value)
         .collect::<Result<_, _>>()
         .context("stored step metrics")?;
-    let mut summary = engine::report::summarise(id, j.state.as_str(), &steps);
+    let mut summary = lab::report::summarise(id, j.state.as_str(), &steps);
     // The random-policy rate of each built-in game, measured on the environment itself.
     if let Some(spec) = store.spec(id)? {
         summary.seed = Some(spec.seed);
         summary.spec = serde_json::to_value(&spec).ok();
         for t in &spec.tasks {
             if let Some(s) = summary.tasks.get_mut(&t.domain) {
-                s.success_random = engine::report::random_policy_success(t, 4000, spec.seed);
+                s.success_random = job::baseline::random_policy_success(t, 4000, spec.seed);
             }
         }
     }
-    engine::cli::print_task_table(&summary);
-    let path = engine::report::write(dir, &summary)
+    crate::cli::print_task_table(&summary);
+    let path = lab::report::write(dir, &summary)
         .with_context(|| format!("writing the report to {}", dir.display()))?;
     println!("report: {}", path.display());
     // The learning record for TensorBoard, rebuilt from the store (the service also writes
     // it live under DATA_DIR/tensorboard).
     let tb = dir.join("tensorboard").join(id);
     let _ = std::fs::remove_dir_all(&tb);
-    let tb = engine::tensorboard::write_steps(&tb, j.created_at_ms as f64 / 1e3, &steps)
+    let tb = service::tensorboard::write_steps(&tb, j.created_at_ms as f64 / 1e3, &steps)
         .with_context(|| format!("writing TensorBoard events under {}", dir.display()))?;
     println!("tensorboard: {}", tb.display());
     let random: std::collections::BTreeMap<String, f64> = summary
@@ -831,7 +839,7 @@ fn write_report(
         .iter()
         .filter_map(|(n, t)| t.success_random.map(|r| (n.clone(), r)))
         .collect();
-    match engine::report::plots(dir, &steps, &random) {
+    match lab::report::plots(dir, &steps, &random) {
         Ok(files) => println!(
             "plots: {}",
             files
@@ -859,7 +867,7 @@ fn print_summary(service: &Arc<Service>, id: &str) -> anyhow::Result<()> {
     if let Some(e) = &j.error {
         println!("error: {e}");
     }
-    engine::cli::print_metrics(&j.metrics);
+    crate::cli::print_metrics(&j.metrics);
     println!(
         "trajectories stored: {}",
         service.store.trajectory_count(id)?

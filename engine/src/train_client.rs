@@ -16,12 +16,12 @@ use actors::trainer::Trainer;
 use actors::types::PolicyVersion;
 use serde::Deserialize;
 
-use crate::spec::{BuiltinTrainerSpec, JobSpec, ModelChoice, TrainerSpec};
-use crate::trainer_api::{TrainingBatch, file_sha256};
-use crate::wiring::{TrainerPlan, builtin_trainer_config};
+use job::spec::{BuiltinTrainerSpec, JobSpec, ModelChoice, TrainerSpec};
+use job::trainer_api::{TrainingBatch, file_sha256};
+use job::wiring::{TrainerPlan, builtin_trainer_config};
 
 /// What `rollarc train` needs.
-pub struct TrainOptions {
+pub(crate) struct TrainOptions {
     /// The service's base URL.
     pub server: String,
     pub token: Option<String>,
@@ -40,7 +40,7 @@ pub struct TrainOptions {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum TrainClientError {
+pub(crate) enum TrainClientError {
     #[error("{url}: {source}")]
     Http {
         url: String,
@@ -87,7 +87,7 @@ pub enum TrainClientError {
 
 /// What a `rollarc train` run did.
 #[derive(Debug, Default)]
-pub struct TrainSummary {
+pub(crate) struct TrainSummary {
     /// Optimiser steps taken by this process.
     pub steps: u64,
     /// Batches acknowledged (steps taken, or taken before a restart and acknowledged now).
@@ -102,7 +102,7 @@ pub struct TrainSummary {
 
 /// The built-in trainer's settings from a file: the `[trainer]` table of a job spec (kind
 /// `builtin`), or a file that is that table alone (TOML or JSON).
-pub fn trainer_from_file(path: &Path) -> Result<BuiltinTrainerSpec, TrainClientError> {
+pub(crate) fn trainer_from_file(path: &Path) -> Result<BuiltinTrainerSpec, TrainClientError> {
     let bad = |why: String| TrainClientError::TrainerFile {
         path: path.to_path_buf(),
         why,
@@ -131,7 +131,7 @@ pub fn trainer_from_file(path: &Path) -> Result<BuiltinTrainerSpec, TrainClientE
 }
 
 /// The built-in trainer's defaults (as a job's `[trainer] kind = "builtin"` with no other key).
-pub fn default_trainer() -> BuiltinTrainerSpec {
+pub(crate) fn default_trainer() -> BuiltinTrainerSpec {
     serde_json::from_value(serde_json::json!({})).expect("every field has a default")
 }
 
@@ -258,7 +258,7 @@ fn export(
 }
 
 /// Trains job `o.job` until it ends (or fails, or is cancelled).
-pub async fn train(o: TrainOptions) -> Result<TrainSummary, TrainClientError> {
+pub(crate) async fn train(o: TrainOptions) -> Result<TrainSummary, TrainClientError> {
     let client = crate::cli::api_client(o.token.as_deref()).map_err(|e| match e {
         crate::cli::WatchError::Http(source) => TrainClientError::Http {
             url: o.server.clone(),
@@ -272,7 +272,7 @@ pub async fn train(o: TrainOptions) -> Result<TrainSummary, TrainClientError> {
     };
     let job = o.job.as_str();
     let spec: JobSpec = api.get_json(&format!("/v1/jobs/{job}/spec")).await?;
-    let plan = crate::wiring::plan(&spec)
+    let plan = job::wiring::plan(&spec)
         .map_err(|e| TrainClientError::Wiring(e.to_string()))?
         .trainer;
     let TrainerPlan::External { model, .. } = plan else {

@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use engine::access::{
+use reqwest::StatusCode;
+use service::access::{
     Access, AccessConfig, ProgramPolicy, RateLimit, Role, TokenEntry, hash_token,
 };
-use reqwest::StatusCode;
 use tests::{TestServer, wall_clock_job};
 
 fn token(name: &str, role: Role, secret: &str) -> TokenEntry {
@@ -361,7 +361,7 @@ async fn an_owner_holds_a_bounded_number_of_event_streams() {
     let id = tests::submit_job(&s.client, &s.url(""), wall_clock_job(100_000, 1, 0.05)).await;
     let url = s.url(&format!("/v1/jobs/{id}/events"));
     let mut open = Vec::new();
-    for i in 0..engine::access::MAX_STREAMS_PER_OWNER {
+    for i in 0..service::access::MAX_STREAMS_PER_OWNER {
         let r = reqwest::Client::new().get(&url).send().await.unwrap();
         assert_eq!(r.status(), 200, "stream {i}");
         open.push(r);

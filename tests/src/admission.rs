@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
-use engine::admission::estimate;
-use engine::service::{Service, ServiceConfig};
-use engine::spec::{Format, parse};
-use engine::store::{JobState, Store};
+use job::spec::{Format, parse};
+use job::store::{JobState, Store};
+use service::admission::estimate;
+use service::service::{Service, ServiceConfig};
 use tests::{SpecBuilder, TestServer, wait_job, wall_clock_job};
 
 fn big_builtin() -> String {

@@ -117,7 +117,7 @@ async fn invalid_specs_report_every_problem_with_its_field_path() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_bodies_unknown_jobs_and_bad_queries_are_4xx_json() {
     let s = TestServer::start().await;
-    let big = "#".repeat(engine::api::MAX_BODY_BYTES + 10);
+    let big = "#".repeat(service::api::MAX_BODY_BYTES + 10);
     let r = s
         .client
         .post(s.url("/v1/jobs"))
@@ -604,7 +604,7 @@ async fn rows_record_the_step_that_trained_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_clients_are_cut_off_and_connections_are_capped() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let s = TestServer::start_with(engine::server::EdgeLimits {
+    let s = TestServer::start_with(service::server::EdgeLimits {
         header_read_timeout: Duration::from_millis(500),
         max_connections: 4,
     })
@@ -650,8 +650,8 @@ async fn slow_clients_are_cut_off_and_connections_are_capped() {
 /// is accepted, one past it the spec is rejected naming that field.
 #[test]
 fn the_schema_bounds_of_the_spec_match_validation() {
-    use engine::spec::{Format, parse};
-    let api = engine::api::openapi_document();
+    use job::spec::{Format, parse};
+    let api = service::api::openapi_document();
     let schemas = &api["components"]["schemas"];
     // (schema, property, field path in errors)
     let cases = [
@@ -737,9 +737,9 @@ fn the_schema_bounds_of_the_spec_match_validation() {
 /// The document's example spec is a valid spec, and its links name real operations.
 #[test]
 fn the_openapi_example_is_valid_and_links_resolve() {
-    let doc = engine::api::openapi_document();
+    let doc = service::api::openapi_document();
     let example = &doc["components"]["schemas"]["JobSpec"]["examples"][0];
-    let spec = engine::spec::parse(&example.to_string(), engine::spec::Format::Json);
+    let spec = job::spec::parse(&example.to_string(), job::spec::Format::Json);
     assert!(spec.is_ok(), "{spec:?}");
     let ops: Vec<&str> = doc["paths"]
         .as_object()

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use actors::buffer::MemorySink;
 use tests::{BatchLog, SpecBuilder};
 
-fn builtin_spec(steps: u64) -> engine::spec::JobSpec {
+fn builtin_spec(steps: u64) -> job::spec::JobSpec {
     SpecBuilder::new()
         .raw_task(
             r#"[[tasks]]
@@ -30,7 +30,7 @@ fn a_builtin_job_generates_trains_and_checkpoints() {
     let dir = tempfile::tempdir().unwrap();
     let sink = Arc::new(MemorySink::default());
     let log = Arc::new(BatchLog::default());
-    let s = engine::simrun::run_blocking(
+    let s = job::simrun::run_blocking(
         builtin_spec(3),
         0,
         0,
@@ -97,7 +97,7 @@ fn a_builtin_job_generates_trains_and_checkpoints() {
 fn a_builtin_job_resumes_from_its_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let run = |steps: u64, start: u64, epoch: u64| {
-        engine::simrun::run_blocking(
+        job::simrun::run_blocking(
             builtin_spec(steps),
             start,
             epoch,
@@ -116,7 +116,7 @@ fn a_builtin_job_resumes_from_its_checkpoint() {
     );
     // Without its checkpoint a resume fails clearly instead of restarting from scratch.
     let empty = tempfile::tempdir().unwrap();
-    let err = engine::simrun::run_blocking(
+    let err = job::simrun::run_blocking(
         builtin_spec(4),
         2,
         1,
@@ -142,7 +142,7 @@ fn builtin_games_drive_the_builtin_model_end_to_end() {
         .extra("[trainer]\nkind = \"builtin\"")
         .build();
     let sink = Arc::new(MemorySink::default());
-    let s = engine::simrun::run_blocking(
+    let s = job::simrun::run_blocking(
         spec,
         0,
         0,

@@ -17,13 +17,13 @@ fn tiny_job(task: &str, steps: u64) -> String {
     )
 }
 
-fn run(toml: &str) -> (Result<engine::job::JobSummary, String>, Vec<Trajectory>) {
-    let spec = match engine::spec::parse(toml, engine::spec::Format::Toml) {
+fn run(toml: &str) -> (Result<job::runtime::JobSummary, String>, Vec<Trajectory>) {
+    let spec = match job::spec::parse(toml, job::spec::Format::Toml) {
         Ok(s) => s,
         Err(e) => panic!("test spec is invalid: {e}\n{toml}"),
     };
     let sink = Arc::new(MemorySink::default());
-    let r = engine::simrun::run_blocking(
+    let r = job::simrun::run_blocking(
         spec,
         0,
         0,
@@ -128,7 +128,7 @@ fn gym_task(id: &str, dir: &std::path::Path, sandbox: &str) -> String {
 fn a_user_gymnasium_class_runs_by_module_and_class_and_each_observation_is_sent_once() {
     let dir = corridor_module();
     for sandbox in ["none", "bwrap"] {
-        if sandbox == "bwrap" && engine::wiring::envs::check_sandbox().is_err() {
+        if sandbox == "bwrap" && job::wiring::envs::check_sandbox().is_err() {
             continue;
         }
         let (r, log) = run(&tiny_job(
@@ -183,11 +183,11 @@ fn a_failing_environment_puts_its_error_in_the_job_error() {
 #[test]
 fn a_relative_program_path_resolves_outside_the_sandbox() {
     // The command names the bridge relative to the working directory (the repository root,
-    // as in the README); inside the sandbox the working directory is a private /tmp, and
+    // as in docs/environments.md); inside the sandbox the working directory is a private /tmp, and
     // only the directories of absolute paths are bound.
     let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
     let cmd = |base: &std::path::Path| {
-        engine::wiring::envs::absolute_args_in(
+        job::wiring::envs::absolute_args_in(
             &[
                 "python3".into(),
                 "envs/gymnasium_bridge.py".into(),
@@ -287,10 +287,10 @@ async fn sigkill_mid_epoch_then_resume_uses_every_row_once_per_epoch() {
     );
     // The rows behind the positions: each epoch uses each row once (and the epochs'
     // orders differ: shuffled per epoch).
-    let ds = engine::dataset::Dataset::load(
-        &engine::spec::DatasetSpec {
+    let ds = job::dataset::Dataset::load(
+        &job::spec::DatasetSpec {
             epochs: 2,
-            ..engine::spec::DatasetSpec::at(&path.display().to_string())
+            ..job::spec::DatasetSpec::at(&path.display().to_string())
         },
         5,
     )

@@ -34,7 +34,7 @@ async fn the_protocol_round_trips_a_builtin_game() {
         10_000,
         1 << 20,
     );
-    let mut local = engine::envs::builtin(&serde_json::from_str(spec).unwrap()).unwrap();
+    let mut local = job::envs::builtin(&serde_json::from_str(spec).unwrap()).unwrap();
     assert_eq!(
         remote.reset(3).await.unwrap().text,
         local.reset_boxed(3, None).await.unwrap().text
@@ -229,7 +229,7 @@ fn a_job_runs_on_an_external_environment() {
         .extra("[sim]\nclock = \"real\"")
         .build();
     let sink = std::sync::Arc::new(actors::buffer::MemorySink::default());
-    let s = engine::simrun::run_blocking(
+    let s = job::simrun::run_blocking(
         spec,
         0,
         0,
@@ -244,8 +244,7 @@ fn a_job_runs_on_an_external_environment() {
 
 #[tokio::test]
 async fn a_sandboxed_program_is_contained() {
-    engine::envs::check_sandbox()
-        .expect("make setup installs bubblewrap; the sandbox must work here");
+    job::envs::check_sandbox().expect("make setup installs bubblewrap; the sandbox must work here");
     // A listener on the host's loopback: reachable from outside the sandbox only.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -276,7 +275,7 @@ unshare -Ur true 2>/dev/null && r="$r userns"
 echo "{\"v\":1,\"ok\":true,\"observation\":\"contained:$r\"}""#
         .replace("PORT", &port.to_string())
         .replace("DATA", &data.path().to_string_lossy());
-    let cmd = engine::envs::sandboxed(&["bash".to_string(), "-c".to_string(), probe.clone()], &[]);
+    let cmd = job::envs::sandboxed(&["bash".to_string(), "-c".to_string(), probe.clone()], &[]);
     let mut e = external(cmd, 10_000, 1 << 20);
     assert_eq!(e.reset(0).await.unwrap().text, "contained:");
     e.close().await;
@@ -310,7 +309,7 @@ echo "{\"v\":1,\"ok\":true,\"observation\":\"contained:$r\"}""#
 
 /// Runs `script` (bash) in the sandbox as an environment program and returns the reset result.
 async fn sandboxed_reset(script: &str, timeout_ms: u64) -> (Result<String, EnvError>, ExternalEnv) {
-    let cmd = engine::envs::sandboxed(
+    let cmd = job::envs::sandboxed(
         &["bash".to_string(), "-c".to_string(), script.to_string()],
         &[],
     );
@@ -345,7 +344,7 @@ fn processes_with(marker: &str) -> Vec<String> {
 
 #[tokio::test]
 async fn containment_matrix() {
-    engine::envs::check_sandbox().expect("the sandbox must work here");
+    job::envs::check_sandbox().expect("the sandbox must work here");
     // Fork bomb: process creation stops at the rlimit (512 per sandbox uid); the count uses
     // shell builtins only, since nothing more can fork.
     let bomb = format!(
@@ -412,7 +411,7 @@ async fn containment_matrix() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_sandboxes_leave_no_process_behind() {
-    engine::envs::check_sandbox().expect("the sandbox must work here");
+    job::envs::check_sandbox().expect("the sandbox must work here");
     let marker = format!("rollarc-leak-check-{}", std::process::id());
     let script = format!(
         "read l; sleep 300 & {}; read l; echo '{{\"v\":1,\"ok\":true}}'; sleep 300",
@@ -423,7 +422,7 @@ async fn a_thousand_sandboxes_leave_no_process_behind() {
         let (script, marker) = (script.clone(), marker.clone());
         tasks.spawn(async move {
             for _ in 0..125 {
-                let cmd = engine::envs::sandboxed(
+                let cmd = job::envs::sandboxed(
                     &[
                         "bash".to_string(),
                         "-c".to_string(),
@@ -482,7 +481,7 @@ done"#;
         .build();
     let sink = std::sync::Arc::new(actors::buffer::MemorySink::default());
     let log = std::sync::Arc::new(tests::BatchLog::default());
-    let s = engine::simrun::run_blocking(spec, 0, 0, sink.clone(), log.clone(), None)
+    let s = job::simrun::run_blocking(spec, 0, 0, sink.clone(), log.clone(), None)
         .expect("job completes despite crashes");
     let last = s.steps.last().unwrap();
     assert!(
@@ -526,7 +525,7 @@ async fn no_path_binds_the_protected_data_directory_into_a_sandbox() {
         // The file as an argument makes its directory one of the program's own.
         let mut cmd = vec!["bash".to_string(), "-c".to_string(), script];
         cmd.push(file.to_string_lossy().into_owned());
-        engine::envs::sandboxed(&cmd, &readable)
+        job::envs::sandboxed(&cmd, &readable)
     };
     let dd = data.path().to_string_lossy().into_owned();
     let parent = data.path().parent().unwrap().to_string_lossy().into_owned();

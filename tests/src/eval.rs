@@ -40,10 +40,10 @@ env = { kind = "arithmetic", max_operand = 4 }
 
 #[test]
 fn held_out_tasks_are_evaluated_before_during_and_after_training_and_never_trained() {
-    let spec = engine::spec::parse(SPEC, engine::spec::Format::Toml).expect("valid spec");
+    let spec = job::spec::parse(SPEC, job::spec::Format::Toml).expect("valid spec");
     let sink = Arc::new(MemorySink::default());
     let log = Arc::new(tests::BatchLog::default());
-    let summary = engine::simrun::run_blocking(spec, 0, 0, sink.clone(), log.clone(), None)
+    let summary = job::simrun::run_blocking(spec, 0, 0, sink.clone(), log.clone(), None)
         .expect("the job runs");
     assert_eq!(summary.steps_done, 4);
     let steps: Vec<_> = log
@@ -80,7 +80,7 @@ fn held_out_tasks_are_evaluated_before_during_and_after_training_and_never_train
     let log = sink.log.lock().unwrap();
     assert!(!log.is_empty() && log.iter().all(|t| t.task == "arith"));
     // The report: every evaluation and the change of pass@1 from the first to the last.
-    let report = engine::report::summarise("j", "succeeded", &steps);
+    let report = lab::report::summarise("j", "succeeded", &steps);
     assert_eq!(report.eval.len(), 3);
     let c = &report.eval_change["arith-heldout"];
     assert_eq!((c.step_start, c.step_end), (0, 4));

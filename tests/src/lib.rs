@@ -7,9 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actors::types::{Batch, Trajectory};
-use engine::job::{ObserverError, StepMetrics, StepObserver};
-use engine::service::Service;
-use engine::spec::JobSpec;
+use job::runtime::{ObserverError, StepMetrics, StepObserver};
+use job::spec::JobSpec;
+use service::service::Service;
 
 pub mod chaos;
 pub mod fakes;
@@ -141,7 +141,7 @@ success_rate = 0.5
     }
 
     pub fn build(&self) -> JobSpec {
-        match engine::spec::parse(&self.toml(), engine::spec::Format::Toml) {
+        match job::spec::parse(&self.toml(), job::spec::Format::Toml) {
             Ok(s) => s,
             Err(e) => panic!("test spec is invalid: {e}\n{}", self.toml()),
         }
@@ -180,7 +180,7 @@ impl StepObserver for BatchLog {
 
 /// Result of a virtual-time run with everything recorded.
 pub struct Recorded {
-    pub summary: engine::job::JobSummary,
+    pub summary: job::runtime::JobSummary,
     pub batches: Vec<(StepMetrics, Batch)>,
     pub committed: Vec<Trajectory>,
 }
@@ -188,7 +188,7 @@ pub struct Recorded {
 pub fn run_recorded(spec: JobSpec) -> Recorded {
     let sink = Arc::new(actors::buffer::MemorySink::default());
     let log = Arc::new(BatchLog::default());
-    let summary = match engine::simrun::run_virtual_with(spec, sink.clone(), log.clone()) {
+    let summary = match job::simrun::run_virtual_with(spec, sink.clone(), log.clone()) {
         Ok(s) => s,
         Err(e) => panic!("simulated job failed: {e}"),
     };
@@ -212,32 +212,32 @@ pub struct TestServer {
 
 impl TestServer {
     pub async fn start() -> Self {
-        Self::start_with(engine::server::EdgeLimits::default()).await
+        Self::start_with(service::server::EdgeLimits::default()).await
     }
 
     /// A server on the service's own connection loop with these edge limits.
-    pub async fn start_with(limits: engine::server::EdgeLimits) -> Self {
-        Self::start_full(limits, engine::access::Access::open(), None).await
+    pub async fn start_with(limits: service::server::EdgeLimits) -> Self {
+        Self::start_full(limits, service::access::Access::open(), None).await
     }
 
     /// A server behind `access` (tokens, rate limits, program policy).
-    pub async fn start_with_access(access: engine::access::Access) -> Self {
-        Self::start_full(engine::server::EdgeLimits::default(), access, None).await
+    pub async fn start_with_access(access: service::access::Access) -> Self {
+        Self::start_full(service::server::EdgeLimits::default(), access, None).await
     }
 
     /// A server whose jobs share a memory budget of `bytes`.
     pub async fn start_with_budget(bytes: u64) -> Self {
-        let open = engine::access::Access::open();
-        Self::start_full(engine::server::EdgeLimits::default(), open, Some(bytes)).await
+        let open = service::access::Access::open();
+        Self::start_full(service::server::EdgeLimits::default(), open, Some(bytes)).await
     }
 
     async fn start_full(
-        limits: engine::server::EdgeLimits,
-        access: engine::access::Access,
+        limits: service::server::EdgeLimits,
+        access: service::access::Access,
         max_memory: Option<u64>,
     ) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
-        let service = Service::open(&engine::service::ServiceConfig {
+        let service = Service::open(&service::service::ServiceConfig {
             data_dir: dir.path().to_path_buf(),
             max_running: 2,
             max_memory,
@@ -247,9 +247,9 @@ impl TestServer {
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let app = engine::api::router_with(service.clone(), Arc::new(access));
+        let app = service::api::router_with(service.clone(), Arc::new(access));
         let stop = tokio_util::sync::CancellationToken::new();
-        let task = tokio::spawn(engine::server::serve_on(
+        let task = tokio::spawn(service::server::serve_on(
             listener,
             app,
             limits,

@@ -21,7 +21,7 @@ fn smollm2() -> PathBuf {
     p
 }
 
-fn spec(steps: u64) -> engine::spec::JobSpec {
+fn spec(steps: u64) -> job::spec::JobSpec {
     SpecBuilder::new()
         .raw_task(
             "[[tasks]]\ndomain = \"lake\"\ngroup_size = 2\nmax_turns = 2\nmax_tokens_per_turn = 10\nenv = { kind = \"frozenlake\", size = 4 }\n",
@@ -41,7 +41,7 @@ fn a_smollm2_job_generates_free_text_trains_lora_and_resumes() {
     let dir = tempfile::tempdir().unwrap();
     let sink = Arc::new(MemorySink::default());
     let log = Arc::new(BatchLog::default());
-    let s = engine::simrun::run_blocking(
+    let s = job::simrun::run_blocking(
         spec(2),
         0,
         0,
@@ -121,7 +121,7 @@ fn a_smollm2_job_generates_free_text_trains_lora_and_resumes() {
     let size = std::fs::metadata(&ck).expect("checkpoint of v2").len();
     assert!(size < 20 << 20, "LoRA checkpoint of {size} bytes");
     let resumed = Arc::new(BatchLog::default());
-    let s = engine::simrun::run_blocking(
+    let s = job::simrun::run_blocking(
         spec(3),
         2,
         1,
@@ -133,8 +133,8 @@ fn a_smollm2_job_generates_free_text_trains_lora_and_resumes() {
     assert_eq!(s.steps.first().map(|m| m.version), Some(3));
     // Export v2 (base + merged adapters) as GGUF: the exported model recomputes the
     // logprobs the engines generated with under v2 (the resumed run's first batch).
-    let plan = engine::wiring::plan(&spec(3)).unwrap();
-    let ck = engine::wiring::checkpoint_spec(&plan.trainer).unwrap();
+    let plan = job::wiring::plan(&spec(3)).unwrap();
+    let ck = job::wiring::checkpoint_spec(&plan.trainer).unwrap();
     let out = dir.path().join("v2.gguf");
     actors::model::runtime::export_policy(
         &ck,
@@ -241,7 +241,7 @@ fn a_smollm2_job_on_two_managed_llamacpp_shards_installs_every_version_and_survi
             None
         })
     };
-    let s = engine::simrun::run_blocking(
+    let s = job::simrun::run_blocking(
         spec,
         0,
         0,
@@ -322,8 +322,8 @@ fn a_smollm2_job_on_two_managed_llamacpp_shards_installs_every_version_and_survi
 /// layout is refused for it with the tensor named.
 #[test]
 fn announced_checkpoint_weights_load_from_gguf_hugging_face_names_and_model_names() {
-    use engine::store::AnnouncedWeights;
-    use engine::trainer_api::ServedModel;
+    use job::store::AnnouncedWeights;
+    use job::trainer_api::ServedModel;
     let path = smollm2();
     let spec = actors::model::runtime::CheckpointSpec {
         path: path.clone(),

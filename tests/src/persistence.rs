@@ -113,11 +113,11 @@ async fn sigterm_stops_intake_and_leaves_running_jobs_resumable() {
     .await
     .unwrap();
     assert!(status.0.unwrap().success(), "serve exits 0 after a signal");
-    let store = engine::store::Store::open(&dir.path().join("rollarc.db")).unwrap();
+    let store = job::store::Store::open(&dir.path().join("rollarc.db")).unwrap();
     let j = store.get(&id).unwrap().unwrap();
     assert_eq!(
         j.state,
-        engine::store::JobState::Running,
+        job::store::JobState::Running,
         "an interrupted job stays running, to resume at the next start"
     );
 }

@@ -1,6 +1,6 @@
-//! A real Prometheus (the Debian package) scrapes a real `rollarc serve`; the queries the
-//! README documents return data, names carry no doubled suffix, the router's latency buckets
-//! fit a value in seconds, and a job's series leave once it ends.
+//! A real Prometheus (the Debian package) scrapes a real `rollarc serve`; the queries that
+//! docs/metrics.md ("Prometheus") documents return data, names carry no doubled suffix, the
+//! router's latency buckets fit a value in seconds, and a job's series leave once it ends.
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -133,7 +133,7 @@ async fn a_real_prometheus_scrapes_the_documented_series() {
         r.first().is_some_and(|x| value(x) >= 3.0)
     })
     .await;
-    // Every name the README documents answers a query as written there.
+    // Every name docs/metrics.md documents answers a query as written there.
     for q in [
         "rollarc_jobs_submitted_total",
         "rollarc_trainer_steps_total",

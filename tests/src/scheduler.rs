@@ -489,18 +489,18 @@ fn trajectory_level_beats_the_turn_barrier_under_latency_variance() {
         "/../examples/sim-sigma.toml"
     ))
     .expect("example");
-    let spec = engine::spec::parse(&body, engine::spec::Format::Toml).expect("valid example");
-    let with_barrier = |b: engine::spec::Barrier| {
+    let spec = job::spec::parse(&body, job::spec::Format::Toml).expect("valid example");
+    let with_barrier = |b: job::spec::Barrier| {
         let mut s = spec.clone();
         s.rollout.barrier = Some(b);
         s.rollout.alpha = Some(0);
         s.rollout.overlap_training = Some(false);
         s
     };
-    let fast = engine::simrun::run_virtual(with_barrier(engine::spec::Barrier::None))
-        .expect("trajectory-level");
-    let slow = engine::simrun::run_virtual(with_barrier(engine::spec::Barrier::Turn))
-        .expect("turn barrier");
+    let fast =
+        job::simrun::run_virtual(with_barrier(job::spec::Barrier::None)).expect("trajectory-level");
+    let slow =
+        job::simrun::run_virtual(with_barrier(job::spec::Barrier::Turn)).expect("turn barrier");
     let ratio = slow.elapsed_s / fast.elapsed_s;
     assert!(
         ratio > 1.3,
@@ -574,7 +574,7 @@ fn disaggregated_pools_prefill_on_one_decode_on_the_other_and_pay_the_kv_transfe
         .extra("[mapping]\nmode = \"declared\"\ndeclared = { agent = \"prefill\" }")
         .toml();
     let bad = bad.replacen("[mapping]\nmode = \"cost_model\"\n", "", 1);
-    let errs = engine::spec::parse(&bad, engine::spec::Format::Toml).expect_err("invalid");
+    let errs = job::spec::parse(&bad, job::spec::Format::Toml).expect_err("invalid");
     assert!(
         errs.0
             .iter()
@@ -601,11 +601,11 @@ success_rate = 0.0
         .rollout("steps = 2")
         .rollout("filter_all_equal = true")
         .build();
-    match engine::simrun::run_virtual(spec) {
+    match job::simrun::run_virtual(spec) {
         Err(e) => assert!(
             matches!(
                 e,
-                engine::job::JobError::Escalated(_) | engine::job::JobError::Call { .. }
+                job::runtime::JobError::Escalated(_) | job::runtime::JobError::Call { .. }
             ),
             "{e}"
         ),
@@ -673,7 +673,7 @@ fn a_resumed_run_continues_the_seed_sequence_and_group_numbering() {
     // The first attempt: 3 steps, then it "crashes" (the run ends).
     let sink1 = Arc::new(MemorySink::default());
     let log1 = Arc::new(BatchLog::default());
-    let first = engine::simrun::run_blocking(spec(3), 0, 0, sink1.clone(), log1.clone(), None)
+    let first = job::simrun::run_blocking(spec(3), 0, 0, sink1.clone(), log1.clone(), None)
         .expect("first attempt");
     let mut cursor = first.steps.last().unwrap().scheduler.cursor.clone();
     assert!(cursor.next_group > 0 && cursor.rng_draws > 0, "{cursor:?}");
@@ -689,12 +689,12 @@ fn a_resumed_run_continues_the_seed_sequence_and_group_numbering() {
     // The resumed attempt: steps 3..6 in epoch 1 from the cursor.
     let sink2 = Arc::new(MemorySink::default());
     let log2 = Arc::new(BatchLog::default());
-    let start = engine::simrun::Start {
+    let start = job::simrun::Start {
         step: 3,
         epoch: 1,
         cursor: Some(cursor),
     };
-    let second = engine::simrun::run_from(spec(6), start, sink2.clone(), log2.clone(), None)
+    let second = job::simrun::run_from(spec(6), start, sink2.clone(), log2.clone(), None)
         .expect("resumed attempt");
     assert_eq!(second.steps_done, 6);
     let (before, after) = (trained(&log1), trained(&log2));
@@ -748,7 +748,7 @@ fn a_step_longer_than_an_hour_of_virtual_time_completes() {
     // Each step waited 1.5 h for its batch (the two overlap under α = 1).
     assert!(r.summary.elapsed_s > 5400.0, "{}", r.summary.elapsed_s);
     // The limit is a setting: an hour fails this workload, with the reason.
-    let e = engine::simrun::run_virtual_with(
+    let e = job::simrun::run_virtual_with(
         job("step_timeout_s = 3600"),
         std::sync::Arc::new(actors::buffer::MemorySink::default()),
         std::sync::Arc::new(tests::BatchLog::default()),
@@ -770,7 +770,7 @@ fn every_barrier_mode_and_preset_is_deterministic_for_a_seed() {
             .rollout("steps = 3")
             .seed(7)
     };
-    let mut specs: Vec<(String, engine::spec::JobSpec)> = Vec::new();
+    let mut specs: Vec<(String, job::spec::JobSpec)> = Vec::new();
     for barrier in ["none", "wave", "turn", "batch"] {
         specs.push((
             format!("barrier {barrier}"),
@@ -916,7 +916,7 @@ gpus = 1
         assert!(m.wait_batch_s <= m.step_s + 1e-9);
     }
     let steps: Vec<_> = r.batches.iter().map(|(m, _)| m.clone()).collect();
-    let sum = engine::report::summarise("j", "succeeded", &steps);
+    let sum = lab::report::summarise("j", "succeeded", &steps);
     let ro = &sum.rollout;
     assert!((ro.stages.reset_s - 2.0).abs() < 1e-9);
     let waits: Vec<f64> = steps.iter().map(|m| m.wait_batch_s).collect();
@@ -989,14 +989,14 @@ difficulty = { lognormal = { mu = 0.0, sigma = 0.5 } }
         mean(&base)
     );
     // Over-provisioning needs waves.
-    let errs = engine::spec::parse(
+    let errs = job::spec::parse(
         &SpecBuilder::new()
             .pool("h20", "H20", 1, "")
             .single_turn("math", "")
             .rollout("barrier = \"none\"")
             .rollout("overprovision = 2")
             .toml(),
-        engine::spec::Format::Toml,
+        job::spec::Format::Toml,
     )
     .expect_err("needs waves")
     .0;

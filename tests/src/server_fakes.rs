@@ -268,7 +268,7 @@ fn a_job_on_an_attached_sglang_server_installs_each_version_from_disk() {
         .extra("[trainer]\nkind = \"builtin\"\nlr = 0.001\nlora = { rank = 2, alpha = 4, targets = [\"attn_q\"] }")
         .build();
     let log = Arc::new(tests::BatchLog::default());
-    let s = engine::simrun::run_blocking(
+    let s = job::simrun::run_blocking(
         spec,
         0,
         0,
@@ -373,7 +373,7 @@ fn trajectories_go_to_the_server_other_clients_do_not_load() {
         .extra("[trainer]\nkind = \"builtin\"\nlr = 0.001\nlora = { rank = 2, alpha = 4, targets = [\"attn_q\"] }")
         .build();
     let dir = tempfile::tempdir().unwrap();
-    let s = engine::simrun::run_blocking(
+    let s = job::simrun::run_blocking(
         spec,
         0,
         0,

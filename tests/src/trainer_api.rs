@@ -384,10 +384,10 @@ fn tiny_external_job(steps: u64) -> String {
 }
 
 fn write_weights(spec_toml: &str, path: &std::path::Path, scale: f64, drop_one: bool) -> String {
-    use engine::spec::ModelChoice;
-    use engine::wiring::TrainerPlan;
-    let spec = engine::spec::parse(spec_toml, engine::spec::Format::Toml).unwrap();
-    let plan = engine::wiring::plan(&spec).unwrap();
+    use job::spec::ModelChoice;
+    use job::wiring::TrainerPlan;
+    let spec = job::spec::parse(spec_toml, job::spec::Format::Toml).unwrap();
+    let plan = job::wiring::plan(&spec).unwrap();
     let TrainerPlan::External {
         model: Some(ModelChoice::Tiny(cfg)),
         ..
@@ -479,7 +479,7 @@ async fn announced_weights_are_installed_and_generate_the_next_batches() {
     }
     let sha = {
         let bytes = std::fs::read(&v1).unwrap();
-        engine::access::hash_bytes(&bytes)
+        service::access::hash_bytes(&bytes)
     };
     let (status, v) = announce(&t, &job, serde_json::json!({"version": 1, "source": {"kind": "path", "uri": format!("file://{v1}"), "format": "safetensors", "sha256": sha}})).await;
     assert_eq!(

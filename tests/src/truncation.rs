@@ -42,10 +42,10 @@ kind = "builtin"
 
 #[test]
 fn episodes_past_the_context_end_truncated_without_retries_and_are_reported() {
-    let spec = engine::spec::parse(SPEC, engine::spec::Format::Toml).expect("valid spec");
+    let spec = job::spec::parse(SPEC, job::spec::Format::Toml).expect("valid spec");
     let sink = Arc::new(MemorySink::default());
     let log = Arc::new(tests::BatchLog::default());
-    let summary = engine::simrun::run_blocking(spec, 0, 0, sink.clone(), log.clone(), None)
+    let summary = job::simrun::run_blocking(spec, 0, 0, sink.clone(), log.clone(), None)
         .expect("the job runs");
     assert_eq!(summary.steps_done, 4);
     let all = sink.log.lock().unwrap().clone();
@@ -108,7 +108,7 @@ fn episodes_past_the_context_end_truncated_without_retries_and_are_reported() {
     let truncated = all.iter().filter(|t| t.truncated).count() as u64;
     assert_eq!(last.buffer.truncated, truncated);
     let steps: Vec<_> = batches.iter().map(|(m, _)| m.clone()).collect();
-    let report = engine::report::summarise("j", "succeeded", &steps);
+    let report = lab::report::summarise("j", "succeeded", &steps);
     assert_eq!(report.truncated, truncated);
     assert!(report.tasks["cut"].truncation_rate > 0.0);
     assert_eq!(
@@ -158,10 +158,10 @@ kind = "builtin"
 
 #[test]
 fn dropping_the_oldest_turns_keeps_long_episodes_going_within_the_context() {
-    let spec = engine::spec::parse(DROP_SPEC, engine::spec::Format::Toml).expect("valid spec");
+    let spec = job::spec::parse(DROP_SPEC, job::spec::Format::Toml).expect("valid spec");
     let sink = Arc::new(MemorySink::default());
     let log = Arc::new(tests::BatchLog::default());
-    let summary = engine::simrun::run_blocking(spec, 0, 0, sink.clone(), log.clone(), None)
+    let summary = job::simrun::run_blocking(spec, 0, 0, sink.clone(), log.clone(), None)
         .expect("the job runs");
     assert_eq!(summary.steps_done, 4);
     let all = sink.log.lock().unwrap().clone();

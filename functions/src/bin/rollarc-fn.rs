@@ -20,7 +20,7 @@ NAME:
   code    run the response against the reference's tests in a sandbox
   judge   ask an OpenAI-compatible chat model to grade the response
 
---config JSON   the function's settings (see README, \"Reward functions\")";
+--config JSON   the function's settings (see docs/reward-functions.md)";
 
 fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

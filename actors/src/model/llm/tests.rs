@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use super::*;
 
 /// The checkpoint: `ROLLARC_SMOLLM2`, else where `make setup` puts it.
-pub fn smollm2_path() -> PathBuf {
+pub(crate) fn smollm2_path() -> PathBuf {
     let p = std::env::var_os("ROLLARC_SMOLLM2")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
@@ -22,7 +22,7 @@ pub fn smollm2_path() -> PathBuf {
     p
 }
 
-pub fn reference() -> serde_json::Value {
+pub(crate) fn reference() -> serde_json::Value {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../shared/fixtures/smollm2/reference.json");
     let text = std::fs::read_to_string(&p).unwrap_or_else(|e| {
@@ -34,7 +34,7 @@ pub fn reference() -> serde_json::Value {
     serde_json::from_str(&text).expect("reference.json")
 }
 
-pub fn ids(v: &serde_json::Value) -> Vec<u32> {
+pub(crate) fn ids(v: &serde_json::Value) -> Vec<u32> {
     v.as_array()
         .expect("id list")
         .iter()

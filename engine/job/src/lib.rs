@@ -1,0 +1,29 @@
+//! rollarc's job layer: what a job is and how it runs.
+//!
+//! - [`spec`]: the job spec (TOML/YAML/JSON), its validation and the knobs it resolves to;
+//! - [`cost`]: the pure cost model of hardware-affinity mapping (roofline per pool);
+//! - [`wiring`]: the plan that turns a spec into pools, environments, tasks and a trainer;
+//! - [`runtime`]: the supervision tree of one job (scheduler, shards, environments,
+//!   episodes, trainer, weight-update protocol) and its step metrics;
+//! - [`simrun`]: the same runtime on a paused clock (virtual time);
+//! - [`store`]: the SQLite job store (jobs, trajectories, steps, batches, weights);
+//! - [`trainer_api`]: the batches that external trainers lease and the weights they announce;
+//! - [`hub`], [`dataset`], [`baseline`]: shared reward functions, dataset rows, random-policy
+//!   baselines.
+//!
+//! Depends on `infra`, `functions` and `actors`, never on `service` or `lab` (the compiler
+//! holds that: they depend on this crate). Architecture invariant: no HTTP server, no CLI and
+//! no plots here; the serialised API types it owns are the job spec and the stored rows.
+
+pub mod baseline;
+pub mod cost;
+pub mod dataset;
+pub mod hub;
+pub mod runtime;
+pub mod simrun;
+pub mod spec;
+pub mod store;
+pub mod trainer_api;
+pub mod wiring;
+
+pub use wiring::envs;

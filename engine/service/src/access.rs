@@ -1,0 +1,601 @@
+//! Access control of the HTTP API: bearer tokens (kept in the service config as SHA-256
+//! digests, never in clear), roles, job ownership, per-token rate limits, and the service
+//! policy of which programs a job spec may start.
+//!
+//! Without tokens the service is open (every caller is the admin `local`): that is the
+//! single-user, loopback-only mode; `serve` refuses a non-loopback address in it unless told
+//! explicitly.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+use job::spec::{EnvSandbox, EnvSpec, FieldError, FunctionSpec, JobSpec};
+
+/// What a token may do. Ordered: each role may do what the ones before it may.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Read its owner's jobs, their events and trajectories, the cluster view.
+    Read,
+    /// Also submit jobs (owned by the token's name) and cancel its owner's jobs.
+    Submit,
+    /// Everything, on every owner's jobs.
+    Admin,
+}
+
+/// One token of the service config: `{ name = "alice", role = "submit", sha256 = "…" }`.
+/// Tokens sharing a name act for the same owner (e.g. a read token for a dashboard and a
+/// submit token for CI).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenEntry {
+    pub name: String,
+    pub role: Role,
+    /// Hex SHA-256 of the token (`rollarc token` prints one).
+    pub sha256: String,
+}
+
+/// Who may read `/metrics`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MetricsAccess {
+    /// A token with at least the `read` role (open when the service has no tokens).
+    #[default]
+    Token,
+    /// Anyone (e.g. a Prometheus scraper without credentials on a private network).
+    Open,
+}
+
+/// Token bucket per token: `burst` requests at once, refilled at `per_second`.
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimit {
+    pub per_second: f64,
+    pub burst: u32,
+}
+
+/// `[access]` of the service config.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccessConfig {
+    #[serde(default)]
+    pub tokens: Vec<TokenEntry>,
+    #[serde(default)]
+    pub metrics: MetricsAccess,
+    /// Requests per token (one shared bucket when the service has no tokens); over it: 429.
+    #[serde(default)]
+    pub rate_limit: Option<RateLimit>,
+}
+
+/// `[policy]` of the service config: which programs a job spec may start.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProgramPolicy {
+    /// Executables a spec may name: an external environment's `command[0]`, the `python` of
+    /// a `reasoning_gym` or `gymnasium` environment, a `command` function's `command`, the
+    /// `code` function's `python`. An entry matches the name as
+    /// written or the same file after `PATH` lookup and symlinks. Absent: any program when
+    /// the service has no tokens, none when it has.
+    #[serde(default)]
+    pub executables: Option<Vec<String>>,
+    /// Whether a spec may run programs outside the sandbox: `sandbox = "none"` on an
+    /// environment or the `code` function, and `command` functions (which run as plain
+    /// processes). Absent: allowed when the service has no tokens, denied when it has.
+    #[serde(default)]
+    pub allow_unsandboxed: Option<bool>,
+    /// Host directories a spec may make readable inside the sandbox (`readable_paths` of an
+    /// environment or of the `code` function, a gymnasium environment's `python_path`) and
+    /// the dataset files a task may read (`tasks[].dataset.path`): a listed directory and
+    /// what is below it.
+    /// Absent: any when the service has no tokens, none when it has. The data directory is
+    /// never bound whatever this says.
+    #[serde(default)]
+    pub readable_paths: Option<Vec<String>>,
+    /// Whether a spec may make the service call out over the network: `http` functions (any
+    /// URL) and the `judge` function's `endpoint` and `api_key_env` (a variable of the
+    /// service's environment sent as a bearer token). Absent: allowed when the service has
+    /// no tokens, denied when it has.
+    #[serde(default)]
+    pub allow_network_functions: Option<bool>,
+}
+
+/// A problem with the access configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum AccessConfigError {
+    #[error("access.tokens[{index}].sha256 must be 64 hex digits (the SHA-256 of the token)")]
+    BadDigest { index: usize },
+    #[error("access.tokens[{index}].name must be 1–64 characters of [A-Za-z0-9_.@-]")]
+    BadName { index: usize },
+    #[error("access.tokens[{index}] repeats the digest of an earlier token")]
+    Duplicate { index: usize },
+    #[error("access.rate_limit needs per_second > 0 (finite) and burst >= 1")]
+    BadRateLimit,
+}
+
+/// The caller of a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Principal {
+    /// Owner name of the jobs this caller submits.
+    pub name: String,
+    pub role: Role,
+    /// Key of the caller's rate-limit bucket (the token's digest; empty when open).
+    bucket: String,
+}
+
+impl Principal {
+    /// Whether this caller may see (and, with `submit`, cancel) a job of `owner`.
+    pub fn owns(&self, owner: Option<&str>) -> bool {
+        self.role == Role::Admin || owner == Some(self.name.as_str())
+    }
+
+    /// The owner recorded for a job this caller submits (none in open mode).
+    pub fn owner(&self) -> Option<&str> {
+        (!self.bucket.is_empty()).then_some(self.name.as_str())
+    }
+}
+
+/// Why a request is refused.
+#[derive(Debug, PartialEq)]
+pub enum Denied {
+    /// No or an unknown token: 401.
+    Unauthenticated(&'static str),
+    /// Over the token's rate: 429, retry after this many seconds.
+    RateLimited { retry_after_s: u64 },
+}
+
+/// The access state of a running service.
+pub struct Access {
+    tokens: HashMap<String, (String, Role)>,
+    metrics: MetricsAccess,
+    limiter: Option<Limiter>,
+    policy: ProgramPolicy,
+    /// Event streams open per owner (bounded by the owners of the config, plus `local`).
+    streams: Mutex<HashMap<String, usize>>,
+}
+
+/// Event streams one owner may hold open at once (each holds a connection for as long as
+/// its job runs: without a cap one token could take every connection of the server).
+pub const MAX_STREAMS_PER_OWNER: usize = 32;
+
+/// One open event stream, counted against its owner until dropped.
+pub struct StreamGuard {
+    access: std::sync::Arc<Access>,
+    owner: String,
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        let mut s = self
+            .access
+            .streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = s.get_mut(&self.owner) {
+            *n = n.saturating_sub(1);
+        }
+    }
+}
+
+impl Access {
+    /// No tokens, no policy limits: every caller is the admin `local`.
+    pub fn open() -> Self {
+        Self {
+            tokens: HashMap::new(),
+            metrics: MetricsAccess::Open,
+            limiter: None,
+            streams: Mutex::new(HashMap::new()),
+            policy: ProgramPolicy::default(),
+        }
+    }
+
+    pub fn new(cfg: &AccessConfig, policy: ProgramPolicy) -> Result<Self, AccessConfigError> {
+        let mut tokens = HashMap::new();
+        for (index, t) in cfg.tokens.iter().enumerate() {
+            let digest = t.sha256.to_ascii_lowercase();
+            if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(AccessConfigError::BadDigest { index });
+            }
+            let name_ok = (1..=64).contains(&t.name.len())
+                && t.name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_.@-".contains(&b));
+            if !name_ok {
+                return Err(AccessConfigError::BadName { index });
+            }
+            if tokens.insert(digest, (t.name.clone(), t.role)).is_some() {
+                return Err(AccessConfigError::Duplicate { index });
+            }
+        }
+        let limiter = match cfg.rate_limit {
+            Some(r) if !(r.per_second.is_finite() && r.per_second > 0.0 && r.burst >= 1) => {
+                return Err(AccessConfigError::BadRateLimit);
+            }
+            Some(r) => Some(Limiter::new(r)),
+            None => None,
+        };
+        Ok(Self {
+            tokens,
+            metrics: cfg.metrics,
+            limiter,
+            streams: Mutex::new(HashMap::new()),
+            policy,
+        })
+    }
+
+    /// Whether callers must present a token.
+    pub fn enabled(&self) -> bool {
+        !self.tokens.is_empty()
+    }
+
+    pub fn metrics_open(&self) -> bool {
+        !self.enabled() || self.metrics == MetricsAccess::Open
+    }
+
+    /// The caller behind an `Authorization` header value (none: no header), after its rate
+    /// limit.
+    pub fn authenticate(&self, authorization: Option<&str>) -> Result<Principal, Denied> {
+        let principal = if self.enabled() {
+            let token = authorization
+                .ok_or(Denied::Unauthenticated("missing bearer token"))?
+                // The scheme is case-insensitive (RFC 9110).
+                .split_once(' ')
+                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+                .map(|(_, t)| t.trim())
+                .filter(|t| !t.is_empty())
+                .ok_or(Denied::Unauthenticated(
+                    "the Authorization header must read `Bearer <token>`",
+                ))?;
+            let digest = hash_token(token);
+            let (name, role) = self
+                .tokens
+                .get(&digest)
+                .ok_or(Denied::Unauthenticated("unknown token"))?;
+            Principal {
+                name: name.clone(),
+                role: *role,
+                bucket: digest,
+            }
+        } else {
+            Principal {
+                name: "local".into(),
+                role: Role::Admin,
+                bucket: String::new(),
+            }
+        };
+        if let Some(l) = &self.limiter {
+            l.take(&principal.bucket)?;
+        }
+        Ok(principal)
+    }
+
+    /// Counts an event stream against `p`'s owner; none when it already holds
+    /// [`MAX_STREAMS_PER_OWNER`].
+    pub fn open_stream(self: &std::sync::Arc<Self>, p: &Principal) -> Option<StreamGuard> {
+        let mut s = self.streams.lock().unwrap_or_else(|e| e.into_inner());
+        let n = s.entry(p.name.clone()).or_insert(0);
+        if *n >= MAX_STREAMS_PER_OWNER {
+            return None;
+        }
+        *n += 1;
+        Some(StreamGuard {
+            access: self.clone(),
+            owner: p.name.clone(),
+        })
+    }
+
+    /// Checks every program a spec would start against the policy: one 403 field error per
+    /// disallowed program or sandbox opt-out.
+    pub fn check_programs(&self, spec: &JobSpec) -> Vec<FieldError> {
+        let strict = self.enabled();
+        let allow_unsandboxed = self.policy.allow_unsandboxed.unwrap_or(!strict);
+        let allow_network = self.policy.allow_network_functions.unwrap_or(!strict);
+        let allowed = Allowlist::new(self.policy.executables.as_deref(), strict);
+        let readable = ReadableList::new(self.policy.readable_paths.as_deref(), strict);
+        let mut out = Vec::new();
+        let mut deny = |field: String, message: String| out.push(FieldError { field, message });
+        let check_readable = |at: String,
+                              paths: &[String],
+                              deny: &mut dyn FnMut(String, String)| {
+            for (j, p) in paths.iter().enumerate() {
+                if !readable.permits(p) {
+                    deny(
+                        format!("{at}[{j}]"),
+                        format!("the service does not allow making {p:?} readable in the sandbox"),
+                    );
+                }
+            }
+        };
+        for (i, t) in spec.tasks.iter().enumerate() {
+            // The program an environment starts, its sandbox and the host paths it reads.
+            let (program, field, sandbox, readable_paths, extra_readable): (
+                Option<&String>,
+                &str,
+                EnvSandbox,
+                &[String],
+                &[String],
+            ) = match &t.env {
+                EnvSpec::External {
+                    command,
+                    sandbox,
+                    readable_paths,
+                    ..
+                } => (command.first(), "command", *sandbox, readable_paths, &[]),
+                EnvSpec::ReasoningGym {
+                    python,
+                    sandbox,
+                    readable_paths,
+                    ..
+                } => (Some(python), "python", *sandbox, readable_paths, &[]),
+                EnvSpec::Gymnasium {
+                    python,
+                    sandbox,
+                    readable_paths,
+                    python_path,
+                    ..
+                } => (
+                    Some(python),
+                    "python",
+                    *sandbox,
+                    readable_paths,
+                    python_path,
+                ),
+                _ => (None, "", EnvSandbox::Bwrap, &[], &[]),
+            };
+            if let Some(program) = program {
+                check_readable(
+                    format!("tasks[{i}].env.readable_paths"),
+                    readable_paths,
+                    &mut deny,
+                );
+                check_readable(
+                    format!("tasks[{i}].env.python_path"),
+                    extra_readable,
+                    &mut deny,
+                );
+                if !allowed.permits(program) {
+                    deny(
+                        format!("tasks[{i}].env.{field}"),
+                        format!("the service does not allow running `{program}`"),
+                    );
+                }
+                if sandbox == EnvSandbox::None && !allow_unsandboxed {
+                    deny(
+                        format!("tasks[{i}].env.sandbox"),
+                        "the service does not allow environments outside the sandbox".into(),
+                    );
+                }
+            }
+            // A dataset is a host file the job reads (and its rows reach the trajectories).
+            if let Some(d) = &t.dataset
+                && !readable.permits(&d.path)
+            {
+                deny(
+                    format!("tasks[{i}].dataset.path"),
+                    format!("the service does not allow reading {:?}", d.path),
+                );
+            }
+        }
+        for (name, f) in &spec.reward.functions {
+            let p = format!("reward.functions.{name}");
+            match f {
+                FunctionSpec::Command { command, env, .. } => {
+                    if !allowed.permits(command) {
+                        deny(
+                            format!("{p}.command"),
+                            format!("the service does not allow running `{command}`"),
+                        );
+                    }
+                    if !allow_unsandboxed {
+                        deny(
+                            format!("{p}.kind"),
+                            "`command` functions run outside the sandbox; the service does \
+                             not allow that"
+                                .into(),
+                        );
+                    }
+                    // Variables that choose which code runs: a listed program could load another.
+                    for k in env.keys() {
+                        if strict
+                            && (k == "PATH" || k.starts_with("LD_") || k.starts_with("PYTHON"))
+                        {
+                            deny(
+                                format!("{p}.env.{k}"),
+                                format!("the service does not allow setting {k}"),
+                            );
+                        }
+                    }
+                }
+                FunctionSpec::Http { .. } if !allow_network => deny(
+                    format!("{p}.url"),
+                    "the service does not allow calling functions at arbitrary URLs".into(),
+                ),
+                FunctionSpec::Builtin {
+                    function, config, ..
+                } if function == "judge" && !allow_network => {
+                    for key in ["endpoint", "api_key_env"] {
+                        if config.as_ref().and_then(|c| c.get(key)).is_some() {
+                            deny(
+                                format!("{p}.config.{key}"),
+                                "the service does not allow the judge to call out over the \
+                                 network"
+                                    .into(),
+                            );
+                        }
+                    }
+                }
+                FunctionSpec::Builtin {
+                    function, config, ..
+                } if function == "code" => {
+                    let cfg = config.as_ref();
+                    let python = cfg
+                        .and_then(|c| c.get("python"))
+                        .and_then(|v| v.as_str())
+                        .unwrap_or("python3");
+                    if !allowed.permits(python) {
+                        deny(
+                            format!("{p}.config.python"),
+                            format!("the service does not allow running `{python}`"),
+                        );
+                    }
+                    let paths: Vec<String> = cfg
+                        .and_then(|c| c.get("readable_paths"))
+                        .and_then(|v| serde_json::from_value(v.clone()).ok())
+                        .unwrap_or_default();
+                    check_readable(format!("{p}.config.readable_paths"), &paths, &mut deny);
+                    let unsandboxed = cfg
+                        .and_then(|c| c.get("sandbox"))
+                        .is_some_and(|v| v == "none");
+                    if unsandboxed && !allow_unsandboxed {
+                        deny(
+                            format!("{p}.config.sandbox"),
+                            "the service does not allow code outside the sandbox".into(),
+                        );
+                    }
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+}
+
+/// The executables of the policy, as written and as resolved files.
+struct Allowlist {
+    /// None: every program.
+    names: Option<Vec<String>>,
+    files: Vec<PathBuf>,
+}
+
+impl Allowlist {
+    fn new(configured: Option<&[String]>, strict: bool) -> Self {
+        let names = match configured {
+            Some(list) => Some(list.to_vec()),
+            None if strict => Some(Vec::new()),
+            None => None,
+        };
+        let files = names
+            .iter()
+            .flatten()
+            .filter_map(|n| resolve_program(n))
+            .collect();
+        Self { names, files }
+    }
+
+    fn permits(&self, program: &str) -> bool {
+        let Some(names) = &self.names else {
+            return true;
+        };
+        names.iter().any(|n| n == program)
+            || resolve_program(program).is_some_and(|f| self.files.contains(&f))
+    }
+}
+
+/// The directories of the policy a spec may make readable in the sandbox.
+struct ReadableList {
+    /// None: any.
+    dirs: Option<Vec<PathBuf>>,
+}
+
+impl ReadableList {
+    fn new(configured: Option<&[String]>, strict: bool) -> Self {
+        let dirs = match configured {
+            Some(list) => Some(
+                list.iter()
+                    .filter_map(|d| std::fs::canonicalize(d).ok())
+                    .collect(),
+            ),
+            None if strict => Some(Vec::new()),
+            None => None,
+        };
+        Self { dirs }
+    }
+
+    /// A path (resolved: `..` and symlinks cannot leave a listed directory) inside a listed
+    /// directory. A path that does not exist is refused when a list applies.
+    fn permits(&self, path: &str) -> bool {
+        let Some(dirs) = &self.dirs else {
+            return true;
+        };
+        std::fs::canonicalize(path).is_ok_and(|p| dirs.iter().any(|d| p.starts_with(d)))
+    }
+}
+
+/// The file a program name runs: a path as written (relative to the working directory), a
+/// bare name through `PATH`; symlinks resolved.
+fn resolve_program(program: &str) -> Option<PathBuf> {
+    if program.contains('/') {
+        return std::fs::canonicalize(program).ok();
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| is_executable(p))
+        .and_then(|p| std::fs::canonicalize(p).ok())
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// Hex SHA-256 of a token, as the service config stores it.
+pub fn hash_token(token: &str) -> String {
+    hash_bytes(token.as_bytes())
+}
+
+/// The SHA-256 of `bytes` in lowercase hex.
+pub fn hash_bytes(bytes: &[u8]) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, bytes);
+    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A fresh token: `rk_` and 32 random bytes in hex.
+pub fn new_token() -> Result<String, ring::error::Unspecified> {
+    use ring::rand::SecureRandom;
+    let mut bytes = [0u8; 32];
+    ring::rand::SystemRandom::new().fill(&mut bytes)?;
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    Ok(format!("rk_{hex}"))
+}
+
+/// Token buckets, one per token (the map is bounded by the tokens of the config, plus the
+/// one bucket of open mode). Time comes from tokio (a paused clock in tests).
+struct Limiter {
+    rate: RateLimit,
+    buckets: Mutex<BTreeMap<String, (f64, tokio::time::Instant)>>,
+}
+
+impl Limiter {
+    fn new(rate: RateLimit) -> Self {
+        Self {
+            rate,
+            buckets: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn take(&self, key: &str) -> Result<(), Denied> {
+        let now = tokio::time::Instant::now();
+        let burst = f64::from(self.rate.burst);
+        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        let (level, at) = buckets.entry(key.to_string()).or_insert((burst, now));
+        let refilled =
+            (*level + now.duration_since(*at).as_secs_f64() * self.rate.per_second).min(burst);
+        *at = now;
+        if refilled >= 1.0 {
+            *level = refilled - 1.0;
+            Ok(())
+        } else {
+            *level = refilled;
+            let wait = (1.0 - refilled) / self.rate.per_second;
+            Err(Denied::RateLimited {
+                retry_after_s: wait.ceil().max(1.0) as u64,
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
