@@ -306,7 +306,7 @@ fn spec_text(file: &std::path::Path, sets: &[String]) -> anyhow::Result<(String,
 
 fn read_spec(file: &std::path::Path, sets: &[String]) -> anyhow::Result<JobSpec> {
     let (body, fmt) = spec_text(file, sets)?;
-    spec::parse(&body, fmt).map_err(|e| {
+    job::resolve::accept(&body, fmt).map_err(|e| {
         let lines: Vec<String> =
             e.0.iter()
                 .map(|f| {

@@ -272,9 +272,10 @@ pub(crate) async fn train(o: TrainOptions) -> Result<TrainSummary, TrainClientEr
     };
     let job = o.job.as_str();
     let spec: JobSpec = api.get_json(&format!("/v1/jobs/{job}/spec")).await?;
-    let plan = job::wiring::plan(&spec)
-        .map_err(|e| TrainClientError::Wiring(e.to_string()))?
-        .trainer;
+    let inputs = job::resolve::resolve_models(&spec, &job::resolve::Host::process())
+        .map_err(|e| TrainClientError::Wiring(infra::error_chain(&e)))?;
+    let plan = job::wiring::plan_trainer(&spec, &inputs)
+        .map_err(|e| TrainClientError::Wiring(e.to_string()))?;
     let TrainerPlan::External { model, .. } = plan else {
         return Err(TrainClientError::NotExternal(job.into()));
     };

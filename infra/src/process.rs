@@ -70,6 +70,46 @@ pub fn kill_group(pid: u32) -> bool {
     signal_group(pid, Signal::SIGKILL)
 }
 
+/// Every live descendant of `pid`, read from `/proc` (parent links); empty where `/proc`
+/// cannot be read.
+pub fn descendants(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut children: std::collections::HashMap<u32, Vec<u32>> = std::collections::HashMap::new();
+    for entry in dir.flatten() {
+        let Some(child) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        // `pid (comm) state ppid ...`: the command may hold spaces and parentheses.
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let ppid = stat
+            .rfind(')')
+            .and_then(|i| stat[i + 1..].split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if let Some(ppid) = ppid {
+            children.entry(ppid).or_default().push(child);
+        }
+    }
+    let mut out = Vec::new();
+    let mut todo = vec![pid];
+    while let Some(p) = todo.pop() {
+        for &c in children.get(&p).map(Vec::as_slice).unwrap_or(&[]) {
+            if c != pid && !out.contains(&c) {
+                out.push(c);
+                todo.push(c);
+            }
+        }
+    }
+    out
+}
+
 /// Kills a process group once: when asked, or when dropped. While it guards a group, the
 /// group is listed in the process ledger (when one is in use, see [`use_ledger`]).
 #[derive(Debug)]
@@ -95,9 +135,19 @@ impl GroupGuard {
         self.pgid.is_some_and(|p| signal_group(p, sig))
     }
 
-    /// SIGKILLs the group, once; later calls and the drop do nothing.
+    /// SIGKILLs the group, once; later calls and the drop do nothing. The group is frozen
+    /// first (SIGSTOP: no member forks meanwhile) and the leader's descendants that left it
+    /// (`setsid`, as bubblewrap's sandbox init does right after it is cloned) are killed with
+    /// it: a group kill alone misses a child that left before it landed and had not yet asked
+    /// to die with its parent.
     pub fn kill(&mut self) {
         if let Some(p) = self.pgid.take() {
+            signal_group(p, Signal::SIGSTOP);
+            for d in descendants(p) {
+                if let Ok(d) = i32::try_from(d) {
+                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(d), Signal::SIGKILL);
+                }
+            }
             kill_group(p);
         }
         if let Some(f) = self.listed.take() {
@@ -462,6 +512,21 @@ mod tests {
             .await
             .expect("a line");
         line.trim().to_string()
+    }
+
+    #[tokio::test]
+    async fn a_kill_reaches_a_descendant_that_left_the_group() {
+        // `setsid` puts the sleeper in a session (and group) of its own, as bubblewrap does
+        // with its sandbox init; the group kill alone would miss it.
+        let mut cmd = sh("setsid sleep 300 & echo $!; wait");
+        cmd.stdout(Stdio::piped());
+        let mut p = spawn(cmd).unwrap();
+        let escaped: u32 = first_line(&mut p).await.parse().unwrap();
+        let leader = p.id().unwrap();
+        assert!(descendants(leader).contains(&escaped));
+        assert!(!descendants(escaped).contains(&leader), "only downwards");
+        p.kill_and_wait().await.unwrap();
+        assert_dies(escaped).await;
     }
 
     #[tokio::test]

@@ -187,7 +187,7 @@ fn a_relative_program_path_resolves_outside_the_sandbox() {
     // only the directories of absolute paths are bound.
     let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
     let cmd = |base: &std::path::Path| {
-        job::wiring::envs::absolute_args_in(
+        job::resolve::absolute_args_in(
             &[
                 "python3".into(),
                 "envs/gymnasium_bridge.py".into(),

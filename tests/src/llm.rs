@@ -133,8 +133,9 @@ fn a_smollm2_job_generates_free_text_trains_lora_and_resumes() {
     assert_eq!(s.steps.first().map(|m| m.version), Some(3));
     // Export v2 (base + merged adapters) as GGUF: the exported model recomputes the
     // logprobs the engines generated with under v2 (the resumed run's first batch).
-    let plan = job::wiring::plan(&spec(3)).unwrap();
-    let ck = job::wiring::checkpoint_spec(&plan.trainer).unwrap();
+    let inputs = job::resolve::resolve_models(&spec(3), &job::resolve::Host::process()).unwrap();
+    let trainer = job::wiring::plan_trainer(&spec(3), &inputs).unwrap();
+    let ck = job::wiring::checkpoint_spec(&trainer).unwrap();
     let out = dir.path().join("v2.gguf");
     actors::model::runtime::export_policy(
         &ck,

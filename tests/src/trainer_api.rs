@@ -387,11 +387,11 @@ fn write_weights(spec_toml: &str, path: &std::path::Path, scale: f64, drop_one: 
     use job::spec::ModelChoice;
     use job::wiring::TrainerPlan;
     let spec = job::spec::parse(spec_toml, job::spec::Format::Toml).unwrap();
-    let plan = job::wiring::plan(&spec).unwrap();
+    let inputs = job::resolve::resolve_models(&spec, &job::resolve::Host::process()).unwrap();
     let TrainerPlan::External {
         model: Some(ModelChoice::Tiny(cfg)),
         ..
-    } = plan.trainer
+    } = job::wiring::plan_trainer(&spec, &inputs).unwrap()
     else {
         panic!("a tiny-model job with an external trainer");
     };

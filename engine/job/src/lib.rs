@@ -19,6 +19,7 @@ pub mod baseline;
 pub mod cost;
 pub mod dataset;
 pub mod hub;
+pub mod resolve;
 pub mod runtime;
 pub mod simrun;
 pub mod spec;

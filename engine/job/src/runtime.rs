@@ -109,7 +109,8 @@ impl SharedSimFunctions {
 
 /// Runs the job to its last step, or until cancelled or failed.
 pub async fn run(job: JobRun) -> Result<JobSummary, JobError> {
-    let plan = crate::wiring::plan(&job.spec)?;
+    let inputs = crate::resolve::resolve(&job.spec, &crate::resolve::Host::process())?;
+    let plan = crate::wiring::plan(&job.spec, &inputs)?;
     let started = tokio::time::Instant::now();
     let needs_hub = plan.functions.iter().any(|(_, f)| f.needs_hub());
     let (hub, own_hub) = match (&job.functions, needs_hub) {

@@ -1,5 +1,6 @@
-//! Spec → wiring: everything a job's actors are built from, derived from a validated spec by
-//! one pure function, [`plan`]. No I/O and no actors here: [`crate::runtime`] spawns the tree from
+//! Spec → wiring: everything a job's actors are built from, derived from a validated spec and
+//! its resolved inputs ([`crate::resolve`]) by one pure function, [`plan`]. No I/O and no
+//! actors here: [`crate::runtime`] spawns the tree from
 //! a [`JobPlan`]. This module and [`crate::spec`] are the only ones that read spec types.
 //!
 //! Invariant: no silent fallbacks. A name the catalogue does not know is a [`WiringError`]
@@ -19,11 +20,10 @@ use std::time::Duration;
 use actors::device::{DeviceProfile, ModelProfile};
 use actors::dist::Dist;
 
+use crate::resolve::Resolved;
 use crate::spec::{FunctionSpec, JobSpec, Knobs};
 
-pub use pools::{
-    EnginePlan, PoolPlan, ServerKind, ServerPlan, XLLAMACPP_SCRIPT, default_xllamacpp_python,
-};
+pub use pools::{EnginePlan, PoolPlan, ServerKind, ServerPlan, XLLAMACPP_SCRIPT};
 pub use tasks::{ScorerPlan, TaskPlan, prior_tokens};
 pub use trainer::{TrainerPlan, builtin_trainer_config, checkpoint_spec, weight_sync};
 
@@ -117,19 +117,18 @@ pub enum WiringError {
     BuiltinModelWithoutTrainer,
     #[error("tasks[{task}].reward: no reward function is named {name:?}")]
     UnknownFunction { task: usize, name: String },
-    #[error("tasks[{task}].dataset")]
-    Dataset {
-        task: usize,
-        #[source]
-        source: crate::dataset::DatasetError,
-    },
+    #[error("tasks[{task}]: its dataset or environment program was not resolved")]
+    Unresolved { task: usize },
+    #[error("pools[{pool}].backend.model: its shape was not resolved")]
+    UnresolvedModel { pool: usize },
 }
 
-/// Derives the whole wiring of a job from its (validated) spec.
-pub fn plan(spec: &JobSpec) -> Result<JobPlan, WiringError> {
+/// Derives the whole wiring of a job from its (validated) spec and its resolved outside
+/// inputs ([`crate::resolve::resolve`]).
+pub fn plan(spec: &JobSpec, inputs: &Resolved) -> Result<JobPlan, WiringError> {
     let knobs = spec.knobs();
-    let mut pools = pools::plan(spec, &knobs)?;
-    let tasks = tasks::plan(spec, &knobs)?;
+    let mut pools = pools::plan(spec, &knobs, inputs)?;
+    let tasks = tasks::plan(spec, &knobs, &inputs.tasks)?;
     let functions = spec
         .reward
         .functions
@@ -165,7 +164,7 @@ pub fn plan(spec: &JobSpec) -> Result<JobPlan, WiringError> {
             // Held-out tasks are planned as tasks of their own job (same pools, functions).
             let mut held_out = spec.clone();
             held_out.tasks = e.tasks.clone();
-            let tasks = tasks::plan(&held_out, &knobs)?;
+            let tasks = tasks::plan(&held_out, &knobs, &inputs.eval_tasks)?;
             for (ti, t) in tasks.iter().enumerate() {
                 for s in &t.scorers {
                     if let ScorerPlan::Function(name) = s
@@ -198,6 +197,13 @@ pub fn plan(spec: &JobSpec) -> Result<JobPlan, WiringError> {
         trainer,
         eval,
     })
+}
+
+/// The trainer's part of the plan alone (it needs the pools' models, not the tasks'
+/// inputs): `inputs` from [`crate::resolve::resolve_models`] suffice.
+pub fn plan_trainer(spec: &JobSpec, inputs: &Resolved) -> Result<TrainerPlan, WiringError> {
+    let pools = pools::plan(spec, &spec.knobs(), inputs)?;
+    trainer::plan(spec, &pools)
 }
 
 fn function(

@@ -42,9 +42,11 @@ pub fn export_job(
     let spec = store
         .spec(job)?
         .ok_or_else(|| ExportJobError::NoJob(job.into()))?;
-    let plan =
-        job::wiring::plan(&spec).map_err(|_| ExportJobError::NotACheckpointJob(job.into()))?;
-    let ck = job::wiring::checkpoint_spec(&plan.trainer)
+    let not_one = || ExportJobError::NotACheckpointJob(job.into());
+    let inputs = job::resolve::resolve_models(&spec, &job::resolve::Host::process())
+        .map_err(|_| not_one())?;
+    let trainer = job::wiring::plan_trainer(&spec, &inputs).map_err(|_| not_one())?;
+    let ck = job::wiring::checkpoint_spec(&trainer)
         .ok_or_else(|| ExportJobError::NotACheckpointJob(job.into()))?;
     let dir = data_dir.join("checkpoints").join(job);
     let (v, path) = newest(&dir, version).ok_or(ExportJobError::NoCheckpoint {

@@ -384,7 +384,7 @@ mod tests {
     /// must recover them, and its spec must simulate.
     #[test]
     fn a_profile_recovers_the_costs_a_job_ran_at_and_its_spec_simulates() {
-        let body = std::fs::read_to_string("../examples/quickstart.toml").unwrap();
+        let body = std::fs::read_to_string("../../examples/quickstart.toml").unwrap();
         let spec = job::spec::parse(&body, job::spec::Format::Toml).unwrap();
         let store = Store::in_memory().unwrap();
         let job = store.create_job(&spec, 8, None).unwrap();

@@ -533,7 +533,7 @@ async fn submit(
     })?;
     let text = std::str::from_utf8(&body)
         .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", "body is not UTF-8"))?;
-    let spec = spec::parse(text, body_format(&headers, text)?).map_err(|e| ApiError {
+    let spec = job::resolve::accept(text, body_format(&headers, text)?).map_err(|e| ApiError {
         status: StatusCode::BAD_REQUEST,
         code: "invalid_spec",
         message: format!("the job spec has {} problem(s)", e.0.len()),

@@ -222,9 +222,9 @@ async fn announce_run(dir: &std::path::Path) -> Result<(), BatchesBenchError> {
     let job::wiring::TrainerPlan::External {
         model: Some(job::spec::ModelChoice::Tiny(cfg)),
         ..
-    } = job::wiring::plan(&spec)
-        .map_err(|e| decode(e.to_string()))?
-        .trainer
+    } = job::resolve::resolve_models(&spec, &job::resolve::Host::process())
+        .map_err(|e| decode(e.to_string()))
+        .and_then(|r| job::wiring::plan_trainer(&spec, &r).map_err(|e| decode(e.to_string())))?
     else {
         return Err(decode("not a tiny external job".into()));
     };

@@ -10,6 +10,8 @@ pub type ObserverError = Box<dyn std::error::Error + Send + Sync>;
 pub enum JobError {
     #[error("the job spec cannot be wired")]
     Wiring(#[from] crate::wiring::WiringError),
+    #[error(transparent)]
+    Resolve(#[from] crate::resolve::ResolveError),
     #[error(
         "trainer.kind = \"external\" needs the service's trainer API (run the job with `rollarc serve`)"
     )]

@@ -263,8 +263,8 @@ impl BuiltinModelSpec {
         }
     }
 
-    /// Problems with the model at `at` (`pools[i].backend.model`); a checkpoint's header is
-    /// read to check it.
+    /// Problems with the model at `at` (`pools[i].backend.model`). The checkpoint's header is
+    /// checked by the resolve step ([`crate::resolve::check`]).
     pub(super) fn check(&self, at: &str, problems: &mut Problems) {
         if let Some(n) = self.max_seq
             && !(2..=actors::model::transformer::MAX_SEQ).contains(&n)
@@ -279,27 +279,12 @@ impl BuiltinModelSpec {
             return;
         }
         match &self.path {
-            Some(path) => {
+            Some(_) => {
                 if self.tiny.is_some() || self.flat() {
                     problems.push(
                         format!("{at}.path"),
                         "give either a checkpoint path or the tiny model's sizes, not both".into(),
                     );
-                }
-                match actors::model::llm::inspect(std::path::Path::new(path)) {
-                    Ok(cfg) => {
-                        let max = self.max_seq.unwrap_or(DEFAULT_CHECKPOINT_MAX_SEQ);
-                        if self.max_seq.is_some() && max > cfg.context_length {
-                            problems.push(
-                                format!("{at}.max_seq"),
-                                format!(
-                                    "the checkpoint was trained for {} tokens of context, got {max}",
-                                    cfg.context_length
-                                ),
-                            );
-                        }
-                    }
-                    Err(e) => problems.push(format!("{at}.path"), infra::error_chain(&e)),
                 }
             }
             None => {
@@ -334,8 +319,14 @@ pub struct ModelShape {
 impl ModelChoice {
     /// The model's shape; a checkpoint's header is read (`None` if it cannot be).
     pub fn shape(&self) -> Option<ModelShape> {
+        self.read_shape().ok()
+    }
+
+    /// The model's shape; a checkpoint's header is read (the only I/O: callers are the
+    /// resolve step and the service's admission estimate).
+    pub fn read_shape(&self) -> Result<ModelShape, actors::model::llm::LoadError> {
         match self {
-            ModelChoice::Tiny(c) => Some(ModelShape {
+            ModelChoice::Tiny(c) => Ok(ModelShape {
                 params: c.params() as u64,
                 n_layers: c.n_layers as u64,
                 d_model: c.d_model as u64,
@@ -346,8 +337,8 @@ impl ModelChoice {
                 max_seq: c.max_seq as u64,
             }),
             ModelChoice::Checkpoint { path, max_seq } => {
-                let c = actors::model::llm::inspect(path).ok()?;
-                Some(ModelShape {
+                let c = actors::model::llm::inspect(path)?;
+                Ok(ModelShape {
                     params: c.params() as u64,
                     n_layers: c.n_layers as u64,
                     d_model: c.d_model as u64,

@@ -182,23 +182,6 @@ impl DatasetSpec {
         if self.limit == Some(0) {
             problems.push(format!("{p}.limit"), "must be at least 1".into());
         }
-        if let Err(e) = crate::dataset::check_first_row(self) {
-            let field = match &e {
-                crate::dataset::DatasetError::UnknownFormat { .. } => "format",
-                crate::dataset::DatasetError::Row { message, .. }
-                    if message.contains("prompt_key") || message.contains("no prompt") =>
-                {
-                    "prompt_key"
-                }
-                crate::dataset::DatasetError::Row { message, .. }
-                    if message.contains("answer_key") =>
-                {
-                    "answer_key"
-                }
-                _ => "path",
-            };
-            problems.push(format!("{p}.{field}"), infra::error_chain(&e));
-        }
     }
 }
 

@@ -543,8 +543,11 @@ fn llamacpp_pool_fields_are_checked_with_their_paths() {
             "pools[0].backend.launch.command",
         ),
     ];
+    // Validation and the resolve step's checks (the checkpoint's header), as specs are accepted.
     for (text, field) in cases {
-        let errs = parse(&text, Format::Toml).expect_err(field).0;
+        let errs = crate::resolve::accept(&text, Format::Toml)
+            .expect_err(field)
+            .0;
         assert!(
             errs.iter().any(|e| e.field == field),
             "{field} not reported: {errs:?}"
@@ -610,7 +613,9 @@ fn datasets_and_bridged_environments_are_checked_with_their_paths() {
     };
     let ds = format!("dataset = {{ path = \"{}\" }}", rows.display());
     // A prompt task on a JSONL file with the default keys (`question`, `answer`).
-    let s = parse(&with("kind = \"prompt\"", &ds), Format::Toml).expect("valid");
+    // Validation and the resolve step's checks together, as the API and the CLI accept a spec.
+    let accept = crate::resolve::accept;
+    let s = accept(&with("kind = \"prompt\"", &ds), Format::Toml).expect("valid");
     assert_eq!(s.tasks[0].dataset.as_ref().unwrap().epochs, 1);
     assert!(s.tasks[0].dataset.as_ref().unwrap().shuffle);
     let cases: Vec<(String, &str, &str)> = vec![
@@ -690,7 +695,7 @@ fn datasets_and_bridged_environments_are_checked_with_their_paths() {
         ),
     ];
     for (text, field, msg) in cases {
-        let errs = parse(&text, Format::Toml).expect_err(field).0;
+        let errs = accept(&text, Format::Toml).expect_err(field).0;
         assert!(
             errs.iter()
                 .any(|e| e.field == field && e.message.contains(msg)),

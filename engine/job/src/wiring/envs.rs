@@ -15,6 +15,7 @@ use actors::env::external::{ExternalConfig, ExternalEnv};
 use actors::env::sim::{SimEnv, SimEnvConfig};
 use actors::env::{DynEnvironment, EnvFactory};
 
+use crate::resolve::EnvProgram;
 use crate::spec::{EnvSandbox, EnvSpec, InjectLatency, VerifierSpec};
 
 pub use infra::sandbox::{
@@ -29,15 +30,17 @@ pub struct EnvLimits {
 
 /// A factory of environments for one task; `seed_base` makes simulated ones differ per index.
 /// With `inject`, every environment sleeps a sampled extra latency inside each reset and step
-/// (so the environment is busy for it, as a slow one would be).
+/// (so the environment is busy for it, as a slow one would be). External and bridged
+/// environments run their resolved `program`: `None` when they have none.
 pub fn factory(
     spec: &EnvSpec,
+    program: Option<&EnvProgram>,
     seed_base: u64,
     limits: &EnvLimits,
     inject: Option<&InjectLatency>,
-) -> EnvFactory {
-    let inner = base_factory(spec, seed_base, limits);
-    match inject {
+) -> Option<EnvFactory> {
+    let inner = base_factory(spec, program, seed_base, limits)?;
+    Some(match inject {
         None => inner,
         Some(l) => {
             let l = l.clone();
@@ -51,11 +54,16 @@ pub fn factory(
                 ))
             })
         }
-    }
+    })
 }
 
-fn base_factory(spec: &EnvSpec, seed_base: u64, limits: &EnvLimits) -> EnvFactory {
-    match spec {
+fn base_factory(
+    spec: &EnvSpec,
+    program: Option<&EnvProgram>,
+    seed_base: u64,
+    limits: &EnvLimits,
+) -> Option<EnvFactory> {
+    Some(match spec {
         EnvSpec::Sim {
             reset_latency_s,
             step_latency_s,
@@ -89,48 +97,16 @@ fn base_factory(spec: &EnvSpec, seed_base: u64, limits: &EnvLimits) -> EnvFactor
             })
         }
         EnvSpec::External {
-            command,
             max_message_bytes,
-            sandbox,
-            readable_paths,
             protocol,
             ..
-        } => external(
-            &absolute_args(command),
-            *sandbox,
-            readable_paths,
-            *max_message_bytes,
-            *protocol,
+        } => external(program?, *max_message_bytes, *protocol, limits),
+        EnvSpec::ReasoningGym { .. } | EnvSpec::Gymnasium { .. } => external(
+            program?,
+            actors::env::protocol::MAX_MESSAGE_BYTES,
+            actors::env::protocol::PROTOCOL_V2,
             limits,
         ),
-        EnvSpec::ReasoningGym { .. } | EnvSpec::Gymnasium { .. } => {
-            match bridge_command(spec) {
-                Ok((command, sandbox, readable)) => external(
-                    &command,
-                    sandbox,
-                    &readable,
-                    actors::env::protocol::MAX_MESSAGE_BYTES,
-                    actors::env::protocol::PROTOCOL_V2,
-                    limits,
-                ),
-                Err(e) => {
-                    // Every environment reports why it cannot start (the job fails with it).
-                    let why = format!("cannot write the environment bridge: {e}");
-                    let cfg = ExternalConfig {
-                        command: vec![
-                            "sh".into(),
-                            "-c".into(),
-                            format!("echo {why:?} >&2; exit 1"),
-                        ],
-                        call_timeout: limits.call_timeout,
-                        max_message_bytes: actors::env::protocol::MAX_MESSAGE_BYTES,
-                        workdir: None,
-                        protocol: 1,
-                    };
-                    Arc::new(move |_| Box::new(ExternalEnv::new(cfg.clone())))
-                }
-            }
-        }
         other => {
             let other = other.clone();
             Arc::new(move |_| {
@@ -138,20 +114,18 @@ fn base_factory(spec: &EnvSpec, seed_base: u64, limits: &EnvLimits) -> EnvFactor
                     .unwrap_or_else(|| Box::new(FrozenLake::new(FrozenLakeConfig::default())))
             })
         }
-    }
+    })
 }
 
 fn external(
-    command: &[String],
-    sandbox: EnvSandbox,
-    readable: &[String],
+    program: &EnvProgram,
     max_message_bytes: usize,
     protocol: u32,
     limits: &EnvLimits,
 ) -> EnvFactory {
-    let command = match sandbox {
-        EnvSandbox::None => command.to_vec(),
-        EnvSandbox::Bwrap => sandboxed(command, readable),
+    let command = match program.sandbox {
+        EnvSandbox::None => program.command.clone(),
+        EnvSandbox::Bwrap => sandboxed(&program.command, &program.readable),
     };
     let cfg = ExternalConfig {
         command,
@@ -161,175 +135,6 @@ fn external(
         protocol,
     };
     Arc::new(move |_| Box::new(ExternalEnv::new(cfg.clone())))
-}
-
-/// Arguments that name an existing file or directory relative to the service's working
-/// directory, made absolute: the sandbox runs the program elsewhere (in a private `/tmp`) and
-/// binds only the directories of absolute paths.
-pub fn absolute_args(command: &[String]) -> Vec<String> {
-    match std::env::current_dir() {
-        Ok(d) => absolute_args_in(command, &d),
-        Err(_) => command.to_vec(),
-    }
-}
-
-/// [`absolute_args`] relative to `base`.
-pub fn absolute_args_in(command: &[String], base: &std::path::Path) -> Vec<String> {
-    command
-        .iter()
-        .enumerate()
-        .map(|(i, a)| {
-            let p = std::path::Path::new(a);
-            let pathlike = i > 0 || a.contains('/');
-            let abs = base.join(p);
-            if pathlike && !a.is_empty() && !a.starts_with('-') && p.is_relative() && abs.exists() {
-                abs.to_string_lossy().into_owned()
-            } else {
-                a.clone()
-            }
-        })
-        .collect()
-}
-
-const REASONING_GYM_BRIDGE: &str = include_str!("../../../../envs/reasoning_gym_bridge.py");
-const GYMNASIUM_BRIDGE: &str = include_str!("../../../../envs/gymnasium_bridge.py");
-
-/// Writes an embedded bridge script (once per content) under the temporary directory and
-/// returns its path.
-fn bridge_script(name: &str, text: &str) -> std::io::Result<std::path::PathBuf> {
-    let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
-    let tag: String = digest.as_ref()[..6]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    let dir = std::env::temp_dir().join(format!("rollarc-envs-{tag}"));
-    let path = dir.join(name);
-    if std::fs::read_to_string(&path).is_ok_and(|t| t == text) {
-        return Ok(path);
-    }
-    std::fs::create_dir_all(&dir)?;
-    // Written aside and renamed: another job may be reading the script right now.
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, &path)?;
-    Ok(path)
-}
-
-/// A Python interpreter as a sandbox needs it: its real executable (not a shim or a symlink
-/// into a hidden home) and the directories of its installation (a virtual environment's and
-/// its base's), read-only. Asked of the interpreter itself; as given if it cannot answer.
-fn interpreter(python: &str) -> (String, Vec<String>) {
-    let probe = std::process::Command::new(python)
-        .args([
-            "-c",
-            "import sys, json; print(json.dumps([sys.executable, sys.prefix, sys.base_prefix]))",
-        ])
-        .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .output();
-    let parsed = probe
-        .ok()
-        .filter(|o| o.status.success())
-        .and_then(|o| serde_json::from_slice::<Vec<String>>(&o.stdout).ok());
-    match parsed.as_deref() {
-        Some([exe, prefix, base]) if !exe.is_empty() => {
-            let mut dirs = vec![prefix.clone()];
-            if base != prefix {
-                dirs.push(base.clone());
-            }
-            (exe.clone(), dirs)
-        }
-        _ => (python.to_string(), Vec::new()),
-    }
-}
-
-/// `python SCRIPT` for an embedded bridge script (written out), and the host paths the
-/// sandbox must make readable: the interpreter's installation (sandboxed) and the spec's.
-fn script_command(
-    (name, text): (&str, &str),
-    python: &str,
-    sandbox: EnvSandbox,
-    readable_paths: &[String],
-) -> std::io::Result<(Vec<String>, Vec<String>)> {
-    let script = bridge_script(name, text)?;
-    let (python, mut readable) = match sandbox {
-        EnvSandbox::Bwrap => interpreter(python),
-        EnvSandbox::None => (python.to_string(), Vec::new()),
-    };
-    readable.extend(readable_paths.iter().cloned());
-    Ok((
-        vec![python, script.to_string_lossy().into_owned()],
-        readable,
-    ))
-}
-
-/// The command line of a bridged environment (reasoning-gym, gymnasium): the embedded
-/// script, written out, run by the spec's interpreter; with its sandbox and readable paths.
-pub fn bridge_command(spec: &EnvSpec) -> std::io::Result<(Vec<String>, EnvSandbox, Vec<String>)> {
-    match spec {
-        EnvSpec::ReasoningGym {
-            dataset,
-            config,
-            size,
-            seed,
-            answer,
-            instruction,
-            python,
-            sandbox,
-            readable_paths,
-        } => {
-            let (mut cmd, readable) = script_command(
-                ("reasoning_gym_bridge.py", REASONING_GYM_BRIDGE),
-                python,
-                *sandbox,
-                readable_paths,
-            )?;
-            cmd.extend([
-                dataset.clone(),
-                "--config".into(),
-                serde_json::Value::Object(config.clone()).to_string(),
-                "--size".into(),
-                size.to_string(),
-                "--seed".into(),
-                seed.to_string(),
-                "--answer".into(),
-                answer.as_str().into(),
-            ]);
-            if let Some(i) = instruction {
-                cmd.extend(["--instruction".into(), i.clone()]);
-            }
-            Ok((cmd, *sandbox, readable))
-        }
-        EnvSpec::Gymnasium {
-            id,
-            kwargs,
-            python_path,
-            python,
-            sandbox,
-            readable_paths,
-        } => {
-            let (mut cmd, mut readable) = script_command(
-                ("gymnasium_bridge.py", GYMNASIUM_BRIDGE),
-                python,
-                *sandbox,
-                readable_paths,
-            )?;
-            cmd.extend([
-                id.clone(),
-                "--kwargs".into(),
-                serde_json::Value::Object(kwargs.clone()).to_string(),
-            ]);
-            for d in python_path {
-                let abs = absolute_args(&["-".into(), d.clone()])
-                    .pop()
-                    .unwrap_or_default();
-                cmd.extend(["--path".into(), abs.clone()]);
-                readable.push(abs);
-            }
-            Ok((cmd, *sandbox, readable))
-        }
-        _ => Err(std::io::Error::other("not a bridged environment")),
-    }
 }
 
 /// A built-in game from its spec (`None` for simulated and external environments).

@@ -6,6 +6,7 @@ use actors::generation::sim::SimEngineConfig;
 
 use super::{WiringError, device, model, weight_sync};
 use crate::cost::PrefillLink;
+use crate::resolve::Resolved;
 use crate::spec::{BackendSpec, JobSpec, Knobs, ModelChoice};
 
 /// One generation pool of a job.
@@ -79,14 +80,14 @@ pub struct ServerPlan {
     pub context: usize,
 }
 
-/// The default Python with the `xllamacpp` wheel (where `make setup` installs it).
-pub fn default_xllamacpp_python() -> String {
-    std::env::var("ROLLARC_XLLAMACPP_PYTHON").unwrap_or_else(|_| {
-        format!(
-            "{}/.cache/rollarc/xllamacpp-venv/bin/python",
-            std::env::var("HOME").unwrap_or_default()
-        )
-    })
+/// The shape the resolve step read for pool `pi`'s real model.
+fn resolved_shape(inputs: &Resolved, pi: usize) -> Result<crate::spec::ModelShape, WiringError> {
+    inputs
+        .shapes
+        .get(pi)
+        .copied()
+        .flatten()
+        .ok_or(WiringError::UnresolvedModel { pool: pi })
 }
 
 /// Placeholder for the launcher script's path in a default llama.cpp command; the job
@@ -105,7 +106,11 @@ fn real_profile(shape: &crate::spec::ModelShape) -> ModelProfile {
     }
 }
 
-pub(super) fn plan(spec: &JobSpec, knobs: &Knobs) -> Result<Vec<PoolPlan>, WiringError> {
+pub(super) fn plan(
+    spec: &JobSpec,
+    knobs: &Knobs,
+    inputs: &Resolved,
+) -> Result<Vec<PoolPlan>, WiringError> {
     let sim_shards: u32 = spec
         .pools
         .iter()
@@ -168,11 +173,7 @@ pub(super) fn plan(spec: &JobSpec, knobs: &Knobs) -> Result<Vec<PoolPlan>, Wirin
                     _ => ServerKind::Llamacpp,
                 };
                 let choice = l.model.choice();
-                let field = format!("pools[{pi}].backend.model");
-                let shape = choice.shape().ok_or_else(|| WiringError::UnknownModel {
-                    field,
-                    name: l.model.path.clone().unwrap_or_default(),
-                })?;
+                let shape = resolved_shape(inputs, pi)?;
                 let launch = l.launch.clone().unwrap_or_default();
                 let command = if launch.command.is_empty() && kind == ServerKind::Llamacpp {
                     // The launcher script is written into the job's directory at spawn; its
@@ -181,7 +182,7 @@ pub(super) fn plan(spec: &JobSpec, knobs: &Knobs) -> Result<Vec<PoolPlan>, Wirin
                         &launch
                             .python
                             .clone()
-                            .unwrap_or_else(default_xllamacpp_python),
+                            .unwrap_or_else(|| inputs.xllamacpp_python.clone()),
                         std::path::Path::new(XLLAMACPP_SCRIPT),
                         launch.threads.unwrap_or(1),
                     )
@@ -211,11 +212,7 @@ pub(super) fn plan(spec: &JobSpec, knobs: &Knobs) -> Result<Vec<PoolPlan>, Wirin
             }
             BackendSpec::Builtin { model, max_batch } => {
                 let choice = model.choice();
-                let field = format!("pools[{pi}].backend.model");
-                let shape = choice.shape().ok_or_else(|| WiringError::UnknownModel {
-                    field,
-                    name: model.path.clone().unwrap_or_default(),
-                })?;
+                let shape = resolved_shape(inputs, pi)?;
                 (
                     base,
                     real_profile(&shape),

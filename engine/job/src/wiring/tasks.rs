@@ -7,6 +7,7 @@ use std::time::Duration;
 use actors::env::EnvFactory;
 
 use crate::cost::Tokens;
+use crate::resolve::TaskInputs;
 
 use super::TaskView;
 use super::envs::{EnvLimits, factory};
@@ -45,7 +46,11 @@ pub enum ScorerPlan {
     Function(String),
 }
 
-pub(super) fn plan(spec: &JobSpec, knobs: &Knobs) -> Result<Vec<TaskPlan>, super::WiringError> {
+pub(super) fn plan(
+    spec: &JobSpec,
+    knobs: &Knobs,
+    inputs: &[TaskInputs],
+) -> Result<Vec<TaskPlan>, super::WiringError> {
     let limits = EnvLimits {
         call_timeout: Duration::from_secs_f64(knobs.env_call_timeout_s),
     };
@@ -54,12 +59,13 @@ pub(super) fn plan(spec: &JobSpec, knobs: &Knobs) -> Result<Vec<TaskPlan>, super
         .enumerate()
         .map(|(ti, t)| {
             let estimate = prior_tokens(t);
-            let dataset = t
-                .dataset
-                .as_ref()
-                .map(|d| crate::dataset::Dataset::load(d, spec.seed).map(Arc::new))
-                .transpose()
-                .map_err(|source| super::WiringError::Dataset { task: ti, source })?;
+            let input = inputs
+                .get(ti)
+                .ok_or(super::WiringError::Unresolved { task: ti })?;
+            let dataset = input.dataset.clone();
+            if t.dataset.is_some() && dataset.is_none() {
+                return Err(super::WiringError::Unresolved { task: ti });
+            }
             let view = TaskView {
                 dataset,
                 domain: t.domain.clone(),
@@ -79,10 +85,12 @@ pub(super) fn plan(spec: &JobSpec, knobs: &Knobs) -> Result<Vec<TaskPlan>, super
                 view,
                 env: factory(
                     &t.env,
+                    input.program.as_ref(),
                     spec.seed ^ ((ti as u64) << 32),
                     &limits,
                     t.inject_latency.as_ref(),
-                ),
+                )
+                .ok_or(super::WiringError::Unresolved { task: ti })?,
                 envs: t.envs.unwrap_or(knobs.max_concurrent_episodes).max(1),
                 env_call_timeout: limits.call_timeout,
                 sandboxed: matches!(

@@ -10,6 +10,13 @@ fn raw(toml_text: &str) -> JobSpec {
     toml::from_str(toml_text).expect("spec parses")
 }
 
+/// Plans `spec` with its inputs resolved on this process, as a job does when it starts.
+fn plan(spec: &JobSpec) -> Result<JobPlan, WiringError> {
+    let inputs = crate::resolve::resolve(spec, &crate::resolve::Host::process())
+        .expect("the spec's inputs resolve");
+    super::plan(spec, &inputs)
+}
+
 fn valid(toml_text: &str) -> JobSpec {
     spec::parse(toml_text, Format::Toml).expect("spec is valid")
 }
@@ -27,7 +34,7 @@ fn with_pools(pools: &str) -> String {
 
 #[test]
 fn the_example_spec_is_wired_pool_by_pool_and_task_by_task() {
-    let s = valid(&std::fs::read_to_string("../examples/sim-small.toml").unwrap());
+    let s = valid(&std::fs::read_to_string("../../examples/sim-small.toml").unwrap());
     let p = plan(&s).unwrap();
     assert_eq!(p.pools.len(), 2);
     assert_eq!(p.pools[0].device.name, "H800");

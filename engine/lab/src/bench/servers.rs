@@ -229,7 +229,7 @@ pub fn bench_servers() -> Result<(), ServersBenchError> {
     if !path.is_file() {
         return Err(ServersBenchError::Missing(path));
     }
-    let python = job::wiring::default_xllamacpp_python();
+    let python = job::resolve::xllamacpp_python(&infra::env::ProcessEnv);
     if !std::path::Path::new(&python).is_file() {
         return Err(ServersBenchError::Missing(python.into()));
     }

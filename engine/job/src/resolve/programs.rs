@@ -1,0 +1,208 @@
+//! Environment programs: an external environment's command line with its relative paths
+//! made absolute, and the bridged environments' (reasoning-gym, gymnasium) embedded scripts
+//! written out and run by an interpreter that was asked where it lives.
+
+use std::path::{Path, PathBuf};
+
+use crate::spec::{EnvSandbox, EnvSpec};
+
+use super::{EnvProgram, Host};
+
+/// The program of an external or bridged environment (`None` for the others).
+pub(super) fn program(env: &EnvSpec, host: &Host<'_>) -> std::io::Result<Option<EnvProgram>> {
+    match env {
+        EnvSpec::External {
+            command,
+            sandbox,
+            readable_paths,
+            ..
+        } => Ok(Some(EnvProgram {
+            command: absolute_args(command, host.cwd.as_deref()),
+            sandbox: *sandbox,
+            readable: readable_paths.clone(),
+        })),
+        EnvSpec::ReasoningGym { .. } | EnvSpec::Gymnasium { .. } => {
+            bridge_command(env, host).map(Some)
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Arguments that name an existing file or directory relative to `base` (the service's
+/// working directory), made absolute: the sandbox runs the program elsewhere (in a private
+/// `/tmp`) and binds only the directories of absolute paths. As given without a base.
+pub fn absolute_args(command: &[String], base: Option<&Path>) -> Vec<String> {
+    match base {
+        Some(d) => absolute_args_in(command, d),
+        None => command.to_vec(),
+    }
+}
+
+/// [`absolute_args`] relative to `base`.
+pub fn absolute_args_in(command: &[String], base: &Path) -> Vec<String> {
+    command
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let p = std::path::Path::new(a);
+            let pathlike = i > 0 || a.contains('/');
+            let abs = base.join(p);
+            if pathlike && !a.is_empty() && !a.starts_with('-') && p.is_relative() && abs.exists() {
+                abs.to_string_lossy().into_owned()
+            } else {
+                a.clone()
+            }
+        })
+        .collect()
+}
+
+const REASONING_GYM_BRIDGE: &str = include_str!("../../../../envs/reasoning_gym_bridge.py");
+const GYMNASIUM_BRIDGE: &str = include_str!("../../../../envs/gymnasium_bridge.py");
+
+/// Writes an embedded bridge script (once per content) under `scratch` and returns its path.
+fn bridge_script(scratch: &Path, name: &str, text: &str) -> std::io::Result<PathBuf> {
+    let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+    let tag: String = digest.as_ref()[..6]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let dir = scratch.join(format!("rollarc-envs-{tag}"));
+    let path = dir.join(name);
+    if std::fs::read_to_string(&path).is_ok_and(|t| t == text) {
+        return Ok(path);
+    }
+    std::fs::create_dir_all(&dir)?;
+    // Written aside and renamed: another job may be reading the script right now.
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, &path)?;
+    Ok(path)
+}
+
+/// A Python interpreter as a sandbox needs it: its real executable (not a shim or a symlink
+/// into a hidden home) and the directories of its installation (a virtual environment's and
+/// its base's), read-only. Asked of the interpreter itself; as given if it cannot answer.
+fn interpreter(python: &str) -> (String, Vec<String>) {
+    let probe = std::process::Command::new(python)
+        .args([
+            "-c",
+            "import sys, json; print(json.dumps([sys.executable, sys.prefix, sys.base_prefix]))",
+        ])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output();
+    let parsed = probe
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| serde_json::from_slice::<Vec<String>>(&o.stdout).ok());
+    match parsed.as_deref() {
+        Some([exe, prefix, base]) if !exe.is_empty() => {
+            let mut dirs = vec![prefix.clone()];
+            if base != prefix {
+                dirs.push(base.clone());
+            }
+            (exe.clone(), dirs)
+        }
+        _ => (python.to_string(), Vec::new()),
+    }
+}
+
+/// `python SCRIPT` for an embedded bridge script (written out), and the host paths the
+/// sandbox must make readable: the interpreter's installation (sandboxed) and the spec's.
+fn script_command(
+    host: &Host<'_>,
+    (name, text): (&str, &str),
+    python: &str,
+    sandbox: EnvSandbox,
+    readable_paths: &[String],
+) -> std::io::Result<(Vec<String>, Vec<String>)> {
+    let script = bridge_script(&host.scratch, name, text)?;
+    let (python, mut readable) = match sandbox {
+        EnvSandbox::Bwrap => interpreter(python),
+        EnvSandbox::None => (python.to_string(), Vec::new()),
+    };
+    readable.extend(readable_paths.iter().cloned());
+    Ok((
+        vec![python, script.to_string_lossy().into_owned()],
+        readable,
+    ))
+}
+
+/// The command line of a bridged environment (reasoning-gym, gymnasium): the embedded
+/// script, written out, run by the spec's interpreter; with its sandbox and readable paths.
+fn bridge_command(spec: &EnvSpec, host: &Host<'_>) -> std::io::Result<EnvProgram> {
+    match spec {
+        EnvSpec::ReasoningGym {
+            dataset,
+            config,
+            size,
+            seed,
+            answer,
+            instruction,
+            python,
+            sandbox,
+            readable_paths,
+        } => {
+            let (mut cmd, readable) = script_command(
+                host,
+                ("reasoning_gym_bridge.py", REASONING_GYM_BRIDGE),
+                python,
+                *sandbox,
+                readable_paths,
+            )?;
+            cmd.extend([
+                dataset.clone(),
+                "--config".into(),
+                serde_json::Value::Object(config.clone()).to_string(),
+                "--size".into(),
+                size.to_string(),
+                "--seed".into(),
+                seed.to_string(),
+                "--answer".into(),
+                answer.as_str().into(),
+            ]);
+            if let Some(i) = instruction {
+                cmd.extend(["--instruction".into(), i.clone()]);
+            }
+            Ok(EnvProgram {
+                command: cmd,
+                sandbox: *sandbox,
+                readable,
+            })
+        }
+        EnvSpec::Gymnasium {
+            id,
+            kwargs,
+            python_path,
+            python,
+            sandbox,
+            readable_paths,
+        } => {
+            let (mut cmd, mut readable) = script_command(
+                host,
+                ("gymnasium_bridge.py", GYMNASIUM_BRIDGE),
+                python,
+                *sandbox,
+                readable_paths,
+            )?;
+            cmd.extend([
+                id.clone(),
+                "--kwargs".into(),
+                serde_json::Value::Object(kwargs.clone()).to_string(),
+            ]);
+            for d in python_path {
+                let abs = absolute_args(&["-".into(), d.clone()], host.cwd.as_deref())
+                    .pop()
+                    .unwrap_or_default();
+                cmd.extend(["--path".into(), abs.clone()]);
+                readable.push(abs);
+            }
+            Ok(EnvProgram {
+                command: cmd,
+                sandbox: *sandbox,
+                readable,
+            })
+        }
+        _ => Err(std::io::Error::other("not a bridged environment")),
+    }
+}
