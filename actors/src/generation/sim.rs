@@ -20,80 +20,15 @@ use super::{
     FinishReason, GenError, GenOutput, GenRequest, GenerationEngine, InFlightPolicy, LoadReport,
     StepReport,
 };
-use crate::device::{
-    DeviceProfile, Efficiency, ModelProfile, WeightSync, decode_step_seconds, prefill_seconds,
-};
 use crate::types::{PolicyVersion, VersionSpan};
 use crate::weights::Weights;
 
+mod config;
+mod cost;
 mod prefix_cache;
+
+pub use config::{MeasuredCost, SimEngineConfig};
 use prefix_cache::PrefixCache;
-use std::sync::Arc;
-
-/// Knobs of the simulator.
-#[derive(Clone, Debug)]
-pub struct SimEngineConfig {
-    /// The shard's device: one GPU, or a tensor-parallel group as one aggregated profile
-    /// ([`DeviceProfile::group`]).
-    pub device: DeviceProfile,
-    pub model: ModelProfile,
-    pub efficiency: Efficiency,
-    /// Largest decode batch.
-    pub max_batch: usize,
-    /// Prefill tokens per engine step (chunked prefill).
-    pub prefill_chunk: u64,
-    /// Fraction of device memory left for KV after weights.
-    pub kv_memory_fraction: f64,
-    /// How new weights reach this shard.
-    pub weight_sync: WeightSync,
-    /// Probability that an engine iteration hangs (frozen shard), for fault injection.
-    pub hang_probability: f64,
-    pub seed: u64,
-    /// Vocabulary the simulated tokens are drawn from.
-    pub vocab: u32,
-    /// Most decode iterations fused into one step (0 or 1: no fusion).
-    pub max_fused_iterations: u64,
-    /// Longest fused step in modelled seconds (keeps progress visible to the shard watchdog).
-    pub max_fused_s: f64,
-    /// Fault injection: the engine freezes after this many steps.
-    pub hang_after_steps: Option<u64>,
-    /// Costs measured on a real engine (`rollarc profile`), replacing the roofline's step time.
-    pub measured: Option<MeasuredCost>,
-    /// The host whose cores this engine shares with the trainer (a CPU deployment): every
-    /// modelled step is charged to it.
-    pub host: Option<Arc<crate::trainer::HostCpu>>,
-}
-
-/// An engine step's cost as measured on a real engine: a fixed part per step, plus each token
-/// prefilled and each sequence decoded.
-#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct MeasuredCost {
-    pub step_s: f64,
-    pub prefill_s_per_token: f64,
-    pub decode_s_per_token: f64,
-}
-
-impl SimEngineConfig {
-    pub fn new(device: DeviceProfile, model: ModelProfile) -> Self {
-        Self {
-            device,
-            model,
-            efficiency: Efficiency::default(),
-            max_batch: 256,
-            prefill_chunk: 16_384,
-            kv_memory_fraction: 0.9,
-            weight_sync: WeightSync::default(),
-            hang_probability: 0.0,
-            seed: 0,
-            vocab: 32_000,
-            max_fused_iterations: 4096,
-            max_fused_s: 20.0,
-            hang_after_steps: None,
-            measured: None,
-            host: None,
-        }
-    }
-}
 
 struct Seq {
     req: GenRequest,
@@ -318,67 +253,11 @@ impl SimEngine {
         report.finished.sort_by_key(|(id, _)| *id);
     }
 
+    /// Indices of the running sequences that decode (prefill done, an answer to generate).
     fn decoding(&self) -> Vec<usize> {
         (0..self.running.len())
             .filter(|&i| self.running[i].to_prefill == 0 && self.running[i].target > 0)
             .collect()
-    }
-
-    fn decode_seconds(&self, batch: usize, kv: u64) -> f64 {
-        decode_step_seconds(
-            &self.cfg.device,
-            &self.cfg.model,
-            self.cfg.efficiency,
-            batch as f64,
-            kv as f64,
-        )
-    }
-
-    /// Seconds of `j` fused iterations of `batch` sequences holding `kv0` tokens of KV at the
-    /// start (each iteration adds one token per sequence).
-    fn fused_seconds(&self, batch: usize, kv0: u64, j: u64) -> f64 {
-        if j == 0 || batch == 0 {
-            return 0.0;
-        }
-        if let Some(m) = self.cfg.measured {
-            return j as f64 * (m.step_s + m.decode_s_per_token * batch as f64);
-        }
-        let (dev, m, e) = (&self.cfg.device, &self.cfg.model, self.cfg.efficiency);
-        let b = batch as f64;
-        let touched = (m.active_params * b).min(m.params).max(m.active_params);
-        let a = touched * m.bytes_per_param / (dev.bandwidth * e.mbu);
-        let c = m.kv_bytes_per_token / (dev.bandwidth * e.mbu);
-        let compute = 2.0 * m.active_params * b / (dev.flops * e.mfu);
-        // Iteration i costs max(a + c·(kv0 + b·i), compute): compute-bound up to i*, then
-        // memory-bound (the KV only grows).
-        let mem = |i: f64| a + c * (kv0 as f64 + b * i);
-        let jf = j as f64;
-        let first_mem = if c * b > 0.0 {
-            ((compute - a - c * kv0 as f64) / (c * b))
-                .ceil()
-                .clamp(0.0, jf)
-        } else if mem(0.0) >= compute {
-            0.0
-        } else {
-            jf
-        };
-        let sum_mem = |from: f64, to: f64| {
-            // Σ_{i=from}^{to-1} (a + c·kv0 + c·b·i)
-            let n = to - from;
-            n * (a + c * kv0 as f64) + c * b * (from + to - 1.0) * n / 2.0
-        };
-        compute * first_mem
-            + if first_mem < jf {
-                sum_mem(first_mem, jf)
-            } else {
-                0.0
-            }
-    }
-
-    fn fused_plan(&self) -> (usize, u64) {
-        let idx = self.decoding();
-        let kv0: u64 = idx.iter().map(|&i| self.running[i].kv_tokens()).sum();
-        (idx.len(), kv0)
     }
 }
 
@@ -488,21 +367,7 @@ impl GenerationEngine for SimEngine {
         // One decode token for each sequence whose prefill is done.
         let decoding = self.decoding();
         let kv: u64 = decoding.iter().map(|&i| self.running[i].kv_tokens()).sum();
-        let secs = match self.cfg.measured {
-            Some(m) => {
-                m.step_s
-                    + m.prefill_s_per_token * prefill as f64
-                    + m.decode_s_per_token * decoding.len() as f64
-            }
-            None => {
-                prefill_seconds(
-                    &self.cfg.device,
-                    &self.cfg.model,
-                    self.cfg.efficiency,
-                    prefill as f64,
-                ) + self.decode_seconds(decoding.len(), kv)
-            }
-        };
+        let secs = self.step_seconds(prefill, decoding.len(), kv);
         self.emit(&decoding, 1);
         report.prefill_tokens = prefill;
         report.decode_tokens = decoding.len() as u64;
@@ -541,19 +406,7 @@ impl GenerationEngine for SimEngine {
             return 0;
         }
         let (b, kv0) = self.fused_plan();
-        // Cap the step's modelled length (binary search on the monotone duration).
-        if self.fused_seconds(b, kv0, k) > self.cfg.max_fused_s {
-            let (mut lo, mut hi) = (1, k);
-            while lo < hi {
-                let mid = (lo + hi).div_ceil(2);
-                if self.fused_seconds(b, kv0, mid) <= self.cfg.max_fused_s {
-                    lo = mid
-                } else {
-                    hi = mid - 1
-                }
-            }
-            k = lo;
-        }
+        k = self.cap_fused(b, kv0, k);
         if k < 2 { 0 } else { k }
     }
 

@@ -10,6 +10,7 @@ use utoipa::ToSchema;
 
 mod env;
 mod eval;
+pub mod knob;
 mod overrides;
 mod pool;
 mod reward;
@@ -282,6 +283,26 @@ impl Problems {
 
     pub fn into_vec(self) -> Vec<FieldError> {
         self.0
+    }
+
+    /// A number in `range` (whole numbers: `must be in 1..=1000, got 0`).
+    pub fn in_range<T: PartialOrd + std::fmt::Display>(
+        &mut self,
+        field: String,
+        v: T,
+        range: std::ops::RangeInclusive<T>,
+    ) {
+        if !range.contains(&v) {
+            let msg = format!("must be in {}..={}, got {v}", range.start(), range.end());
+            self.push(field, msg);
+        }
+    }
+
+    /// A finite number (no NaN, no infinity).
+    pub fn finite(&mut self, field: String, v: f64) {
+        if !v.is_finite() {
+            self.push(field, "must be a finite number".into());
+        }
     }
 
     /// A duration field in seconds: finite, at least `min` (exclusive when `min` is 0 and

@@ -3,16 +3,19 @@
 //! SmolLM2.
 
 use std::path::PathBuf;
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::llamacpp::{LlamaCpp, Target};
 use super::managed::{LaunchSpec, ManagedServer};
 use super::*;
-use crate::generation::GenerationEngine;
+use crate::error::SharedError;
 use crate::generation::contract::{self, drain, request};
+use crate::generation::{FinishReason, GenerationEngine, InFlightPolicy};
 use crate::model::llm::tests::{ids, reference, smollm2_path};
+use crate::types::{PolicyVersion, VersionSpan};
+use crate::weights::Weights;
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()

@@ -2,6 +2,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
+use crate::device::{DeviceProfile, Efficiency, ModelProfile, WeightSync, prefill_seconds};
 use crate::generation::{SamplingParams, spawn_engine};
 
 fn cfg(model: &str, device: &str) -> SimEngineConfig {

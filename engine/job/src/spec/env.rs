@@ -327,9 +327,22 @@ fn default_invalid_penalty() -> f64 {
 impl EnvSpec {
     /// Checks the environment parameters (at `at`, e.g. `tasks[0].env`).
     pub(super) fn check(&self, at: &str, problems: &mut Problems) {
-        let p = at;
         match self {
-            EnvSpec::Sim { .. } => self.check_sim(p, problems),
+            EnvSpec::Sim { .. } => self.check_sim(at, problems),
+            EnvSpec::Prompt { .. } | EnvSpec::Chat { .. } => {}
+            EnvSpec::ReasoningGym { .. } | EnvSpec::Gymnasium { .. } | EnvSpec::External { .. } => {
+                self.check_program(at, problems);
+            }
+            EnvSpec::Frozenlake { .. }
+            | EnvSpec::Sokoban { .. }
+            | EnvSpec::Arithmetic { .. }
+            | EnvSpec::Tictactoe { .. } => self.check_game(at, problems),
+        }
+    }
+
+    /// Checks a built-in game's parameters.
+    fn check_game(&self, p: &str, problems: &mut Problems) {
+        match self {
             EnvSpec::Frozenlake {
                 size,
                 invalid_penalty,
@@ -338,12 +351,7 @@ impl EnvSpec {
                 if *size != 4 && *size != 8 {
                     problems.push(format!("{p}.size"), format!("must be 4 or 8, got {size}"));
                 }
-                if !invalid_penalty.is_finite() {
-                    problems.push(
-                        format!("{p}.invalid_penalty"),
-                        "must be a finite number".into(),
-                    );
-                }
+                problems.finite(format!("{p}.invalid_penalty"), *invalid_penalty);
             }
             EnvSpec::Sokoban {
                 size,
@@ -352,35 +360,15 @@ impl EnvSpec {
                 invalid_penalty,
                 ..
             } => {
-                if !(5..=10).contains(size) {
-                    problems.push(
-                        format!("{p}.size"),
-                        format!("must be in 5..=10, got {size}"),
-                    );
-                }
+                problems.in_range(format!("{p}.size"), *size, 5..=10);
                 if !(1..=2).contains(boxes) {
                     problems.push(format!("{p}.boxes"), format!("must be 1 or 2, got {boxes}"));
                 }
-                if *scramble == 0 || *scramble > 1000 {
-                    problems.push(
-                        format!("{p}.scramble"),
-                        format!("must be in 1..=1000, got {scramble}"),
-                    );
-                }
-                if !invalid_penalty.is_finite() {
-                    problems.push(
-                        format!("{p}.invalid_penalty"),
-                        "must be a finite number".into(),
-                    );
-                }
+                problems.in_range(format!("{p}.scramble"), *scramble, 1..=1000);
+                problems.finite(format!("{p}.invalid_penalty"), *invalid_penalty);
             }
             EnvSpec::Arithmetic { max_operand, ops } => {
-                if !(1..=1_000_000).contains(max_operand) {
-                    problems.push(
-                        format!("{p}.max_operand"),
-                        format!("must be in 1..=1000000, got {max_operand}"),
-                    );
-                }
+                problems.in_range(format!("{p}.max_operand"), *max_operand, 1..=1_000_000);
                 if ops.is_empty() || !ops.chars().all(|c| "+-*".contains(c)) {
                     problems.push(
                         format!("{p}.ops"),
@@ -388,7 +376,17 @@ impl EnvSpec {
                     );
                 }
             }
-            EnvSpec::Prompt { .. } | EnvSpec::Chat { .. } => {}
+            EnvSpec::Tictactoe {
+                invalid_penalty, ..
+            } => problems.finite(format!("{p}.invalid_penalty"), *invalid_penalty),
+            _ => {}
+        }
+    }
+
+    /// Checks a program environment's command line: bridged (reasoning-gym, gymnasium) or
+    /// external.
+    fn check_program(&self, p: &str, problems: &mut Problems) {
+        match self {
             EnvSpec::ReasoningGym {
                 dataset,
                 size,
@@ -407,12 +405,7 @@ impl EnvSpec {
                         ),
                     );
                 }
-                if !(1..=10_000_000).contains(size) {
-                    problems.push(
-                        format!("{p}.size"),
-                        format!("must be in 1..=10000000, got {size}"),
-                    );
-                }
+                problems.in_range(format!("{p}.size"), *size, 1..=10_000_000);
                 if python.trim().is_empty() {
                     problems.push(format!("{p}.python"), "name the Python interpreter".into());
                 }
@@ -443,23 +436,13 @@ impl EnvSpec {
                         format!("must be 1 or 2, got {protocol}"),
                     );
                 }
-                if !(64..=64 << 20).contains(max_message_bytes) {
-                    problems.push(
-                        format!("{p}.max_message_bytes"),
-                        format!("must be in 64..=67108864, got {max_message_bytes}"),
-                    );
-                }
+                problems.in_range(
+                    format!("{p}.max_message_bytes"),
+                    *max_message_bytes,
+                    64..=64 << 20,
+                );
             }
-            EnvSpec::Tictactoe {
-                invalid_penalty, ..
-            } => {
-                if !invalid_penalty.is_finite() {
-                    problems.push(
-                        format!("{p}.invalid_penalty"),
-                        "must be a finite number".into(),
-                    );
-                }
-            }
+            _ => {}
         }
     }
 

@@ -4,10 +4,11 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::knob::{Knob, KnobInfo};
 use super::pool::MappingMode;
 use super::reward::RewardPlacement;
 use super::sim::Clock;
-use super::{JobSpec, Problems};
+use super::{JobSpec, MAX_BATCH_GROUPS, MAX_EPISODES, MAX_SECONDS, MAX_STEPS, Problems};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -138,27 +139,25 @@ pub enum OnWeightUpdate {
     Recompute,
 }
 
+/// The `rollout` section. Its numeric fields are [`Knob`]s: their bounds, defaults and
+/// meanings are declared once, below the struct, and read by validation, [`JobSpec::knobs`],
+/// the OpenAPI schema and the manual.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RolloutSpec {
     #[serde(default)]
     pub barrier: Option<Barrier>,
     #[serde(default)]
-    #[schema(maximum = 1000)]
     pub alpha: Option<u64>,
     #[serde(default)]
     pub overlap_training: Option<bool>,
-    /// Groups per training batch.
     #[serde(default)]
-    #[schema(minimum = 1, maximum = 65536)]
     pub batch_size: Option<usize>,
     #[serde(default)]
-    #[schema(minimum = 1, maximum = 1000000000)]
     pub steps: Option<u64>,
     #[serde(default)]
     pub on_weight_update: Option<OnWeightUpdate>,
     #[serde(default)]
-    #[schema(minimum = 1, maximum = 100000)]
     pub max_concurrent_episodes: Option<usize>,
     /// Drop groups whose rewards are all equal (dynamic sampling).
     #[serde(default)]
@@ -166,39 +165,139 @@ pub struct RolloutSpec {
     #[serde(default)]
     pub max_retries_per_group: Option<u32>,
     #[serde(default)]
-    #[schema(exclusive_minimum = 0.0, maximum = 2592000.0)]
     pub env_call_timeout_s: Option<f64>,
-    /// A shard with work and no progress for this long is restarted.
     #[serde(default)]
-    #[schema(exclusive_minimum = 0.0, maximum = 2592000.0)]
     pub frozen_after_s: Option<f64>,
-    /// Fault budget of each reward function and each task's environments: after
-    /// `fault_min_failures` consecutive failed calls spanning `fault_window_s` (no success in
-    /// between), the job fails naming the dependency and its last failure. Defaults 30 s, 5.
     #[serde(default)]
-    #[schema(minimum = 0.0, maximum = 2592000.0)]
     pub fault_window_s: Option<f64>,
     #[serde(default)]
-    #[schema(minimum = 1, maximum = 1000000)]
     pub fault_min_failures: Option<u64>,
-    /// The longest a training step may take: waiting for its batch, and training (seconds,
-    /// on the job's clock). Default: an hour for real jobs with the built-in trainer; 30 days
-    /// for fully simulated jobs (a production iteration can take hours of virtual time) and
-    /// for external trainers (their pace is theirs; a lost trainer's lease ends instead).
     #[serde(default)]
-    #[schema(exclusive_minimum = 0.0, maximum = 2592000.0)]
     pub step_timeout_s: Option<f64>,
-    /// Over-provisioned waves (RollArt's redundant environments) for the barrier modes: each
-    /// wave admits `batch_size + overprovision` groups, the first `batch_size` to finish make
-    /// the batch and the rest are cancelled (their tokens and environment time are reported
-    /// as wasted). Per-group redundancy (`tasks.redundancy`) works beside it. Default 0.
     #[serde(default)]
-    #[schema(maximum = 65536)]
     pub overprovision: Option<usize>,
 }
 
-/// Largest `rollout.fault_min_failures`.
-pub const MAX_FAULT_FAILURES: u64 = 1_000_000;
+/// A knob of the `rollout` section.
+const fn rollout<T: Copy>(
+    name: &'static str,
+    (min, exclusive_min, max): (T, bool, T),
+    default: Option<T>,
+    default_note: &'static str,
+    doc: &'static str,
+) -> Knob<T> {
+    Knob {
+        schema: "RolloutSpec",
+        section: "rollout",
+        name,
+        min,
+        exclusive_min,
+        max,
+        default,
+        default_note,
+        doc,
+    }
+}
+
+/// Seconds: more than 0, at most [`MAX_SECONDS`].
+const POSITIVE_SECONDS: (f64, bool, f64) = (0.0, true, MAX_SECONDS);
+
+pub const ALPHA: Knob<u64> = rollout(
+    "alpha",
+    (0, false, 1000),
+    None,
+    "the preset's: 0 for `sync`, else 1",
+    "Staleness bound α: a trajectory started under policy version v trains at version v + α at the latest; older groups are evicted.",
+);
+pub const BATCH_SIZE: Knob<usize> = rollout(
+    "batch_size",
+    (1, false, MAX_BATCH_GROUPS),
+    Some(8),
+    "",
+    "Groups per training batch.",
+);
+pub const STEPS: Knob<u64> = rollout(
+    "steps",
+    (1, false, MAX_STEPS),
+    Some(10),
+    "",
+    "Training steps the job runs.",
+);
+pub const MAX_CONCURRENT_EPISODES: Knob<usize> = rollout(
+    "max_concurrent_episodes",
+    (1, false, MAX_EPISODES),
+    None,
+    "batch_size × (group_size + redundancy) × (α + 1)",
+    "Episodes in flight at once, over all tasks.",
+);
+pub const MAX_RETRIES_PER_GROUP: Knob<u32> = rollout(
+    "max_retries_per_group",
+    (0, false, 1000),
+    Some(2),
+    "",
+    "Retries per group for trajectories that failed for infrastructure reasons (those are masked, never scored zero).",
+);
+pub const ENV_CALL_TIMEOUT_S: Knob<f64> = rollout(
+    "env_call_timeout_s",
+    POSITIVE_SECONDS,
+    Some(600.0),
+    "s",
+    "The longest an environment reset or step may take.",
+);
+pub const FROZEN_AFTER_S: Knob<f64> = rollout(
+    "frozen_after_s",
+    POSITIVE_SECONDS,
+    Some(120.0),
+    "s",
+    "A shard with work and no progress for this long is restarted.",
+);
+pub const FAULT_WINDOW_S: Knob<f64> = rollout(
+    "fault_window_s",
+    (0.0, false, MAX_SECONDS),
+    Some(30.0),
+    "s",
+    "Fault budget of each reward function and each task's environments: after fault_min_failures consecutive failed calls spanning this long (no success in between), the job fails naming the dependency and its last failure.",
+);
+pub const FAULT_MIN_FAILURES: Knob<u64> = rollout(
+    "fault_min_failures",
+    (1, false, 1_000_000),
+    Some(5),
+    "",
+    "Consecutive failed calls of the fault budget (see fault_window_s).",
+);
+/// [`STEP_TIMEOUT_S`]'s default for real jobs with the built-in trainer (its note says it).
+pub const REAL_STEP_TIMEOUT_S: f64 = 3600.0;
+pub const STEP_TIMEOUT_S: Knob<f64> = rollout(
+    "step_timeout_s",
+    POSITIVE_SECONDS,
+    None,
+    "3600 s; 30 days for fully simulated jobs and external trainers",
+    "The longest a training step may take: waiting for its batch, and training (seconds on the job's clock). A lost external trainer's lease ends instead.",
+);
+pub const OVERPROVISION: Knob<usize> = rollout(
+    "overprovision",
+    (0, false, MAX_BATCH_GROUPS),
+    Some(0),
+    "",
+    "Over-provisioned waves (the barrier modes): each wave admits batch_size + overprovision groups, the first batch_size to finish make the batch and the rest are cancelled (their tokens and environment time are reported as wasted).",
+);
+
+/// The knobs of the section, in the manual's order.
+pub(super) fn knobs() -> Vec<KnobInfo> {
+    vec![
+        BATCH_SIZE.info(),
+        STEPS.info(),
+        ALPHA.info(),
+        MAX_CONCURRENT_EPISODES.info(),
+        OVERPROVISION.info(),
+        MAX_RETRIES_PER_GROUP.info(),
+        ENV_CALL_TIMEOUT_S.info(),
+        FROZEN_AFTER_S.info(),
+        STEP_TIMEOUT_S.info(),
+        FAULT_WINDOW_S.info(),
+        FAULT_MIN_FAILURES.info(),
+    ]
+}
 
 /// The concrete knobs a job runs with, after the preset and the defaults.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -229,47 +328,31 @@ impl RolloutSpec {
     /// Checks the rollout knobs (and the clock they run on).
     pub(super) fn check(&self, spec: &JobSpec, problems: &mut Problems) {
         let r = self;
-        if let Some(b) = r.batch_size
-            && !(1..=super::MAX_BATCH_GROUPS).contains(&b)
+        BATCH_SIZE.check(r.batch_size, problems);
+        STEPS.check(r.steps, problems);
+        ALPHA.check(r.alpha, problems);
+        MAX_CONCURRENT_EPISODES.check(r.max_concurrent_episodes, problems);
+        OVERPROVISION.check(r.overprovision, problems);
+        MAX_RETRIES_PER_GROUP.check(r.max_retries_per_group, problems);
+        ENV_CALL_TIMEOUT_S.check(r.env_call_timeout_s, problems);
+        FROZEN_AFTER_S.check(r.frozen_after_s, problems);
+        STEP_TIMEOUT_S.check(r.step_timeout_s, problems);
+        FAULT_WINDOW_S.check(r.fault_window_s, problems);
+        FAULT_MIN_FAILURES.check(r.fault_min_failures, problems);
+        let knobs = spec.knobs();
+        if r.overprovision
+            .is_some_and(|k| k > 0 && OVERPROVISION.allows(k))
+            && knobs.barrier == Barrier::None
         {
             problems.push(
-                "rollout.batch_size".into(),
-                format!("must be in 1..={} groups, got {b}", super::MAX_BATCH_GROUPS),
+                OVERPROVISION.field(),
+                "over-provisioning cuts the stragglers of a wave (barrier = wave, turn or \
+                 batch); with barrier = none every extra group in flight trains in a later \
+                 step anyway (alpha bounds how many)"
+                    .into(),
             );
         }
-        if let Some(s) = r.steps
-            && !(1..=super::MAX_STEPS).contains(&s)
-        {
-            problems.push(
-                "rollout.steps".into(),
-                format!("must be in 1..={}, got {s}", super::MAX_STEPS),
-            );
-        }
-        if r.alpha.is_some_and(|a| a > 1000) {
-            problems.push("rollout.alpha".into(), "must be at most 1000".into());
-        }
-        if let Some(k) = r.overprovision
-            && k > 0
-        {
-            if k > super::MAX_BATCH_GROUPS {
-                problems.push(
-                    "rollout.overprovision".into(),
-                    format!(
-                        "must be at most {} groups, got {k}",
-                        super::MAX_BATCH_GROUPS
-                    ),
-                );
-            } else if spec.knobs().barrier == Barrier::None {
-                problems.push(
-                    "rollout.overprovision".into(),
-                    "over-provisioning cuts the stragglers of a wave (barrier = wave, turn or \
-                     batch); with barrier = none every extra group in flight trains in a later \
-                     step anyway (alpha bounds how many)"
-                        .into(),
-                );
-            }
-        }
-        if r.overlap_training == Some(true) && spec.knobs().alpha == 0 {
+        if r.overlap_training == Some(true) && knobs.alpha == 0 {
             problems.push(
                 "rollout.overlap_training".into(),
                 "training overlaps rollout only with alpha >= 1: with alpha = 0 every batch \
@@ -286,45 +369,14 @@ impl RolloutSpec {
                     .into(),
             );
         }
-        if let Some(n) = r.max_concurrent_episodes
-            && !(1..=super::MAX_EPISODES).contains(&n)
-        {
+        if r.max_concurrent_episodes.is_none() && knobs.max_concurrent_episodes > MAX_EPISODES {
             problems.push(
-                "rollout.max_concurrent_episodes".into(),
-                format!("must be in 1..={}, got {n}", super::MAX_EPISODES),
+                MAX_CONCURRENT_EPISODES.field(),
+                format!(
+                    "the default, {} = {}, exceeds {MAX_EPISODES}; set it explicitly",
+                    MAX_CONCURRENT_EPISODES.default_note, knobs.max_concurrent_episodes
+                ),
             );
-        } else if r.max_concurrent_episodes.is_none() {
-            let n = spec.knobs().max_concurrent_episodes;
-            if n > super::MAX_EPISODES {
-                problems.push(
-                    "rollout.max_concurrent_episodes".into(),
-                    format!(
-                        "the default, batch_size × (group_size + redundancy) × (alpha + 1) = {n}, \
-                         exceeds {}; set it explicitly",
-                        super::MAX_EPISODES
-                    ),
-                );
-            }
-        }
-        if let Some(n) = r.fault_min_failures
-            && !(1..=MAX_FAULT_FAILURES).contains(&n)
-        {
-            problems.push(
-                "rollout.fault_min_failures".into(),
-                format!("must be in 1..={MAX_FAULT_FAILURES}, got {n}"),
-            );
-        }
-        if let Some(w) = r.fault_window_s {
-            problems.seconds("rollout.fault_window_s".into(), w, false);
-        }
-        for (name, v) in [
-            ("env_call_timeout_s", r.env_call_timeout_s),
-            ("frozen_after_s", r.frozen_after_s),
-            ("step_timeout_s", r.step_timeout_s),
-        ] {
-            if let Some(v) = v {
-                problems.seconds(format!("rollout.{name}"), v, true);
-            }
         }
     }
 }
@@ -341,7 +393,7 @@ impl JobSpec {
             on_weight_update,
         } = self.preset.unwrap_or(Preset::Rollarc).knobs();
         let r = &self.rollout;
-        let batch_size = r.batch_size.unwrap_or(8);
+        let batch_size = BATCH_SIZE.or_default(r.batch_size);
         let alpha = r.alpha.unwrap_or(alpha);
         let group_eps: usize = self
             .tasks
@@ -366,28 +418,28 @@ impl JobSpec {
                 },
             ),
             batch_size,
-            steps: r.steps.unwrap_or(10),
+            steps: STEPS.or_default(r.steps),
             on_weight_update: r.on_weight_update.unwrap_or(on_weight_update),
             max_concurrent_episodes: r.max_concurrent_episodes.unwrap_or(
                 batch_size
-                    .saturating_add(r.overprovision.unwrap_or(0))
+                    .saturating_add(OVERPROVISION.or_default(r.overprovision))
                     .saturating_mul(group_eps)
                     .saturating_mul((alpha as usize).saturating_add(1)),
             ),
             filter_all_equal: r.filter_all_equal.unwrap_or(false),
-            max_retries_per_group: r.max_retries_per_group.unwrap_or(2),
-            env_call_timeout_s: r.env_call_timeout_s.unwrap_or(600.0),
-            frozen_after_s: r.frozen_after_s.unwrap_or(120.0),
-            fault_window_s: r.fault_window_s.unwrap_or(30.0),
-            fault_min_failures: r.fault_min_failures.unwrap_or(5),
+            max_retries_per_group: MAX_RETRIES_PER_GROUP.or_default(r.max_retries_per_group),
+            env_call_timeout_s: ENV_CALL_TIMEOUT_S.or_default(r.env_call_timeout_s),
+            frozen_after_s: FROZEN_AFTER_S.or_default(r.frozen_after_s),
+            fault_window_s: FAULT_WINDOW_S.or_default(r.fault_window_s),
+            fault_min_failures: FAULT_MIN_FAILURES.or_default(r.fault_min_failures),
             step_timeout_s: r.step_timeout_s.unwrap_or(
                 if self.all_simulated() || matches!(self.trainer, super::TrainerSpec::External(_)) {
-                    super::MAX_SECONDS
+                    MAX_SECONDS
                 } else {
-                    3600.0
+                    REAL_STEP_TIMEOUT_S
                 },
             ),
-            overprovision: r.overprovision.unwrap_or(0),
+            overprovision: OVERPROVISION.or_default(r.overprovision),
         }
     }
 

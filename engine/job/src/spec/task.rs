@@ -5,11 +5,14 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::env::EnvSpec;
+use super::knob::{Knob, KnobInfo};
 use super::pool::BackendSpec;
 use super::reward::BUILTIN_REWARDS;
 use super::{JobSpec, Problems};
 use actors::dist::Dist;
 
+/// One task domain. Its numeric fields are [`Knob`]s (bounds, defaults and meanings declared
+/// once, below).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TaskSpec {
@@ -17,17 +20,12 @@ pub struct TaskSpec {
     pub domain: String,
     pub env: EnvSpec,
     #[serde(default = "default_group_size")]
-    #[schema(minimum = 1, maximum = 1024)]
     pub group_size: usize,
-    /// Extra episodes dispatched per group; the slowest are cancelled once the group is full.
     #[serde(default)]
-    #[schema(maximum = 1024)]
     pub redundancy: usize,
     #[serde(default = "default_max_turns")]
-    #[schema(minimum = 1, maximum = 10000)]
     pub max_turns: u32,
     #[serde(default = "default_max_tokens_per_turn")]
-    #[schema(minimum = 1, maximum = 1000000)]
     pub max_tokens_per_turn: u32,
     /// Reward function names; `env` is the environment's own reward.
     #[serde(default = "default_reward")]
@@ -39,9 +37,7 @@ pub struct TaskSpec {
     pub weight: f64,
     #[serde(default)]
     pub seeds: Option<SeedRange>,
-    /// Environments (and so concurrent episodes) for this task; default from the rollout size.
     #[serde(default)]
-    #[schema(minimum = 1, maximum = 100000)]
     pub envs: Option<usize>,
     /// Constrained decoding (built-in model): the policy samples only the environment's
     /// action alphabet (`LDRU` for the grid games, digits and `-` for arithmetic, `1`–`9` for
@@ -63,11 +59,7 @@ pub struct TaskSpec {
     /// Prompts from a dataset file (one row per group) instead of seeds.
     #[serde(default)]
     pub dataset: Option<DatasetSpec>,
-    /// Tokens a trajectory's context may hold (prompt, observations, answers); each turn's
-    /// answer is cut to what is left. Reaching it, or the model's own context, ends the
-    /// episode with status `truncated` (counted and reported) instead of failing it.
     #[serde(default)]
-    #[schema(minimum = 2, maximum = 10000000)]
     pub max_context_tokens: Option<u32>,
     /// Whether truncated trajectories train (default) or are masked out of their group
     /// (never retried: a truncation would happen again).
@@ -223,16 +215,156 @@ impl TaskSpec {
         v.dedup();
         Some(v)
     }
+
+    /// Checks constrained decoding: an alphabet to constrain to, and the tiny model on every
+    /// pool.
+    fn check_constrained(&self, p: &str, spec: &JobSpec, problems: &mut Problems) {
+        let t = self;
+        if !t.constrain_actions {
+            return;
+        }
+        if t.action_alphabet.is_none() && t.env.action_alphabet().is_none() {
+            problems.push(
+                format!("{p}.constrain_actions"),
+                "this environment has no built-in action alphabet; set action_alphabet".into(),
+            );
+        }
+        let all_builtin = spec
+            .pools
+            .iter()
+            .all(|p| matches!(p.backend, BackendSpec::Builtin { .. }));
+        let checkpoint = spec.pools.iter().any(
+            |p| matches!(&p.backend, BackendSpec::Builtin { model, .. } if model.path.is_some()),
+        );
+        if !all_builtin {
+            problems.push(
+                format!("{p}.constrain_actions"),
+                "constrained decoding needs the built-in model (backend.kind = \"builtin\") on \
+                 every pool"
+                    .into(),
+            );
+        } else if checkpoint {
+            problems.push(
+                format!("{p}.constrain_actions"),
+                "constrained decoding is for the tiny byte-level model; a checkpoint answers in \
+                 free text that the environment parses"
+                    .into(),
+            );
+        }
+    }
+
+    /// Checks the truncation policy against the environment and the turns.
+    fn check_truncation(&self, p: &str, problems: &mut Problems) {
+        let t = self;
+        if t.truncation != TruncationPolicy::DropOldestTurns {
+            return;
+        }
+        if !t.env.allows_dropping_turns() {
+            problems.push(
+                format!("{p}.truncation"),
+                format!(
+                    "drop_oldest_turns needs an environment whose observations carry its state; \
+                     `{}` does not (an external program says so with droppable_turns = true)",
+                    t.env.kind_name()
+                ),
+            );
+        } else if t.max_turns < 3 {
+            problems.push(
+                format!("{p}.truncation"),
+                format!(
+                    "drop_oldest_turns keeps the first turn, so it needs max_turns of at least 3, \
+                     got {}",
+                    t.max_turns
+                ),
+            );
+        }
+    }
+}
+
+/// A knob of a task (`tasks[i]`).
+const fn task<T: Copy>(
+    name: &'static str,
+    (min, max): (T, T),
+    default: Option<T>,
+    default_note: &'static str,
+    doc: &'static str,
+) -> Knob<T> {
+    Knob {
+        schema: "TaskSpec",
+        section: "tasks[i]",
+        name,
+        min,
+        exclusive_min: false,
+        max,
+        default,
+        default_note,
+        doc,
+    }
+}
+
+pub const TASK_GROUP_SIZE: Knob<usize> = task(
+    "group_size",
+    (1, 1024),
+    Some(8),
+    "",
+    "Episodes per group (GRPO: they share a task seed or dataset row).",
+);
+pub const TASK_REDUNDANCY: Knob<usize> = task(
+    "redundancy",
+    (0, 1024),
+    Some(0),
+    "",
+    "Extra episodes dispatched per group; the slowest are cancelled once the group is full.",
+);
+pub const TASK_MAX_TURNS: Knob<u32> = task(
+    "max_turns",
+    (1, super::MAX_TURNS as u32),
+    Some(10),
+    "",
+    "Turns an episode may take.",
+);
+pub const TASK_MAX_TOKENS_PER_TURN: Knob<u32> = task(
+    "max_tokens_per_turn",
+    (1, 1_000_000),
+    Some(128),
+    "",
+    "Tokens the policy may generate in one turn.",
+);
+pub const TASK_ENVS: Knob<usize> = task(
+    "envs",
+    (1, super::MAX_EPISODES),
+    None,
+    "rollout.max_concurrent_episodes",
+    "Environments (and so concurrent episodes) kept for this task.",
+);
+pub const TASK_MAX_CONTEXT_TOKENS: Knob<u32> = task(
+    "max_context_tokens",
+    (2, 10_000_000),
+    None,
+    "the model's context",
+    "Tokens a trajectory's context may hold (prompt, observations, answers); each turn's answer is cut to what is left. Reaching it, or the model's own context, ends the episode with status `truncated` (counted and reported) instead of failing it.",
+);
+
+/// The knobs of a task, in the manual's order.
+pub(super) fn knobs() -> Vec<KnobInfo> {
+    vec![
+        TASK_GROUP_SIZE.info(),
+        TASK_REDUNDANCY.info(),
+        TASK_MAX_TURNS.info(),
+        TASK_MAX_TOKENS_PER_TURN.info(),
+        TASK_ENVS.info(),
+        TASK_MAX_CONTEXT_TOKENS.info(),
+    ]
 }
 
 fn default_group_size() -> usize {
-    8
+    TASK_GROUP_SIZE.or_default(None)
 }
 fn default_max_turns() -> u32 {
-    10
+    TASK_MAX_TURNS.or_default(None)
 }
 fn default_max_tokens_per_turn() -> u32 {
-    128
+    TASK_MAX_TOKENS_PER_TURN.or_default(None)
 }
 fn default_reward() -> Vec<String> {
     vec!["env".into()]
@@ -252,30 +384,12 @@ impl TaskSpec {
     /// Checks this task (at `at`, e.g. `tasks[0]`) against the rest of the spec.
     pub(super) fn check(&self, at: &str, spec: &JobSpec, problems: &mut Problems) {
         let (t, p) = (self, at);
-        if t.group_size == 0 || t.group_size > 1024 {
-            problems.push(
-                format!("{p}.group_size"),
-                format!("must be in 1..=1024, got {}", t.group_size),
-            );
-        }
-        if t.redundancy > 1024 {
-            problems.push(
-                format!("{p}.redundancy"),
-                format!("must be at most 1024, got {}", t.redundancy),
-            );
-        }
-        if t.max_turns == 0 || t.max_turns > 10_000 {
-            problems.push(
-                format!("{p}.max_turns"),
-                format!("must be in 1..=10000, got {}", t.max_turns),
-            );
-        }
-        if t.max_tokens_per_turn == 0 || t.max_tokens_per_turn > 1_000_000 {
-            problems.push(
-                format!("{p}.max_tokens_per_turn"),
-                format!("must be in 1..=1000000, got {}", t.max_tokens_per_turn),
-            );
-        }
+        TASK_GROUP_SIZE.check_at(p, Some(t.group_size), problems);
+        TASK_REDUNDANCY.check_at(p, Some(t.redundancy), problems);
+        TASK_MAX_TURNS.check_at(p, Some(t.max_turns), problems);
+        TASK_MAX_TOKENS_PER_TURN.check_at(p, Some(t.max_tokens_per_turn), problems);
+        TASK_ENVS.check_at(p, t.envs, problems);
+        TASK_MAX_CONTEXT_TOKENS.check_at(p, t.max_context_tokens, problems);
         if !(t.weight.is_finite() && t.weight > 0.0) {
             problems.push(
                 format!("{p}.weight"),
@@ -303,28 +417,7 @@ impl TaskSpec {
                 format!("{a:?} must be one or more ASCII characters"),
             );
         }
-        if t.constrain_actions {
-            if t.action_alphabet.is_none() && t.env.action_alphabet().is_none() {
-                problems.push(
-                    format!("{p}.constrain_actions"),
-                    "this environment has no built-in action alphabet; set action_alphabet".into(),
-                );
-            }
-            if !spec
-                .pools
-                .iter()
-                .all(|p| matches!(p.backend, BackendSpec::Builtin { .. }))
-            {
-                problems.push(format!("{p}.constrain_actions"), "constrained decoding needs the built-in model (backend.kind = \"builtin\") on every pool".into());
-            } else if spec.pools.iter().any(|p| {
-                matches!(&p.backend, BackendSpec::Builtin { model, .. } if model.path.is_some())
-            }) {
-                problems.push(
-                    format!("{p}.constrain_actions"),
-                    "constrained decoding is for the tiny byte-level model; a checkpoint answers in free text that the environment parses".into(),
-                );
-            }
-        }
+        t.check_constrained(p, spec, problems);
         for (j, r) in t.reward.iter().enumerate() {
             if !BUILTIN_REWARDS.contains(&r.as_str()) && !spec.reward.functions.contains_key(r) {
                 problems.push(
@@ -340,42 +433,8 @@ impl TaskSpec {
         {
             problems.push(format!("{p}.seeds.count"), "must be at least 1".into());
         }
-        if let Some(n) = t.envs
-            && !(1..=super::MAX_EPISODES).contains(&n)
-        {
-            problems.push(
-                format!("{p}.envs"),
-                format!("must be in 1..={}, got {n}", super::MAX_EPISODES),
-            );
-        }
         t.env.check(&format!("{p}.env"), problems);
-        if let Some(m) = t.max_context_tokens
-            && !(2..=10_000_000).contains(&m)
-        {
-            problems.push(
-                format!("{p}.max_context_tokens"),
-                format!("must be in 2..=10000000, got {m}"),
-            );
-        }
-        if t.truncation == TruncationPolicy::DropOldestTurns {
-            if !t.env.allows_dropping_turns() {
-                problems.push(
-                    format!("{p}.truncation"),
-                    format!(
-                        "drop_oldest_turns needs an environment whose observations carry its state; `{}` does not (an external program says so with droppable_turns = true)",
-                        t.env.kind_name()
-                    ),
-                );
-            } else if t.max_turns < 3 {
-                problems.push(
-                    format!("{p}.truncation"),
-                    format!(
-                        "drop_oldest_turns keeps the first turn, so it needs max_turns of at least 3, got {}",
-                        t.max_turns
-                    ),
-                );
-            }
-        }
+        t.check_truncation(p, problems);
         if let Some(d) = &t.dataset {
             d.check(&format!("{p}.dataset"), problems);
             if t.seeds.is_some() {

@@ -209,95 +209,105 @@ impl TrainerSpec {
                     );
                 }
             }
-            TrainerSpec::Builtin(t) => {
-                if !spec.all_pools_builtin() {
-                    problems.push(
-                        "trainer".into(),
-                        "the built-in trainer needs every pool to run a real model (backend.kind = \"builtin\", \"llamacpp\", \"sglang\" or \"vllm\")"
-                            .into(),
-                    );
-                }
-                if !(t.lr.is_finite() && t.lr > 0.0) {
-                    problems.push(
-                        "trainer.lr".into(),
-                        format!("must be positive, got {}", t.lr),
-                    );
-                }
-                if !(t.grad_clip.is_finite() && t.grad_clip >= 0.0) {
-                    problems.push(
-                        "trainer.grad_clip".into(),
-                        format!("must be >= 0, got {}", t.grad_clip),
-                    );
-                }
-                if !(t.eps_low > 0.0 && t.eps_low < 1.0 && t.eps_high > 0.0) {
-                    problems.push(
-                        "trainer.eps_low".into(),
-                        "clip range needs 0 < eps_low < 1 and eps_high > 0".into(),
-                    );
-                }
-                if t.tis_cap.is_some_and(|c| !(c.is_finite() && c >= 1.0)) {
-                    problems.push("trainer.tis_cap".into(), "must be >= 1".into());
-                }
-                if t.micro_batch_rows.is_some_and(|n| !(1..=4096).contains(&n)) {
-                    problems.push(
-                        "trainer.micro_batch_rows".into(),
-                        "must be in [1, 4096]".into(),
-                    );
-                }
-                if let Some(l) = &t.lora {
-                    check_lora(spec, l, problems);
-                }
-                if !(t.kl_beta.is_finite() && t.kl_beta >= 0.0) {
-                    problems.push("trainer.kl_beta".into(), "must be >= 0".into());
-                }
-            }
-            TrainerSpec::Sim {
-                seconds_per_token,
-                gpus,
-                step_overhead_s,
-                device,
-                model,
-                mfu,
-                host_cores,
-            } => {
-                if let Some(c) = host_cores
-                    && (*c == 0 || *c > 4096)
-                {
-                    problems.push(
-                        "trainer.host_cores".into(),
-                        format!("must be in 1..=4096, got {c}"),
-                    );
-                }
-                if let Some(d) = device
-                    && spec.device_profile(d).is_none()
-                {
-                    problems.push(
-                        "trainer.device".into(),
-                        format!("unknown device class {d:?}"),
-                    );
-                }
-                if let Some(m) = model
-                    && spec.model_profile(m).is_none()
-                {
-                    problems.push("trainer.model".into(), format!("unknown model {m:?}"));
-                }
-                if let Some(v) = mfu
-                    && !(*v > 0.0 && *v <= 1.0)
-                {
-                    problems.push("trainer.mfu".into(), format!("must be in (0, 1], got {v}"));
-                }
-                if !(seconds_per_token.is_finite() && *seconds_per_token >= 0.0) {
-                    problems.push(
-                        "trainer.seconds_per_token".into(),
-                        format!("must be >= 0, got {seconds_per_token}"),
-                    );
-                }
-                if *gpus == 0 {
-                    problems.push("trainer.gpus".into(), "must be at least 1".into());
-                }
-                problems.seconds("trainer.step_overhead_s".into(), *step_overhead_s, false);
-            }
+            TrainerSpec::Builtin(t) => check_builtin(spec, t, problems),
+            TrainerSpec::Sim { .. } => self.check_sim(spec, problems),
         }
+    }
+
+    /// Checks a simulated trainer's costs and names.
+    fn check_sim(&self, spec: &JobSpec, problems: &mut Problems) {
+        let TrainerSpec::Sim {
+            seconds_per_token,
+            gpus,
+            step_overhead_s,
+            device,
+            model,
+            mfu,
+            host_cores,
+        } = self
+        else {
+            return;
+        };
+        if let Some(c) = host_cores
+            && (*c == 0 || *c > 4096)
+        {
+            problems.push(
+                "trainer.host_cores".into(),
+                format!("must be in 1..=4096, got {c}"),
+            );
+        }
+        if let Some(d) = device
+            && spec.device_profile(d).is_none()
+        {
+            problems.push(
+                "trainer.device".into(),
+                format!("unknown device class {d:?}"),
+            );
+        }
+        if let Some(m) = model
+            && spec.model_profile(m).is_none()
+        {
+            problems.push("trainer.model".into(), format!("unknown model {m:?}"));
+        }
+        if let Some(v) = mfu
+            && !(*v > 0.0 && *v <= 1.0)
+        {
+            problems.push("trainer.mfu".into(), format!("must be in (0, 1], got {v}"));
+        }
+        if !(seconds_per_token.is_finite() && *seconds_per_token >= 0.0) {
+            problems.push(
+                "trainer.seconds_per_token".into(),
+                format!("must be >= 0, got {seconds_per_token}"),
+            );
+        }
+        if *gpus == 0 {
+            problems.push("trainer.gpus".into(), "must be at least 1".into());
+        }
+        problems.seconds("trainer.step_overhead_s".into(), *step_overhead_s, false);
+    }
+}
+
+/// Checks the built-in trainer's optimiser and loss settings.
+fn check_builtin(spec: &JobSpec, t: &BuiltinTrainerSpec, problems: &mut Problems) {
+    if !spec.all_pools_builtin() {
+        problems.push(
+        "trainer".into(),
+        "the built-in trainer needs every pool to run a real model (backend.kind = \"builtin\", \"llamacpp\", \"sglang\" or \"vllm\")"
+            .into(),
+    );
+    }
+    if !(t.lr.is_finite() && t.lr > 0.0) {
+        problems.push(
+            "trainer.lr".into(),
+            format!("must be positive, got {}", t.lr),
+        );
+    }
+    if !(t.grad_clip.is_finite() && t.grad_clip >= 0.0) {
+        problems.push(
+            "trainer.grad_clip".into(),
+            format!("must be >= 0, got {}", t.grad_clip),
+        );
+    }
+    if !(t.eps_low > 0.0 && t.eps_low < 1.0 && t.eps_high > 0.0) {
+        problems.push(
+            "trainer.eps_low".into(),
+            "clip range needs 0 < eps_low < 1 and eps_high > 0".into(),
+        );
+    }
+    if t.tis_cap.is_some_and(|c| !(c.is_finite() && c >= 1.0)) {
+        problems.push("trainer.tis_cap".into(), "must be >= 1".into());
+    }
+    if t.micro_batch_rows.is_some_and(|n| !(1..=4096).contains(&n)) {
+        problems.push(
+            "trainer.micro_batch_rows".into(),
+            "must be in [1, 4096]".into(),
+        );
+    }
+    if let Some(l) = &t.lora {
+        check_lora(spec, l, problems);
+    }
+    if !(t.kl_beta.is_finite() && t.kl_beta >= 0.0) {
+        problems.push("trainer.kl_beta".into(), "must be >= 0".into());
     }
 }
 

@@ -1,13 +1,13 @@
 //! Generation pools: device profile (a tensor-parallel shard is its whole group), model
 //! profile, engine configuration, and prefill/decode links.
 
-use actors::device::{Efficiency, ModelProfile};
+use actors::device::{DeviceProfile, Efficiency, ModelProfile};
 use actors::generation::sim::SimEngineConfig;
 
 use super::{WiringError, device, model, weight_sync};
 use crate::cost::PrefillLink;
 use crate::resolve::Resolved;
-use crate::spec::{BackendSpec, JobSpec, Knobs, ModelChoice};
+use crate::spec::{BackendSpec, JobSpec, Knobs, ModelChoice, ServerSpec};
 
 /// One generation pool of a job.
 pub struct PoolPlan {
@@ -167,48 +167,7 @@ pub(super) fn plan(
                 (device, model, mb, engine)
             }
             BackendSpec::Llamacpp(l) | BackendSpec::Sglang(l) | BackendSpec::Vllm(l) => {
-                let kind = match &p.backend {
-                    BackendSpec::Sglang(_) => ServerKind::Sglang,
-                    BackendSpec::Vllm(_) => ServerKind::Vllm,
-                    _ => ServerKind::Llamacpp,
-                };
-                let choice = l.model.choice();
-                let shape = resolved_shape(inputs, pi)?;
-                let launch = l.launch.clone().unwrap_or_default();
-                let command = if launch.command.is_empty() && kind == ServerKind::Llamacpp {
-                    // The launcher script is written into the job's directory at spawn; its
-                    // path is the second word.
-                    actors::generation::remote::llamacpp::xllamacpp_command(
-                        &launch
-                            .python
-                            .clone()
-                            .unwrap_or_else(|| inputs.xllamacpp_python.clone()),
-                        std::path::Path::new(XLLAMACPP_SCRIPT),
-                        launch.threads.unwrap_or(1),
-                    )
-                } else {
-                    launch.command.clone()
-                };
-                let server = ServerPlan {
-                    kind,
-                    urls: l.urls.clone(),
-                    command,
-                    env: launch.env.clone().into_iter().collect(),
-                    ports: launch.port_range.map(|[a, b]| (a, b)),
-                    gpus_per_shard: launch.gpus_per_shard,
-                    export_q8: launch.export.as_deref() == Some("q8_0"),
-                    slots: l.slots,
-                    context: shape.max_seq as usize,
-                };
-                (
-                    base,
-                    real_profile(&shape),
-                    l.slots,
-                    EnginePlan::Server {
-                        model: choice,
-                        server: Box::new(server),
-                    },
-                )
+                server_pool(pi, &p.backend, l, base, inputs)?
             }
             BackendSpec::Builtin { model, max_batch } => {
                 let choice = model.choice();
@@ -233,7 +192,64 @@ pub(super) fn plan(
             frozen_after_s: knobs.frozen_after_s,
         });
     }
-    // Prefill/decode disaggregation links (validated: the named pool exists and is simulated).
+    link_disaggregated(spec, &mut out);
+    Ok(out)
+}
+
+/// A pool of inference servers (llama.cpp, SGLang, vLLM), attached or managed.
+fn server_pool(
+    pi: usize,
+    backend: &BackendSpec,
+    l: &ServerSpec,
+    base: DeviceProfile,
+    inputs: &Resolved,
+) -> Result<(DeviceProfile, ModelProfile, usize, EnginePlan), WiringError> {
+    let kind = match backend {
+        BackendSpec::Sglang(_) => ServerKind::Sglang,
+        BackendSpec::Vllm(_) => ServerKind::Vllm,
+        _ => ServerKind::Llamacpp,
+    };
+    let choice = l.model.choice();
+    let shape = resolved_shape(inputs, pi)?;
+    let launch = l.launch.clone().unwrap_or_default();
+    let command = if launch.command.is_empty() && kind == ServerKind::Llamacpp {
+        // The launcher script is written into the job's directory at spawn; its
+        // path is the second word.
+        actors::generation::remote::llamacpp::xllamacpp_command(
+            &launch
+                .python
+                .clone()
+                .unwrap_or_else(|| inputs.xllamacpp_python.clone()),
+            std::path::Path::new(XLLAMACPP_SCRIPT),
+            launch.threads.unwrap_or(1),
+        )
+    } else {
+        launch.command.clone()
+    };
+    let server = ServerPlan {
+        kind,
+        urls: l.urls.clone(),
+        command,
+        env: launch.env.clone().into_iter().collect(),
+        ports: launch.port_range.map(|[a, b]| (a, b)),
+        gpus_per_shard: launch.gpus_per_shard,
+        export_q8: launch.export.as_deref() == Some("q8_0"),
+        slots: l.slots,
+        context: shape.max_seq as usize,
+    };
+    Ok((
+        base,
+        real_profile(&shape),
+        l.slots,
+        EnginePlan::Server {
+            model: choice,
+            server: Box::new(server),
+        },
+    ))
+}
+
+/// Prefill/decode disaggregation links (validated: the named pool exists and is simulated).
+fn link_disaggregated(spec: &JobSpec, out: &mut [PoolPlan]) {
     for (pi, p) in spec.pools.iter().enumerate() {
         if let BackendSpec::Sim {
             prefill_pool: Some(pp),
@@ -250,5 +266,4 @@ pub(super) fn plan(
             out[qi].prefill_only = true;
         }
     }
-    Ok(out)
 }

@@ -1,0 +1,202 @@
+//! Numeric settings declared once. A [`Knob`] holds a field's bounds, default and meaning;
+//! validation ([`Knob::check`]), the values a job runs with ([`Knob::or_default`]), the
+//! OpenAPI schema ([`annotate_schema`]) and the job-spec manual ([`markdown_table`], which
+//! `docs/job-spec.md` must contain, a test holds) all read it, so none of them can drift.
+
+use std::fmt::Display;
+
+use super::Problems;
+
+/// A number a knob can hold.
+pub trait KnobValue: Copy + PartialOrd + Display {
+    fn as_f64(self) -> f64;
+    /// Whole numbers are written `1..=65536`; seconds `(0, 2592000]`.
+    const WHOLE: bool;
+}
+
+macro_rules! whole {
+    ($($t:ty),*) => {$(
+        impl KnobValue for $t {
+            fn as_f64(self) -> f64 {
+                self as f64
+            }
+            const WHOLE: bool = true;
+        }
+    )*};
+}
+whole!(u32, u64, usize);
+
+impl KnobValue for f64 {
+    fn as_f64(self) -> f64 {
+        self
+    }
+    const WHOLE: bool = false;
+}
+
+/// One numeric field of a spec section.
+#[derive(Clone, Copy, Debug)]
+pub struct Knob<T> {
+    /// The section's schema name (`RolloutSpec`) and the field's name in it.
+    pub schema: &'static str,
+    pub section: &'static str,
+    pub name: &'static str,
+    pub min: T,
+    /// The minimum itself is refused (a timeout must be positive).
+    pub exclusive_min: bool,
+    pub max: T,
+    /// The value a spec that leaves the field out gets, when it is a constant.
+    pub default: Option<T>,
+    /// The default in words: how it is derived when it is not a constant, else a unit.
+    pub default_note: &'static str,
+    pub doc: &'static str,
+}
+
+impl<T: KnobValue> Knob<T> {
+    /// The field's dotted path (`rollout.batch_size`).
+    pub fn field(&self) -> String {
+        format!("{}.{}", self.section, self.name)
+    }
+
+    /// The allowed range as the messages and the manual write it.
+    pub fn range(&self) -> String {
+        if T::WHOLE && !self.exclusive_min {
+            format!("{}..={}", self.min, self.max)
+        } else {
+            let open = if self.exclusive_min { '(' } else { '[' };
+            format!("{open}{}, {}]", self.min, self.max)
+        }
+    }
+
+    /// Whether `v` is allowed.
+    pub fn allows(&self, v: T) -> bool {
+        let low = if self.exclusive_min {
+            v > self.min
+        } else {
+            v >= self.min
+        };
+        // NaN is allowed by neither comparison.
+        low && v <= self.max
+    }
+
+    /// Adds a problem when the spec sets the field outside its range.
+    pub fn check(&self, v: Option<T>, problems: &mut Problems) {
+        self.check_at(self.section, v, problems);
+    }
+
+    /// [`Knob::check`] for a field of a list item (`at`: `tasks[2]`).
+    pub fn check_at(&self, at: &str, v: Option<T>, problems: &mut Problems) {
+        if let Some(v) = v
+            && !self.allows(v)
+        {
+            let what = if T::WHOLE {
+                "must be in"
+            } else {
+                "must be a number of seconds in"
+            };
+            let field = format!("{at}.{}", self.name);
+            problems.push(field, format!("{what} {}, got {v}", self.range()));
+        }
+    }
+
+    /// The spec's value, else the constant default. A knob without one panics: its default
+    /// is derived by the caller (a programming error, caught by the tests of `knobs()`).
+    pub fn or_default(&self, v: Option<T>) -> T {
+        v.or(self.default)
+            .unwrap_or_else(|| panic!("{} has no constant default", self.field()))
+    }
+
+    /// The knob with its value type erased (for the schema and the manual).
+    pub fn info(&'static self) -> KnobInfo {
+        KnobInfo {
+            schema: self.schema,
+            name: self.name,
+            field: self.field(),
+            min: self.min.as_f64(),
+            exclusive_min: self.exclusive_min,
+            max: self.max.as_f64(),
+            default: self.default.map(|d| d.to_string()),
+            default_json: self.default.map(|d| {
+                if T::WHOLE {
+                    serde_json::json!(d.as_f64() as u64)
+                } else {
+                    serde_json::json!(d.as_f64())
+                }
+            }),
+            default_note: self.default_note,
+            range: self.range(),
+            doc: self.doc,
+        }
+    }
+}
+
+/// A knob as the schema and the manual see it.
+#[derive(Clone, Debug)]
+pub struct KnobInfo {
+    pub schema: &'static str,
+    pub name: &'static str,
+    pub field: String,
+    pub min: f64,
+    pub exclusive_min: bool,
+    pub max: f64,
+    pub default: Option<String>,
+    pub default_json: Option<serde_json::Value>,
+    pub default_note: &'static str,
+    pub range: String,
+    pub doc: &'static str,
+}
+
+/// Every declared knob, in the manual's order.
+pub fn all() -> Vec<KnobInfo> {
+    let mut all = super::task::knobs();
+    all.extend(super::rollout::knobs());
+    all
+}
+
+/// Writes each knob's bounds, default and description into the OpenAPI document's schemas
+/// (`components/schemas/<Schema>/properties/<name>`).
+pub fn annotate_schema(doc: &mut serde_json::Value) {
+    for k in all() {
+        let path = format!("/components/schemas/{}/properties/{}", k.schema, k.name);
+        let Some(p) = doc.pointer_mut(&path).and_then(|p| p.as_object_mut()) else {
+            continue;
+        };
+        let num = |x: f64| {
+            if x.fract() == 0.0 && x.abs() < 9e15 {
+                serde_json::json!(x as i64)
+            } else {
+                serde_json::json!(x)
+            }
+        };
+        if k.exclusive_min {
+            p.insert("exclusiveMinimum".into(), num(k.min));
+            p.remove("minimum");
+        } else {
+            p.insert("minimum".into(), num(k.min));
+        }
+        p.insert("maximum".into(), num(k.max));
+        p.insert("description".into(), k.doc.into());
+        if let Some(d) = k.default_json {
+            p.insert("default".into(), d);
+        }
+    }
+}
+
+/// The manual's table of knobs (`docs/job-spec.md`, section "Knobs").
+pub fn markdown_table() -> String {
+    let mut out = String::from("| field | range | default | meaning |\n|---|---|---|---|\n");
+    for k in all() {
+        let default = match (&k.default, k.default_note) {
+            (Some(d), "") => d.clone(),
+            (Some(d), note) => format!("{d} {note}"),
+            (None, note) => note.to_string(),
+        };
+        out.push_str(&format!(
+            "| `{}` | {} | {} | {} |\n",
+            k.field, k.range, default, k.doc
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;
