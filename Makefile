@@ -129,19 +129,24 @@ fmt-check:
 clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-## The cuda feature must compile (and lint) here: dynamic loading, no toolkit. Clippy reuses
-## the artifacts of the lint step.
+## The cuda feature must compile (and lint) here: dynamic loading, no toolkit. The GPU code is
+## all in actors (the binary's `cuda` feature only forwards to it), so only actors is
+## re-checked with it; clippy reuses the dependencies the lint step checked.
 cuda-check:
-	$(CARGO) clippy -p engine --features cuda -- -D warnings
+	$(CARGO) clippy -p actors --features cuda -- -D warnings
 
 ## The limits CI holds (part of `make test` and `make check`): formatting; clippy with
-## warnings as errors (the workspace lints of Cargo.toml: one module-file convention,
-## unreachable_pub; .clippy.toml: no wall clock, no unseeded RNG); no import cycle between
-## the modules of a crate; no broken or orphan link in the Markdown files.
+## warnings as errors (the workspace lints of Cargo.toml: no function of shipped code over 100
+## lines, one module-file convention, unreachable_pub; .clippy.toml: no wall clock, no
+## unseeded RNG); crates only on the layers below theirs; no import cycle between the modules
+## of a crate; no file whose shipped part
+## is over 600 lines; no broken or orphan link in the Markdown files.
 lint: toolchain fmt-check clippy lint-scripts
 
 lint-scripts:
+	python3 tools/check-layers.py
 	python3 tools/check-cycles.py
+	python3 tools/check-file-size.py
 	python3 tools/check-links.py
 
 ## The fast inner loop (under 3 minutes on a warm build): the lints, then the fast test class

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
-use crate::types::{Batch, FailureReason, Group, PolicyVersion, Trajectory};
+use crate::types::{Batch, FailureReason, Group, PolicyVersion, Trajectory, too_stale};
 
 /// Where committed trajectories go. A trajectory is acknowledged only once `commit` returned.
 pub trait TrajectorySink: Send + Sync + 'static {
@@ -331,7 +331,7 @@ impl BufferState {
         let alpha = self.args.alpha;
         let mut kept = VecDeque::with_capacity(self.ready.len());
         for g in self.ready.drain(..) {
-            if step.saturating_sub(g.start_version) > alpha {
+            if too_stale(step, g.start_version, alpha) {
                 self.stats.evicted_stale += 1;
                 (self.args.notify)(BufferEvent::Dropped {
                     group: g.id,

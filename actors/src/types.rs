@@ -7,6 +7,22 @@ use utoipa::ToSchema;
 /// A policy version: 0 is the initial weights; training step `s` produces version `s + 1`.
 pub type PolicyVersion = u64;
 
+/// The staleness rule of trajectory-level asynchrony, the one place it is written: work that
+/// started under policy version `start` is too stale to train at version `now` once
+/// `now − start > α`. The buffer evicts such groups, the scheduler cancels them in flight.
+pub fn too_stale(now: PolicyVersion, start: PolicyVersion, alpha: u64) -> bool {
+    now.saturating_sub(start) > alpha
+}
+
+/// Weight versions the weight store keeps under staleness bound α: the α + 1 versions that
+/// trajectories still allowed to train may have started under, and the newest one being
+/// installed beside them.
+pub fn weight_versions_kept(alpha: u64) -> usize {
+    usize::try_from(alpha)
+        .unwrap_or(usize::MAX)
+        .saturating_add(2)
+}
+
 /// Why a trajectory did not finish normally. Infrastructure failures are masked out of group
 /// statistics, never scored as zero.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -321,6 +337,18 @@ impl Batch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn staleness_allows_alpha_versions_of_lag_and_no_more() {
+        assert!(!too_stale(5, 4, 1));
+        assert!(too_stale(6, 4, 1));
+        assert!(!too_stale(4, 4, 0) && too_stale(5, 4, 0));
+        // Work that started after `now` (a resumed job's cursor) is never stale.
+        assert!(!too_stale(3, 4, 0));
+        assert_eq!(weight_versions_kept(0), 2);
+        assert_eq!(weight_versions_kept(1), 3);
+        assert_eq!(weight_versions_kept(u64::MAX), usize::MAX);
+    }
 
     fn turn(obs: &[u32], resp: u32, dropped: u32) -> Turn {
         Turn {

@@ -12,13 +12,16 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use actors::model::runtime::{BuiltinParts, CheckpointSpec, checkpoint_path};
-use actors::trainer::Trainer;
 use actors::types::PolicyVersion;
 use serde::Deserialize;
 
 use job::spec::{BuiltinTrainerSpec, JobSpec, ModelChoice, TrainerSpec};
-use job::trainer_api::{TrainingBatch, file_sha256};
+use job::trainer_api::TrainingBatch;
 use job::wiring::{TrainerPlan, builtin_trainer_config};
+
+mod session;
+
+use session::{Lease, Session};
 
 /// What `rollarc train` needs.
 pub(crate) struct TrainOptions {
@@ -143,12 +146,28 @@ struct Leased {
     batch: TrainingBatch,
 }
 
+/// The service's trainer API over HTTP.
 struct Api {
     client: reqwest::Client,
     server: String,
 }
 
 impl Api {
+    /// The client of the service at `o.server`, sending `o.token`.
+    fn connect(o: &TrainOptions) -> Result<Self, TrainClientError> {
+        let client = crate::cli::api_client(o.token.as_deref()).map_err(|e| match e {
+            crate::cli::WatchError::Http(source) => TrainClientError::Http {
+                url: o.server.clone(),
+                source,
+            },
+            _ => TrainClientError::BadToken,
+        })?;
+        Ok(Self {
+            client,
+            server: o.server.trim_end_matches('/').to_string(),
+        })
+    }
+
     async fn send(
         &self,
         req: reqwest::RequestBuilder,
@@ -259,35 +278,85 @@ fn export(
 
 /// Trains job `o.job` until it ends (or fails, or is cancelled).
 pub(crate) async fn train(o: TrainOptions) -> Result<TrainSummary, TrainClientError> {
-    let client = crate::cli::api_client(o.token.as_deref()).map_err(|e| match e {
-        crate::cli::WatchError::Http(source) => TrainClientError::Http {
-            url: o.server.clone(),
-            source,
-        },
-        _ => TrainClientError::BadToken,
-    })?;
-    let api = Api {
-        client,
-        server: o.server.trim_end_matches('/').to_string(),
-    };
+    let api = Api::connect(&o)?;
     let job = o.job.as_str();
     let spec: JobSpec = api.get_json(&format!("/v1/jobs/{job}/spec")).await?;
-    let inputs = job::resolve::resolve_models(&spec, &job::resolve::Host::process())
+    let model = external_model(&spec, job)?;
+    let state_dir = o.out.join("trainer");
+    let weights_dir = o.out.join("weights");
+    let start = newest_checkpoint(&state_dir);
+    let parts = builtin_parts(&o, &spec, model, &state_dir, start)?;
+    // A restart after the checkpoint of `start` but before its export: export it now.
+    if start > 0 && !weights_path(&weights_dir, start).is_file() {
+        export(&weights_dir, &parts.initial, start)?;
+    }
+    let mut session = Session {
+        api,
+        job,
+        weights_dir,
+        trainer: parts.trainer,
+        version: start,
+        out: TrainSummary {
+            version: start,
+            ..Default::default()
+        },
+    };
+    if !o.quiet && start > 0 {
+        println!("resuming from the trainer checkpoint of version {start}");
+    }
+    let wait_s = o.wait.as_secs_f64().clamp(0.0, 60.0);
+    loop {
+        let leased = match session.lease(wait_s).await? {
+            Lease::Batch(leased) => leased,
+            Lease::None => continue,
+            Lease::JobEnded(state) => {
+                session.out.job_state = state;
+                return Ok(session.out);
+            }
+        };
+        let step = leased.batch.step;
+        let next = step + 1;
+        let t = tokio::time::Instant::now();
+        let stats = session.train_on(&leased.batch).await?;
+        // Announce (again, after a restart: a 409 says it was) then acknowledge. A batch
+        // trained long ago (its version's file pruned) has a newer version announced.
+        let announced = session.announce(next).await?;
+        session.out.version = session.out.version.max(next);
+        let lease_lost = !session.acknowledge(&leased.batch_id, &stats).await?;
+        if !o.quiet {
+            print_step(step, &stats, t, announced.is_none(), lease_lost);
+        }
+    }
+}
+
+/// The model an external trainer of `spec` trains (none for simulated pools); an error when
+/// the job does not train through the trainer API.
+fn external_model(spec: &JobSpec, job: &str) -> Result<Option<ModelChoice>, TrainClientError> {
+    let inputs = job::resolve::resolve_models(spec, &job::resolve::Host::process())
         .map_err(|e| TrainClientError::Wiring(infra::error_chain(&e)))?;
-    let plan = job::wiring::plan_trainer(&spec, &inputs)
+    let plan = job::wiring::plan_trainer(spec, &inputs)
         .map_err(|e| TrainClientError::Wiring(e.to_string()))?;
     let TrainerPlan::External { model, .. } = plan else {
         return Err(TrainClientError::NotExternal(job.into()));
     };
-    let state_dir = o.out.join("trainer");
-    let weights_dir = o.out.join("weights");
-    let start = newest_checkpoint(&state_dir);
+    Ok(model)
+}
+
+/// The built-in trainer of `model` with `o`'s settings, from the checkpoint of `start` in
+/// `state_dir` when there is one.
+fn builtin_parts(
+    o: &TrainOptions,
+    spec: &JobSpec,
+    model: Option<ModelChoice>,
+    state_dir: &Path,
+    start: PolicyVersion,
+) -> Result<BuiltinParts, TrainClientError> {
     let cfg = builtin_trainer_config(&o.trainer);
     let model_err = |e: String| TrainClientError::Model(e);
-    let parts = match model {
-        None => Err(TrainClientError::Simulated(job.into())),
+    match model {
+        None => Err(TrainClientError::Simulated(o.job.clone())),
         Some(ModelChoice::Tiny(m)) => {
-            BuiltinParts::new(m, cfg, spec.seed, start, Some(state_dir.clone()))
+            BuiltinParts::new(m, cfg, spec.seed, start, Some(state_dir.to_path_buf()))
                 .map_err(|e| model_err(e.to_string()))
         }
         Some(ModelChoice::Checkpoint { path, max_seq }) => {
@@ -306,121 +375,38 @@ pub(crate) async fn train(o: TrainOptions) -> Result<TrainSummary, TrainClientEr
                     }),
                 micro_batch_rows: o.trainer.micro_batch_rows.unwrap_or(1),
             };
-            BuiltinParts::checkpoint(&c, cfg, start, Some(state_dir.clone()))
+            BuiltinParts::checkpoint(&c, cfg, start, Some(state_dir.to_path_buf()))
                 .map(|(p, _)| p)
                 .map_err(|e| model_err(e.to_string()))
         }
-    }?;
-    // A restart after the checkpoint of `start` but before its export: export it now.
-    if start > 0 && !weights_path(&weights_dir, start).is_file() {
-        export(&weights_dir, &parts.initial, start)?;
     }
-    let mut trainer: Box<dyn Trainer> = parts.trainer;
-    let mut version = start;
-    let mut out = TrainSummary {
-        version: start,
-        ..Default::default()
-    };
-    if !o.quiet && start > 0 {
-        println!("resuming from the trainer checkpoint of version {start}");
-    }
-    let wait_s = o.wait.as_secs_f64().clamp(0.0, 60.0);
-    loop {
-        let url = format!("{}/v1/jobs/{job}/batches/next?wait_s={wait_s}", api.server);
-        let r = api.send(api.client.get(&url), &url).await?;
-        if r.status() == reqwest::StatusCode::NO_CONTENT {
-            let rec: serde_json::Value = api.get_json(&format!("/v1/jobs/{job}")).await?;
-            let state = rec["state"].as_str().unwrap_or("").to_string();
-            if matches!(state.as_str(), "succeeded" | "failed" | "cancelled") {
-                out.job_state = state;
-                return Ok(out);
-            }
-            continue;
-        }
-        if !r.status().is_success() {
-            return Err(Api::fail(&url, r).await);
-        }
-        let leased: Leased = r
-            .json()
-            .await
-            .map_err(|e| TrainClientError::Decode(e.to_string()))?;
-        let step = leased.batch.step;
-        let next = step + 1;
-        let t = tokio::time::Instant::now();
-        let mut stats = serde_json::json!({});
-        if next > version {
-            let batch = leased.batch.to_batch();
-            let (s, w) = trainer
-                .train(&batch, next)
-                .await
-                .map_err(|source| TrainClientError::Step { step, source })?;
-            let w = w.ok_or_else(|| model_err("the trainer published no weights".into()))?;
-            export(&weights_dir, &w, next)?;
-            version = next;
-            out.steps += 1;
-            stats = serde_json::json!({
-                "loss": s.loss,
-                "tokens": s.tokens,
-                "trajectories": s.trajectories,
-                "mean_reward": s.mean_reward,
-                "seconds": s.seconds,
-            });
-            if let (Some(o), Ok(serde_json::Value::Object(n))) =
-                (stats.as_object_mut(), serde_json::to_value(&s.numbers))
-            {
-                o.extend(n.into_iter().filter(|(_, v)| !v.is_null()));
-            }
-        }
-        // Announce (again, after a restart: a 409 says it was) then acknowledge. A batch
-        // trained long ago (its version's file pruned) has a newer version announced.
-        let path = weights_path(&weights_dir, next);
-        let announced = if next <= version && !path.is_file() {
-            None
+}
+
+/// The line of one acknowledged step: its version, stats and time, and whether it was
+/// announced before or its lease had ended.
+fn print_step(
+    step: u64,
+    stats: &serde_json::Value,
+    t: tokio::time::Instant,
+    announced_before: bool,
+    lease_lost: bool,
+) {
+    println!(
+        "step {step} → v{}{}: loss {:.4} · reward {:.3} · {} trajectories · {:.2} s{}",
+        step + 1,
+        if announced_before {
+            " (announced before)"
         } else {
-            let uri = std::fs::canonicalize(&path).map_err(|source| TrainClientError::Io {
-                path: path.clone(),
-                source,
-            })?;
-            let sha = file_sha256(&uri).map_err(|source| TrainClientError::Io {
-                path: uri.clone(),
-                source,
-            })?;
-            api.post(
-                &format!("/v1/jobs/{job}/weights"),
-                &serde_json::json!({
-                    "version": next,
-                    "source": {"kind": "path", "uri": uri.display().to_string(),
-                               "format": "safetensors", "sha256": sha},
-                }),
-            )
-            .await?
-        };
-        out.version = out.version.max(next);
-        let acked = api
-            .post(&format!("/v1/batches/{}/ack", leased.batch_id), &stats)
-            .await?;
-        match acked {
-            Some(_) => out.acked += 1,
-            None => out.leases_lost += 1,
+            ""
+        },
+        stats["loss"].as_f64().unwrap_or(0.0),
+        stats["mean_reward"].as_f64().unwrap_or(0.0),
+        stats["trajectories"].as_u64().unwrap_or(0),
+        t.elapsed().as_secs_f64(),
+        if lease_lost {
+            " · the lease had ended: the batch comes back"
+        } else {
+            ""
         }
-        if !o.quiet {
-            println!(
-                "step {step} → v{next}{}: loss {:.4} · reward {:.3} · {} trajectories · {:.2} s{}",
-                if announced.is_none() {
-                    " (announced before)"
-                } else {
-                    ""
-                },
-                stats["loss"].as_f64().unwrap_or(0.0),
-                stats["mean_reward"].as_f64().unwrap_or(0.0),
-                stats["trajectories"].as_u64().unwrap_or(0),
-                t.elapsed().as_secs_f64(),
-                if acked.is_none() {
-                    " · the lease had ended: the batch comes back"
-                } else {
-                    ""
-                }
-            );
-        }
-    }
+    );
 }

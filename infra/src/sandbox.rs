@@ -83,7 +83,6 @@ pub fn sandboxed(command: &[String], readable: &[String]) -> Vec<String> {
     let mut v: Vec<String> = vec!["prlimit".into()];
     v.extend(SANDBOX_LIMITS.iter().map(|s| s.to_string()));
     v.push("--".into());
-    let s = |x: &str| x.to_string();
     // bubblewrap reads the seccomp filter from a descriptor: a shell opens the filter file as
     // descriptor 9 and becomes bubblewrap. (`check_sandbox` fails when the file cannot be
     // written, so a job never runs without the filter.)
@@ -97,7 +96,19 @@ pub fn sandboxed(command: &[String], readable: &[String]) -> Vec<String> {
         .map(str::to_string)
         .to_vec();
     };
-    v.extend([
+    v.extend(bwrap_args(&filter, &read_only_binds(command, readable)));
+    v.push("--".into());
+    v.extend(setpriv_args());
+    v.extend(command.iter().cloned());
+    v
+}
+
+/// The bubblewrap part of the command line (shell that opens the seccomp `filter`, then
+/// `bwrap` and its options): namespaces, the system directories, `/dev`, `/proc`, a private
+/// `/tmp`, the `binds` read-only (and the directories above them), the environment.
+fn bwrap_args(filter: &std::path::Path, binds: &[String]) -> Vec<String> {
+    let s = |x: &str| x.to_string();
+    let mut v = vec![
         s("sh"),
         s("-c"),
         s(r#"exec "$@" 9<"$0""#),
@@ -105,7 +116,7 @@ pub fn sandboxed(command: &[String], readable: &[String]) -> Vec<String> {
         s("bwrap"),
         s("--seccomp"),
         s("9"),
-    ]);
+    ];
     v.extend(
         [
             "--unshare-net",
@@ -128,7 +139,23 @@ pub fn sandboxed(command: &[String], readable: &[String]) -> Vec<String> {
         ]
         .map(s),
     );
-    // The program's own files: the directory of every absolute path on its command line.
+    for a in traversable_dirs(binds) {
+        v.extend([s("--perms"), s("0755"), s("--dir"), a]);
+    }
+    for p in binds {
+        v.extend([s("--ro-bind"), p.clone(), p.clone()]);
+    }
+    v.extend(["--chdir", "/tmp", "--setenv", "HOME", "/tmp"].map(s));
+    for (k, val) in SANDBOX_ENV {
+        v.extend([s("--setenv"), s(k), s(val)]);
+    }
+    v
+}
+
+/// The paths bound read-only, sorted and without repeats: the program's own files (the
+/// directory of every absolute path on its command line) and `readable`, those that
+/// [`bindable`] allows.
+fn read_only_binds(command: &[String], readable: &[String]) -> Vec<String> {
     let own = command
         .iter()
         .filter(|a| a.starts_with('/'))
@@ -146,9 +173,13 @@ pub fn sandboxed(command: &[String], readable: &[String]) -> Vec<String> {
         .collect();
     binds.sort();
     binds.dedup();
-    // The directories above each bind, made traversable: bubblewrap would create them with
-    // the host's modes, and a hidden home (mode 0700) would keep the unprivileged uid out of
-    // an interpreter installed under it (its own shared library is then not found).
+    binds
+}
+
+/// The directories above each bind, made traversable: bubblewrap would create them with
+/// the host's modes, and a hidden home (mode 0700) would keep the unprivileged uid out of
+/// an interpreter installed under it (its own shared library is then not found).
+fn traversable_dirs(binds: &[String]) -> Vec<String> {
     let mut above: Vec<String> = binds
         .iter()
         .flat_map(|p| {
@@ -170,32 +201,24 @@ pub fn sandboxed(command: &[String], readable: &[String]) -> Vec<String> {
         .collect();
     above.sort();
     above.dedup();
-    for a in above {
-        v.extend([s("--perms"), s("0755"), s("--dir"), a]);
-    }
-    for p in binds {
-        v.extend([s("--ro-bind"), p.clone(), p]);
-    }
-    v.extend(["--chdir", "/tmp", "--setenv", "HOME", "/tmp"].map(s));
-    for (k, val) in SANDBOX_ENV {
-        v.extend([s("--setenv"), s(k), s(val)]);
-    }
-    v.push("--".into());
+    above
+}
+
+/// The `setpriv` part of the command line: the next sandbox uid (and gid), no supplementary
+/// groups, no new privileges.
+fn setpriv_args() -> Vec<String> {
     let uid = SANDBOX_UID_BASE
         + NEXT_SANDBOX.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % SANDBOX_UIDS;
-    v.extend(
-        [
-            "setpriv",
-            &format!("--reuid={uid}"),
-            &format!("--regid={uid}"),
-            "--clear-groups",
-            "--no-new-privs",
-            "--",
-        ]
-        .map(s),
-    );
-    v.extend(command.iter().cloned());
-    v
+    [
+        "setpriv",
+        &format!("--reuid={uid}"),
+        &format!("--regid={uid}"),
+        "--clear-groups",
+        "--no-new-privs",
+        "--",
+    ]
+    .map(str::to_string)
+    .to_vec()
 }
 
 /// Why the sandbox cannot be set up here.

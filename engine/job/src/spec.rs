@@ -8,6 +8,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+pub mod catalogue;
 mod env;
 mod eval;
 pub mod knob;

@@ -10,6 +10,14 @@
 //! Depends on `job` (and the crates below it), never on `service`: the one benchmark that
 //! drives the service (`batches`) is handed in by the caller.
 
+#![cfg_attr(
+    test,
+    allow(
+        clippy::too_many_lines,
+        reason = "the 100-line limit is on shipped code; a test reads top to bottom"
+    )
+)]
+
 pub mod bench;
 pub mod export;
 pub mod plan;

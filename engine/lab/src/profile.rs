@@ -133,78 +133,14 @@ pub fn profile(store: &Store, job: &str) -> Result<(Value, ProfileFit), ProfileE
             steps: steps.len(),
         });
     }
-    // Trained trajectories, all of them.
-    let mut trajs = Vec::new();
-    let mut after = 0;
-    loop {
-        let page = store.trajectories(job, after, 1000, TrainedFilter::Trained, false)?;
-        let Some(last) = page.last() else { break };
-        after = last.cursor;
-        for r in page {
-            let t: actors::types::Trajectory = serde_json::from_value(r.trajectory)
-                .map_err(|e| ProfileError::Invalid(format!("stored trajectory: {e}")))?;
-            trajs.push((r.trained_step, t));
-        }
-    }
-
-    // Generation: per-step differences of the pools' cumulative counters.
-    let pools: Vec<String> = spec.pools.iter().map(|p| p.name.clone()).collect();
-    let mut rows = Vec::new();
-    // Engine seconds computed during each step (by its index in the records).
-    let mut engine_busy: BTreeMap<u64, f64> = BTreeMap::new();
-    // The first record against the job's start (every counter zero).
-    let start = json!({});
-    for (i, b) in steps.iter().enumerate() {
-        let a = if i == 0 { &start } else { &steps[i - 1] };
-        for p in &pools {
-            let busy = |m: &Value| {
-                pool_counter(m, p, "utilisation")
-                    * m["elapsed_s"].as_f64().unwrap_or(0.0)
-                    * pool_counter(m, p, "shards")
-            };
-            let d = |k: &str| pool_counter(b, p, k) - pool_counter(a, p, k);
-            let tokens = d("prefill_tokens") + d("decode_tokens");
-            rows.push((d("engine_steps"), tokens, busy(b) - busy(a)));
-            if let Some(step) = b["step"].as_u64() {
-                *engine_busy.entry(step).or_default() += busy(b) - busy(a);
-            }
-        }
-    }
-    let (engine_step_s, engine_s_per_token, engine_fit_error) = fit_nonneg(&rows);
-
-    // Training: train_s against the tokens trained at each step (recorded as the step after
-    // the one whose record carries it: `trained_step` counts from 1).
-    let mut tokens_at: BTreeMap<u64, f64> = BTreeMap::new();
-    for (trained, t) in &trajs {
-        if let Some(s) = trained {
-            *tokens_at.entry(*s).or_default() += t
-                .turns
-                .iter()
-                .map(|x| (x.observation_tokens.len() + x.response_tokens.len()) as f64)
-                .sum::<f64>();
-        }
-    }
+    let trajs = trained_trajectories(store, job)?;
+    let engine = fit_engine(&spec, &steps);
     // The generation engines shared the host's cores with the trainer: while a step trained
     // beside generation (overlap), the trainer lost the engines' compute / cores. Fitted
     // without that loss; the simulated trainer takes it back from the simulated engines.
     let host_cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
-    let overlap = spec.knobs().overlap_training;
-    let train_rows: Vec<(f64, f64, f64)> = steps
-        .iter()
-        .filter_map(|m| {
-            let step = m["step"].as_u64()?;
-            let tokens = *tokens_at.get(&(step + 1))?;
-            let train_s = m["train_s"].as_f64()?;
-            let beside = if overlap {
-                let share = (train_s / m["step_s"].as_f64()?.max(1e-9)).min(1.0);
-                engine_busy.get(&step).copied().unwrap_or(0.0) * share / host_cores
-            } else {
-                0.0
-            };
-            Some((1.0, tokens, (train_s - beside).max(0.0)))
-        })
-        .collect();
-    let (train_overhead_s, train_s_per_token, train_fit_error) = fit_nonneg(&train_rows);
+    let (train_overhead_s, train_s_per_token, train_fit_error) =
+        fit_training(&spec, &steps, &trajs, &engine.busy, host_cores);
 
     // The simulated spec: the real one with every part replaced by its measurement.
     let mut out = serde_json::to_value(&spec).map_err(|e| ProfileError::Invalid(e.to_string()))?;
@@ -230,55 +166,207 @@ pub fn profile(store: &Store, job: &str) -> Result<(Value, ProfileFit), ProfileE
             });
         }
         per_task.insert(t.domain.clone(), mine.len());
-        let col = |f: &dyn Fn(&actors::types::Trajectory) -> Vec<f64>| -> Vec<f64> {
-            mine.iter().flat_map(|x| f(x)).collect()
-        };
-        let env = json!({
-            "kind": "sim",
-            "turns": quantiles(col(&|x| vec![x.turns.len() as f64])),
-            "prompt_tokens": quantiles(col(&|x| x.turns.first().map(|u| u.observation_tokens.len() as f64).into_iter().collect())),
-            "observation_tokens": quantiles(col(&|x| x.turns.iter().skip(1).map(|u| u.observation_tokens.len() as f64).collect())),
-            "response_tokens": quantiles(col(&|x| x.turns.iter().map(|u| u.response_tokens.len() as f64).collect())),
-            "reset_latency_s": quantiles(col(&|x| vec![x.timings.reset_s])),
-            "step_latency_s": quantiles(col(&|x| vec![x.timings.env_step_s / x.turns.len().max(1) as f64])),
-            "success_rate": mine.iter().filter(|x| x.success).count() as f64 / mine.len() as f64,
-        });
-        let reward = quantiles(col(&|x| vec![x.timings.reward_s]));
-        for f in &t.reward {
-            if f != "env" {
-                functions.insert(
-                    f.clone(),
-                    json!({ "kind": "sim", "latency_s": reward.clone(), "concurrency": 1024 }),
-                );
-            }
-        }
-        let mut task = json!({
-            "domain": t.domain,
-            "weight": t.weight,
-            "group_size": t.group_size,
-            "redundancy": t.redundancy,
-            "max_turns": t.max_turns,
-            "max_tokens_per_turn": t.max_tokens_per_turn,
-            "reward": t.reward,
-            "context": t.context,
-            "env": env,
-        });
-        if let Some(s) = &t.seeds {
-            task["seeds"] = serde_json::to_value(s).unwrap_or(Value::Null);
-        }
-        if let Some(e) = t.envs {
-            task["envs"] = json!(e);
-        }
-        tasks.push(task);
+        tasks.push(simulated_task(t, &mine, &mut functions));
     }
     obj.insert("tasks".into(), Value::Array(tasks));
     let mut reward = obj.get("reward").cloned().unwrap_or_else(|| json!({}));
     reward["functions"] = Value::Object(functions);
     obj.insert("reward".into(), reward);
+    obj.insert(
+        "pools".into(),
+        simulated_pools(&spec, engine.step_s, engine.s_per_token),
+    );
+    obj.insert(
+        "trainer".into(),
+        json!({
+            "kind": "sim",
+            "gpus": 1,
+            "seconds_per_token": train_s_per_token,
+            "step_overhead_s": train_overhead_s,
+            "host_cores": host_cores as u32,
+        }),
+    );
+    // Of the simulation section, only the device classes the pools name (no clock: every
+    // part is simulated now, so the clock is virtual; no injected faults).
+    obj.insert(
+        "sim".into(),
+        json!({ "devices": spec.sim.devices, "models": spec.sim.models }),
+    );
+    check_simulated(&out)?;
+    Ok((
+        out,
+        ProfileFit {
+            engine_step_s: engine.step_s,
+            engine_s_per_token: engine.s_per_token,
+            engine_fit_error: engine.fit_error,
+            train_overhead_s,
+            train_s_per_token,
+            train_fit_error,
+            host_cores: host_cores as u32,
+            trajectories: per_task,
+            steps: steps.len(),
+        },
+    ))
+}
+
+/// Every trained trajectory of `job`, with the step that trained it.
+fn trained_trajectories(
+    store: &Store,
+    job: &str,
+) -> Result<Vec<(Option<u64>, actors::types::Trajectory)>, ProfileError> {
+    let mut trajs = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = store.trajectories(job, after, 1000, TrainedFilter::Trained, false)?;
+        let Some(last) = page.last() else { break };
+        after = last.cursor;
+        for r in page {
+            let t: actors::types::Trajectory = serde_json::from_value(r.trajectory)
+                .map_err(|e| ProfileError::Invalid(format!("stored trajectory: {e}")))?;
+            trajs.push((r.trained_step, t));
+        }
+    }
+    Ok(trajs)
+}
+
+/// The engine-step cost fitted over every pool, and the engines' busy seconds per step.
+struct EngineFit {
+    step_s: f64,
+    s_per_token: f64,
+    fit_error: f64,
+    /// Engine seconds computed during each step (by its index in the records).
+    busy: BTreeMap<u64, f64>,
+}
+
+/// Generation: fits the engine-step cost to the per-step differences of the pools'
+/// cumulative counters.
+fn fit_engine(spec: &JobSpec, steps: &[Value]) -> EngineFit {
+    let pools: Vec<String> = spec.pools.iter().map(|p| p.name.clone()).collect();
+    let mut rows = Vec::new();
+    let mut engine_busy: BTreeMap<u64, f64> = BTreeMap::new();
+    // The first record against the job's start (every counter zero).
+    let start = json!({});
+    for (i, b) in steps.iter().enumerate() {
+        let a = if i == 0 { &start } else { &steps[i - 1] };
+        for p in &pools {
+            let busy = |m: &Value| {
+                pool_counter(m, p, "utilisation")
+                    * m["elapsed_s"].as_f64().unwrap_or(0.0)
+                    * pool_counter(m, p, "shards")
+            };
+            let d = |k: &str| pool_counter(b, p, k) - pool_counter(a, p, k);
+            let tokens = d("prefill_tokens") + d("decode_tokens");
+            rows.push((d("engine_steps"), tokens, busy(b) - busy(a)));
+            if let Some(step) = b["step"].as_u64() {
+                *engine_busy.entry(step).or_default() += busy(b) - busy(a);
+            }
+        }
+    }
+    let (step_s, s_per_token, fit_error) = fit_nonneg(&rows);
+    EngineFit {
+        step_s,
+        s_per_token,
+        fit_error,
+        busy: engine_busy,
+    }
+}
+
+/// Training: fits train_s against the tokens trained at each step (recorded as the step
+/// after the one whose record carries it: `trained_step` counts from 1), less the engines'
+/// compute beside it when the job overlapped training. Returns (overhead, per token, error).
+fn fit_training(
+    spec: &JobSpec,
+    steps: &[Value],
+    trajs: &[(Option<u64>, actors::types::Trajectory)],
+    engine_busy: &BTreeMap<u64, f64>,
+    host_cores: f64,
+) -> (f64, f64, f64) {
+    let mut tokens_at: BTreeMap<u64, f64> = BTreeMap::new();
+    for (trained, t) in trajs {
+        if let Some(s) = trained {
+            *tokens_at.entry(*s).or_default() += t
+                .turns
+                .iter()
+                .map(|x| (x.observation_tokens.len() + x.response_tokens.len()) as f64)
+                .sum::<f64>();
+        }
+    }
+    let overlap = spec.knobs().overlap_training;
+    let train_rows: Vec<(f64, f64, f64)> = steps
+        .iter()
+        .filter_map(|m| {
+            let step = m["step"].as_u64()?;
+            let tokens = *tokens_at.get(&(step + 1))?;
+            let train_s = m["train_s"].as_f64()?;
+            let beside = if overlap {
+                let share = (train_s / m["step_s"].as_f64()?.max(1e-9)).min(1.0);
+                engine_busy.get(&step).copied().unwrap_or(0.0) * share / host_cores
+            } else {
+                0.0
+            };
+            Some((1.0, tokens, (train_s - beside).max(0.0)))
+        })
+        .collect();
+    fit_nonneg(&train_rows)
+}
+
+/// Task `t` of the profiled spec: its settings with a simulated environment drawn from its
+/// trajectories `mine`; each reward function it names goes into `functions` as a simulated
+/// one with the task's measured reward time.
+fn simulated_task(
+    t: &job::spec::TaskSpec,
+    mine: &[&actors::types::Trajectory],
+    functions: &mut serde_json::Map<String, Value>,
+) -> Value {
+    let col = |f: &dyn Fn(&actors::types::Trajectory) -> Vec<f64>| -> Vec<f64> {
+        mine.iter().flat_map(|x| f(x)).collect()
+    };
+    let env = json!({
+        "kind": "sim",
+        "turns": quantiles(col(&|x| vec![x.turns.len() as f64])),
+        "prompt_tokens": quantiles(col(&|x| x.turns.first().map(|u| u.observation_tokens.len() as f64).into_iter().collect())),
+        "observation_tokens": quantiles(col(&|x| x.turns.iter().skip(1).map(|u| u.observation_tokens.len() as f64).collect())),
+        "response_tokens": quantiles(col(&|x| x.turns.iter().map(|u| u.response_tokens.len() as f64).collect())),
+        "reset_latency_s": quantiles(col(&|x| vec![x.timings.reset_s])),
+        "step_latency_s": quantiles(col(&|x| vec![x.timings.env_step_s / x.turns.len().max(1) as f64])),
+        "success_rate": mine.iter().filter(|x| x.success).count() as f64 / mine.len() as f64,
+    });
+    let reward = quantiles(col(&|x| vec![x.timings.reward_s]));
+    for f in &t.reward {
+        if f != "env" {
+            functions.insert(
+                f.clone(),
+                json!({ "kind": "sim", "latency_s": reward.clone(), "concurrency": 1024 }),
+            );
+        }
+    }
+    let mut task = json!({
+        "domain": t.domain,
+        "weight": t.weight,
+        "group_size": t.group_size,
+        "redundancy": t.redundancy,
+        "max_turns": t.max_turns,
+        "max_tokens_per_turn": t.max_tokens_per_turn,
+        "reward": t.reward,
+        "context": t.context,
+        "env": env,
+    });
+    if let Some(s) = &t.seeds {
+        task["seeds"] = serde_json::to_value(s).unwrap_or(Value::Null);
+    }
+    if let Some(e) = t.envs {
+        task["envs"] = json!(e);
+    }
+    task
+}
+
+/// The pools of the profiled spec: each real pool as a simulated one with the same shards
+/// and batch, at the fitted engine-step cost.
+fn simulated_pools(spec: &JobSpec, step_s: f64, s_per_token: f64) -> Value {
     let measured = json!({
-        "step_s": engine_step_s,
-        "prefill_s_per_token": engine_s_per_token,
-        "decode_s_per_token": engine_s_per_token,
+        "step_s": step_s,
+        "prefill_s_per_token": s_per_token,
+        "decode_s_per_token": s_per_token,
     });
     let pools: Vec<Value> = spec
         .pools
@@ -303,46 +391,20 @@ pub fn profile(store: &Store, job: &str) -> Result<(Value, ProfileFit), ProfileE
             })
         })
         .collect();
-    obj.insert("pools".into(), Value::Array(pools));
-    obj.insert(
-        "trainer".into(),
-        json!({
-            "kind": "sim",
-            "gpus": 1,
-            "seconds_per_token": train_s_per_token,
-            "step_overhead_s": train_overhead_s,
-            "host_cores": host_cores as u32,
-        }),
-    );
-    // Of the simulation section, only the device classes the pools name (no clock: every
-    // part is simulated now, so the clock is virtual; no injected faults).
-    obj.insert(
-        "sim".into(),
-        json!({ "devices": spec.sim.devices, "models": spec.sim.models }),
-    );
-    // The result must be a valid simulated spec.
+    Value::Array(pools)
+}
+
+/// The result must be a valid simulated spec.
+fn check_simulated(out: &Value) -> Result<(), ProfileError> {
     let checked: JobSpec = job::spec::parse(
-        &serde_json::to_string(&out).map_err(|e| ProfileError::Invalid(e.to_string()))?,
+        &serde_json::to_string(out).map_err(|e| ProfileError::Invalid(e.to_string()))?,
         job::spec::Format::Json,
     )
     .map_err(|e| ProfileError::Invalid(e.to_string()))?;
     if !checked.all_simulated() {
         return Err(ProfileError::Invalid("not every part is simulated".into()));
     }
-    Ok((
-        out,
-        ProfileFit {
-            engine_step_s,
-            engine_s_per_token,
-            engine_fit_error,
-            train_overhead_s,
-            train_s_per_token,
-            train_fit_error,
-            host_cores: host_cores as u32,
-            trajectories: per_task,
-            steps: steps.len(),
-        },
-    ))
+    Ok(())
 }
 
 #[cfg(test)]

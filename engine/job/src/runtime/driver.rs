@@ -27,33 +27,12 @@ pub(super) async fn drive(
     hub: Option<&Arc<FunctionHub>>,
     started: tokio::time::Instant,
 ) -> Result<JobSummary, JobError> {
-    let policy = match knobs.on_weight_update {
-        OnWeightUpdate::Abort => InFlightPolicy::Abort,
-        OnWeightUpdate::Recompute => InFlightPolicy::Recompute,
-    };
-    let sources = MetricSources {
-        started,
-        pools: &a.pools,
-        buffer: &a.buffer,
-        scheduler: &a.scheduler,
-        env_counters: &a.env_counters,
-        shard_restarts: &a.shard_restarts,
-        report,
-        hub,
-    };
-    let mut timeline = Timeline::new(job.timeline);
-    let mut installed = job.start_step;
-    // How long a step may wait for its batch, and train.
-    let step_limit = std::time::Duration::from_secs_f64(knobs.step_timeout_s);
-    let mut summary = JobSummary::default();
-    let mut last_step_end = started;
-    // Evaluations waiting for a step record to carry them (the one before training).
-    let mut evals = Vec::new();
+    let mut d = Driver::new(job, knobs, a, report, hub, started);
     if let Some(e) = &a.evaluator
         && job.start_step == 0
         && e.due(0, knobs.steps)
     {
-        evals.push(evaluate(e, 0, installed).await);
+        d.evals.push(evaluate(e, 0, d.installed).await);
     }
     for step in job.start_step..knobs.steps {
         // The step's trace span (under the job's); episodes starting from now hang under it.
@@ -61,104 +40,201 @@ pub(super) async fn drive(
         let span = if step == job.start_step {
             a.trace_parent.get()
         } else {
-            let s = step_span(step + 1, installed);
+            let s = step_span(step + 1, d.installed);
             a.trace_parent.set(s.clone());
             s
         };
-        let body = async {
-            let mut weight_sync_s = 0.0;
-            // The trainer's numbers land on it once the step is recorded (OTLP sees them too).
-            let train_span = train_span();
-            let t_wait = tokio::time::Instant::now();
-            let batch = next_batch(job, a, report, step, step_limit).await?;
-            let training = || {
-                tracing::Instrument::instrument(
-                    train(&a.trainer, batch.clone(), &job.cancel, step_limit),
-                    train_span.clone(),
-                )
-            };
-            let wait_batch_s = t_wait.elapsed().as_secs_f64();
-            let t_train;
-            let stats: TrainStats;
-            if knobs.overlap_training {
-                // Suspend, install the newest finished weights, resume; rollout goes on while
-                // the step trains.
-                let t_sync = tokio::time::Instant::now();
-                installed = installed_now(
-                    job,
-                    installed,
-                    update_weights(&a.pools, &a.weights, installed, policy, &a.scheduler).await?,
-                );
-                weight_sync_s += t_sync.elapsed().as_secs_f64();
-                t_train = tokio::time::Instant::now();
-                stats = training().await?;
-            } else {
-                // No overlap: generation pauses while training, then installs the fresh version.
-                // (A scheduler that is gone fails the job through the supervisor.)
-                let _ = a.scheduler.cast(SchedMsg::Training(true));
-                suspend_all(&a.pools).await?;
-                t_train = tokio::time::Instant::now();
-                stats = training().await?;
-                let t_sync = tokio::time::Instant::now();
-                installed = installed_now(
-                    job,
-                    installed,
-                    update_weights(&a.pools, &a.weights, installed, policy, &a.scheduler).await?,
-                );
-                weight_sync_s += t_sync.elapsed().as_secs_f64();
-                let _ = a.scheduler.cast(SchedMsg::Training(false));
-            }
-            // Without overlap, the install after training counts in `train_s` too (generation
-            // waits for both).
-            let train_s = t_train.elapsed().as_secs_f64();
-            let now = tokio::time::Instant::now();
-            let times = StepTimes {
-                step,
-                step_s: now.duration_since(last_step_end).as_secs_f64(),
-                train_s,
-                wait_batch_s,
-                weight_sync_s,
-            };
-            let mut m = sources
-                .collect(times, &stats, &batch, &mut timeline)
-                .await?;
-            record_trainer(&train_span, &m);
-            if let Some(e) = &a.evaluator
-                && e.due(step + 1, knobs.steps)
-            {
-                // The policy just trained: install it first (with overlap it would wait for the
-                // next step).
-                installed = installed_now(
-                    job,
-                    installed,
-                    update_weights(&a.pools, &a.weights, installed, policy, &a.scheduler).await?,
-                );
-                evals.push(evaluate(e, step + 1, installed).await);
-            }
-            m.eval = std::mem::take(&mut evals);
-            last_step_end = now;
-            job.observer
-                .on_step(&m, &batch)
-                .map_err(|source| JobError::Record { step, source })?;
-            summary.steps_done = step + 1;
-            summary.steps.push(m);
-            Ok::<(), JobError>(())
-        };
-        tracing::Instrument::instrument(body, span).await?;
+        tracing::Instrument::instrument(d.step(step), span).await?;
     }
     let _ = a.scheduler.cast(SchedMsg::Shutdown);
-    summary.elapsed_s = started.elapsed().as_secs_f64();
-    summary.functions = a
-        .sim_functions
-        .iter()
-        .map(|(name, f)| (name.clone(), f.usage()))
-        .collect();
-    if let Some(last) = summary.steps.last() {
-        summary.bubble_ratio = last.bubble_ratio;
-        summary.pools = last.pools.clone();
-        summary.trajectories_committed = last.buffer.committed;
+    Ok(d.finish())
+}
+
+/// The step loop of one run: what its steps share, and what one step leaves to the next.
+struct Driver<'a> {
+    job: &'a JobRun,
+    knobs: &'a Knobs,
+    a: &'a JobActors,
+    /// Where the step's metrics come from (and the supervisor's report of escalations).
+    sources: MetricSources<'a>,
+    /// What the shards do with in-flight requests when weights are installed.
+    policy: InFlightPolicy,
+    /// How long a step may wait for its batch, and train.
+    step_limit: std::time::Duration,
+    timeline: Timeline,
+    /// The version the shards run.
+    installed: u64,
+    last_step_end: tokio::time::Instant,
+    /// Evaluations waiting for a step record to carry them (the one before training).
+    evals: Vec<super::eval::EvalRecord>,
+    summary: JobSummary,
+}
+
+impl<'a> Driver<'a> {
+    /// The driver of a run that starts at the job's `start_step`.
+    fn new(
+        job: &'a JobRun,
+        knobs: &'a Knobs,
+        a: &'a JobActors,
+        report: &'a Arc<SupervisorReport>,
+        hub: Option<&'a Arc<FunctionHub>>,
+        started: tokio::time::Instant,
+    ) -> Self {
+        let policy = match knobs.on_weight_update {
+            OnWeightUpdate::Abort => InFlightPolicy::Abort,
+            OnWeightUpdate::Recompute => InFlightPolicy::Recompute,
+        };
+        let sources = MetricSources {
+            started,
+            pools: &a.pools,
+            buffer: &a.buffer,
+            scheduler: &a.scheduler,
+            env_counters: &a.env_counters,
+            shard_restarts: &a.shard_restarts,
+            report,
+            hub,
+        };
+        Self {
+            job,
+            knobs,
+            a,
+            sources,
+            policy,
+            step_limit: std::time::Duration::from_secs_f64(knobs.step_timeout_s),
+            timeline: Timeline::new(job.timeline),
+            installed: job.start_step,
+            last_step_end: started,
+            evals: Vec::new(),
+            summary: JobSummary::default(),
+        }
     }
-    Ok(summary)
+
+    /// Runs training step `step` (0-based): waits for its batch, trains and installs weights,
+    /// evaluates when due, and records the step.
+    async fn step(&mut self, step: u64) -> Result<(), JobError> {
+        let a = self.a;
+        // The trainer's numbers land on it once the step is recorded (OTLP sees them too).
+        let train_span = train_span();
+        let t_wait = tokio::time::Instant::now();
+        let batch = next_batch(self.job, a, self.sources.report, step, self.step_limit).await?;
+        let wait_batch_s = t_wait.elapsed().as_secs_f64();
+        let (stats, t_train, weight_sync_s) = self.train_and_install(&batch, &train_span).await?;
+        // Without overlap, the install after training counts in `train_s` too (generation
+        // waits for both).
+        let train_s = t_train.elapsed().as_secs_f64();
+        let now = tokio::time::Instant::now();
+        let times = StepTimes {
+            step,
+            step_s: now.duration_since(self.last_step_end).as_secs_f64(),
+            train_s,
+            wait_batch_s,
+            weight_sync_s,
+        };
+        let mut m = self
+            .sources
+            .collect(times, &stats, &batch, &mut self.timeline)
+            .await?;
+        record_trainer(&train_span, &m);
+        if let Some(e) = &a.evaluator
+            && e.due(step + 1, self.knobs.steps)
+        {
+            // The policy just trained: install it first (with overlap it would wait for the
+            // next step).
+            self.install_newest().await?;
+            self.evals.push(evaluate(e, step + 1, self.installed).await);
+        }
+        m.eval = std::mem::take(&mut self.evals);
+        self.last_step_end = now;
+        self.job
+            .observer
+            .on_step(&m, &batch)
+            .map_err(|source| JobError::Record { step, source })?;
+        self.summary.steps_done = step + 1;
+        self.summary.steps.push(m);
+        Ok(())
+    }
+
+    /// Trains on `batch` and installs the newest weights, overlapped with rollout or not as
+    /// the job asks; returns the trainer's stats, when training began and the seconds spent
+    /// installing weights.
+    async fn train_and_install(
+        &mut self,
+        batch: &Batch,
+        train_span: &tracing::Span,
+    ) -> Result<(TrainStats, tokio::time::Instant, f64), JobError> {
+        let a = self.a;
+        let mut weight_sync_s = 0.0;
+        let t_train;
+        let stats: TrainStats;
+        if self.knobs.overlap_training {
+            // Suspend, install the newest finished weights, resume; rollout goes on while
+            // the step trains.
+            let t_sync = tokio::time::Instant::now();
+            self.install_newest().await?;
+            weight_sync_s += t_sync.elapsed().as_secs_f64();
+            t_train = tokio::time::Instant::now();
+            stats = self.train(batch, train_span).await?;
+        } else {
+            // No overlap: generation pauses while training, then installs the fresh version.
+            // (A scheduler that is gone fails the job through the supervisor.)
+            let _ = a.scheduler.cast(SchedMsg::Training(true));
+            suspend_all(&a.pools).await?;
+            t_train = tokio::time::Instant::now();
+            stats = self.train(batch, train_span).await?;
+            let t_sync = tokio::time::Instant::now();
+            self.install_newest().await?;
+            weight_sync_s += t_sync.elapsed().as_secs_f64();
+            let _ = a.scheduler.cast(SchedMsg::Training(false));
+        }
+        Ok((stats, t_train, weight_sync_s))
+    }
+
+    /// Trains on `batch` under the step's `train` span.
+    async fn train(&self, batch: &Batch, span: &tracing::Span) -> Result<TrainStats, JobError> {
+        tracing::Instrument::instrument(
+            train(
+                &self.a.trainer,
+                batch.clone(),
+                &self.job.cancel,
+                self.step_limit,
+            ),
+            span.clone(),
+        )
+        .await
+    }
+
+    /// Suspends the shards, installs the newest finished weights and resumes them.
+    async fn install_newest(&mut self) -> Result<(), JobError> {
+        let a = self.a;
+        let now = update_weights(
+            &a.pools,
+            &a.weights,
+            self.installed,
+            self.policy,
+            &a.scheduler,
+        )
+        .await?;
+        self.installed = installed_now(self.job, self.installed, now);
+        Ok(())
+    }
+
+    /// The summary of the run, once its steps are done.
+    fn finish(self) -> JobSummary {
+        let mut summary = self.summary;
+        summary.elapsed_s = self.sources.started.elapsed().as_secs_f64();
+        summary.functions = self
+            .a
+            .sim_functions
+            .iter()
+            .map(|(name, f)| (name.clone(), f.usage()))
+            .collect();
+        if let Some(last) = summary.steps.last() {
+            summary.bubble_ratio = last.bubble_ratio;
+            summary.pools = last.pools.clone();
+            summary.trajectories_committed = last.buffer.committed;
+        }
+        summary
+    }
 }
 
 /// The trace span of a step's training, its numbers recorded by [`record_trainer`].

@@ -2,14 +2,18 @@
 //! hardware-affinity mapping (declared, cost model, single pool) with sticky shards,
 //! redundancy and retries, waves for the barrier baselines, and aborts of stale or extra
 //! episodes. It owns the episode tasks; the step driver tells it about versions and batches.
+//!
+//! Files by part: `admission` admits groups and dispatches their episodes, `mapping` picks
+//! each group's pool, `events` handles what the scheduler hears (ended episodes, versions,
+//! the buffer's events), `aborts` cancels episodes and counts what that wasted.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use actors::buffer::{BufferEvent, BufferMsg, DropReason};
+use actors::buffer::{BufferEvent, BufferMsg};
 use actors::device::{DeviceProfile, ModelProfile};
 use actors::generation::shard::ShardHandle;
-use actors::types::{FailureReason, PolicyVersion};
+use actors::types::PolicyVersion;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -20,7 +24,9 @@ pub use crate::cost::PrefillLink;
 use crate::cost::{CostModel, PoolCost, Tokens};
 pub use crate::wiring::TaskView;
 
+mod aborts;
 mod admission;
+mod events;
 mod mapping;
 use crate::spec::Knobs;
 
@@ -331,62 +337,8 @@ impl Actor for Scheduler {
                 st.try_admit();
             }
             SchedMsg::Buffer(ev) => st.on_buffer(ev)?,
-            SchedMsg::EpisodeEnded(EpisodeOutcome {
-                episode,
-                task,
-                prefill,
-                decode,
-                context,
-                failed,
-            }) => {
-                if let Some(e) = st.episodes.remove(&episode) {
-                    st.release_shards(&e);
-                    if let Some(g) = st.groups.get_mut(&e.group) {
-                        g.spent.episodes += 1;
-                        g.spent.tokens += e.tokens.load(std::sync::atomic::Ordering::Relaxed);
-                        g.spent.env_s += e.started.elapsed().as_secs_f64();
-                    }
-                }
-                st.reap();
-                if failed {
-                    st.snap.failed_episodes += 1;
-                } else {
-                    let seen = Tokens {
-                        prefill: prefill as f64,
-                        decode: decode as f64,
-                        context: context as f64,
-                    };
-                    let o = st.observed[task].get_or_insert(seen);
-                    o.prefill = 0.9 * o.prefill + 0.1 * seen.prefill;
-                    o.decode = 0.9 * o.decode + 0.1 * seen.decode;
-                    o.context = 0.9 * o.context + 0.1 * seen.context;
-                    st.ended_since_plan = st.ended_since_plan.saturating_add(1);
-                    let r = &mut st.recent[task];
-                    if r.len() == TAIL_WINDOW {
-                        r.pop_front();
-                    }
-                    r.push_back(seen);
-                }
-                st.try_admit();
-            }
-            SchedMsg::VersionInstalled(v) => {
-                st.version = v;
-                st.snap.version = v;
-                let alpha = st.a.knobs.alpha;
-                let stale: Vec<u64> = st
-                    .groups
-                    .iter()
-                    .filter(|(_, g)| !g.closed && v.saturating_sub(g.start_version) > alpha)
-                    .map(|(id, _)| *id)
-                    .collect();
-                for gid in stale {
-                    st.snap.aborted_stale += 1;
-                    st.abort_group_episodes(gid);
-                    // The buffer answers with Dropped { Aborted }, which frees the slot.
-                    let _ = st.a.buffer.cast(BufferMsg::Abort { group: gid });
-                }
-                st.try_admit();
-            }
+            SchedMsg::EpisodeEnded(outcome) => st.on_episode_ended(outcome),
+            SchedMsg::VersionInstalled(v) => st.on_version_installed(v),
             SchedMsg::Training(on) => {
                 st.training = on;
                 st.try_admit();
@@ -419,119 +371,6 @@ impl Actor for Scheduler {
 }
 
 impl SchedState {
-    fn on_buffer(&mut self, ev: BufferEvent) -> Result<(), ActorProcessingErr> {
-        match ev {
-            BufferEvent::Retry { group } => {
-                self.snap.retries += 1;
-                if let Some(g) = self.groups.get(&group)
-                    && !g.closed
-                {
-                    // A retry runs outside any wave barrier: the wave was sized without it.
-                    let (task, seed, sv, pool) = (g.task, g.seed, g.start_version, g.pool);
-                    self.spawn_episode(group, task, seed, sv, pool, None);
-                }
-            }
-            BufferEvent::CancelExtras { group } => {
-                let w = self.abort_group_episodes(group);
-                self.snap.cancelled_extras += w.episodes as u64;
-                self.count_waste(w);
-            }
-            BufferEvent::Ready { group } => {
-                if let Some(g) = self.groups.get_mut(&group) {
-                    g.closed = true;
-                }
-            }
-            BufferEvent::Dropped {
-                group,
-                reason,
-                failure,
-            } => {
-                self.abort_group_episodes(group);
-                if let Some(g) = self.groups.remove(&group) {
-                    self.open_groups -= 1;
-                    // A row whose group never got a verdict (stale, aborted) is drawn again;
-                    // one whose rewards were all equal was used (it taught nothing, as in
-                    // dynamic sampling), and so was one whose episodes failed after their
-                    // retries (drawing it again could fail forever).
-                    if let Some(p) = g.position
-                        && matches!(reason, DropReason::Stale | DropReason::Aborted)
-                    {
-                        self.requeue[g.task].push_back(p);
-                    }
-                }
-                self.snap.dropped_groups += 1;
-                // Groups whose trajectories all fail in their environment (an error it reports,
-                // a crash, a prompt past the context budget), one after another from the
-                // start: the environment is broken; say why at once. Generation and reward
-                // failures are not counted: shards restart, functions have fault budgets.
-                let env_broken = matches!(
-                    failure,
-                    Some(FailureReason::EnvFailed(_) | FailureReason::Truncated(_))
-                );
-                if let Some(f) = failure {
-                    self.last_failure = Some(f.to_string());
-                }
-                if reason == DropReason::TooFewValid
-                    && env_broken
-                    && self.consumed == self.a.start_version
-                {
-                    self.failed_in_a_row += 1;
-                } else {
-                    self.failed_in_a_row = 0;
-                }
-                let k = &self.a.knobs;
-                if self.failed_in_a_row >= FAILED_GROUPS_BEFORE_GIVING_UP
-                    && let Some(f) = &self.last_failure
-                {
-                    return Err(format!(
-                        "the first {} groups all failed before any was trained; the last trajectory's failure: {f}",
-                        self.failed_in_a_row
-                    )
-                    .into());
-                }
-                // A job whose groups are (almost) all dropped would admit forever: give up
-                // loudly instead (the failure escalates to the job supervisor).
-                let limit = 10 * k.batch_size as u64 * k.steps + 100;
-                if self.snap.dropped_groups > limit {
-                    let why = match (reason, &self.last_failure) {
-                        (DropReason::TooFewValid, Some(f)) => {
-                            format!("too few valid trajectories; the last failure: {f}")
-                        }
-                        (DropReason::AllEqual, _) => {
-                            "all rewards of a group equal; check filter_all_equal and the reward"
-                                .into()
-                        }
-                        (DropReason::Stale, _) | (DropReason::Aborted, _) => {
-                            "stale or aborted; check alpha".into()
-                        }
-                        (DropReason::TooFewValid, None) => "too few valid trajectories".into(),
-                    };
-                    return Err(format!(
-                        "{} groups were dropped for {} consumed (last: {why})",
-                        self.snap.dropped_groups, self.consumed
-                    )
-                    .into());
-                }
-            }
-            BufferEvent::Consumed { groups, .. } => {
-                self.consumed += 1;
-                self.snap.consumed = self.consumed;
-                let mut waves = std::collections::BTreeSet::new();
-                for g in groups {
-                    if let Some(run) = self.groups.remove(&g) {
-                        self.open_groups -= 1;
-                        waves.extend(run.wave);
-                    }
-                }
-                if self.a.knobs.overprovision > 0 {
-                    self.cancel_stragglers(&waves);
-                }
-            }
-        }
-        self.try_admit();
-        Ok(())
-    }
-
     /// Per task: the dataset positions drawn but not used yet, in the order they are issued
     /// again on resume (the re-issue queue, then open groups by id).
     fn pending_positions(&self) -> Vec<Vec<u64>> {
@@ -574,71 +413,5 @@ impl SchedState {
                     used.join(", ")
                 )
             })
-    }
-
-    /// Over-provisioning: once a wave's batch is taken, the rest of the wave is cancelled —
-    /// groups still running, and any that finished too late to be taken (the buffer drops
-    /// them; a dataset row goes back to be drawn again).
-    fn cancel_stragglers(&mut self, waves: &std::collections::BTreeSet<u64>) {
-        let stragglers: Vec<u64> = self
-            .groups
-            .iter()
-            .filter(|(_, g)| g.wave.is_some_and(|w| waves.contains(&w)))
-            .map(|(id, _)| *id)
-            .collect();
-        for gid in stragglers {
-            let spent = self.groups.get(&gid).map(|g| g.spent).unwrap_or_default();
-            let w = self.abort_group_episodes(gid);
-            self.count_waste(w);
-            self.count_waste(spent);
-            self.snap.cancelled_groups += 1;
-            let _ = self.a.buffer.cast(BufferMsg::Abort { group: gid });
-        }
-    }
-
-    fn count_waste(&mut self, w: Waste) {
-        self.snap.cancelled_tokens += w.tokens;
-        self.snap.cancelled_env_s += w.env_s;
-    }
-
-    fn abort_group_episodes(&mut self, gid: u64) -> Waste {
-        let Some(g) = self.groups.get_mut(&gid) else {
-            return Waste::default();
-        };
-        g.closed = true;
-        let mut waste = Waste::default();
-        for eid in std::mem::take(&mut g.episodes) {
-            if let Some(e) = self.episodes.remove(&eid) {
-                self.release_shards(&e);
-                e.handle.abort();
-                waste.episodes += 1;
-                waste.tokens += e.tokens.load(std::sync::atomic::Ordering::Relaxed);
-                waste.env_s += e.started.elapsed().as_secs_f64();
-                let sh = &self.a.pools[e.pool].shards[e.shard];
-                sh.abort(eid);
-                sh.release(eid);
-                if let (Some(link), Some(ps)) = (self.a.pools[e.pool].prefill_from, e.prefill_shard)
-                {
-                    let sh = &self.a.pools[link.pool].shards[ps];
-                    sh.abort(eid);
-                    sh.release(eid);
-                }
-            }
-        }
-        waste
-    }
-
-    fn abort_all(&mut self) {
-        let ids: Vec<u64> = self.groups.keys().copied().collect();
-        for g in ids {
-            self.abort_group_episodes(g);
-        }
-        self.tasks.abort_all();
-        self.reap();
-    }
-
-    /// Drops the finished episode tasks from the set (their outcomes came as messages).
-    fn reap(&mut self) {
-        while self.tasks.try_join_next().is_some() {}
     }
 }

@@ -1,4 +1,5 @@
 use super::*;
+use crate::spec::catalogue::{all, annotate_schema, markdown_table};
 use crate::spec::{Format, parse};
 
 #[test]

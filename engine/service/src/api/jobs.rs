@@ -1,0 +1,299 @@
+//! The job routes: submit, list, one job, its spec, its random-policy baselines, its step
+//! history, and cancel.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Extension, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::{ApiError, ErrorBody, MAX_BODY_BYTES, page_limit, require, visible_job};
+use crate::access::{Access, Principal, Role};
+use crate::service::{Service, ServiceError};
+use job::spec::{self, Format};
+use job::store::{JobRecord, JobState};
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Created {
+    pub id: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct JobList {
+    pub jobs: Vec<JobRecord>,
+}
+
+/// The spec format of a submitted body: by its content type (JSON or TOML), sniffed when it
+/// names none (or plain text); any other type (YAML, XML, …) is a 415.
+fn body_format(headers: &HeaderMap, body: &str) -> Result<Format, ApiError> {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    Ok(if ct.contains("json") {
+        Format::Json
+    } else if ct.contains("toml") {
+        Format::Toml
+    } else if matches!(ct.as_str(), "" | "text/plain" | "application/octet-stream") {
+        if body.trim_start().starts_with('{') {
+            Format::Json
+        } else {
+            Format::Toml
+        }
+    } else {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            format!(
+                "content-type {ct} is not a job spec format: send application/json or \
+                 application/toml (convert YAML to JSON first; the Python SDK does)"
+            ),
+        ));
+    })
+}
+
+/// Submit a job (JSON or TOML body).
+#[utoipa::path(post, path = "/v1/jobs", request_body(content = spec::JobSpec, description = "job spec as JSON or TOML"),
+    responses((status = 201, body = Created), (status = 400, description = "invalid spec, or over the memory budget", body = ErrorBody), (status = 403, description = "the token may not submit, or the service policy forbids a program of the spec", body = ErrorBody), (status = 413, body = ErrorBody), (status = 415, description = "a body that is neither JSON nor TOML (e.g. YAML)", body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub(super) async fn submit(
+    State(s): State<Arc<Service>>,
+    Extension(p): Extension<Principal>,
+    Extension(access): Extension<Arc<Access>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<Created>), ApiError> {
+    require(&p, Role::Submit)?;
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                format!("request body exceeds {MAX_BODY_BYTES} bytes"),
+            )
+        } else {
+            ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text())
+        }
+    })?;
+    let text = std::str::from_utf8(&body)
+        .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", "body is not UTF-8"))?;
+    let spec = job::resolve::accept(text, body_format(&headers, text)?).map_err(|e| ApiError {
+        status: StatusCode::BAD_REQUEST,
+        code: "invalid_spec",
+        message: format!("the job spec has {} problem(s)", e.0.len()),
+        fields: e.0,
+        cause: None,
+    })?;
+    let denied = access.check_programs(&spec);
+    if !denied.is_empty() {
+        return Err(ApiError {
+            status: StatusCode::FORBIDDEN,
+            code: "forbidden",
+            message: format!(
+                "the service policy does not allow {} program(s) of this spec",
+                denied.len()
+            ),
+            fields: denied,
+            cause: None,
+        });
+    }
+    let id = s.submit_as(spec, p.owner())?;
+    Ok((StatusCode::CREATED, Json(Created { id })))
+}
+
+/// List jobs, oldest first.
+#[utoipa::path(get, path = "/v1/jobs", responses((status = 200, body = JobList)))]
+pub(super) async fn list_jobs(
+    State(s): State<Arc<Service>>,
+    Extension(p): Extension<Principal>,
+) -> Result<Json<JobList>, ApiError> {
+    let mut jobs = s.store.list()?;
+    jobs.retain(|j| p.owns(j.owner.as_deref()));
+    Ok(Json(JobList { jobs }))
+}
+
+/// One job: state, step, steps, latest metrics.
+#[utoipa::path(get, path = "/v1/jobs/{id}", params(("id" = String, Path, description = "job id")), responses((status = 200, body = JobRecord), (status = 404, body = ErrorBody)))]
+pub(super) async fn get_job(
+    State(s): State<Arc<Service>>,
+    Extension(p): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<Json<JobRecord>, ApiError> {
+    visible_job(&s, &p, &id).map(Json)
+}
+
+/// The job's spec as the service stored it (normalised JSON: every default filled in), e.g.
+/// for an external trainer to build the job's model.
+#[utoipa::path(get, path = "/v1/jobs/{id}/spec", params(("id" = String, Path, description = "job id")), responses((status = 200, body = spec::JobSpec), (status = 404, body = ErrorBody)))]
+pub(super) async fn get_job_spec(
+    State(s): State<Arc<Service>>,
+    Extension(p): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<Json<spec::JobSpec>, ApiError> {
+    visible_job(&s, &p, &id)?;
+    let spec = s
+        .store
+        .spec(&id)?
+        .ok_or_else(|| ServiceError::NotFound(id.clone()))?;
+    Ok(Json(spec))
+}
+
+/// What a uniformly random policy scores on each task, the baseline of its success curve.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Baselines {
+    /// Success rate of a random policy per task (measured on the environment itself, 4,000
+    /// episodes from the job's seed); `null` where it is not defined (tasks whose answers
+    /// are not single actions from an alphabet).
+    pub tasks: BTreeMap<String, Option<f64>>,
+}
+
+/// The random-policy baseline of each task of the job.
+#[utoipa::path(get, path = "/v1/jobs/{id}/baselines", params(("id" = String, Path, description = "job id")), responses((status = 200, body = Baselines), (status = 404, body = ErrorBody)))]
+pub(super) async fn job_baselines(
+    State(s): State<Arc<Service>>,
+    Extension(p): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<Json<Baselines>, ApiError> {
+    visible_job(&s, &p, &id)?;
+    let spec = s
+        .store
+        .spec(&id)?
+        .ok_or_else(|| ServiceError::NotFound(id.clone()))?;
+    let tasks = tokio::task::spawn_blocking(move || {
+        spec.tasks
+            .iter()
+            .map(|t| {
+                (
+                    t.domain.clone(),
+                    job::baseline::random_policy_success(t, 4000, spec.seed),
+                )
+            })
+            .collect()
+    })
+    .await
+    .map_err(|e| ApiError::internal(&e))?;
+    Ok(Json(Baselines { tasks }))
+}
+
+/// A page of a job's step history.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(super) struct StepsQuery {
+    /// The last step already seen (0 = from the first).
+    after: Option<u64>,
+    /// Page size, 1..=1000 (default 100).
+    limit: Option<usize>,
+}
+
+/// One completed training step.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StepRecord {
+    /// Steps completed by then (1 = the first step).
+    pub step: u64,
+    /// The step's full record (the progress event's metrics plus the per-resource
+    /// `timeline`).
+    #[schema(value_type = Object)]
+    pub metrics: serde_json::Value,
+}
+
+/// Steps after `after`, oldest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StepPage {
+    pub steps: Vec<StepRecord>,
+    /// The job's newest event id when the page was read: resume the events after it
+    /// (`Last-Event-ID`) to get every later step (a step already on a page may come again:
+    /// keep one per `step`).
+    pub event_id: String,
+}
+
+/// The job's step history (the learning curve), paged.
+#[utoipa::path(get, path = "/v1/jobs/{id}/steps", params(("id" = String, Path, description = "job id"), StepsQuery), responses((status = 200, body = StepPage), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub(super) async fn job_steps(
+    State(s): State<Arc<Service>>,
+    Extension(p): Extension<Principal>,
+    Path(id): Path<String>,
+    q: Result<Query<StepsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<StepPage>, ApiError> {
+    let Query(q) =
+        q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
+    let limit = page_limit(q.limit)?;
+    visible_job(&s, &p, &id)?;
+    // The id first: every step after the ones read here has its event after it.
+    let event_id = s.last_event_id(&id);
+    let steps = s
+        .store
+        .step_page(&id, q.after.unwrap_or(0), limit)?
+        .into_iter()
+        .map(|(step, metrics)| StepRecord { step, metrics })
+        .collect();
+    Ok(Json(StepPage { steps, event_id }))
+}
+
+/// The answer to a cancel: the job as it is now, and what the cancel does to it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CancelAnswer {
+    #[serde(flatten)]
+    pub job: JobRecord,
+    pub cancel: CancelInfo,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CancelInfo {
+    /// `stopping`: the job was running; it stops now and its state becomes `cancelled` once
+    /// its actors and processes are down (watch the job or its events). `cancelled`: it was
+    /// queued and never started.
+    pub outcome: &'static str,
+    /// The step (1-based) that was in flight: it is not recorded; the steps before it and
+    /// their trajectories are kept.
+    pub in_flight_step: Option<u64>,
+    pub message: String,
+}
+
+/// Cancel a queued or running job.
+#[utoipa::path(post, path = "/v1/jobs/{id}/cancel", params(("id" = String, Path, description = "job id")), responses((status = 202, body = CancelAnswer), (status = 403, description = "a read token", body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub(super) async fn cancel_job(
+    State(s): State<Arc<Service>>,
+    Extension(p): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Json<CancelAnswer>), ApiError> {
+    visible_job(&s, &p, &id)?;
+    require(&p, Role::Submit)?;
+    s.cancel(&id)?;
+    let job = s
+        .store
+        .get(&id)?
+        .ok_or_else(|| ServiceError::NotFound(id.clone()))?;
+    let cancel = if job.state.is_terminal() {
+        CancelInfo {
+            outcome: "cancelled",
+            in_flight_step: None,
+            message: format!("{id} was cancelled before it started"),
+        }
+    } else {
+        let in_flight =
+            (job.state == JobState::Running && job.step < job.steps).then_some(job.step + 1);
+        CancelInfo {
+            outcome: "stopping",
+            in_flight_step: in_flight,
+            message: match in_flight {
+                Some(n) => format!(
+                    "{id} is stopping: step {n} of {} was in flight and is not recorded; steps 1–{} and their trajectories are kept. Its state becomes cancelled once its actors and processes are down",
+                    job.steps, job.step
+                ),
+                None => format!(
+                    "{id} is stopping; its state becomes cancelled once its actors and processes are down"
+                ),
+            },
+        }
+    };
+    Ok((StatusCode::ACCEPTED, Json(CancelAnswer { job, cancel })))
+}

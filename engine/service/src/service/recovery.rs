@@ -1,0 +1,120 @@
+//! Resuming after a restart: unfinished jobs are re-checked against today's limits and
+//! queued again (unless they crash-loop the process), and a resumed job's admission continues
+//! from the cursor of its last completed step.
+
+use std::sync::Arc;
+
+use infra::error_chain;
+use job::runtime;
+use job::spec::JobSpec;
+use job::store::JobState;
+
+use super::{Service, ServiceError};
+
+/// Attempts of one job in a row during which the service process died before a training step
+/// completed, after which the job is failed at the next start instead of run again (a spec
+/// that takes the process down must not keep it crash-looping; a job killed while it makes
+/// progress is resumed however often that happens).
+pub const MAX_PROCESS_DEATHS: u64 = 2;
+
+impl Service {
+    /// Re-queues jobs that were running when the service last stopped, then starts jobs.
+    pub fn recover(self: &Arc<Self>) -> Result<usize, ServiceError> {
+        self.recover_with(&|_| Vec::new())
+    }
+
+    /// [`Self::recover`], re-checking every unfinished job against today's limits first: the
+    /// memory budget and `policy` (the programs the service allows, which may have changed
+    /// since the job was accepted). A job that no longer passes is failed with the reason.
+    pub fn recover_with(
+        self: &Arc<Self>,
+        policy: &dyn Fn(&JobSpec) -> Vec<job::spec::FieldError>,
+    ) -> Result<usize, ServiceError> {
+        let mut n = 0;
+        for j in self.store.unfinished()? {
+            if let Some(spec) = self.store.spec(&j.id)? {
+                let why = match self.admit(&spec) {
+                    Err(e) => Some(format!("not resumed: {e}")),
+                    Ok(_) => {
+                        let denied = policy(&spec);
+                        (!denied.is_empty()).then(|| {
+                            let fields: Vec<String> = denied
+                                .iter()
+                                .map(|f| format!("{}: {}", f.field, f.message))
+                                .collect();
+                            format!(
+                                "not resumed: the service policy forbids {}",
+                                fields.join("; ")
+                            )
+                        })
+                    }
+                };
+                if let Some(why) = why {
+                    tracing::error!(job = %j.id, error = %why, "failing a recovered job");
+                    self.store.transition(&j.id, JobState::Failed, Some(&why))?;
+                    continue;
+                }
+            }
+            if j.state == JobState::Running {
+                let deaths = self.store.died_attempts(&j.id)?;
+                if deaths >= MAX_PROCESS_DEATHS {
+                    let why = format!(
+                        "the service process died during {deaths} attempts to run this job in a \
+                         row, none completing a training step (the limit is \
+                         {MAX_PROCESS_DEATHS}); it is not run again"
+                    );
+                    tracing::error!(job = %j.id, deaths, "crash loop: failing the job");
+                    self.store.transition(&j.id, JobState::Failed, Some(&why))?;
+                    continue;
+                }
+                self.store.transition(
+                    &j.id,
+                    JobState::Queued,
+                    Some("service restarted; resuming from the last completed step"),
+                )?;
+                n += 1;
+            }
+        }
+        self.dispatch();
+        Ok(n)
+    }
+
+    /// Where a resumed job's admission continues: the cursor stored with its last completed
+    /// step (its seeds go on from there: nothing trained is generated again), with group ids
+    /// above every group stored by any attempt (rows of an interrupted attempt keep theirs).
+    /// Without a stored cursor (older metrics), only the group-id floor is kept (the
+    /// scheduler starts its sequences afresh but never reuses a stored group id).
+    pub(super) fn resume_cursor(
+        &self,
+        id: &str,
+        start_step: u64,
+    ) -> Option<runtime::scheduler::Cursor> {
+        let stored = (start_step > 0)
+            .then(|| self.store.step_metrics(id))
+            .transpose()
+            .map_err(|e| tracing::warn!(job = %id, error = %error_chain(&e), "no step metrics to resume from"))
+            .ok()
+            .flatten()
+            .and_then(|steps| {
+                let last = steps
+                    .iter()
+                    .rfind(|m| m["step"].as_u64() == Some(start_step - 1))?;
+                serde_json::from_value::<runtime::scheduler::Cursor>(
+                    last["scheduler"]["cursor"].clone(),
+                )
+                .ok()
+            });
+        let floor = self.store.max_group_id(id).ok().flatten().map(|g| g + 1);
+        match (stored, floor) {
+            (Some(mut c), f) => {
+                c.next_group = c.next_group.max(f.unwrap_or(0));
+                Some(c)
+            }
+            (None, Some(f)) => Some(runtime::scheduler::Cursor {
+                next_group: f,
+                ..Default::default()
+            }),
+            (None, None) => None,
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! `rollarc serve` (the service, from its config file and options), `rollarc token` (a new
+//! API token and its config entry) and `rollarc env-serve` (a built-in environment on
+//! stdin/stdout).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use service::service::ServiceConfig;
+
+use crate::{log_file, runtime};
+
+/// The service config file of `rollarc serve --config`.
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ServeConfig {
+    addr: Option<String>,
+    data_dir: Option<PathBuf>,
+    max_running: Option<usize>,
+    grace_s: Option<f64>,
+    /// Memory budget of the running jobs together, in GiB (default: 60 % of the machine's).
+    max_memory_gib: Option<f64>,
+    #[serde(default)]
+    insecure_public: bool,
+    #[serde(default)]
+    access: service::access::AccessConfig,
+    #[serde(default)]
+    policy: service::access::ProgramPolicy,
+}
+
+/// `rollarc token`: prints a new token and the config entry holding its digest.
+pub(crate) fn token(name: &str, role: &str) -> anyhow::Result<ExitCode> {
+    let role: service::access::Role = serde_json::from_value(serde_json::json!(role))
+        .with_context(|| format!("--role must be read, submit or admin, got {role:?}"))?;
+    let token =
+        service::access::new_token().map_err(|_| anyhow::anyhow!("no system randomness"))?;
+    println!("token (give it to the client, e.g. ROLLARC_TOKEN=…; it is not stored):\n  {token}");
+    println!("service config entry:");
+    println!("[[access.tokens]]");
+    println!("name = {name:?}");
+    println!("role = {:?}", format!("{role:?}").to_lowercase());
+    println!("sha256 = {:?}", service::access::hash_token(&token));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `rollarc serve`: the service on `addr` until it is told to stop.
+pub(crate) fn serve(
+    addr: Option<String>,
+    data_dir: Option<PathBuf>,
+    config: Option<PathBuf>,
+    insecure_public: bool,
+) -> anyhow::Result<ExitCode> {
+    let cfg: ServeConfig = match config {
+        Some(p) => toml::from_str(
+            &std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?,
+        )
+        .with_context(|| format!("invalid service config {}", p.display()))?,
+        None => ServeConfig::default(),
+    };
+    let addr = addr.or(cfg.addr).unwrap_or_else(|| "127.0.0.1:8080".into());
+    let data_dir = data_dir
+        .or(cfg.data_dir)
+        .unwrap_or_else(|| PathBuf::from("data"));
+    log_file(&data_dir);
+    let grace_s = cfg.grace_s.unwrap_or(10.0);
+    if !(grace_s.is_finite() && (0.0..=job::spec::MAX_SECONDS).contains(&grace_s)) {
+        bail!(
+            "grace_s must be a number of seconds in [0, {}], got {grace_s}",
+            job::spec::MAX_SECONDS
+        );
+    }
+    let grace = Duration::from_secs_f64(grace_s);
+    let max_running = cfg.max_running.unwrap_or(2);
+    let max_memory = match cfg.max_memory_gib {
+        None => None,
+        Some(g) if g.is_finite() && g > 0.0 && g <= 1e6 => Some((g * (1u64 << 30) as f64) as u64),
+        Some(g) => bail!("max_memory_gib must be a number of GiB in (0, 1e6], got {g}"),
+    };
+    let access =
+        service::access::Access::new(&cfg.access, cfg.policy).context("invalid service config")?;
+    let rt = runtime()?;
+    rt.block_on(service::server::check_exposure(
+        &addr,
+        &access,
+        insecure_public || cfg.insecure_public,
+    ))?;
+    rt.block_on(service::server::serve(
+        &addr,
+        ServiceConfig {
+            data_dir,
+            max_running,
+            max_memory,
+        },
+        grace,
+        access,
+    ))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `rollarc env-serve`: a built-in environment over the environment protocol.
+pub(crate) fn env_serve(spec: &str) -> anyhow::Result<ExitCode> {
+    let env: job::spec::EnvSpec = serde_json::from_str(spec)
+        .context("the environment spec is not valid JSON for an env table")?;
+    let Some(mut env) = job::wiring::envs::builtin(&env) else {
+        bail!("only built-in games can be served (frozenlake, sokoban, arithmetic, tictactoe)")
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(actors::env::protocol::serve(
+        env.as_mut(),
+        tokio::io::BufReader::new(tokio::io::stdin()),
+        tokio::io::stdout(),
+    ))?;
+    Ok(ExitCode::SUCCESS)
+}
