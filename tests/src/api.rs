@@ -646,6 +646,37 @@ async fn slow_clients_are_cut_off_and_connections_are_capped() {
     }
 }
 
+/// Every knob of the spec (bounds declared once in `job::spec`) is in the served schema with
+/// its bounds, default and meaning: a knob whose schema or field name is wrong would
+/// otherwise document nothing.
+#[test]
+fn every_knob_is_documented_in_the_openapi_schema() {
+    let api = service::api::openapi_document();
+    let knobs = job::spec::catalogue::all();
+    assert!(knobs.len() >= 20, "{} knobs", knobs.len());
+    for k in knobs {
+        let p = &api["components"]["schemas"][k.schema]["properties"][k.name];
+        assert!(
+            p.is_object(),
+            "{}: no {}.{} in the schema",
+            k.field,
+            k.schema,
+            k.name
+        );
+        assert_eq!(p["maximum"].as_f64(), Some(k.max), "{}", k.field);
+        let low = if k.exclusive_min {
+            "exclusiveMinimum"
+        } else {
+            "minimum"
+        };
+        assert_eq!(p[low].as_f64(), Some(k.min), "{}", k.field);
+        assert_eq!(p["description"], k.doc, "{}", k.field);
+        if let Some(d) = &k.default_json {
+            assert_eq!(&p["default"], d, "{}", k.field);
+        }
+    }
+}
+
 /// The OpenAPI spec schema says what validation enforces: at each documented bound a field
 /// is accepted, one past it the spec is rejected naming that field.
 #[test]

@@ -135,18 +135,7 @@ pub fn plan(spec: &JobSpec, inputs: &Resolved) -> Result<JobPlan, WiringError> {
         .iter()
         .map(|(name, f)| Ok((name.clone(), function(spec, &knobs, name, f)?)))
         .collect::<Result<_, WiringError>>()?;
-    for (ti, t) in tasks.iter().enumerate() {
-        for s in &t.scorers {
-            if let ScorerPlan::Function(name) = s
-                && !spec.reward.functions.contains_key(name)
-            {
-                return Err(WiringError::UnknownFunction {
-                    task: ti,
-                    name: name.clone(),
-                });
-            }
-        }
-    }
+    known_functions(spec, &tasks)?;
     let trainer = trainer::plan(spec, &pools)?;
     // A trainer sharing its host's cores: the simulated engines charge their compute to it.
     if let TrainerPlan::Sim { trainer: t, .. } = &trainer
@@ -165,18 +154,7 @@ pub fn plan(spec: &JobSpec, inputs: &Resolved) -> Result<JobPlan, WiringError> {
             let mut held_out = spec.clone();
             held_out.tasks = e.tasks.clone();
             let tasks = tasks::plan(&held_out, &knobs, &inputs.eval_tasks)?;
-            for (ti, t) in tasks.iter().enumerate() {
-                for s in &t.scorers {
-                    if let ScorerPlan::Function(name) = s
-                        && !spec.reward.functions.contains_key(name)
-                    {
-                        return Err(WiringError::UnknownFunction {
-                            task: ti,
-                            name: name.clone(),
-                        });
-                    }
-                }
-            }
+            known_functions(spec, &tasks)?;
             Some(EvalPlan {
                 every: e.every,
                 at_start: e.at_start,
@@ -204,6 +182,23 @@ pub fn plan(spec: &JobSpec, inputs: &Resolved) -> Result<JobPlan, WiringError> {
 pub fn plan_trainer(spec: &JobSpec, inputs: &Resolved) -> Result<TrainerPlan, WiringError> {
     let pools = pools::plan(spec, &spec.knobs(), inputs)?;
     trainer::plan(spec, &pools)
+}
+
+/// Every reward function the tasks name is one of `reward.functions` (or the environment's).
+fn known_functions(spec: &JobSpec, tasks: &[TaskPlan]) -> Result<(), WiringError> {
+    for (ti, t) in tasks.iter().enumerate() {
+        for s in &t.scorers {
+            if let ScorerPlan::Function(name) = s
+                && !spec.reward.functions.contains_key(name)
+            {
+                return Err(WiringError::UnknownFunction {
+                    task: ti,
+                    name: name.clone(),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 fn function(

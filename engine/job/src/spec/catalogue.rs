@@ -7,7 +7,10 @@ use super::knob::KnobInfo;
 /// Every declared knob, in the manual's order.
 pub fn all() -> Vec<KnobInfo> {
     let mut all = super::task::knobs();
+    all.extend(super::pool::knobs());
     all.extend(super::rollout::knobs());
+    all.extend(super::trainer::knobs());
+    all.extend(super::eval::knobs());
     all
 }
 
@@ -44,11 +47,17 @@ pub fn annotate_schema(doc: &mut serde_json::Value) {
 pub fn markdown_table() -> String {
     let mut out = String::from("| field | range | default | meaning |\n|---|---|---|---|\n");
     for k in all() {
-        let default = match (&k.default, k.default_note) {
+        let mut default = match (&k.default, k.unit) {
             (Some(d), "") => d.clone(),
-            (Some(d), note) => format!("{d} {note}"),
-            (None, note) => note.to_string(),
+            (Some(d), unit) => format!("{d} {unit}"),
+            (None, _) => String::new(),
         };
+        if !k.default_note.is_empty() {
+            if !default.is_empty() {
+                default.push_str("; ");
+            }
+            default.push_str(k.default_note);
+        }
         out.push_str(&format!(
             "| `{}` | {} | {} | {} |\n",
             k.field, k.range, default, k.doc

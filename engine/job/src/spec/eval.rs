@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::knob::{Knob, KnobInfo, knob};
 use super::task::TaskSpec;
 use super::{JobSpec, Problems};
 
@@ -17,20 +18,13 @@ pub struct EvalSpec {
     /// Evaluate the starting policy before the first step.
     #[serde(default = "default_true")]
     pub at_start: bool,
-    /// Samples per problem: pass@1 and pass@n are reported.
     #[serde(default = "default_n")]
-    #[schema(minimum = 1, maximum = 64)]
     pub n: usize,
-    /// Sampling temperature of the evaluation episodes (0: greedy).
     #[serde(default = "default_temperature")]
     pub temperature: f64,
-    /// Answer length per turn (default: each task's `max_tokens_per_turn`).
     #[serde(default)]
-    #[schema(minimum = 1, maximum = 1000000)]
     pub max_tokens: Option<u32>,
-    /// Episodes run at once (default: each task's environments).
     #[serde(default)]
-    #[schema(minimum = 1, maximum = 100000)]
     pub concurrency: Option<usize>,
     /// The held-out tasks, written like `tasks` (each with `seeds` — the problems — or a
     /// `dataset`, all of whose rows are problems).
@@ -41,11 +35,50 @@ pub struct EvalSpec {
 fn default_true() -> bool {
     true
 }
+pub const EVAL_N: Knob<usize> = knob(
+    ("EvalSpec", "eval", "n"),
+    (1, false, 64),
+    Some(4),
+    "",
+    "Samples per problem: pass@1 and pass@n are reported.",
+);
+pub const EVAL_TEMPERATURE: Knob<f64> = knob(
+    ("EvalSpec", "eval", "temperature"),
+    (0.0, false, 10.0),
+    Some(1.0),
+    "",
+    "Sampling temperature of the evaluation episodes (0: greedy).",
+);
+pub const EVAL_MAX_TOKENS: Knob<u32> = knob(
+    ("EvalSpec", "eval", "max_tokens"),
+    (1, false, 1_000_000),
+    None,
+    "each task's max_tokens_per_turn",
+    "Answer length per turn.",
+);
+pub const EVAL_CONCURRENCY: Knob<usize> = knob(
+    ("EvalSpec", "eval", "concurrency"),
+    (1, false, super::MAX_EPISODES),
+    None,
+    "each task's environments",
+    "Episodes run at once.",
+);
+
+/// The knobs of the `eval` section, in the manual's order.
+pub(super) fn knobs() -> Vec<KnobInfo> {
+    vec![
+        EVAL_N.info(),
+        EVAL_TEMPERATURE.info(),
+        EVAL_MAX_TOKENS.info(),
+        EVAL_CONCURRENCY.info(),
+    ]
+}
+
 fn default_n() -> usize {
-    4
+    EVAL_N.or_default(None)
 }
 fn default_temperature() -> f64 {
-    1.0
+    EVAL_TEMPERATURE.or_default(None)
 }
 
 /// Most evaluation episodes one evaluation may run (problems × n over all tasks).
@@ -53,24 +86,10 @@ pub const MAX_EVAL_EPISODES: u64 = 1_000_000;
 
 impl EvalSpec {
     pub(super) fn check(&self, spec: &JobSpec, problems: &mut Problems) {
-        if !(1..=64).contains(&self.n) {
-            problems.push(
-                "eval.n".into(),
-                format!("must be in 1..=64, got {}", self.n),
-            );
-        }
-        if !(self.temperature.is_finite() && (0.0..=10.0).contains(&self.temperature)) {
-            problems.push(
-                "eval.temperature".into(),
-                format!("must be in [0, 10], got {}", self.temperature),
-            );
-        }
-        if self.max_tokens == Some(0) {
-            problems.push("eval.max_tokens".into(), "must be at least 1".into());
-        }
-        if self.concurrency == Some(0) {
-            problems.push("eval.concurrency".into(), "must be at least 1".into());
-        }
+        EVAL_N.check(Some(self.n), problems);
+        EVAL_TEMPERATURE.check(Some(self.temperature), problems);
+        EVAL_MAX_TOKENS.check(self.max_tokens, problems);
+        EVAL_CONCURRENCY.check(self.concurrency, problems);
         if self.tasks.is_empty() {
             problems.push(
                 "eval.tasks".into(),

@@ -46,9 +46,33 @@ pub struct Knob<T> {
     pub max: T,
     /// The value a spec that leaves the field out gets, when it is a constant.
     pub default: Option<T>,
-    /// The default in words: how it is derived when it is not a constant, else a unit.
+    /// The unit of a fractional value: `s` (seconds) or none (a plain number).
+    pub unit: &'static str,
+    /// How the default is derived when it is not a constant (or what it depends on).
     pub default_note: &'static str,
     pub doc: &'static str,
+}
+
+/// A knob of `schema`'s field `name` (at `section.name` in a spec), with no unit.
+pub const fn knob<T: Copy>(
+    (schema, section, name): (&'static str, &'static str, &'static str),
+    (min, exclusive_min, max): (T, bool, T),
+    default: Option<T>,
+    default_note: &'static str,
+    doc: &'static str,
+) -> Knob<T> {
+    Knob {
+        schema,
+        section,
+        name,
+        min,
+        exclusive_min,
+        max,
+        default,
+        unit: "",
+        default_note,
+        doc,
+    }
 }
 
 impl<T: KnobValue> Knob<T> {
@@ -88,10 +112,10 @@ impl<T: KnobValue> Knob<T> {
         if let Some(v) = v
             && !self.allows(v)
         {
-            let what = if T::WHOLE {
-                "must be in"
-            } else {
-                "must be a number of seconds in"
+            let what = match (T::WHOLE, self.unit) {
+                (true, _) => "must be in",
+                (false, "s") => "must be a number of seconds in",
+                (false, _) => "must be a number in",
             };
             let field = format!("{at}.{}", self.name);
             problems.push(field, format!("{what} {}, got {v}", self.range()));
@@ -122,6 +146,7 @@ impl<T: KnobValue> Knob<T> {
                     serde_json::json!(d.as_f64())
                 }
             }),
+            unit: self.unit,
             default_note: self.default_note,
             range: self.range(),
             doc: self.doc,
@@ -140,6 +165,7 @@ pub struct KnobInfo {
     pub max: f64,
     pub default: Option<String>,
     pub default_json: Option<serde_json::Value>,
+    pub unit: &'static str,
     pub default_note: &'static str,
     pub range: String,
     pub doc: &'static str,

@@ -8,7 +8,28 @@ use utoipa::ToSchema;
 
 mod check;
 
+use super::knob::{Knob, KnobInfo, knob};
 use super::{JobSpec, Problems};
+
+pub const POOL_COUNT: Knob<usize> = knob(
+    ("PoolSpec", "pools[i]", "count"),
+    (1, false, 4096),
+    Some(1),
+    "",
+    "Shards of the pool (each a GPU group, a server or a built-in engine).",
+);
+pub const SERVER_SLOTS: Knob<usize> = knob(
+    ("ServerSpec", "pools[i].backend", "slots"),
+    (1, false, 256),
+    Some(4),
+    "",
+    "Requests a server generates at once (its slots).",
+);
+
+/// The knobs of a pool, in the manual's order.
+pub(super) fn knobs() -> Vec<KnobInfo> {
+    vec![POOL_COUNT.info(), SERVER_SLOTS.info()]
+}
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -17,13 +38,12 @@ pub struct PoolSpec {
     /// Device class: H800, H20, H100, A100 or CPU.
     pub device: String,
     #[serde(default = "default_shard_count")]
-    #[schema(minimum = 1, maximum = 4096)]
     pub count: usize,
     pub backend: BackendSpec,
 }
 
 fn default_shard_count() -> usize {
-    1
+    POOL_COUNT.or_default(None)
 }
 fn default_gpus_per_shard() -> u32 {
     1
@@ -101,14 +121,12 @@ pub struct ServerSpec {
     /// Managed mode (the default): how each shard starts its server.
     #[serde(default)]
     pub launch: Option<LaunchSpec>,
-    /// Requests a server generates at once (its slots).
     #[serde(default = "default_slots")]
-    #[schema(minimum = 1, maximum = 256)]
     pub slots: usize,
 }
 
 fn default_slots() -> usize {
-    4
+    SERVER_SLOTS.or_default(None)
 }
 
 /// How a managed server starts.

@@ -186,6 +186,7 @@ const fn rollout<T: Copy>(
     default_note: &'static str,
     doc: &'static str,
 ) -> Knob<T> {
+    let unit = "";
     Knob {
         schema: "RolloutSpec",
         section: "rollout",
@@ -194,13 +195,32 @@ const fn rollout<T: Copy>(
         exclusive_min,
         max,
         default,
+        unit,
         default_note,
         doc,
     }
 }
 
-/// Seconds: more than 0, at most [`MAX_SECONDS`].
-const POSITIVE_SECONDS: (f64, bool, f64) = (0.0, true, MAX_SECONDS);
+/// A duration knob of the `rollout` section: seconds, at most [`MAX_SECONDS`]; more than 0
+/// when `positive`.
+const fn rollout_seconds(
+    name: &'static str,
+    positive: bool,
+    default: Option<f64>,
+    default_note: &'static str,
+    doc: &'static str,
+) -> Knob<f64> {
+    Knob {
+        unit: "s",
+        ..rollout(
+            name,
+            (0.0, positive, MAX_SECONDS),
+            default,
+            default_note,
+            doc,
+        )
+    }
+}
 
 pub const ALPHA: Knob<u64> = rollout(
     "alpha",
@@ -237,25 +257,25 @@ pub const MAX_RETRIES_PER_GROUP: Knob<u32> = rollout(
     "",
     "Retries per group for trajectories that failed for infrastructure reasons (those are masked, never scored zero).",
 );
-pub const ENV_CALL_TIMEOUT_S: Knob<f64> = rollout(
+pub const ENV_CALL_TIMEOUT_S: Knob<f64> = rollout_seconds(
     "env_call_timeout_s",
-    POSITIVE_SECONDS,
+    true,
     Some(600.0),
-    "s",
+    "",
     "The longest an environment reset or step may take.",
 );
-pub const FROZEN_AFTER_S: Knob<f64> = rollout(
+pub const FROZEN_AFTER_S: Knob<f64> = rollout_seconds(
     "frozen_after_s",
-    POSITIVE_SECONDS,
+    true,
     Some(120.0),
-    "s",
+    "",
     "A shard with work and no progress for this long is restarted.",
 );
-pub const FAULT_WINDOW_S: Knob<f64> = rollout(
+pub const FAULT_WINDOW_S: Knob<f64> = rollout_seconds(
     "fault_window_s",
-    (0.0, false, MAX_SECONDS),
+    false,
     Some(30.0),
-    "s",
+    "",
     "Fault budget of each reward function and each task's environments: after fault_min_failures consecutive failed calls spanning this long (no success in between), the job fails naming the dependency and its last failure.",
 );
 pub const FAULT_MIN_FAILURES: Knob<u64> = rollout(
@@ -267,11 +287,11 @@ pub const FAULT_MIN_FAILURES: Knob<u64> = rollout(
 );
 /// [`STEP_TIMEOUT_S`]'s default for real jobs with the built-in trainer (its note says it).
 pub const REAL_STEP_TIMEOUT_S: f64 = 3600.0;
-pub const STEP_TIMEOUT_S: Knob<f64> = rollout(
+pub const STEP_TIMEOUT_S: Knob<f64> = rollout_seconds(
     "step_timeout_s",
-    POSITIVE_SECONDS,
+    true,
     None,
-    "3600 s; 30 days for fully simulated jobs and external trainers",
+    "3600 s for real jobs with the built-in trainer; 30 days for fully simulated jobs and external trainers",
     "The longest a training step may take: waiting for its batch, and training (seconds on the job's clock). A lost external trainer's lease ends instead.",
 );
 pub const OVERPROVISION: Knob<usize> = rollout(

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::env::EnvSpec;
-use super::knob::{Knob, KnobInfo};
+use super::knob::{Knob, KnobInfo, knob};
 use super::pool::BackendSpec;
 use super::reward::BUILTIN_REWARDS;
 use super::{JobSpec, Problems};
@@ -111,9 +111,7 @@ pub struct DatasetSpec {
     #[serde(default)]
     #[schema(value_type = Object)]
     pub filter: std::collections::BTreeMap<String, serde_json::Value>,
-    /// Keep at most this many rows (after split and filter).
     #[serde(default)]
-    #[schema(minimum = 1)]
     pub limit: Option<usize>,
     /// Draw rows in a seeded random order, a new one each epoch (default true).
     #[serde(default = "default_true")]
@@ -121,10 +119,7 @@ pub struct DatasetSpec {
     /// Seed of the shuffle; default: derived from the job's seed.
     #[serde(default)]
     pub seed: Option<u64>,
-    /// Passes over the rows; when every row of every epoch is used the task admits no more
-    /// groups.
     #[serde(default = "default_epochs")]
-    #[schema(minimum = 1, maximum = 100000)]
     pub epochs: u32,
 }
 
@@ -138,8 +133,23 @@ pub enum DatasetFormat {
 fn default_true() -> bool {
     true
 }
+pub const DATASET_LIMIT: Knob<usize> = knob(
+    ("DatasetSpec", "tasks[i].dataset", "limit"),
+    (1, false, 1_000_000_000),
+    None,
+    "every row",
+    "Keep at most this many rows (after split and filter).",
+);
+pub const DATASET_EPOCHS: Knob<u32> = knob(
+    ("DatasetSpec", "tasks[i].dataset", "epochs"),
+    (1, false, 100_000),
+    Some(1),
+    "",
+    "Passes over the rows; when every row of every epoch is used the task admits no more groups.",
+);
+
 fn default_epochs() -> u32 {
-    1
+    DATASET_EPOCHS.or_default(None)
 }
 
 impl DatasetSpec {
@@ -165,15 +175,8 @@ impl DatasetSpec {
             problems.push(format!("{p}.path"), "name the dataset file".into());
             return;
         }
-        if !(1..=100_000).contains(&self.epochs) {
-            problems.push(
-                format!("{p}.epochs"),
-                format!("must be in 1..=100000, got {}", self.epochs),
-            );
-        }
-        if self.limit == Some(0) {
-            problems.push(format!("{p}.limit"), "must be at least 1".into());
-        }
+        DATASET_EPOCHS.check_at(p, Some(self.epochs), problems);
+        DATASET_LIMIT.check_at(p, self.limit, problems);
     }
 }
 
@@ -289,6 +292,7 @@ const fn task<T: Copy>(
     default_note: &'static str,
     doc: &'static str,
 ) -> Knob<T> {
+    let unit = "";
     Knob {
         schema: "TaskSpec",
         section: "tasks[i]",
@@ -297,6 +301,7 @@ const fn task<T: Copy>(
         exclusive_min: false,
         max,
         default,
+        unit,
         default_note,
         doc,
     }
@@ -354,6 +359,8 @@ pub(super) fn knobs() -> Vec<KnobInfo> {
         TASK_MAX_TOKENS_PER_TURN.info(),
         TASK_ENVS.info(),
         TASK_MAX_CONTEXT_TOKENS.info(),
+        DATASET_LIMIT.info(),
+        DATASET_EPOCHS.info(),
     ]
 }
 

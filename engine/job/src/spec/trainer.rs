@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::knob::{Knob, KnobInfo, knob};
 use super::{JobSpec, Problems};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -115,10 +116,7 @@ pub struct BuiltinTrainerSpec {
     /// Train low-rank adapters instead of every weight (checkpoint models only).
     #[serde(default)]
     pub lora: Option<LoraSpec>,
-    /// Rows per backward pass (gradients accumulate over micro-batches; bounds the
-    /// activations a step holds). Default: 32 for the tiny model, 1 for checkpoints.
     #[serde(default)]
-    #[schema(minimum = 1, maximum = 4096)]
     pub micro_batch_rows: Option<usize>,
 }
 
@@ -127,7 +125,6 @@ pub struct BuiltinTrainerSpec {
 #[serde(deny_unknown_fields)]
 pub struct LoraSpec {
     #[serde(default = "default_lora_rank")]
-    #[schema(minimum = 1, maximum = 1024)]
     pub rank: usize,
     #[serde(default = "default_lora_alpha")]
     pub alpha: f64,
@@ -136,8 +133,28 @@ pub struct LoraSpec {
     pub targets: Vec<String>,
 }
 
+pub const TRAINER_MICRO_BATCH_ROWS: Knob<usize> = knob(
+    ("BuiltinTrainerSpec", "trainer", "micro_batch_rows"),
+    (1, false, 4096),
+    None,
+    "32 for the tiny model, 1 for checkpoints",
+    "Rows per backward pass (gradients accumulate over micro-batches; bounds the activations a step holds).",
+);
+pub const LORA_RANK: Knob<usize> = knob(
+    ("LoraSpec", "trainer.lora", "rank"),
+    (1, false, 1024),
+    Some(8),
+    "",
+    "Rank of the low-rank adapters.",
+);
+
+/// The knobs of the built-in trainer, in the manual's order.
+pub(super) fn knobs() -> Vec<KnobInfo> {
+    vec![TRAINER_MICRO_BATCH_ROWS.info(), LORA_RANK.info()]
+}
+
 fn default_lora_rank() -> usize {
-    8
+    LORA_RANK.or_default(None)
 }
 fn default_lora_alpha() -> f64 {
     16.0
@@ -297,12 +314,7 @@ fn check_builtin(spec: &JobSpec, t: &BuiltinTrainerSpec, problems: &mut Problems
     if t.tis_cap.is_some_and(|c| !(c.is_finite() && c >= 1.0)) {
         problems.push("trainer.tis_cap".into(), "must be >= 1".into());
     }
-    if t.micro_batch_rows.is_some_and(|n| !(1..=4096).contains(&n)) {
-        problems.push(
-            "trainer.micro_batch_rows".into(),
-            "must be in [1, 4096]".into(),
-        );
-    }
+    TRAINER_MICRO_BATCH_ROWS.check(t.micro_batch_rows, problems);
     if let Some(l) = &t.lora {
         check_lora(spec, l, problems);
     }
@@ -323,12 +335,7 @@ fn check_lora(spec: &JobSpec, l: &LoraSpec, problems: &mut Problems) {
                 .into(),
         );
     }
-    if !(1..=1024).contains(&l.rank) {
-        problems.push(
-            "trainer.lora.rank".into(),
-            format!("must be in [1, 1024], got {}", l.rank),
-        );
-    }
+    LORA_RANK.check(Some(l.rank), problems);
     if !(l.alpha.is_finite() && l.alpha > 0.0) {
         problems.push(
             "trainer.lora.alpha".into(),

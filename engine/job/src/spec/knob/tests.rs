@@ -30,7 +30,21 @@ fn every_constant_default_is_in_range_and_is_what_a_spec_without_the_field_runs_
         ("rollout.frozen_after_s", k.frozen_after_s),
         ("rollout.fault_window_s", k.fault_window_s),
         ("rollout.fault_min_failures", k.fault_min_failures as f64),
+        ("pools[i].count", spec.pools[0].count as f64),
     ];
+    // Sections the minimal spec leaves out: each as serde fills it from a minimal table.
+    let server: crate::spec::ServerSpec = toml::from_str("model = {}").unwrap();
+    let eval: crate::spec::EvalSpec = toml::from_str("tasks = []").unwrap();
+    let lora: crate::spec::LoraSpec = toml::from_str("").unwrap();
+    let dataset: crate::spec::DatasetSpec = toml::from_str("path = \"rows.jsonl\"").unwrap();
+    let ran = ran.into_iter().chain([
+        ("pools[i].backend.slots", server.slots as f64),
+        ("eval.n", eval.n as f64),
+        ("eval.temperature", eval.temperature),
+        ("trainer.lora.rank", lora.rank as f64),
+        ("tasks[i].dataset.epochs", f64::from(dataset.epochs)),
+    ]);
+    let ran: Vec<(&str, f64)> = ran.collect();
     for info in all() {
         if let Some(d) = &info.default {
             let d: f64 = d.parse().unwrap();

@@ -19,12 +19,7 @@ impl PoolSpec {
                 ),
             );
         }
-        if pl.count == 0 || pl.count > 4096 {
-            problems.push(
-                format!("{p}.count"),
-                format!("must be in 1..=4096, got {}", pl.count),
-            );
-        }
+        super::POOL_COUNT.check_at(p, Some(pl.count), problems);
         match &pl.backend {
             BackendSpec::Sim { .. } => self.check_sim(at, spec, problems),
             BackendSpec::Builtin { model, max_batch } => {
@@ -213,12 +208,7 @@ fn check_server(at: &str, count: usize, l: &ServerSpec, llamacpp: bool, problems
             "SGLang and vLLM have no default command: give urls (attach) or launch.command".into(),
         );
     }
-    if !(1..=256).contains(&l.slots) {
-        problems.push(
-            format!("{p}.slots"),
-            format!("must be in 1..=256, got {}", l.slots),
-        );
-    }
+    super::SERVER_SLOTS.check_at(&p, Some(l.slots), problems);
     if !l.urls.is_empty() {
         if l.launch.is_some() {
             problems.push(
