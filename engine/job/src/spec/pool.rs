@@ -26,9 +26,17 @@ pub const SERVER_SLOTS: Knob<usize> = knob(
     "Requests a server generates at once (its slots).",
 );
 
+pub const MODEL_MAX_SEQ: Knob<usize> = knob(
+    ("BuiltinModelSpec", "pools[i].backend.model", "max_seq"),
+    (2, false, actors::model::transformer::MAX_SEQ),
+    None,
+    "512 for the tiny model; 2048 for a checkpoint, at most its trained context",
+    "Longest sequence (context and answers): the tiny model's positions or a checkpoint's context limit.",
+);
+
 /// The knobs of a pool, in the manual's order.
 pub(super) fn knobs() -> Vec<KnobInfo> {
-    vec![POOL_COUNT.info(), SERVER_SLOTS.info()]
+    vec![POOL_COUNT.info(), SERVER_SLOTS.info(), MODEL_MAX_SEQ.info()]
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -188,10 +196,7 @@ pub struct BuiltinModelSpec {
     /// The tiny byte-level transformer's sizes.
     #[serde(default)]
     pub tiny: Option<TinyModelSpec>,
-    /// Longest sequence (context and answers): the tiny model's positions (default 512) or
-    /// a checkpoint's context limit (default 2048, at most its trained context).
     #[serde(default)]
-    #[schema(minimum = 2, maximum = 1048576)]
     pub max_seq: Option<usize>,
     /// Earlier flat form of `tiny`.
     #[serde(default)]
@@ -285,16 +290,8 @@ impl BuiltinModelSpec {
     /// Problems with the model at `at` (`pools[i].backend.model`). The checkpoint's header is
     /// checked by the resolve step ([`crate::resolve::check`]).
     pub(super) fn check(&self, at: &str, problems: &mut Problems) {
-        if let Some(n) = self.max_seq
-            && !(2..=actors::model::transformer::MAX_SEQ).contains(&n)
-        {
-            problems.push(
-                format!("{at}.max_seq"),
-                format!(
-                    "must be in [2, {}], got {n}",
-                    actors::model::transformer::MAX_SEQ
-                ),
-            );
+        if self.max_seq.is_some_and(|n| !MODEL_MAX_SEQ.allows(n)) {
+            MODEL_MAX_SEQ.check_at(at, self.max_seq, problems);
             return;
         }
         match &self.path {

@@ -31,9 +31,7 @@ pub struct TaskSpec {
     #[serde(default = "default_reward")]
     #[schema(min_items = 1)]
     pub reward: Vec<String>,
-    /// Share of groups drawn from this task.
     #[serde(default = "default_task_weight")]
-    #[schema(exclusive_minimum = 0.0)]
     pub weight: f64,
     #[serde(default)]
     pub seeds: Option<SeedRange>,
@@ -314,6 +312,13 @@ pub const TASK_GROUP_SIZE: Knob<usize> = task(
     "",
     "Episodes per group (GRPO: they share a task seed or dataset row).",
 );
+pub const TASK_WEIGHT: Knob<f64> = knob(
+    ("TaskSpec", "tasks[i]", "weight"),
+    (0.0, true, 1e6),
+    Some(1.0),
+    "",
+    "Share of groups drawn from this task (weights are relative).",
+);
 pub const TASK_REDUNDANCY: Knob<usize> = task(
     "redundancy",
     (0, 1024),
@@ -354,6 +359,7 @@ pub const TASK_MAX_CONTEXT_TOKENS: Knob<u32> = task(
 pub(super) fn knobs() -> Vec<KnobInfo> {
     vec![
         TASK_GROUP_SIZE.info(),
+        TASK_WEIGHT.info(),
         TASK_REDUNDANCY.info(),
         TASK_MAX_TURNS.info(),
         TASK_MAX_TOKENS_PER_TURN.info(),
@@ -377,7 +383,7 @@ fn default_reward() -> Vec<String> {
     vec!["env".into()]
 }
 fn default_task_weight() -> f64 {
-    1.0
+    TASK_WEIGHT.or_default(None)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -397,12 +403,7 @@ impl TaskSpec {
         TASK_MAX_TOKENS_PER_TURN.check_at(p, Some(t.max_tokens_per_turn), problems);
         TASK_ENVS.check_at(p, t.envs, problems);
         TASK_MAX_CONTEXT_TOKENS.check_at(p, t.max_context_tokens, problems);
-        if !(t.weight.is_finite() && t.weight > 0.0) {
-            problems.push(
-                format!("{p}.weight"),
-                format!("must be a positive number, got {}", t.weight),
-            );
-        }
+        TASK_WEIGHT.check_at(p, Some(t.weight), problems);
         if t.reward.is_empty() {
             problems.push(
                 format!("{p}.reward"),

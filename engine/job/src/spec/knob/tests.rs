@@ -14,6 +14,7 @@ fn every_constant_default_is_in_range_and_is_what_a_spec_without_the_field_runs_
     let ran = [
         ("tasks[i].group_size", t.group_size as f64),
         ("tasks[i].redundancy", t.redundancy as f64),
+        ("tasks[i].weight", t.weight),
         ("tasks[i].max_turns", f64::from(t.max_turns)),
         (
             "tasks[i].max_tokens_per_turn",
