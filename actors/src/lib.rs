@@ -16,6 +16,7 @@
 //! - [`supervisor`]: restart policies with intensity / window and counters.
 //! - [`call`]: request/reply calls with a timeout and their typed error.
 //!
+//! Depends on `infra` and `functions` only (`tools/check-layers.py`).
 //! Architecture invariant: this crate knows nothing of HTTP, job specs or the storage schema.
 //! It sees storage only through [`buffer::TrajectorySink`]. Time is read only through
 //! `tokio::time`, randomness only from seeded RNGs, so a job on a paused clock is a

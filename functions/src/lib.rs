@@ -4,6 +4,7 @@
 //! tests in the sandbox — and `judge` — an LLM judge behind an OpenAI-compatible endpoint;
 //! served by the `rollarc-fn` binary).
 //!
+//! Depends on `infra` only (`tools/check-layers.py`).
 //! Architecture invariant: nothing here knows about actors, GPUs or jobs.
 
 #![cfg_attr(

@@ -1,7 +1,9 @@
 //! Domain-free platform for rollarc: telemetry (tracing, OpenTelemetry metrics with a
 //! Prometheus text endpoint, OTLP export), configuration access through a trait, shutdown
-//! ownership, and (in later modules) the serverless function runtime and the async router.
+//! ownership, child processes and their sandbox, the serverless function runtime and the
+//! async router.
 //!
+//! The bottom layer: depends on no crate of the workspace (`tools/check-layers.py`).
 //! Architecture invariant: nothing here knows about RL, trajectories, models or jobs.
 
 #![cfg_attr(
