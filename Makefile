@@ -160,27 +160,16 @@ test-deps:
 	@{ command -v chromium >/dev/null && command -v prometheus >/dev/null; } || { apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium prometheus >/dev/null; }
 
-## `make test` lints while it builds: clippy-driver wraps rustc for the workspace's own crates
-## (warnings are errors, the lints of Cargo.toml and .clippy.toml, every target), so the
-## dependencies are compiled once, by rustc, for the lints and the tests alike. The same lints
-## as `make clippy` without its second, check-only build of every dependency (≈ 3.5 minutes of
-## a clean clone's CI). Every cargo call of `make test` runs with it: the wrapper is part of the
-## workspace crates' fingerprints, so a call without it would build them again.
-CLIPPY_DRIVER = $(shell rustup which clippy-driver 2>/dev/null || command -v clippy-driver)
-LINTED = RUSTC_WORKSPACE_WRAPPER=$(CLIPPY_DRIVER) CLIPPY_ARGS=-Dwarnings__CLIPPY_HACKERY__
-
 ## Everything: set-up, the lints, the cuda feature, every test class (the external class
 ## starts the binaries built first), the API fuzz pass, the SDK's tests, the manifests and
 ## the dashboard in Chromium.
-test: setup test-deps fmt-check lint-scripts
-	@test -x "$(CLIPPY_DRIVER)" || { echo "clippy-driver not found (rustup component add clippy)"; exit 1; }
-	$(LINTED) $(CARGO) build --workspace --all-targets
-	$(LINTED) $(CARGO) build -p actors --lib --features cuda
-	$(LINTED) $(CARGO) nextest run --workspace --no-fail-fast
+test: setup test-deps lint cuda-check
+	$(CARGO) build --workspace --bins
+	$(CARGO) nextest run --workspace --no-fail-fast
 	ST=$(ST) tests/fuzz-api.sh
 	$(MAKE) --no-print-directory sdk-test
 	$(MAKE) --no-print-directory deploy-check
-	python3 tests/ui/dashboard_test.py
+	$(MAKE) --no-print-directory ui-test
 
 ## The web dashboard in headless Chromium (Debian package) against a real `rollarc serve`
 ## running the quickstart: token prompt, job list, live curves, timeline drill-down, functions,

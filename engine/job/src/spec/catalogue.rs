@@ -7,6 +7,7 @@ use super::knob::KnobInfo;
 /// Every declared knob, in the manual's order.
 pub fn all() -> Vec<KnobInfo> {
     let mut all = super::task::knobs();
+    all.extend(super::env::knobs());
     all.extend(super::pool::knobs());
     all.extend(super::rollout::knobs());
     all.extend(super::trainer::knobs());
@@ -15,11 +16,11 @@ pub fn all() -> Vec<KnobInfo> {
 }
 
 /// Writes each knob's bounds, default and description into the OpenAPI document's schemas
-/// (`components/schemas/<Schema>/properties/<name>`).
+/// (`components/schemas/<Schema>/properties/<name>`, or the property of a tagged enum's
+/// variant: see [`property`]).
 pub fn annotate_schema(doc: &mut serde_json::Value) {
     for k in all() {
-        let path = format!("/components/schemas/{}/properties/{}", k.schema, k.name);
-        let Some(p) = doc.pointer_mut(&path).and_then(|p| p.as_object_mut()) else {
+        let Some(p) = property(doc, k.schema, k.name) else {
             continue;
         };
         let num = |x: f64| {
@@ -64,4 +65,27 @@ pub fn markdown_table() -> String {
         ));
     }
     out
+}
+
+/// The schema of `schema`'s property `name`: `Schema`, or `Enum.variant` for a variant of an
+/// internally tagged enum (its `oneOf` entry whose `kind` is `variant`).
+pub fn property<'a>(
+    doc: &'a mut serde_json::Value,
+    schema: &str,
+    name: &str,
+) -> Option<&'a mut serde_json::Map<String, serde_json::Value>> {
+    let (schema, variant) = match schema.split_once('.') {
+        Some((s, v)) => (s, Some(v)),
+        None => (schema, None),
+    };
+    let mut s = doc.pointer_mut(&format!("/components/schemas/{schema}"))?;
+    if let Some(v) = variant {
+        s = s.get_mut("oneOf")?.as_array_mut()?.iter_mut().find(|o| {
+            o.pointer("/properties/kind/enum")
+                .and_then(|e| e.as_array())
+                .is_some_and(|e| e.iter().any(|k| k == v))
+        })?;
+    }
+    s.pointer_mut(&format!("/properties/{name}"))?
+        .as_object_mut()
 }

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::Problems;
+use super::knob::{Knob, KnobInfo, knob};
 use actors::dist::Dist;
 
 /// How a task's environments are provided.
@@ -93,9 +94,7 @@ pub enum EnvSpec {
         readable_paths: Vec<String>,
         #[serde(default = "default_max_message_bytes")]
         max_message_bytes: usize,
-        /// Protocol version the program speaks: 1, or 2 (dataset rows on reset).
         #[serde(default = "default_protocol")]
-        #[schema(minimum = 1, maximum = 2)]
         protocol: u32,
         /// Each observation carries the state the agent needs (a board, a screen), so old
         /// turns may leave the context (`truncation = "drop_oldest_turns"`).
@@ -124,9 +123,7 @@ pub enum EnvSpec {
         #[serde(default)]
         #[schema(value_type = Object)]
         config: serde_json::Map<String, serde_json::Value>,
-        /// Problems in the generated set; episode seed k serves problem k mod size.
         #[serde(default = "default_rg_size")]
-        #[schema(minimum = 1, maximum = 10000000)]
         size: u64,
         /// The generator's seed: a different seed is a different problem set (held out).
         #[serde(default)]
@@ -281,17 +278,49 @@ impl EnvSpec {
 fn default_success_rate() -> f64 {
     0.5
 }
+// Knobs of enum variants: `schema` names the variant as `EnvSpec.<kind>` (its `oneOf` entry).
+pub const EXTERNAL_PROTOCOL: Knob<u32> = knob(
+    ("EnvSpec.external", "tasks[i].env", "protocol"),
+    (1, false, 2),
+    Some(1),
+    "",
+    "Protocol version the program speaks: 1, or 2 (dataset rows on reset).",
+);
+pub const EXTERNAL_MAX_MESSAGE_BYTES: Knob<usize> = knob(
+    ("EnvSpec.external", "tasks[i].env", "max_message_bytes"),
+    (64, false, 64 << 20),
+    Some(actors::env::protocol::MAX_MESSAGE_BYTES),
+    "",
+    "Longest line (one protocol message) the program may send.",
+);
+pub const REASONING_GYM_SIZE: Knob<u64> = knob(
+    ("EnvSpec.reasoning_gym", "tasks[i].env", "size"),
+    (1, false, 10_000_000),
+    Some(100_000),
+    "",
+    "Problems in the generated set; episode seed k serves problem k mod size.",
+);
+
+/// The knobs of the environments, in the manual's order.
+pub(super) fn knobs() -> Vec<KnobInfo> {
+    vec![
+        EXTERNAL_PROTOCOL.info(),
+        EXTERNAL_MAX_MESSAGE_BYTES.info(),
+        REASONING_GYM_SIZE.info(),
+    ]
+}
+
 fn default_protocol() -> u32 {
-    1
+    EXTERNAL_PROTOCOL.or_default(None)
 }
 fn default_rg_size() -> u64 {
-    100_000
+    REASONING_GYM_SIZE.or_default(None)
 }
 fn default_python() -> String {
     "python3".into()
 }
 fn default_max_message_bytes() -> usize {
-    actors::env::protocol::MAX_MESSAGE_BYTES
+    EXTERNAL_MAX_MESSAGE_BYTES.or_default(None)
 }
 
 /// Isolation of external environment programs.
@@ -405,7 +434,7 @@ impl EnvSpec {
                         ),
                     );
                 }
-                problems.in_range(format!("{p}.size"), *size, 1..=10_000_000);
+                REASONING_GYM_SIZE.check_at(p, Some(*size), problems);
                 if python.trim().is_empty() {
                     problems.push(format!("{p}.python"), "name the Python interpreter".into());
                 }
@@ -430,17 +459,8 @@ impl EnvSpec {
                 if command.is_empty() || command[0].trim().is_empty() {
                     problems.push(format!("{p}.command"), "name the program to run".into());
                 }
-                if !(1..=2).contains(protocol) {
-                    problems.push(
-                        format!("{p}.protocol"),
-                        format!("must be 1 or 2, got {protocol}"),
-                    );
-                }
-                problems.in_range(
-                    format!("{p}.max_message_bytes"),
-                    *max_message_bytes,
-                    64..=64 << 20,
-                );
+                EXTERNAL_PROTOCOL.check_at(p, Some(*protocol), problems);
+                EXTERNAL_MAX_MESSAGE_BYTES.check_at(p, Some(*max_message_bytes), problems);
             }
             _ => {}
         }

@@ -691,7 +691,7 @@ fn datasets_and_bridged_environments_are_checked_with_their_paths() {
         (
             with("kind = \"external\"\ncommand = [\"x\"]\nprotocol = 3", ""),
             "tasks[0].env.protocol",
-            "1 or 2",
+            "1..=2",
         ),
     ];
     for (text, field, msg) in cases {
