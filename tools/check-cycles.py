@@ -140,9 +140,8 @@ def expand_use_tree(tree, prefix=()):
             head = [s for s in part[:brace].split("::") if s]
             out.extend(expand_use_tree(part[brace + 1:part.rfind("}")], prefix + tuple(head)))
         else:
-            part = re.sub(r"as\w+$", "", part) if "as" in part and re.search(r"\bas\b", part) else part
+            # `use a::b as c` arrives here as `a::b` (aliases are stripped before parsing).
             segs = [s for s in part.split("::") if s and s != "*"]
-            segs = [s.split("as")[0] if False else s for s in segs]
             full = list(prefix) + segs
             if full and full[-1] == "self":
                 full = full[:-1]
