@@ -21,10 +21,12 @@ use std::time::Duration;
 pub use nix::sys::signal::Signal;
 
 mod ledger;
+mod tree;
 use ledger::LEDGER;
 pub use ledger::use_ledger;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
+pub use tree::descendants;
 
 /// How long the output readers may still run once the program is gone (a straggler outside
 /// the group may hold a pipe open: what was read so far is kept).
@@ -68,46 +70,6 @@ pub fn signal_group(pid: u32, sig: Signal) -> bool {
 /// SIGKILLs the process group led by `pid`.
 pub fn kill_group(pid: u32) -> bool {
     signal_group(pid, Signal::SIGKILL)
-}
-
-/// Every live descendant of `pid`, read from `/proc` (parent links); empty where `/proc`
-/// cannot be read.
-pub fn descendants(pid: u32) -> Vec<u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let mut children: std::collections::HashMap<u32, Vec<u32>> = std::collections::HashMap::new();
-    for entry in dir.flatten() {
-        let Some(child) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        // `pid (comm) state ppid ...`: the command may hold spaces and parentheses.
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        let ppid = stat
-            .rfind(')')
-            .and_then(|i| stat[i + 1..].split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok());
-        if let Some(ppid) = ppid {
-            children.entry(ppid).or_default().push(child);
-        }
-    }
-    let mut out = Vec::new();
-    let mut todo = vec![pid];
-    while let Some(p) = todo.pop() {
-        for &c in children.get(&p).map(Vec::as_slice).unwrap_or(&[]) {
-            if c != pid && !out.contains(&c) {
-                out.push(c);
-                todo.push(c);
-            }
-        }
-    }
-    out
 }
 
 /// Kills a process group once: when asked, or when dropped. While it guards a group, the
