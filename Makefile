@@ -160,16 +160,29 @@ test-deps:
 	@{ command -v chromium >/dev/null && command -v prometheus >/dev/null; } || { apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium prometheus >/dev/null; }
 
-## Everything: set-up, the lints, the cuda feature, every test class (the external class
-## starts the binaries built first), the API fuzz pass, the SDK's tests, the manifests and
-## the dashboard in Chromium.
-test: setup test-deps lint cuda-check
-	$(CARGO) build --workspace --bins
-	$(CARGO) nextest run --workspace --no-fail-fast
+## `make test` lints while it builds: clippy-driver wraps rustc for the workspace's own crates
+## (warnings are errors; the lints of Cargo.toml and .clippy.toml; every target), so each
+## dependency is compiled once, by rustc, for the lints and the tests alike, instead of a
+## second, check-only time for `make clippy`. The cuda feature is on for the whole workspace in
+## every call (it only adds GPU discovery, which reports "no CUDA driver" here), so it is
+## compiled and linted in the same build: `-p actors --features cuda` alone would resolve the
+## dependencies' features anew and build them again. Every cargo call of `make test` uses the
+## same wrapper and features, which are part of the fingerprints.
+CLIPPY_DRIVER = $(shell rustup which clippy-driver 2>/dev/null || command -v clippy-driver)
+LINTED = RUSTC_WORKSPACE_WRAPPER=$(CLIPPY_DRIVER) CLIPPY_ARGS=-Dwarnings__CLIPPY_HACKERY__
+TEST_FEATURES = --features actors/cuda
+
+## Everything: set-up, the lints (clippy while building, the cuda feature included), every test
+## class (the external class starts the binaries built first), the API fuzz pass, the SDK's
+## tests, the manifests and the dashboard in Chromium.
+test: setup test-deps toolchain fmt-check lint-scripts
+	@test -x "$(CLIPPY_DRIVER)" || { echo "clippy-driver not found (rustup component add clippy)"; exit 1; }
+	$(LINTED) $(CARGO) build --workspace --all-targets $(TEST_FEATURES)
+	$(LINTED) $(CARGO) nextest run --workspace --no-fail-fast $(TEST_FEATURES)
 	ST=$(ST) tests/fuzz-api.sh
 	$(MAKE) --no-print-directory sdk-test
 	$(MAKE) --no-print-directory deploy-check
-	$(MAKE) --no-print-directory ui-test
+	python3 tests/ui/dashboard_test.py
 
 ## The web dashboard in headless Chromium (Debian package) against a real `rollarc serve`
 ## running the quickstart: token prompt, job list, live curves, timeline drill-down, functions,
