@@ -3,6 +3,8 @@
 //! virtual time, and the supervised ractor actors that own them.
 //!
 //! # Layout
+//! - [`chat`]: an agent's conversation (messages, tool calls, tools), whatever API carried it.
+//! - [`agent`]: agents' conversations as exact token contexts, tool calls, segments.
 //! - [`types`]: trajectories, turns, policy versions, failure reasons.
 //! - [`dist`]: seeded latency / length distributions used by simulators.
 //! - [`device`]: device and model profiles, the roofline the mapper and the simulator share,
@@ -30,8 +32,10 @@
     )
 )]
 
+pub mod agent;
 pub mod buffer;
 pub mod call;
+pub mod chat;
 pub mod device;
 pub mod dist;
 pub mod env;

@@ -96,6 +96,43 @@ pub struct Turn {
     /// Never decreases along a trajectory.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub dropped: u32,
+    /// This turn's context is its observation alone, not the history before it: an agent
+    /// sent a history that diverged from its session's context (edited, truncated or
+    /// summarised; a new system prompt or new tools), so a new segment starts here and trains
+    /// under that context only.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub restart: bool,
+    /// Agent episodes: the model call this turn answered (API, tool calls and results,
+    /// timing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call: Option<Box<AgentCall>>,
+}
+
+/// One model call of an agent episode, as the gateway served it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct AgentCall {
+    /// The API the agent called: `chat.completions`, `responses` or `messages`.
+    pub api: String,
+    /// Whether the answer was streamed.
+    #[serde(default)]
+    pub stream: bool,
+    /// The tool calls the answer made (returned to the agent as structured calls).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<Object>)]
+    pub tool_calls: Vec<crate::chat::ToolCall>,
+    /// The tool results this request brought that earlier calls had not.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<Object>)]
+    pub tool_results: Vec<crate::chat::Message>,
+    /// Why the answer's tool calls were refused (bad JSON, an unknown tool, arguments that
+    /// break the schema); the answer went back as plain text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub invalid_tool_call: Option<String>,
+    /// `stop`, `length` or `tool_calls`.
+    pub finish_reason: String,
+    /// Seconds from the request's arrival to its answer.
+    #[serde(default)]
+    pub latency_s: f64,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -174,6 +211,9 @@ impl Trajectory {
         let (mut attended, mut generated, mut history) = (0.0, 0.0, 0.0);
         for (i, t) in self.turns.iter().enumerate() {
             let d = t.dropped as usize;
+            if t.restart {
+                history = 0.0;
+            }
             let kept = if d > 0 && i > 0 {
                 len(&self.turns[0]) + self.turns[(1 + d).min(i)..i].iter().map(len).sum::<f64>()
             } else {
@@ -199,18 +239,28 @@ impl Trajectory {
             .flat_map(|t| t.versions.iter().map(|s| s.version))
     }
 
+    /// Whether the policy saw one sequence: no turn was dropped from the context and no
+    /// agent history diverged (then [`Trajectory::segments`] has one element).
+    pub fn single_sequence(&self) -> bool {
+        self.turns.iter().all(|t| t.dropped == 0 && !t.restart)
+    }
+
     /// The sequences the policy actually saw. Without dropped turns, one: every turn's
     /// observation then response. When turns were dropped from the context, one per run of
     /// turns that share a context: the first turn, the kept history, then the run's turns;
     /// only the run's responses train there (each response trains exactly once, under the
-    /// context it was sampled in).
+    /// context it was sampled in). A `restart` turn (an agent's diverged history) starts a
+    /// segment of its own: its observation is the whole context.
     pub fn segments(&self) -> Vec<Segment> {
         let mut out = Vec::new();
         let mut i = 0;
         while i < self.turns.len() {
             let d = self.turns[i].dropped as usize;
             let mut end = i + 1;
-            while end < self.turns.len() && self.turns[end].dropped as usize == d {
+            while end < self.turns.len()
+                && self.turns[end].dropped as usize == d
+                && !self.turns[end].restart
+            {
                 end += 1;
             }
             let mut seg: Segment = (Vec::new(), Vec::new(), Vec::new());
@@ -230,7 +280,7 @@ impl Trajectory {
                     });
                 }
             };
-            if d > 0 && i > 0 {
+            if d > 0 && i > 0 && !self.turns[i].restart {
                 // The kept head (the first turn), then the kept history before this run.
                 push(&mut seg, &self.turns[0], false);
                 for t in &self.turns[(1 + d).min(i)..i] {
@@ -321,7 +371,7 @@ impl Batch {
     pub fn tokens(&self) -> usize {
         self.trajectories()
             .map(|t| {
-                if t.turns.iter().all(|x| x.dropped == 0) {
+                if t.single_sequence() {
                     t.turns
                         .iter()
                         .map(|x| x.observation_tokens.len() + x.response_tokens.len())
@@ -402,6 +452,25 @@ mod tests {
             }],
         };
         assert_eq!(b.tokens(), 5 + 7 + 7);
+    }
+
+    #[test]
+    fn a_restart_turn_starts_a_segment_holding_its_observation_only() {
+        let mut t = Trajectory::for_test("a", turn(&[1, 2], 3, 0), Some(1.0));
+        t.turns.push(turn(&[4], 5, 0));
+        // The agent rewrote its history: the new context is [1, 9, 3, 4, 5, 6].
+        let mut r = turn(&[1, 9, 3, 4, 5, 6], 7, 0);
+        r.restart = true;
+        t.turns.extend([r, turn(&[8], 10, 0)]);
+        assert!(!t.single_sequence());
+        let s = t.segments();
+        let toks: Vec<&[u32]> = s.iter().map(|x| &x.0[..]).collect();
+        assert_eq!(toks, [&[1, 2, 3, 4, 5][..], &[1, 9, 3, 4, 5, 6, 7, 8, 10]]);
+        let f = |b: &[bool]| b.iter().map(|&x| u8::from(x)).collect::<Vec<_>>();
+        // The old answers (3, 5) are context in the second segment, never trained twice.
+        assert_eq!(f(&s[1].1), [0, 0, 0, 0, 0, 0, 1, 0, 1]);
+        // Answer 7 attended to 6 tokens, answer 10 to 8: the mean with 3 (2 tokens) and 5 (4).
+        assert!((t.decode_context() - (2.0 + 4.0 + 6.0 + 8.0) / 4.0).abs() < 1e-12);
     }
 
     #[test]

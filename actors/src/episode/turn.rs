@@ -143,6 +143,7 @@ pub(super) async fn generate(
             prefill_tokens: out.prefill_tokens,
             started_at_s,
             dropped: context.dropped,
+            ..Turn::default()
         });
     }
 }

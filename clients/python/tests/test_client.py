@@ -349,6 +349,17 @@ def test_sequences_split_a_sample_at_its_dropped_turns():
     # Without drops: the sample's own columns.
     plain = dict(s, dropped_turns=[])
     assert sequences(plain) == [(plain["tokens"], plain["loss_mask"], plain["behaviour_logprobs"])]
+    # An agent's diverged history: turn 2's observation [1, 9, 3, 4, 5, 6] is its whole context.
+    agent = {
+        "tokens": [1, 2, 3, 4, 5, 1, 9, 3, 4, 5, 6, 7, 8, 10],
+        "loss_mask": [0, 0, 1, 0, 1, 0, 0, 0, 0, 0, 0, 1, 0, 1],
+        "behaviour_logprobs": [0, 0, -0.3, 0, -0.5, 0, 0, 0, 0, 0, 0, -0.7, 0, -1.0],
+        "turn_bounds": [[2, 3], [4, 5], [11, 12], [13, 14]],
+        "restarted_turns": [2],
+    }
+    seqs = sequences(agent)
+    assert [t for t, _, _ in seqs] == [[1, 2, 3, 4, 5], [1, 9, 3, 4, 5, 6, 7, 8, 10]]
+    assert [m for _, m, _ in seqs][1] == [0, 0, 0, 0, 0, 0, 1, 0, 1]
 
 
 def test_tensorboard_reads_every_step_of_a_job(client: Client, data_dir: Path) -> None:

@@ -45,6 +45,7 @@ fn synthetic(step: u64) -> TrainingBatch {
             samples: (0..8)
                 .map(|i| Sample {
                     dropped_turns: Vec::new(),
+                    restarted_turns: Vec::new(),
                     trajectory_id: format!("g{g}-e{i}"),
                     tokens: (0..TOKENS).map(|_| (next() % 151_000) as u32).collect(),
                     loss_mask: (0..TOKENS).map(|t| u8::from(t >= obs)).collect(),

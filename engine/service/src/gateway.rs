@@ -1,0 +1,146 @@
+//! The agent gateway: unmodified agents call an OpenAI- or Anthropic-compatible endpoint
+//! scoped to one episode, and every call becomes a turn of the episode's trajectory with the
+//! exact ids the engine prefilled and generated, their behaviour log-probabilities and the
+//! policy versions that produced them.
+//!
+//! - [`wire`]: the call, answer and error every API shares; [`openai`] (Chat Completions),
+//!   [`responses`] (Responses) and [`anthropic`] (Messages) parse and format them.
+//! - [`episode`]: one episode's state and how a call is served (render → budget → generate →
+//!   tool calls → turn); [`Gateway`] holds the open episodes by key.
+//! - [`http`]: the routes under `/gateway/v1`.
+//!
+//! Keys: each episode has its own random key (`Authorization: Bearer` or `x-api-key`); an
+//! unknown key is a 401, a finished episode's key a 410 (the last
+//! [`FINISHED_KEYS_KEPT`] finished keys are remembered; older ones are unknown).
+
+pub mod anthropic;
+pub mod episode;
+pub mod http;
+pub mod openai;
+pub mod responses;
+pub mod wire;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use actors::generation::shard::ShardHandle;
+use actors::generation::{EngineHandle, GenError, GenOutput, GenRequest};
+use futures::future::BoxFuture;
+
+pub use episode::{Episode, EpisodeLimits, EpisodeOptions, SamplingPolicy};
+use wire::{ErrorKind, WireError};
+
+/// Finished episodes' keys remembered to answer 410 rather than 401.
+pub const FINISHED_KEYS_KEPT: usize = 10_000;
+
+/// Where an episode's calls are generated: a shard of the job (or, in tests, an engine loop).
+pub trait Generator: Send + Sync {
+    fn generate(&self, req: GenRequest) -> BoxFuture<'_, Result<GenOutput, GenError>>;
+    /// Forgets a session's prefix cache.
+    fn release(&self, session: u64);
+}
+
+impl Generator for ShardHandle {
+    fn generate(&self, req: GenRequest) -> BoxFuture<'_, Result<GenOutput, GenError>> {
+        Box::pin(ShardHandle::generate(self, req))
+    }
+    fn release(&self, session: u64) {
+        ShardHandle::release(self, session);
+    }
+}
+
+impl Generator for EngineHandle {
+    fn generate(&self, req: GenRequest) -> BoxFuture<'_, Result<GenOutput, GenError>> {
+        Box::pin(EngineHandle::generate(self, req))
+    }
+    fn release(&self, session: u64) {
+        EngineHandle::release(self, session);
+    }
+}
+
+/// What [`Gateway::open`] hands the agent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Opened {
+    pub id: u64,
+    /// The episode's API key.
+    pub key: String,
+}
+
+#[derive(Default)]
+struct Keys {
+    open: HashMap<String, Arc<Episode>>,
+    finished: VecDeque<String>,
+}
+
+/// The open agent episodes, by key.
+#[derive(Default)]
+pub struct Gateway {
+    keys: Mutex<Keys>,
+    next_id: std::sync::atomic::AtomicU64,
+}
+
+impl Gateway {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Opens an episode served by `generator`; its key is random (256 bits, like the API's
+    /// tokens).
+    pub fn open(
+        &self,
+        opts: EpisodeOptions,
+        generator: Arc<dyn Generator>,
+    ) -> Result<Opened, ring::error::Unspecified> {
+        let key = crate::access::new_token()?;
+        let id = self
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let ep = Arc::new(Episode::new(id, opts, generator));
+        self.lock().open.insert(key.clone(), ep);
+        Ok(Opened { id, key })
+    }
+
+    /// The episode of `key`: 401 when unknown, 410 when finished.
+    pub fn episode(&self, key: &str) -> Result<Arc<Episode>, WireError> {
+        let keys = self.lock();
+        if let Some(ep) = keys.open.get(key) {
+            return Ok(ep.clone());
+        }
+        if keys.finished.iter().any(|k| k == key) {
+            return Err(WireError::new(
+                ErrorKind::Gone,
+                "this episode is finished; its key is no longer valid",
+            ));
+        }
+        Err(WireError::new(
+            ErrorKind::Authentication,
+            "the API key is not an open episode's key",
+        ))
+    }
+
+    /// Finishes the episode of `key`: its key stops working (410) and its turns are returned
+    /// once every call in flight has ended. `None` when no open episode has the key.
+    pub async fn finish(&self, key: &str) -> Option<Vec<actors::types::Turn>> {
+        let ep = {
+            let mut keys = self.lock();
+            let ep = keys.open.remove(key)?;
+            keys.finished.push_back(key.to_string());
+            if keys.finished.len() > FINISHED_KEYS_KEPT {
+                keys.finished.pop_front();
+            }
+            ep
+        };
+        Some(ep.finish().await)
+    }
+
+    /// Open episodes.
+    pub fn open_count(&self) -> usize {
+        self.lock().open.len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Keys> {
+        self.keys
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}

@@ -1,0 +1,412 @@
+//! One agent episode behind the gateway: its session (exact context, segments, version
+//! floor), its budget, and how a call is served. Calls of one episode are served one at a
+//! time, in arrival order (the session's context is one sequence); episodes run in parallel.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use actors::agent::{Message, Renderer, Role, Session, tools};
+use actors::generation::{FinishReason, GenError, GenOutput, GenRequest, SamplingParams};
+use actors::types::{AgentCall, Turn};
+
+use super::Generator;
+use super::wire::{Answer, Call, ErrorKind, Finish, TokenInfo, WireError};
+
+/// What the policy samples at: the job's, whatever the agent asks (training needs the
+/// behaviour distribution to be the job's).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingPolicy {
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: u32,
+}
+
+impl Default for SamplingPolicy {
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+        }
+    }
+}
+
+/// An episode's budget.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EpisodeLimits {
+    /// Model calls.
+    pub max_calls: u32,
+    /// Tokens generated over all calls.
+    pub max_generated_tokens: u64,
+    /// Context tokens of one call, prompt and answer (the model's own limit also applies).
+    pub max_context: usize,
+    /// Answer tokens of one call (the agent may ask for fewer).
+    pub max_tokens_per_call: u32,
+}
+
+impl Default for EpisodeLimits {
+    fn default() -> Self {
+        Self {
+            max_calls: 64,
+            max_generated_tokens: 32_768,
+            max_context: 8_192,
+            max_tokens_per_call: 1_024,
+        }
+    }
+}
+
+/// How an episode is served.
+#[derive(Clone)]
+pub struct EpisodeOptions {
+    pub renderer: Arc<Renderer>,
+    /// The model name the episode's answers carry (and `GET /models` lists).
+    pub model: String,
+    pub sampling: SamplingPolicy,
+    pub limits: EpisodeLimits,
+    /// Seeds each call's sampling (with the call's number) when the agent gives no seed.
+    pub seed: u64,
+}
+
+/// Which API a call came through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Api {
+    ChatCompletions,
+    Responses,
+    Messages,
+}
+
+impl Api {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::ChatCompletions => "chat.completions",
+            Self::Responses => "responses",
+            Self::Messages => "messages",
+        }
+    }
+    fn id_prefix(self) -> &'static str {
+        match self {
+            Self::ChatCompletions => "chatcmpl-",
+            Self::Responses => "resp_",
+            Self::Messages => "msg_",
+        }
+    }
+}
+
+struct State {
+    session: Session,
+    turns: Vec<Turn>,
+    calls: u32,
+    generated: u64,
+    /// Responses API: each answer's whole conversation, for `previous_response_id`.
+    responses: HashMap<String, Vec<Message>>,
+    finished: bool,
+}
+
+/// Request ids of gateway calls: the top bit set, apart from the ids of a job's own episodes.
+const REQUEST_BASE: u64 = 1 << 63;
+/// Engine sessions of gateway episodes (prefix caches), likewise apart.
+const SESSION_BASE: u64 = 1 << 62;
+
+pub struct Episode {
+    id: u64,
+    opts: EpisodeOptions,
+    generator: Arc<dyn Generator>,
+    state: tokio::sync::Mutex<State>,
+    started: tokio::time::Instant,
+}
+
+impl Episode {
+    pub(super) fn new(id: u64, opts: EpisodeOptions, generator: Arc<dyn Generator>) -> Self {
+        let session = Session::new(opts.renderer.clone());
+        Self {
+            id,
+            opts,
+            generator,
+            state: tokio::sync::Mutex::new(State {
+                session,
+                turns: Vec::new(),
+                calls: 0,
+                generated: 0,
+                responses: HashMap::new(),
+                finished: false,
+            }),
+            started: tokio::time::Instant::now(),
+        }
+    }
+
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub fn model(&self) -> &str {
+        &self.opts.model
+    }
+
+    /// Ends the episode once the call in flight (if any) is answered; its turns.
+    pub(super) async fn finish(&self) -> Vec<Turn> {
+        let mut st = self.state.lock().await;
+        st.finished = true;
+        self.generator.release(SESSION_BASE | self.id);
+        std::mem::take(&mut st.turns)
+    }
+
+    /// Segments so far (a new one at each diverged history).
+    pub async fn segments(&self) -> u32 {
+        self.state.lock().await.session.segments()
+    }
+
+    /// Serves one call: the conversation rendered against the session, the answer generated
+    /// within the budget, its tool calls parsed, and the turn recorded.
+    pub async fn call(
+        &self,
+        api: Api,
+        mut call: Call,
+        previous: Option<&str>,
+    ) -> Result<Answer, WireError> {
+        let arrived = tokio::time::Instant::now();
+        let mut st = self.state.lock().await;
+        if st.finished {
+            return Err(WireError::new(ErrorKind::Gone, "this episode is finished"));
+        }
+        if st.calls >= self.opts.limits.max_calls {
+            return Err(WireError::new(
+                ErrorKind::ContextLength,
+                format!(
+                    "the episode's budget of {} model calls is spent",
+                    self.opts.limits.max_calls
+                ),
+            ));
+        }
+        if let Some(prev) = previous {
+            let history = st.responses.get(prev).ok_or_else(|| {
+                WireError::invalid(
+                    "previous_response_id",
+                    format!("no response {prev:?} in this episode"),
+                )
+            })?;
+            // The new instructions (if any) replace the old; the history follows them.
+            let system: Vec<Message> = call
+                .conv
+                .messages
+                .iter()
+                .take_while(|m| m.role == Role::System)
+                .cloned()
+                .collect();
+            let rest = call.conv.messages.split_off(system.len());
+            let old = history.iter().filter(|m| m.role != Role::System).cloned();
+            call.conv.messages = system.into_iter().chain(old).chain(rest).collect();
+        }
+        call.conv
+            .check()
+            .map_err(|e| WireError::invalid(e.param(), e.to_string()))?;
+        let prepared = st.session.prepare(&call.conv).map_err(|e| match e {
+            actors::agent::RenderError::Reserved(i) => {
+                WireError::invalid(format!("messages[{i}].content"), e.to_string())
+            }
+            other => WireError::new(
+                ErrorKind::Internal,
+                format!("the chat template failed: {}", infra::error_chain(&other)),
+            ),
+        })?;
+        let max_tokens = self.budget(&st, &call, prepared.context.len())?;
+        let n = st.calls;
+        st.calls += 1;
+        let req = GenRequest {
+            id: REQUEST_BASE | (self.id << 20) | u64::from(n),
+            session: SESSION_BASE | self.id,
+            context: prepared.context.clone(),
+            params: SamplingParams {
+                temperature: self.opts.sampling.temperature,
+                top_p: self.opts.sampling.top_p,
+                top_k: self.opts.sampling.top_k,
+                max_tokens,
+                stop_tokens: self.opts.renderer.tokenizer().stop_ids.clone(),
+                stop_strings: call.sampling.stop.clone(),
+                ignore_eos: false,
+                seed: call.sampling.seed.unwrap_or(self.opts.seed) ^ (u64::from(n) << 40),
+                allowed_tokens: None,
+            },
+            sim_response_len: None,
+            prefilled: false,
+        };
+        let out = self.generator.generate(req).await.map_err(gen_error)?;
+        st.session
+            .check_versions(&out)
+            .map_err(|e| WireError::new(ErrorKind::Unavailable, e.to_string()))?;
+        let (answer, message, call_record) =
+            self.answer(api, &call, &out, n, prepared.context.len())?;
+        st.generated += out.tokens.len() as u64;
+        st.session.commit(&prepared, &out, message.clone());
+        if api == Api::Responses {
+            let mut whole = call.conv.messages.clone();
+            whole.push(message);
+            st.responses.insert(answer.id.clone(), whole);
+        }
+        let record = AgentCall {
+            latency_s: arrived.elapsed().as_secs_f64(),
+            ..call_record
+        };
+        st.turns.push(Turn {
+            observation_tokens: prepared.observation,
+            response_tokens: out.tokens,
+            logprobs: out.logprobs,
+            versions: out.versions,
+            prefill_tokens: out.prefill_tokens,
+            started_at_s: arrived.duration_since(self.started).as_secs_f64(),
+            restart: prepared.restart,
+            call: Some(Box::new(record)),
+            ..Turn::default()
+        });
+        Ok(answer)
+    }
+
+    /// The answer's token budget: the agent's ask, the job's per-call cap, what the context
+    /// budget leaves and what the episode's generated-token budget leaves.
+    fn budget(&self, st: &State, call: &Call, context: usize) -> Result<u32, WireError> {
+        let l = &self.opts.limits;
+        if context >= l.max_context {
+            return Err(WireError {
+                param: Some("messages".into()),
+                ..WireError::new(
+                    ErrorKind::ContextLength,
+                    format!(
+                        "this model's maximum context length is {} tokens; the messages hold {context}",
+                        l.max_context
+                    ),
+                )
+            });
+        }
+        let left = l.max_generated_tokens.saturating_sub(st.generated);
+        if left == 0 {
+            return Err(WireError::new(
+                ErrorKind::ContextLength,
+                format!(
+                    "the episode's budget of {} generated tokens is spent",
+                    l.max_generated_tokens
+                ),
+            ));
+        }
+        let room = u32::try_from((l.max_context - context) as u64).unwrap_or(u32::MAX);
+        let asked = call.sampling.max_tokens.unwrap_or(u32::MAX);
+        Ok(asked
+            .min(l.max_tokens_per_call)
+            .min(room)
+            .min(u32::try_from(left).unwrap_or(u32::MAX)))
+    }
+
+    /// The answer for the client, the message the session remembers, and the call record.
+    fn answer(
+        &self,
+        api: Api,
+        call: &Call,
+        out: &GenOutput,
+        n: u32,
+        prompt_tokens: usize,
+    ) -> Result<(Answer, Message, AgentCall), WireError> {
+        let tok = self.opts.renderer.tokenizer();
+        let body = match out.tokens.last() {
+            Some(last) if tok.stop_ids.contains(last) => &out.tokens[..out.tokens.len() - 1],
+            _ => &out.tokens[..],
+        };
+        let decode = |ids: &[u32]| {
+            tok.decode(ids)
+                .map_err(|e| WireError::new(ErrorKind::Internal, infra::error_chain(&e)))
+        };
+        let mut text = decode(body)?;
+        // A stop sequence ends the text the client sees (the ids that completed it were
+        // sampled and stay in the trajectory).
+        let mut stop_sequence = None;
+        if let Some((at, s)) = call
+            .sampling
+            .stop
+            .iter()
+            .filter_map(|s| text.find(s.as_str()).map(|i| (i, s)))
+            .min()
+        {
+            text.truncate(at);
+            stop_sequence = Some(s.clone());
+        }
+        let prefix = format!("call_{}_{n}", self.id);
+        let parsed = tools::parse(
+            self.opts.renderer.format,
+            &text,
+            call.conv.offered_tools(),
+            |k| format!("{prefix}_{k}"),
+        );
+        let finish = if !parsed.calls.is_empty() {
+            Finish::ToolCalls
+        } else if out.finish == FinishReason::Length {
+            Finish::Length
+        } else {
+            Finish::Stop
+        };
+        let tokens = match call.logprobs {
+            Some(_) => out
+                .tokens
+                .iter()
+                .zip(&out.logprobs)
+                .map(|(&id, &lp)| {
+                    Ok(TokenInfo {
+                        text: decode(&[id])?,
+                        logprob: lp,
+                    })
+                })
+                .collect::<Result<_, WireError>>()?,
+            None => Vec::new(),
+        };
+        let mut message = Message::new(Role::Assistant, parsed.content.clone());
+        message.tool_calls = parsed.calls.clone();
+        let last_assistant = call
+            .conv
+            .messages
+            .iter()
+            .rposition(|m| m.role == Role::Assistant);
+        let tool_results = call.conv.messages[last_assistant.map_or(0, |i| i + 1)..]
+            .iter()
+            .filter(|m| m.role == Role::Tool)
+            .cloned()
+            .collect();
+        let record = AgentCall {
+            api: api.name().into(),
+            stream: call.stream,
+            tool_calls: parsed.calls.clone(),
+            tool_results,
+            invalid_tool_call: parsed.invalid,
+            finish_reason: finish.openai().into(),
+            latency_s: 0.0,
+        };
+        let answer = Answer {
+            id: format!("{}{}-{n}", api.id_prefix(), self.id),
+            model: self.opts.model.clone(),
+            created: u64::try_from(job::store::now_ms() / 1000).unwrap_or(0),
+            content: parsed.content,
+            tool_calls: parsed.calls,
+            finish,
+            stop_sequence,
+            prompt_tokens: u32::try_from(prompt_tokens).unwrap_or(u32::MAX),
+            completion_tokens: u32::try_from(out.tokens.len()).unwrap_or(u32::MAX),
+            tokens,
+        };
+        Ok((answer, message, record))
+    }
+}
+
+/// A generation failure as the client sees it: the model's context is full (400
+/// `context_length_exceeded`), otherwise the shard is unavailable (503, retried by SDKs).
+fn gen_error(e: GenError) -> WireError {
+    match e {
+        GenError::ContextTooLong { len, limit } => WireError {
+            param: Some("messages".into()),
+            ..WireError::new(
+                ErrorKind::ContextLength,
+                format!(
+                    "this model's maximum context length is {limit} tokens; the messages hold {len}"
+                ),
+            )
+        },
+        other => WireError::new(
+            ErrorKind::Unavailable,
+            format!("generation failed: {other}"),
+        ),
+    }
+}

@@ -1,0 +1,167 @@
+//! The gateway's routes, under `/gateway/v1` (an OpenAI client's `base_url`; an Anthropic
+//! client's is `/gateway`): `POST chat/completions`, `POST responses`, `POST messages`,
+//! `GET models`. The key is `Authorization: Bearer KEY` or `x-api-key: KEY`. Every error is
+//! in the provider's own shape (Anthropic's on `messages`, OpenAI's elsewhere), bodies over
+//! the cap are refused with 413 before they are parsed, and a streamed answer is the
+//! provider's SSE event sequence.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+
+use super::episode::{Api, Episode};
+use super::wire::{ErrorKind, WireError};
+use super::{Gateway, anthropic, openai, responses};
+
+/// Default cap on a call's body (a long agent history with tool results).
+pub const DEFAULT_BODY_CAP: usize = 4 << 20;
+
+#[derive(Clone)]
+struct GatewayState {
+    gateway: Arc<Gateway>,
+    body_cap: usize,
+}
+
+/// The gateway's routes, to be nested or merged at the service's root.
+pub fn router(gateway: Arc<Gateway>, body_cap: usize) -> Router {
+    Router::new()
+        .route("/gateway/v1/chat/completions", post(chat))
+        .route("/gateway/v1/responses", post(responses_route))
+        .route("/gateway/v1/messages", post(messages))
+        .route("/gateway/v1/models", get(models))
+        .with_state(GatewayState { gateway, body_cap })
+}
+
+/// The caller's key: a bearer token or Anthropic's `x-api-key`.
+fn key(headers: &HeaderMap) -> Option<&str> {
+    if let Some(k) = headers.get("x-api-key").and_then(|v| v.to_str().ok()) {
+        return Some(k.trim());
+    }
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+}
+
+fn provider_error(api: Api, e: &WireError) -> Response {
+    let body = match api {
+        Api::Messages => anthropic::error(e),
+        Api::ChatCompletions | Api::Responses => openai::error(e),
+    };
+    let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, axum::Json(body)).into_response()
+}
+
+/// The episode and the parsed JSON body of a call, or the error to answer.
+async fn accept(
+    st: &GatewayState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(Arc<Episode>, Value), WireError> {
+    let key = key(headers).ok_or_else(|| {
+        WireError::new(
+            ErrorKind::Authentication,
+            "no API key (Authorization: Bearer KEY, or x-api-key)",
+        )
+    })?;
+    let ep = st.gateway.episode(key)?;
+    let bytes: Bytes = axum::body::to_bytes(body, st.body_cap).await.map_err(|_| {
+        WireError::new(
+            ErrorKind::TooLarge,
+            format!(
+                "the request body is over the gateway's cap of {} bytes",
+                st.body_cap
+            ),
+        )
+    })?;
+    let v = serde_json::from_slice(&bytes)
+        .map_err(|e| WireError::invalid("body", format!("the body is not JSON: {e}")))?;
+    Ok((ep, v))
+}
+
+fn sse(events: Vec<String>) -> Response {
+    let stream = futures::stream::iter(events.into_iter().map(Ok::<_, std::convert::Infallible>));
+    let mut r = Response::new(Body::from_stream(stream));
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    r
+}
+
+async fn chat(State(st): State<GatewayState>, headers: HeaderMap, body: Body) -> Response {
+    let api = Api::ChatCompletions;
+    let served = async {
+        let (ep, v) = accept(&st, &headers, body).await?;
+        let call = openai::parse(&v)?;
+        let answer = ep.call(api, call.clone(), None).await?;
+        Ok::<_, WireError>(if call.stream {
+            sse(openai::chunks(
+                &answer,
+                call.logprobs.is_some(),
+                call.include_usage,
+            ))
+        } else {
+            axum::Json(openai::completion(&answer, call.logprobs.is_some())).into_response()
+        })
+    };
+    served.await.unwrap_or_else(|e| provider_error(api, &e))
+}
+
+async fn responses_route(
+    State(st): State<GatewayState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let api = Api::Responses;
+    let served = async {
+        let (ep, v) = accept(&st, &headers, body).await?;
+        let (call, previous) = responses::parse(&v)?;
+        let answer = ep.call(api, call.clone(), previous.as_deref()).await?;
+        Ok::<_, WireError>(if call.stream {
+            sse(responses::events(&answer, &call, previous.as_deref()))
+        } else {
+            axum::Json(responses::response(&answer, &call, previous.as_deref())).into_response()
+        })
+    };
+    served.await.unwrap_or_else(|e| provider_error(api, &e))
+}
+
+async fn messages(State(st): State<GatewayState>, headers: HeaderMap, body: Body) -> Response {
+    let api = Api::Messages;
+    let served = async {
+        let (ep, v) = accept(&st, &headers, body).await?;
+        let call = anthropic::parse(&v)?;
+        let answer = ep.call(api, call.clone(), None).await?;
+        Ok::<_, WireError>(if call.stream {
+            sse(anthropic::events(&answer))
+        } else {
+            axum::Json(anthropic::message(&answer)).into_response()
+        })
+    };
+    served.await.unwrap_or_else(|e| provider_error(api, &e))
+}
+
+async fn models(State(st): State<GatewayState>, headers: HeaderMap) -> Response {
+    let found = key(&headers)
+        .ok_or_else(|| WireError::new(ErrorKind::Authentication, "no API key"))
+        .and_then(|k| st.gateway.episode(k));
+    match found {
+        Ok(ep) => axum::Json(json!({"object": "list", "data": [
+            {"id": ep.model(), "object": "model", "created": 0, "owned_by": "rollarc"}]}))
+        .into_response(),
+        Err(e) => provider_error(Api::ChatCompletions, &e),
+    }
+}
+
+#[cfg(test)]
+mod tests;
