@@ -131,7 +131,8 @@ clippy:
 
 ## The cuda feature must compile (and lint) here: dynamic loading, no toolkit. The GPU code is
 ## all in actors (the binary's `cuda` feature only forwards to it), so only actors is
-## re-checked with it; clippy reuses the dependencies the lint step checked.
+## re-checked with it; clippy reuses the dependencies the lint step checked. (`make test`
+## builds the whole workspace with the feature instead: see TEST_FEATURES.)
 cuda-check:
 	$(CARGO) clippy -p actors --features cuda -- -D warnings
 
