@@ -118,20 +118,20 @@ fn assert_zero_drift(name: &str, turns: &[Turn], calls: &[&(u64, Vec<u32>, GenOu
     }
 }
 
-#[test]
-fn the_official_sdks_drive_the_gateway_on_the_builtin_engine_without_drift() {
+/// Runs `tests/agents/sdk_clients.py` against a gateway over `engine` (one episode per
+/// scenario, one finished before it starts), then checks the report and every episode's
+/// turns against what the engine prefilled and generated.
+async fn drive_with_sdks(engine: EngineHandle, opts: EpisodeOptions) {
     let python = sdk_python();
     assert!(
         python.is_file(),
         "{} is missing: run `make setup`",
         python.display()
     );
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let m = smollm2();
+    {
         let log: Arc<Log> = Arc::default();
         let generator: Arc<dyn Generator> = Arc::new(Recorder {
-            engine: m.engine.clone(),
+            engine,
             log: log.clone(),
         });
         let gw = Arc::new(Gateway::new());
@@ -147,7 +147,7 @@ fn the_official_sdks_drive_the_gateway_on_the_builtin_engine_without_drift() {
         let mut keys = serde_json::Map::new();
         let mut opened: Vec<(&str, Opened)> = Vec::new();
         for s in scenarios {
-            let o = gw.open(options(&m.tok), generator.clone()).unwrap();
+            let o = gw.open(opts.clone(), generator.clone()).unwrap();
             keys.insert(s.into(), json!(o.key));
             opened.push((s, o));
         }
@@ -190,7 +190,7 @@ fn the_official_sdks_drive_the_gateway_on_the_builtin_engine_without_drift() {
             errors["unknown_tool_call_id"]["param"],
             "messages[1].tool_call_id"
         );
-        assert_eq!(report["errors"]["models"], json!(["smollm2-135m"]));
+        assert_eq!(report["errors"]["models"], json!([opts.model]));
         assert_eq!(report["chat_sync_tools"]["calls"], 5);
 
         let log = log.lock().unwrap().clone();
@@ -217,7 +217,73 @@ fn the_official_sdks_drive_the_gateway_on_the_builtin_engine_without_drift() {
                 .len(),
             5
         );
+    }
+}
+
+#[test]
+fn the_official_sdks_drive_the_gateway_on_the_builtin_engine_without_drift() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let m = smollm2();
+        drive_with_sdks(m.engine.clone(), options(&m.tok)).await;
     });
+}
+
+#[test]
+fn the_official_sdks_drive_the_gateway_on_a_managed_llamacpp_shard_without_drift() {
+    use actors::generation::remote::llamacpp::{
+        LlamaCpp, Target, XLLAMACPP_SERVE, xllamacpp_command,
+    };
+    use actors::generation::remote::managed::{LaunchSpec, ManagedServer};
+    use actors::generation::remote::{RemoteConfig, RemoteEngine};
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let _g = rt.enter();
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("xllamacpp_serve.py");
+    std::fs::write(&script, XLLAMACPP_SERVE).unwrap();
+    let python = std::env::var("ROLLARC_XLLAMACPP_PYTHON").unwrap_or_else(|_| {
+        format!(
+            "{}/.cache/rollarc/xllamacpp-venv/bin/python",
+            std::env::var("HOME").unwrap_or_default()
+        )
+    });
+    let path = actors::model::llm::smollm2_path();
+    let launch = LaunchSpec {
+        command: xllamacpp_command(&python, &script, 1),
+        env: vec![],
+        ports: None,
+        gpus: None,
+        slots: 2,
+        context: 4096,
+        log: None,
+    };
+    let server = ManagedServer::start(launch, path.clone()).expect("llama.cpp starts");
+    let spec = actors::model::runtime::CheckpointSpec {
+        path,
+        max_seq: 2048,
+        lora: None,
+        micro_batch_rows: 1,
+    };
+    let (_, policy) =
+        actors::model::runtime::BuiltinParts::checkpoint(&spec, Default::default(), 0, None)
+            .unwrap();
+    let export = policy.gguf_exporter(dir.path().join("export"), actors::model::llm::GgufType::F32);
+    let client = LlamaCpp::new(reqwest::Client::new(), Target::Managed { server, export });
+    let engine = RemoteEngine::start(
+        Arc::new(client),
+        rt.handle().clone(),
+        RemoteConfig::default(),
+    );
+    let (handle, _join) = spawn_engine(Box::new(engine), LoopPlacement::Task);
+    let mut opts = options(&policy.tokenizer);
+    opts.model = "smollm2-135m-llamacpp".into();
+    // The server's context per slot (4096 over 2 slots).
+    opts.limits.max_context = 2048;
+    rt.block_on(drive_with_sdks(handle, opts));
 }
 
 /// Log-probabilities of the trained positions of `seg` under the full (training) forward.
