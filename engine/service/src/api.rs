@@ -70,6 +70,10 @@ pub fn router_with(service: Arc<Service>, access: Arc<Access>) -> Router {
         .route("/", get(crate::ui::index))
         .route("/ui/app.js", get(crate::ui::script))
         .route("/ui/app.css", get(crate::ui::style))
+        .merge(crate::gateway::http::router(
+            service.gateway.clone(),
+            crate::gateway::http::DEFAULT_BODY_CAP,
+        ))
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -81,9 +85,10 @@ pub fn router_with(service: Arc<Service>, access: Arc<Access>) -> Router {
         .with_state(service)
 }
 
-/// Routes anyone may call.
+/// Routes anyone may call (the agent gateway's routes check their episode keys themselves).
 fn is_open(path: &str, access: &Access) -> bool {
     matches!(path, "/healthz" | "/readyz" | "/openapi.json")
+        || path.starts_with("/gateway/")
         || crate::ui::PATHS.contains(&path)
         || (path == "/metrics" && access.metrics_open())
 }

@@ -150,6 +150,8 @@ pub struct Service {
     pub functions: Arc<job::hub::FunctionHub>,
     /// Training batches of jobs with an external trainer (the trainer API).
     pub batches: Arc<job::trainer_api::BatchDesk>,
+    /// The agent gateway's open episodes (`/gateway/v1/…`).
+    pub gateway: Arc<crate::gateway::Gateway>,
 }
 
 /// Restart policy of the engine supervisor for failed jobs (actor escalation or panic).
@@ -211,6 +213,7 @@ impl Service {
             .map_err(ServiceError::Functions)?;
         Ok(Arc::new(Self {
             batches: job::trainer_api::BatchDesk::new(store.clone()),
+            gateway: Arc::new(crate::gateway::Gateway::new()),
             store,
             data_dir: cfg.data_dir.clone(),
             _lock: lock,

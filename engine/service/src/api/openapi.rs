@@ -42,7 +42,11 @@ use job::store::{JobRecord, JobState, TrajectoryRow};
         cluster,
         healthz,
         readyz,
-        metrics
+        metrics,
+        crate::gateway::http::chat,
+        crate::gateway::http::responses_route,
+        crate::gateway::http::messages,
+        crate::gateway::http::models
     ),
     components(schemas(
         Created,
@@ -80,7 +84,12 @@ use job::store::{JobRecord, JobState, TrajectoryRow};
         DeviceView,
         JobEvent,
         Health,
-        spec::JobSpec
+        spec::JobSpec,
+        crate::gateway::openai::OpenAiError,
+        crate::gateway::openai::OpenAiErrorDetail,
+        crate::gateway::anthropic::AnthropicError,
+        crate::gateway::anthropic::AnthropicErrorDetail,
+        actors::types::AgentCall
     )),
     modifiers(&Security)
 )]
@@ -118,8 +127,15 @@ impl utoipa::Modify for Security {
             )
             .description(Some("seconds until the token may call again"))
             .build();
+        // The agent gateway's routes take an episode's key, not an API token.
+        components.add_security_scheme(
+            "episode_key",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
         for (path, item) in api.paths.paths.iter_mut() {
-            if matches!(path.as_str(), "/healthz" | "/readyz" | "/openapi.json") {
+            if matches!(path.as_str(), "/healthz" | "/readyz" | "/openapi.json")
+                || path.starts_with("/gateway/")
+            {
                 continue;
             }
             for op in [&mut item.get, &mut item.post].into_iter().flatten() {

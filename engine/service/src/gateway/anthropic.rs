@@ -4,7 +4,9 @@
 //! `message_stop`; errors as `{"type": "error", "error": {"type", "message"}}`.
 
 use actors::agent::{Conversation, Message, Role, ToolCall, ToolChoice, ToolSpec};
+use serde::Serialize;
 use serde_json::{Value, json};
+use utoipa::ToSchema;
 
 use super::wire::{Answer, Call, ErrorKind, Fields, Sampling, WireError};
 
@@ -316,8 +318,27 @@ pub fn events(a: &Answer) -> Vec<String> {
     out
 }
 
-/// Anthropic's error body.
-pub fn error(e: &WireError) -> Value {
+/// Anthropic's error body: `{"type": "error", "error": {"type", "message"}}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AnthropicError {
+    /// Always `error`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub error: AnthropicErrorDetail,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AnthropicErrorDetail {
+    /// `invalid_request_error`, `authentication_error`, `not_found_error`,
+    /// `request_too_large`, `rate_limit_error`, `overloaded_error` or `api_error`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// What went wrong, led by the field it is about.
+    pub message: String,
+}
+
+/// Anthropic's error body for `e`.
+pub fn error(e: &WireError) -> AnthropicError {
     let kind = match e.kind {
         ErrorKind::InvalidRequest | ErrorKind::ContextLength | ErrorKind::Gone => {
             "invalid_request_error"
@@ -329,7 +350,13 @@ pub fn error(e: &WireError) -> Value {
         ErrorKind::Unavailable => "overloaded_error",
         ErrorKind::Internal => "api_error",
     };
-    json!({"type": "error", "error": {"type": kind, "message": e.named_message()}})
+    AnthropicError {
+        kind: "error",
+        error: AnthropicErrorDetail {
+            kind,
+            message: e.named_message(),
+        },
+    }
 }
 
 #[cfg(test)]

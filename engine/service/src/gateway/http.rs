@@ -15,7 +15,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
 
+use super::anthropic::AnthropicError;
 use super::episode::{Api, Episode};
+use super::openai::OpenAiError;
 use super::wire::{ErrorKind, WireError};
 use super::{Gateway, anthropic, openai, responses};
 
@@ -23,13 +25,16 @@ use super::{Gateway, anthropic, openai, responses};
 pub const DEFAULT_BODY_CAP: usize = 4 << 20;
 
 #[derive(Clone)]
-struct GatewayState {
+pub(crate) struct GatewayState {
     gateway: Arc<Gateway>,
     body_cap: usize,
 }
 
-/// The gateway's routes, to be nested or merged at the service's root.
-pub fn router(gateway: Arc<Gateway>, body_cap: usize) -> Router {
+/// The gateway's routes, to be merged at the service's root (or served alone).
+pub fn router<S: Clone + Send + Sync + 'static>(
+    gateway: Arc<Gateway>,
+    body_cap: usize,
+) -> Router<S> {
     Router::new()
         .route("/gateway/v1/chat/completions", post(chat))
         .route("/gateway/v1/responses", post(responses_route))
@@ -51,12 +56,13 @@ fn key(headers: &HeaderMap) -> Option<&str> {
 }
 
 fn provider_error(api: Api, e: &WireError) -> Response {
-    let body = match api {
-        Api::Messages => anthropic::error(e),
-        Api::ChatCompletions | Api::Responses => openai::error(e),
-    };
     let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (status, axum::Json(body)).into_response()
+    match api {
+        Api::Messages => (status, axum::Json(anthropic::error(e))).into_response(),
+        Api::ChatCompletions | Api::Responses => {
+            (status, axum::Json(openai::error(e))).into_response()
+        }
+    }
 }
 
 /// The episode and the parsed JSON body of a call, or the error to answer.
@@ -98,7 +104,20 @@ fn sse(events: Vec<String>) -> Response {
     r
 }
 
-async fn chat(State(st): State<GatewayState>, headers: HeaderMap, body: Body) -> Response {
+/// OpenAI Chat Completions, for one agent episode (its key as the bearer token).
+#[utoipa::path(post, path = "/gateway/v1/chat/completions", tag = "gateway", security(("episode_key" = [])),
+    request_body(content = Object, description = "a Chat Completions request: messages, tools, tool_choice, sampling, stream"),
+    responses((status = 200, description = "a chat.completion object, or with stream: true its chunks as server-sent events ending in data: [DONE]", body = Object),
+        (status = 400, description = "a malformed or unsupported request, or past the episode's budget (code context_length_exceeded)", body = OpenAiError),
+        (status = 401, description = "no key, or not an open episode's key", body = OpenAiError),
+        (status = 410, description = "the episode is finished", body = OpenAiError),
+        (status = 413, description = "the body is over the cap", body = OpenAiError),
+        (status = 503, description = "no shard could generate the answer", body = OpenAiError)))]
+pub(crate) async fn chat(
+    State(st): State<GatewayState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let api = Api::ChatCompletions;
     let served = async {
         let (ep, v) = accept(&st, &headers, body).await?;
@@ -117,7 +136,13 @@ async fn chat(State(st): State<GatewayState>, headers: HeaderMap, body: Body) ->
     served.await.unwrap_or_else(|e| provider_error(api, &e))
 }
 
-async fn responses_route(
+/// OpenAI Responses, for one agent episode.
+#[utoipa::path(post, path = "/gateway/v1/responses", tag = "gateway", security(("episode_key" = [])),
+    request_body(content = Object, description = "a Responses request: input items, instructions, tools, previous_response_id, stream"),
+    responses((status = 200, description = "a response object, or with stream: true its events as server-sent events", body = Object),
+        (status = 400, body = OpenAiError), (status = 401, body = OpenAiError), (status = 410, body = OpenAiError),
+        (status = 413, body = OpenAiError), (status = 503, body = OpenAiError)))]
+pub(crate) async fn responses_route(
     State(st): State<GatewayState>,
     headers: HeaderMap,
     body: Body,
@@ -136,7 +161,17 @@ async fn responses_route(
     served.await.unwrap_or_else(|e| provider_error(api, &e))
 }
 
-async fn messages(State(st): State<GatewayState>, headers: HeaderMap, body: Body) -> Response {
+/// Anthropic Messages, for one agent episode (its key as `x-api-key` or the bearer token).
+#[utoipa::path(post, path = "/gateway/v1/messages", tag = "gateway", security(("episode_key" = [])),
+    request_body(content = Object, description = "a Messages request: system, messages with content blocks, tools, max_tokens, stream"),
+    responses((status = 200, description = "a message object, or with stream: true its events as server-sent events", body = Object),
+        (status = 400, body = AnthropicError), (status = 401, body = AnthropicError), (status = 410, body = AnthropicError),
+        (status = 413, body = AnthropicError), (status = 503, body = AnthropicError)))]
+pub(crate) async fn messages(
+    State(st): State<GatewayState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let api = Api::Messages;
     let served = async {
         let (ep, v) = accept(&st, &headers, body).await?;
@@ -151,7 +186,11 @@ async fn messages(State(st): State<GatewayState>, headers: HeaderMap, body: Body
     served.await.unwrap_or_else(|e| provider_error(api, &e))
 }
 
-async fn models(State(st): State<GatewayState>, headers: HeaderMap) -> Response {
+/// The model an episode's calls are answered by.
+#[utoipa::path(get, path = "/gateway/v1/models", tag = "gateway", security(("episode_key" = [])),
+    responses((status = 200, description = "a list with the episode's model", body = Object),
+        (status = 401, body = OpenAiError), (status = 410, body = OpenAiError)))]
+pub(crate) async fn models(State(st): State<GatewayState>, headers: HeaderMap) -> Response {
     let found = key(&headers)
         .ok_or_else(|| WireError::new(ErrorKind::Authentication, "no API key"))
         .and_then(|k| st.gateway.episode(k));

@@ -3,7 +3,9 @@
 //! `data: [DONE]`, errors as `{"error": {"message", "type", "param", "code"}}`.
 
 use actors::agent::{Conversation, Message, Role, ToolCall, ToolChoice, ToolSpec};
+use serde::Serialize;
 use serde_json::{Value, json};
+use utoipa::ToSchema;
 
 use super::wire::{Answer, Call, ErrorKind, Fields, Sampling, WireError};
 
@@ -348,20 +350,49 @@ pub fn chunks(a: &Answer, logprobs: bool, include_usage: bool) -> Vec<String> {
     events
 }
 
-/// OpenAI's error body.
-pub fn error(e: &WireError) -> Value {
+/// OpenAI's error body: the SDKs raise their exception class from the status and read
+/// `message`, `type`, `param` and `code` from it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OpenAiError {
+    pub error: OpenAiErrorDetail,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OpenAiErrorDetail {
+    /// What went wrong, led by the field it is about.
+    pub message: String,
+    /// `invalid_request_error`, `authentication_error`, `not_found_error`,
+    /// `rate_limit_error` or `server_error`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The request field the error is about.
+    pub param: Option<String>,
+    /// `context_length_exceeded`, `invalid_api_key`, `episode_finished`,
+    /// `request_too_large`, `rate_limit_exceeded`, `unavailable`, or null.
+    pub code: Option<&'static str>,
+}
+
+/// OpenAI's error body for `e`.
+pub fn error(e: &WireError) -> OpenAiError {
     let (kind, code) = match e.kind {
-        ErrorKind::InvalidRequest => ("invalid_request_error", Value::Null),
-        ErrorKind::ContextLength => ("invalid_request_error", json!("context_length_exceeded")),
-        ErrorKind::Authentication => ("authentication_error", json!("invalid_api_key")),
-        ErrorKind::NotFound => ("not_found_error", Value::Null),
-        ErrorKind::Gone => ("invalid_request_error", json!("episode_finished")),
-        ErrorKind::TooLarge => ("invalid_request_error", json!("request_too_large")),
-        ErrorKind::RateLimited => ("rate_limit_error", json!("rate_limit_exceeded")),
-        ErrorKind::Unavailable => ("server_error", json!("unavailable")),
-        ErrorKind::Internal => ("server_error", Value::Null),
+        ErrorKind::InvalidRequest => ("invalid_request_error", None),
+        ErrorKind::ContextLength => ("invalid_request_error", Some("context_length_exceeded")),
+        ErrorKind::Authentication => ("authentication_error", Some("invalid_api_key")),
+        ErrorKind::NotFound => ("not_found_error", None),
+        ErrorKind::Gone => ("invalid_request_error", Some("episode_finished")),
+        ErrorKind::TooLarge => ("invalid_request_error", Some("request_too_large")),
+        ErrorKind::RateLimited => ("rate_limit_error", Some("rate_limit_exceeded")),
+        ErrorKind::Unavailable => ("server_error", Some("unavailable")),
+        ErrorKind::Internal => ("server_error", None),
     };
-    json!({"error": {"message": e.named_message(), "type": kind, "param": e.param, "code": code}})
+    OpenAiError {
+        error: OpenAiErrorDetail {
+            message: e.named_message(),
+            kind,
+            param: e.param.clone(),
+            code,
+        },
+    }
 }
 
 #[cfg(test)]

@@ -82,7 +82,7 @@ fn bad_requests_name_the_field_in_anthropics_shape() {
         b[key] = value;
         let e = parse(&b).unwrap_err();
         assert_eq!(e.param.as_deref(), Some(param), "{key}: {e:?}");
-        let shaped = error(&e);
+        let shaped = serde_json::to_value(error(&e)).unwrap();
         assert_eq!(
             (shaped["type"].as_str(), shaped["error"]["type"].as_str()),
             (Some("error"), Some("invalid_request_error"))

@@ -91,7 +91,7 @@ fn bad_and_unsupported_requests_are_refused_naming_the_field() {
         let e = parse(&b).unwrap_err();
         assert_eq!(e.param.as_deref(), Some(param), "{key}: {e:?}");
         assert_eq!(e.status(), 400);
-        let shaped = error(&e);
+        let shaped = serde_json::to_value(error(&e)).unwrap();
         assert_eq!(shaped["error"]["type"], "invalid_request_error");
         assert!(
             shaped["error"]["message"].as_str().unwrap().contains(param),
