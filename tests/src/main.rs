@@ -16,6 +16,7 @@ mod datasets;
 mod envs;
 mod eval;
 mod faults;
+mod gateway;
 mod llm;
 mod otlp;
 mod persistence;

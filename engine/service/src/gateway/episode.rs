@@ -102,6 +102,9 @@ struct State {
     finished: bool,
 }
 
+/// Generation attempts per call (the first and the retries after a shard stopped or failed).
+pub const GENERATION_TRIES: u32 = 3;
+
 /// Request ids of gateway calls: the top bit set, apart from the ids of a job's own episodes.
 const REQUEST_BASE: u64 = 1 << 63;
 /// Engine sessions of gateway episodes (prefix caches), likewise apart.
@@ -229,10 +232,7 @@ impl Episode {
             sim_response_len: None,
             prefilled: false,
         };
-        let out = self.generator.generate(req).await.map_err(gen_error)?;
-        st.session
-            .check_versions(&out)
-            .map_err(|e| WireError::new(ErrorKind::Unavailable, e.to_string()))?;
+        let out = self.generate(req, &st.session).await?;
         let (answer, message, call_record) =
             self.answer(api, &call, &out, n, prepared.context.len())?;
         st.generated += out.tokens.len() as u64;
@@ -258,6 +258,28 @@ impl Episode {
             ..Turn::default()
         });
         Ok(answer)
+    }
+
+    /// Generates `req`; a shard that stopped (its engine restarted) or failed is asked again,
+    /// up to [`GENERATION_TRIES`] times in all, so the client sees one answer. An answer from
+    /// a version older than the session's newest is never accepted (503: the client retries).
+    async fn generate(&self, req: GenRequest, session: &Session) -> Result<GenOutput, WireError> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match self.generator.generate(req.clone()).await {
+                Ok(out) => {
+                    session
+                        .check_versions(&out)
+                        .map_err(|e| WireError::new(ErrorKind::Unavailable, e.to_string()))?;
+                    return Ok(out);
+                }
+                Err(GenError::ShardStopped | GenError::Backend(_)) if tries < GENERATION_TRIES => {
+                    tracing::debug!(episode = self.id, tries, "generation retried on the shard");
+                }
+                Err(e) => return Err(gen_error(e)),
+            }
+        }
     }
 
     /// The answer's token budget: the agent's ask, the job's per-call cap, what the context
