@@ -112,8 +112,11 @@ pub(crate) fn bench(episodes: usize, what: &str, preset_steps: u64) -> anyhow::R
         preset_file: Path::new("examples/quickstart.toml"),
         preset_steps,
     };
-    lab::bench::run(what, &opts, || {
-        service::bench_batches::bench_batches().map_err(Into::into)
+    lab::bench::run(what, &opts, |b| match b {
+        lab::bench::Benchmark::Gateway => {
+            service::bench_gateway::bench_gateway().map_err(Into::into)
+        }
+        _ => service::bench_batches::bench_batches().map_err(Into::into),
     })?;
     Ok(ExitCode::SUCCESS)
 }

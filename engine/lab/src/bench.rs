@@ -8,8 +8,12 @@
 //! - `functions`: the function router and runtime on real `rollarc-fn` processes;
 //! - `presets`: the quickstart job under each scheduling preset;
 //! - `batches`: the trainer API's batch fetch, JSON vs MessagePack, and weight announce →
-//!   installed latency on the built-in engine. It drives the service, which this crate never
-//!   depends on: the caller hands it in ([`run`]'s `batches`).
+//!   installed latency on the built-in engine;
+//! - `gateway`: the agent gateway's overhead per call against calling the engine directly,
+//!   and 1,000 concurrent sessions.
+//!
+//! `batches` and `gateway` drive the service, which this crate never depends on: the caller
+//! hands them in ([`run`]'s `service`).
 
 mod env;
 mod functions;
@@ -40,11 +44,12 @@ pub enum Benchmark {
     Functions,
     Presets,
     Batches,
+    Gateway,
 }
 
 impl Benchmark {
     /// Every benchmark, in the order `all` runs them.
-    pub const ALL: [Benchmark; 8] = [
+    pub const ALL: [Benchmark; 9] = [
         Benchmark::Scheduler,
         Benchmark::Model,
         Benchmark::Llm,
@@ -53,6 +58,7 @@ impl Benchmark {
         Benchmark::Functions,
         Benchmark::Presets,
         Benchmark::Batches,
+        Benchmark::Gateway,
     ];
 
     pub fn name(self) -> &'static str {
@@ -65,6 +71,7 @@ impl Benchmark {
             Self::Functions => "functions",
             Self::Presets => "presets",
             Self::Batches => "batches",
+            Self::Gateway => "gateway",
         }
     }
 
@@ -96,7 +103,7 @@ pub struct BenchOptions<'a> {
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
     #[error(
-        "unknown benchmark {0:?}: scheduler, model, llm, servers, env, functions, presets, batches or all"
+        "unknown benchmark {0:?}: scheduler, model, llm, servers, env, functions, presets, batches, gateway or all"
     )]
     Unknown(String),
     #[error(transparent)]
@@ -114,18 +121,18 @@ pub enum BenchError {
     #[error(transparent)]
     Presets(#[from] PresetsBenchError),
     #[error("{0}")]
-    Batches(BoxError),
+    Service(BoxError),
 }
 
-/// The error of a benchmark that the caller runs (`batches`).
+/// The error of a benchmark that the caller runs (`batches`, `gateway`).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Runs the benchmarks `what` names (one, or `all` in order); nothing runs when the name is
-/// unknown. `batches` runs the service's batch benchmark.
+/// unknown. `service` runs the benchmarks that drive the service (`batches`, `gateway`).
 pub fn run(
     what: &str,
     opts: &BenchOptions<'_>,
-    batches: impl Fn() -> Result<(), BoxError>,
+    service: impl Fn(Benchmark) -> Result<(), BoxError>,
 ) -> Result<(), BenchError> {
     for b in Benchmark::select(what)? {
         match b {
@@ -136,7 +143,7 @@ pub fn run(
             Benchmark::Env => bench_env()?,
             Benchmark::Functions => bench_functions()?,
             Benchmark::Presets => bench_presets(opts.preset_file, opts.preset_steps)?,
-            Benchmark::Batches => batches().map_err(BenchError::Batches)?,
+            Benchmark::Batches | Benchmark::Gateway => service(b).map_err(BenchError::Service)?,
         }
     }
     Ok(())
@@ -157,7 +164,7 @@ mod tests {
         assert!(matches!(&e, BenchError::Unknown(w) if w == "gpu"), "{e:?}");
         assert_eq!(
             e.to_string(),
-            "unknown benchmark \"gpu\": scheduler, model, llm, servers, env, functions, presets, batches or all"
+            "unknown benchmark \"gpu\": scheduler, model, llm, servers, env, functions, presets, batches, gateway or all"
         );
     }
 }
