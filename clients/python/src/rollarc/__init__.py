@@ -19,16 +19,20 @@ from .client import (
     TERMINAL_STATES,
 )
 from .types import (
+    AgentCall,
     BatchGroup,
     JobRecord,
     Sample,
     Staleness,
     StepRecord,
+    ToolCall,
     TrajectoryRow,
+    Turn,
     sequences,
 )
 
 __all__ = [
+    "AgentCall",
     "Batch",
     "BatchGroup",
     "Client",
@@ -40,7 +44,9 @@ __all__ = [
     "Staleness",
     "StepRecord",
     "TERMINAL_STATES",
+    "ToolCall",
     "TrajectoryRow",
+    "Turn",
     "sequences",
 ]
 __version__ = "0.1.0"

@@ -51,6 +51,47 @@ class VersionSpan(TypedDict):
     tokens: int
 
 
+class ToolCall(TypedDict):
+    id: str
+    name: str
+    arguments: Any
+
+
+class AgentCall(TypedDict):
+    """One model call of an agent episode, as the gateway served it (a turn's ``call``)."""
+
+    #: ``chat.completions``, ``responses`` or ``messages``
+    api: str
+    stream: bool
+    #: the tool calls the answer made
+    tool_calls: NotRequired[List[ToolCall]]
+    #: the tool results this request brought (messages with ``tool_call_id`` and ``content``)
+    tool_results: NotRequired[List[Dict[str, Any]]]
+    #: why the answer's tool calls were refused (it went back as plain text)
+    invalid_tool_call: NotRequired[str]
+    #: ``stop``, ``length`` or ``tool_calls``
+    finish_reason: str
+    latency_s: float
+
+
+class Turn(TypedDict):
+    """One turn of a stored trajectory (``TrajectoryRow["trajectory"]["turns"]``)."""
+
+    observation_tokens: List[int]
+    response_tokens: List[int]
+    logprobs: List[float]
+    versions: List[VersionSpan]
+    env_reward: float
+    prefill_tokens: int
+    started_at_s: float
+    #: turns left out of this turn's context (``drop_oldest_turns``)
+    dropped: NotRequired[int]
+    #: an agent's history diverged here: a new segment, whose context is this observation
+    restart: NotRequired[bool]
+    #: agent episodes: the model call this turn answered
+    call: NotRequired[AgentCall]
+
+
 class Sample(TypedDict):
     trajectory_id: str
     #: every turn's observation then response tokens, exactly as generated

@@ -700,13 +700,30 @@ class JobPage {
       t.failure ? el('p', { class: 'error' }, 'failure: ' + failure(t.failure)) : null,
       t.truncated ? el('p', { class: 'muted' }, 'ended at its context budget (truncated)') : null,
     ];
+    // Agent episodes: each diverged history (edited, summarised) starts a segment.
+    const restarts = t.turns.filter((u) => u.restart).length;
+    if (restarts > 0) {
+      parts.push(el('p', { class: 'muted', 'data-segments': restarts + 1 },
+        `${restarts + 1} segments: the agent's history diverged from the context ${restarts} time${restarts > 1 ? 's' : ''}; each segment trains under its own context`));
+    }
     t.turns.forEach((u, k) => {
       const text = row.text ? row.text[k] : null;
       const vers = (u.versions || []).map((v) => `v${v.version}×${v.tokens}`).join(' ');
+      const c = u.call;
+      const call = c ? ` · ${c.api}${c.stream ? ' (streamed)' : ''} → ${c.finish_reason} in ${duration(c.latency_s)}` : '';
+      const calls = c && c.tool_calls && c.tool_calls.length
+        ? el('pre', { class: 'calls' }, c.tool_calls.map((x) => `→ ${x.name}(${JSON.stringify(x.arguments)}) [${x.id}]`).join('\n'))
+        : null;
+      const results = c && c.tool_results && c.tool_results.length
+        ? el('pre', { class: 'calls' }, c.tool_results.map((x) => `← [${x.tool_call_id}] ${x.content}`).join('\n'))
+        : null;
       parts.push(el('div', { class: 'turn', 'data-turn': k },
-        el('div', { class: 'meta' }, `turn ${k + 1} · env reward ${fmt(u.env_reward)} · ${u.response_tokens.length} tokens · ${vers}${u.dropped ? ` · ${u.dropped} earlier turns dropped` : ''}`),
+        el('div', { class: 'meta' }, `turn ${k + 1} · env reward ${fmt(u.env_reward)} · ${u.response_tokens.length} tokens · ${vers}${u.dropped ? ` · ${u.dropped} earlier turns dropped` : ''}${u.restart ? ' · new segment (history diverged)' : ''}${call}`),
+        results,
         el('pre', { class: 'obs' }, text ? text.observation : `[${u.observation_tokens.join(' ')}]`),
-        el('pre', { class: 'resp' }, text ? text.response : `[${u.response_tokens.join(' ')}]`)));
+        el('pre', { class: 'resp' }, text ? text.response : `[${u.response_tokens.join(' ')}]`),
+        calls,
+        c && c.invalid_tool_call ? el('p', { class: 'error' }, 'invalid tool call: ' + c.invalid_tool_call) : null));
     });
     $('#traj-detail').replaceChildren(...parts.filter(Boolean));
   }
