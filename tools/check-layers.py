@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Fails when a workspace crate depends on a crate above or beside its layer.
 
-The layers, lowest first: infra → functions → actors → job → {service, lab} → engine (the
-`rollarc` binary). A crate may depend on the crates below it only: service and lab never on
+The layers, lowest first: infra → functions → actors → gateway → job → {service, lab} →
+engine (the `rollarc` binary). A crate may depend on the crates below it only: service and lab never on
 each other, nothing on the binary, and only the binary (and the tests) on service. Cargo
 refuses a cycle by itself; this holds the rest of the order (normal, dev and build
 dependencies alike).
@@ -18,11 +18,12 @@ ALLOWED = {
     "infra": set(),
     "functions": {"infra"},
     "actors": {"infra", "functions"},
-    "job": {"infra", "functions", "actors"},
-    "service": {"infra", "functions", "actors", "job"},
-    "lab": {"infra", "functions", "actors", "job"},
-    "engine": {"infra", "functions", "actors", "job", "service", "lab"},
-    "tests": {"infra", "functions", "actors", "job", "service", "lab", "engine"},
+    "gateway": {"infra", "functions", "actors"},
+    "job": {"infra", "functions", "actors", "gateway"},
+    "service": {"infra", "functions", "actors", "gateway", "job"},
+    "lab": {"infra", "functions", "actors", "gateway", "job"},
+    "engine": {"infra", "functions", "actors", "gateway", "job", "service", "lab"},
+    "tests": {"infra", "functions", "actors", "gateway", "job", "service", "lab", "engine"},
 }
 
 

@@ -113,9 +113,7 @@ pub(crate) fn bench(episodes: usize, what: &str, preset_steps: u64) -> anyhow::R
         preset_steps,
     };
     lab::bench::run(what, &opts, |b| match b {
-        lab::bench::Benchmark::Gateway => {
-            service::bench_gateway::bench_gateway().map_err(Into::into)
-        }
+        lab::bench::Benchmark::Gateway => gateway::bench::bench_gateway().map_err(Into::into),
         _ => service::bench_batches::bench_batches().map_err(Into::into),
     })?;
     Ok(ExitCode::SUCCESS)

@@ -11,3 +11,13 @@ pub fn wall_now() -> std::time::Instant {
     #[allow(clippy::disallowed_methods)]
     std::time::Instant::now()
 }
+
+/// Milliseconds since the Unix epoch: for timestamps of records (creation times, an API
+/// answer's `created`), which are facts about the real world, not about the simulated clock.
+#[allow(clippy::disallowed_methods)]
+pub fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

@@ -1,7 +1,7 @@
 //! Domain-free platform for rollarc: telemetry (tracing, OpenTelemetry metrics with a
 //! Prometheus text endpoint, OTLP export), configuration access through a trait, shutdown
-//! ownership, child processes and their sandbox, the serverless function runtime and the
-//! async router.
+//! ownership, child processes and their sandbox, the serverless function runtime, the
+//! async router, and random tokens (`secret`).
 //!
 //! The bottom layer: depends on no crate of the workspace (`tools/check-layers.py`).
 //! Architecture invariant: nothing here knows about RL, trajectories, models or jobs.
@@ -21,6 +21,7 @@ pub mod process;
 pub mod router;
 pub mod sandbox;
 pub mod seccomp;
+pub mod secret;
 pub mod shutdown;
 pub mod telemetry;
 

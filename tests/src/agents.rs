@@ -16,9 +16,9 @@ use actors::model::engine::BuiltinEngine;
 use actors::model::llm::{LlmDecoder, LlmTokenizer, LlmWeights};
 use actors::types::{Trajectory, Turn};
 use futures::future::BoxFuture;
+use gateway::episode::{EpisodeLimits, EpisodeOptions, SamplingPolicy};
+use gateway::{Gateway, Generator, Opened};
 use serde_json::{Value, json};
-use service::gateway::episode::{EpisodeLimits, EpisodeOptions, SamplingPolicy};
-use service::gateway::{Gateway, Generator, Opened};
 
 /// The Python with the pinned SDKs: `ROLLARC_AGENT_PYTHON`, else where `make setup` puts it.
 fn sdk_python() -> PathBuf {
@@ -154,7 +154,7 @@ async fn drive_with_sdks(engine: EngineHandle, opts: EpisodeOptions) {
         assert!(gw.finish(&opened[6].1.key).await.is_some());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let app = service::gateway::http::router(gw.clone(), 1 << 20);
+        let app = gateway::http::router(gw.clone(), 1 << 20);
         let server = tokio::spawn(async move { axum::serve(listener, app).await });
         let dir = tempfile::tempdir().unwrap();
         let cfg = dir.path().join("config.json");
@@ -311,9 +311,9 @@ fn a_history_edit_gives_two_segments_that_rescore_to_the_behaviour_logprobs() {
         let ep = gw.episode(&o.key).unwrap();
         let tools = json!([{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]);
         let mut messages = vec![json!({"role": "user", "content": "Count to three."})];
-        let api = service::gateway::episode::Api::ChatCompletions;
+        let api = gateway::episode::Api::ChatCompletions;
         for i in 0..3 {
-            let call = service::gateway::openai::parse(&json!({"messages": messages, "tools": tools})).unwrap();
+            let call = gateway::openai::parse(&json!({"messages": messages, "tools": tools})).unwrap();
             let a = ep.call(api, call, None).await.unwrap();
             messages.push(json!({"role": "assistant", "content": a.content}));
             messages.push(json!({"role": "user", "content": format!("Next ({i}).")}));
@@ -321,7 +321,7 @@ fn a_history_edit_gives_two_segments_that_rescore_to_the_behaviour_logprobs() {
         // The agent summarises its history: the first message changes.
         messages[0] = json!({"role": "user", "content": "Count to three, briefly."});
         for _ in 0..2 {
-            let call = service::gateway::openai::parse(&json!({"messages": messages, "tools": tools})).unwrap();
+            let call = gateway::openai::parse(&json!({"messages": messages, "tools": tools})).unwrap();
             let a = ep.call(api, call, None).await.unwrap();
             messages.push(json!({"role": "assistant", "content": a.content}));
             messages.push(json!({"role": "user", "content": "Go on."}));

@@ -17,10 +17,10 @@ use actors::model::llm::{Checkpoint, LlmTokenizer};
 use actors::weights::Weights;
 use axum::body::Body;
 use axum::http::Request;
+use gateway::episode::{EpisodeLimits, EpisodeOptions, SamplingPolicy};
+use gateway::{Gateway, Generator};
 use ractor::{Actor, ActorRef};
 use serde_json::{Value, json};
-use service::gateway::episode::{EpisodeLimits, EpisodeOptions, SamplingPolicy};
-use service::gateway::{Gateway, Generator};
 use tower::ServiceExt;
 
 fn tokenizer() -> Arc<LlmTokenizer> {
@@ -136,7 +136,7 @@ async fn installs_mid_stream_keep_streams_whole_and_versions_monotone_per_sessio
     let (shard, handle, _) = sim_shard(&tok, None).await;
     let gw = Arc::new(Gateway::new());
     let generator: Arc<dyn Generator> = Arc::new(handle);
-    let app = service::gateway::http::router::<()>(gw.clone(), 1 << 20);
+    let app = gateway::http::router::<()>(gw.clone(), 1 << 20);
     let keys: Vec<String> = (0..6)
         .map(|_| gw.open(options(&tok), generator.clone()).unwrap().key)
         .collect();
@@ -207,7 +207,7 @@ async fn a_shard_restart_mid_answer_is_retried_and_versions_never_go_back() {
     let (shard, handle, restarts) = sim_shard(&tok, Some(40)).await;
     let gw = Arc::new(Gateway::new());
     let o = gw.open(options(&tok), Arc::new(handle)).unwrap();
-    let app = service::gateway::http::router::<()>(gw.clone(), 1 << 20);
+    let app = gateway::http::router::<()>(gw.clone(), 1 << 20);
     let mut messages = vec![json!({"role": "user", "content": "Count."})];
     for i in 0..3 {
         if i == 1 {

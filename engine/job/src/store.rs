@@ -101,12 +101,8 @@ pub struct Store {
 
 /// Wall-clock timestamp for records (creation and transition times are facts about the real
 /// world, not about the simulated clock).
-#[allow(clippy::disallowed_methods)]
 pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    infra::clock::unix_ms()
 }
 
 impl Store {

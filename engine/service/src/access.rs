@@ -307,11 +307,7 @@ pub fn hash_bytes(bytes: &[u8]) -> String {
 
 /// A fresh token: `rk_` and 32 random bytes in hex.
 pub fn new_token() -> Result<String, ring::error::Unspecified> {
-    use ring::rand::SecureRandom;
-    let mut bytes = [0u8; 32];
-    ring::rand::SystemRandom::new().fill(&mut bytes)?;
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    Ok(format!("rk_{hex}"))
+    infra::secret::new_token("rk_")
 }
 
 /// Token buckets, one per token (the map is bounded by the tokens of the config, plus the

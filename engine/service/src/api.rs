@@ -70,9 +70,9 @@ pub fn router_with(service: Arc<Service>, access: Arc<Access>) -> Router {
         .route("/", get(crate::ui::index))
         .route("/ui/app.js", get(crate::ui::script))
         .route("/ui/app.css", get(crate::ui::style))
-        .merge(crate::gateway::http::router(
+        .merge(gateway::http::router(
             service.gateway.clone(),
-            crate::gateway::http::DEFAULT_BODY_CAP,
+            gateway::http::DEFAULT_BODY_CAP,
         ))
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)

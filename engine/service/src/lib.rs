@@ -6,11 +6,8 @@
 //! - [`access`]: tokens, roles, owners and the program policy;
 //! - [`admission`]: the memory estimate a job is admitted against;
 //! - [`telemetry`], [`tensorboard`]: Prometheus gauges and TensorBoard events of each job;
-//! - [`gateway`]: the agent gateway (OpenAI Chat Completions and Responses, Anthropic
-//!   Messages) that records agents' calls as exact turns;
 //! - [`text`]: trajectory text for the viewer; [`ui`]: the embedded dashboard;
-//! - [`bench_batches`]: the benchmark of the trainer API's batch fetch over real HTTP;
-//!   [`bench_gateway`]: the agent gateway's overhead per call and 1,000 concurrent sessions.
+//! - [`bench_batches`]: the benchmark of the trainer API's batch fetch over real HTTP.
 //!
 //! Depends on `job` (and the crates below it), never on `lab`; no crate but the `rollarc`
 //! binary (and the tests) depends on this one.
@@ -27,8 +24,6 @@ pub mod access;
 pub mod admission;
 pub mod api;
 pub mod bench_batches;
-pub mod bench_gateway;
-pub mod gateway;
 pub mod server;
 pub mod service;
 pub mod telemetry;

@@ -151,7 +151,7 @@ pub struct Service {
     /// Training batches of jobs with an external trainer (the trainer API).
     pub batches: Arc<job::trainer_api::BatchDesk>,
     /// The agent gateway's open episodes (`/gateway/v1/…`).
-    pub gateway: Arc<crate::gateway::Gateway>,
+    pub gateway: Arc<gateway::Gateway>,
 }
 
 /// Restart policy of the engine supervisor for failed jobs (actor escalation or panic).
@@ -213,7 +213,7 @@ impl Service {
             .map_err(ServiceError::Functions)?;
         Ok(Arc::new(Self {
             batches: job::trainer_api::BatchDesk::new(store.clone()),
-            gateway: Arc::new(crate::gateway::Gateway::new()),
+            gateway: Arc::new(gateway::Gateway::new()),
             store,
             data_dir: cfg.data_dir.clone(),
             _lock: lock,

@@ -43,10 +43,10 @@ use job::store::{JobRecord, JobState, TrajectoryRow};
         healthz,
         readyz,
         metrics,
-        crate::gateway::http::chat,
-        crate::gateway::http::responses_route,
-        crate::gateway::http::messages,
-        crate::gateway::http::models
+        gateway::http::chat,
+        gateway::http::responses_route,
+        gateway::http::messages,
+        gateway::http::models
     ),
     components(schemas(
         Created,
@@ -85,10 +85,10 @@ use job::store::{JobRecord, JobState, TrajectoryRow};
         JobEvent,
         Health,
         spec::JobSpec,
-        crate::gateway::openai::OpenAiError,
-        crate::gateway::openai::OpenAiErrorDetail,
-        crate::gateway::anthropic::AnthropicError,
-        crate::gateway::anthropic::AnthropicErrorDetail,
+        gateway::openai::OpenAiError,
+        gateway::openai::OpenAiErrorDetail,
+        gateway::anthropic::AnthropicError,
+        gateway::anthropic::AnthropicErrorDetail,
         actors::types::AgentCall
     )),
     modifiers(&Security)

@@ -400,7 +400,7 @@ impl Episode {
         let answer = Answer {
             id: format!("{}{}-{n}", api.id_prefix(), self.id),
             model: self.opts.model.clone(),
-            created: u64::try_from(job::store::now_ms() / 1000).unwrap_or(0),
+            created: u64::try_from(infra::clock::unix_ms() / 1000).unwrap_or(0),
             content: parsed.content,
             tool_calls: parsed.calls,
             finish,

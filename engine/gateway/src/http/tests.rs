@@ -13,8 +13,8 @@ use futures::future::BoxFuture;
 use tower::ServiceExt;
 
 use super::*;
-use crate::gateway::episode::{EpisodeLimits, EpisodeOptions, SamplingPolicy};
-use crate::gateway::{Generator, Opened};
+use crate::episode::{EpisodeLimits, EpisodeOptions, SamplingPolicy};
+use crate::{Generator, Opened};
 
 fn tokenizer() -> Arc<LlmTokenizer> {
     static TOK: OnceLock<Arc<LlmTokenizer>> = OnceLock::new();

@@ -22,8 +22,8 @@ use futures::future::BoxFuture;
 use infra::clock::wall_now;
 use serde_json::{Value, json};
 
-use crate::gateway::episode::{EpisodeLimits, EpisodeOptions, SamplingPolicy};
-use crate::gateway::{Gateway, Generator};
+use crate::episode::{EpisodeLimits, EpisodeOptions, SamplingPolicy};
+use crate::{Gateway, Generator};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayBenchError {
@@ -97,7 +97,7 @@ async fn run(tok: Arc<LlmTokenizer>) -> Result<(), GatewayBenchError> {
     let gw = Arc::new(Gateway::new());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}/gateway/v1", listener.local_addr()?);
-    let app = crate::gateway::http::router::<()>(gw.clone(), 4 << 20);
+    let app = crate::http::router::<()>(gw.clone(), 4 << 20);
     tokio::spawn(async move { axum::serve(listener, app).await });
     let client = reqwest::Client::new();
     let opts = EpisodeOptions {

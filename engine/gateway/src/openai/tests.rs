@@ -1,5 +1,5 @@
 use super::*;
-use crate::gateway::wire::{Finish, TokenInfo};
+use crate::wire::{Finish, TokenInfo};
 
 fn body() -> Value {
     json!({

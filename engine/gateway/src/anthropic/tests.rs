@@ -1,5 +1,5 @@
 use super::*;
-use crate::gateway::wire::Finish;
+use crate::wire::Finish;
 
 fn body() -> Value {
     json!({

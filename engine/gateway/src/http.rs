@@ -25,7 +25,7 @@ use super::{Gateway, anthropic, openai, responses};
 pub const DEFAULT_BODY_CAP: usize = 4 << 20;
 
 #[derive(Clone)]
-pub(crate) struct GatewayState {
+pub struct GatewayState {
     gateway: Arc<Gateway>,
     body_cap: usize,
 }
@@ -113,11 +113,7 @@ fn sse(events: Vec<String>) -> Response {
         (status = 410, description = "the episode is finished", body = OpenAiError),
         (status = 413, description = "the body is over the cap", body = OpenAiError),
         (status = 503, description = "no shard could generate the answer", body = OpenAiError)))]
-pub(crate) async fn chat(
-    State(st): State<GatewayState>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
+pub async fn chat(State(st): State<GatewayState>, headers: HeaderMap, body: Body) -> Response {
     let api = Api::ChatCompletions;
     let served = async {
         let (ep, v) = accept(&st, &headers, body).await?;
@@ -142,7 +138,7 @@ pub(crate) async fn chat(
     responses((status = 200, description = "a response object, or with stream: true its events as server-sent events", body = Object),
         (status = 400, body = OpenAiError), (status = 401, body = OpenAiError), (status = 410, body = OpenAiError),
         (status = 413, body = OpenAiError), (status = 503, body = OpenAiError)))]
-pub(crate) async fn responses_route(
+pub async fn responses_route(
     State(st): State<GatewayState>,
     headers: HeaderMap,
     body: Body,
@@ -167,11 +163,7 @@ pub(crate) async fn responses_route(
     responses((status = 200, description = "a message object, or with stream: true its events as server-sent events", body = Object),
         (status = 400, body = AnthropicError), (status = 401, body = AnthropicError), (status = 410, body = AnthropicError),
         (status = 413, body = AnthropicError), (status = 503, body = AnthropicError)))]
-pub(crate) async fn messages(
-    State(st): State<GatewayState>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
+pub async fn messages(State(st): State<GatewayState>, headers: HeaderMap, body: Body) -> Response {
     let api = Api::Messages;
     let served = async {
         let (ep, v) = accept(&st, &headers, body).await?;
@@ -190,7 +182,7 @@ pub(crate) async fn messages(
 #[utoipa::path(get, path = "/gateway/v1/models", tag = "gateway", security(("episode_key" = [])),
     responses((status = 200, description = "a list with the episode's model", body = Object),
         (status = 401, body = OpenAiError), (status = 410, body = OpenAiError)))]
-pub(crate) async fn models(State(st): State<GatewayState>, headers: HeaderMap) -> Response {
+pub async fn models(State(st): State<GatewayState>, headers: HeaderMap) -> Response {
     let found = key(&headers)
         .ok_or_else(|| WireError::new(ErrorKind::Authentication, "no API key"))
         .and_then(|k| st.gateway.episode(k));
