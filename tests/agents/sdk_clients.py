@@ -41,8 +41,15 @@ def anthropic_client(cfg, key, cls=anthropic.Anthropic):
 def chat_sync_tools(cfg, key, calls=5):
     """Five calls of one conversation: tool results for the model's calls, else a user turn."""
     c = openai_client(cfg, key)
+    # The history opens with a tool exchange the agent wrote itself (a few-shot example), so
+    # every call renders tool calls and results whatever the small model answers.
     messages = [
         {"role": "system", "content": "You answer questions about the weather."},
+        {"role": "user", "content": "What is the weather in Rome?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "shot_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Rome\"}"}}]},
+        {"role": "tool", "tool_call_id": "shot_1", "content": "24 C, sunny"},
+        {"role": "assistant", "content": "It is 24 C and sunny in Rome."},
         {"role": "user", "content": "What is the weather in Paris?"},
     ]
     finishes, tool_calls = [], 0
