@@ -51,6 +51,7 @@ toolchain:
 
 ## Installs what the project needs (idempotent): the pinned toolchain's components,
 ## cargo-nextest, gymnasium and reasoning-gym (for their bridges and tests), bubblewrap (the sandbox),
+## mold (the linker, see tools/cc-link),
 ## schemathesis (the API fuzzer, in its own virtual environment), xllamacpp (llama.cpp's
 ## server, likewise), the SDK's test dependencies (likewise), the OpenAI and Anthropic SDKs
 ## (likewise) and the SmolLM2 checkpoint
@@ -62,6 +63,8 @@ setup: toolchain
 		python3 -m pip install --quiet --disable-pip-version-check "reasoning-gym==$(REASONING_GYM_VERSION)"
 	@command -v bwrap >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; } || \
 		echo "warning: bubblewrap could not be installed; external environments need sandbox = \"none\""
+	@command -v mold >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mold >/dev/null; } || \
+		echo "warning: mold could not be installed; linking uses the default linker (slower)"
 	@test -f $(SDK_VENV)/.ready || { python3 -m venv $(SDK_VENV) && \
 		$(SDK_VENV)/bin/pip install --quiet --disable-pip-version-check $(SDK_DEPS) && \
 		$(SDK_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps "tensorboard==$(TENSORBOARD_VERSION)" && \

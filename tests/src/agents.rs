@@ -121,7 +121,7 @@ fn assert_zero_drift(name: &str, turns: &[Turn], calls: &[&(u64, Vec<u32>, GenOu
 /// Runs `tests/agents/sdk_clients.py` against a gateway over `engine` (one episode per
 /// scenario, one finished before it starts), then checks the report and every episode's
 /// turns against what the engine prefilled and generated.
-async fn drive_with_sdks(engine: EngineHandle, opts: EpisodeOptions) {
+async fn drive_with_sdks(engine: EngineHandle, opts: EpisodeOptions, short: bool) {
     let python = sdk_python();
     assert!(
         python.is_file(),
@@ -159,7 +159,11 @@ async fn drive_with_sdks(engine: EngineHandle, opts: EpisodeOptions) {
         let dir = tempfile::tempdir().unwrap();
         let cfg = dir.path().join("config.json");
         let base = format!("http://{addr}/gateway");
-        std::fs::write(&cfg, json!({"base": base, "keys": keys}).to_string()).unwrap();
+        std::fs::write(
+            &cfg,
+            json!({"base": base, "keys": keys, "short": short}).to_string(),
+        )
+        .unwrap();
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/agents/sdk_clients.py");
         let out = tokio::process::Command::new(&python)
             .arg(script)
@@ -220,12 +224,15 @@ async fn drive_with_sdks(engine: EngineHandle, opts: EpisodeOptions) {
     }
 }
 
+/// On the built-in engine (one load of SmolLM2 for both parts): the SDKs' episodes without
+/// drift, then a history edit whose two segments re-score to their behaviour log-probabilities.
 #[test]
-fn the_official_sdks_drive_the_gateway_on_the_builtin_engine_without_drift() {
+fn on_the_builtin_engine_sdks_see_no_drift_and_edited_histories_rescore_exactly() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let m = smollm2();
-        drive_with_sdks(m.engine.clone(), options(&m.tok)).await;
+        drive_with_sdks(m.engine.clone(), options(&m.tok), true).await;
+        a_history_edit_gives_two_segments_that_rescore_to_the_behaviour_logprobs(&m).await;
     });
 }
 
@@ -272,7 +279,13 @@ fn the_official_sdks_drive_the_gateway_on_a_managed_llamacpp_shard_without_drift
         actors::model::runtime::BuiltinParts::checkpoint(&spec, Default::default(), 0, None)
             .unwrap();
     let export = policy.gguf_exporter(dir.path().join("export"), actors::model::llm::GgufType::F32);
-    let client = LlamaCpp::new(reqwest::Client::new(), Target::Managed { server, export });
+    let client = LlamaCpp::new(
+        reqwest::Client::new(),
+        Target::Managed {
+            server: server.clone(),
+            export,
+        },
+    );
     let engine = RemoteEngine::start(
         Arc::new(client),
         rt.handle().clone(),
@@ -283,7 +296,61 @@ fn the_official_sdks_drive_the_gateway_on_a_managed_llamacpp_shard_without_drift
     opts.model = "smollm2-135m-llamacpp".into();
     // The server's context per slot (4096 over 2 slots).
     opts.limits.max_context = 2048;
-    rt.block_on(drive_with_sdks(handle, opts));
+    rt.block_on(drive_with_sdks(handle.clone(), opts.clone(), false));
+    rt.block_on(a_killed_server_mid_stream(handle, opts, server));
+}
+
+/// SIGKILL of the llama.cpp server while a streamed call is being generated: the server is
+/// restarted and the call retried, the client gets one well-formed stream, and the session
+/// goes on with versions that never went back.
+async fn a_killed_server_mid_stream(
+    engine: EngineHandle,
+    opts: EpisodeOptions,
+    server: Arc<actors::generation::remote::managed::ManagedServer>,
+) {
+    let gw = Arc::new(Gateway::new());
+    let o = gw.open(opts, Arc::new(engine)).unwrap();
+    let ep = gw.episode(&o.key).unwrap();
+    let api = gateway::episode::Api::ChatCompletions;
+    let mut messages =
+        vec![json!({"role": "user", "content": "Tell me a long story about a lighthouse keeper."})];
+    let body = json!({"messages": messages, "stream": true, "max_tokens": 200});
+    let call = gateway::openai::parse(&body).unwrap();
+    let pid = server.pid().await.expect("the server runs");
+    let first = tokio::spawn({
+        let ep = ep.clone();
+        async move { ep.call(api, call, None).await }
+    });
+    // Kill it once it is generating (the call is in flight: prefill done, tokens coming).
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    assert!(
+        !first.is_finished(),
+        "the answer ended before the kill: make it longer"
+    );
+    assert!(infra::process::kill_group(pid));
+    let answer = first
+        .await
+        .unwrap()
+        .expect("the call is retried on the restarted server");
+    let events = gateway::openai::chunks(&answer, false, false);
+    assert_eq!(events.last().map(String::as_str), Some("data: [DONE]\n\n"));
+    assert!(server.restarts() >= 1);
+    assert_ne!(server.pid().await, Some(pid));
+    messages.push(json!({"role": "assistant", "content": answer.content}));
+    messages.push(json!({"role": "user", "content": "Go on."}));
+    let call = gateway::openai::parse(&json!({"messages": messages, "max_tokens": 16})).unwrap();
+    ep.call(api, call, None).await.expect("the session goes on");
+    let turns = gw.finish(&o.key).await.unwrap();
+    assert_eq!(turns.len(), 2);
+    assert!(
+        !turns[1].restart,
+        "the retried answer's ids are the session's context"
+    );
+    let versions: Vec<u64> = turns
+        .iter()
+        .flat_map(|t| t.versions.iter().map(|v| v.version))
+        .collect();
+    assert!(versions.windows(2).all(|w| w[0] <= w[1]), "{versions:?}");
 }
 
 /// Log-probabilities of the trained positions of `seg` under the full (training) forward.
@@ -300,11 +367,8 @@ fn rescored(w: &LlmWeights, tokens: &[u32], train: &[bool]) -> Vec<f64> {
         .collect()
 }
 
-#[test]
-fn a_history_edit_gives_two_segments_that_rescore_to_the_behaviour_logprobs() {
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let m = smollm2();
+async fn a_history_edit_gives_two_segments_that_rescore_to_the_behaviour_logprobs(m: &Smollm2) {
+    {
         let generator: Arc<dyn Generator> = Arc::new(m.engine.clone());
         let gw = Arc::new(Gateway::new());
         let o = gw.open(options(&m.tok), generator).unwrap();
@@ -313,7 +377,8 @@ fn a_history_edit_gives_two_segments_that_rescore_to_the_behaviour_logprobs() {
         let mut messages = vec![json!({"role": "user", "content": "Count to three."})];
         let api = gateway::episode::Api::ChatCompletions;
         for i in 0..3 {
-            let call = gateway::openai::parse(&json!({"messages": messages, "tools": tools})).unwrap();
+            let call =
+                gateway::openai::parse(&json!({"messages": messages, "tools": tools})).unwrap();
             let a = ep.call(api, call, None).await.unwrap();
             messages.push(json!({"role": "assistant", "content": a.content}));
             messages.push(json!({"role": "user", "content": format!("Next ({i}).")}));
@@ -321,14 +386,18 @@ fn a_history_edit_gives_two_segments_that_rescore_to_the_behaviour_logprobs() {
         // The agent summarises its history: the first message changes.
         messages[0] = json!({"role": "user", "content": "Count to three, briefly."});
         for _ in 0..2 {
-            let call = gateway::openai::parse(&json!({"messages": messages, "tools": tools})).unwrap();
+            let call =
+                gateway::openai::parse(&json!({"messages": messages, "tools": tools})).unwrap();
             let a = ep.call(api, call, None).await.unwrap();
             messages.push(json!({"role": "assistant", "content": a.content}));
             messages.push(json!({"role": "user", "content": "Go on."}));
         }
         assert_eq!(ep.segments().await, 2);
         let turns = gw.finish(&o.key).await.unwrap();
-        assert_eq!(turns.iter().map(|t| t.restart).collect::<Vec<_>>(), [false, false, false, true, false]);
+        assert_eq!(
+            turns.iter().map(|t| t.restart).collect::<Vec<_>>(),
+            [false, false, false, true, false]
+        );
         let traj = Trajectory {
             id: "agent".into(),
             group_id: 0,
@@ -351,11 +420,21 @@ fn a_history_edit_gives_two_segments_that_rescore_to_the_behaviour_logprobs() {
         let segments = traj.segments();
         assert_eq!(segments.len(), 2);
         for (k, (tokens, train, behaviour)) in segments.iter().enumerate() {
-            let want: Vec<f64> = (0..tokens.len()).filter(|&i| train[i]).map(|i| f64::from(behaviour[i])).collect();
+            let want: Vec<f64> = (0..tokens.len())
+                .filter(|&i| train[i])
+                .map(|i| f64::from(behaviour[i]))
+                .collect();
             assert!(!want.is_empty());
             let got = rescored(&m.weights, tokens, train);
-            let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
-            assert!(worst < 1e-4, "segment {k}: teacher-forced logprobs differ by {worst}");
+            let worst = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f64::max);
+            assert!(
+                worst < 1e-4,
+                "segment {k}: teacher-forced logprobs differ by {worst}"
+            );
         }
-    });
+    }
 }

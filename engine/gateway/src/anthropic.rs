@@ -340,9 +340,10 @@ pub struct AnthropicErrorDetail {
 /// Anthropic's error body for `e`.
 pub fn error(e: &WireError) -> AnthropicError {
     let kind = match e.kind {
-        ErrorKind::InvalidRequest | ErrorKind::ContextLength | ErrorKind::Gone => {
-            "invalid_request_error"
-        }
+        ErrorKind::InvalidRequest
+        | ErrorKind::ContextLength
+        | ErrorKind::Gone
+        | ErrorKind::Timeout => "invalid_request_error",
         ErrorKind::Authentication => "authentication_error",
         ErrorKind::NotFound => "not_found_error",
         ErrorKind::TooLarge => "request_too_large",

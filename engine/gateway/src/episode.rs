@@ -110,12 +110,28 @@ const REQUEST_BASE: u64 = 1 << 63;
 /// Engine sessions of gateway episodes (prefix caches), likewise apart.
 const SESSION_BASE: u64 = 1 << 62;
 
+/// Calls of one episode that may wait for the one being served; past it a call is refused
+/// with 429 (an agent's parallel calls are served one at a time: its context is one
+/// sequence).
+pub const MAX_WAITING_CALLS: usize = 16;
+
 pub struct Episode {
     id: u64,
     opts: EpisodeOptions,
     generator: Arc<dyn Generator>,
     state: tokio::sync::Mutex<State>,
+    /// Calls served or waiting now.
+    in_flight: std::sync::atomic::AtomicUsize,
     started: tokio::time::Instant,
+}
+
+/// Counts a call in flight until dropped.
+struct InFlight<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 impl Episode {
@@ -133,6 +149,7 @@ impl Episode {
                 responses: HashMap::new(),
                 finished: false,
             }),
+            in_flight: std::sync::atomic::AtomicUsize::new(0),
             started: tokio::time::Instant::now(),
         }
     }
@@ -167,6 +184,18 @@ impl Episode {
         previous: Option<&str>,
     ) -> Result<Answer, WireError> {
         let arrived = tokio::time::Instant::now();
+        let n = self
+            .in_flight
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        let _counted = InFlight(&self.in_flight);
+        if n > MAX_WAITING_CALLS {
+            return Err(WireError::new(
+                ErrorKind::RateLimited,
+                format!(
+                    "this episode already has {n} calls in flight; its calls are served one at a time"
+                ),
+            ));
+        }
         let mut st = self.state.lock().await;
         if st.finished {
             return Err(WireError::new(ErrorKind::Gone, "this episode is finished"));

@@ -24,6 +24,10 @@ use super::{Gateway, anthropic, openai, responses};
 /// Default cap on a call's body (a long agent history with tool results).
 pub const DEFAULT_BODY_CAP: usize = 4 << 20;
 
+/// A call's body must arrive within this (a client trickling its body is cut off with 408
+/// rather than holding its connection).
+pub const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 #[derive(Clone)]
 pub struct GatewayState {
     gateway: Arc<Gateway>,
@@ -78,7 +82,18 @@ async fn accept(
         )
     })?;
     let ep = st.gateway.episode(key)?;
-    let bytes: Bytes = axum::body::to_bytes(body, st.body_cap).await.map_err(|_| {
+    let read = tokio::time::timeout(BODY_READ_TIMEOUT, axum::body::to_bytes(body, st.body_cap))
+        .await
+        .map_err(|_| {
+            WireError::new(
+                ErrorKind::Timeout,
+                format!(
+                    "the request body did not arrive within {} s",
+                    BODY_READ_TIMEOUT.as_secs()
+                ),
+            )
+        })?;
+    let bytes: Bytes = read.map_err(|_| {
         WireError::new(
             ErrorKind::TooLarge,
             format!(
@@ -111,7 +126,9 @@ fn sse(events: Vec<String>) -> Response {
         (status = 400, description = "a malformed or unsupported request, or past the episode's budget (code context_length_exceeded)", body = OpenAiError),
         (status = 401, description = "no key, or not an open episode's key", body = OpenAiError),
         (status = 410, description = "the episode is finished", body = OpenAiError),
+        (status = 408, description = "the body did not arrive in time", body = OpenAiError),
         (status = 413, description = "the body is over the cap", body = OpenAiError),
+        (status = 429, description = "too many calls of this episode waiting", body = OpenAiError),
         (status = 503, description = "no shard could generate the answer", body = OpenAiError)))]
 pub async fn chat(State(st): State<GatewayState>, headers: HeaderMap, body: Body) -> Response {
     let api = Api::ChatCompletions;
@@ -137,7 +154,8 @@ pub async fn chat(State(st): State<GatewayState>, headers: HeaderMap, body: Body
     request_body(content = Object, description = "a Responses request: input items, instructions, tools, previous_response_id, stream"),
     responses((status = 200, description = "a response object, or with stream: true its events as server-sent events", body = Object),
         (status = 400, body = OpenAiError), (status = 401, body = OpenAiError), (status = 410, body = OpenAiError),
-        (status = 413, body = OpenAiError), (status = 503, body = OpenAiError)))]
+        (status = 408, body = OpenAiError), (status = 413, body = OpenAiError),
+        (status = 429, body = OpenAiError), (status = 503, body = OpenAiError)))]
 pub async fn responses_route(
     State(st): State<GatewayState>,
     headers: HeaderMap,
@@ -162,7 +180,8 @@ pub async fn responses_route(
     request_body(content = Object, description = "a Messages request: system, messages with content blocks, tools, max_tokens, stream"),
     responses((status = 200, description = "a message object, or with stream: true its events as server-sent events", body = Object),
         (status = 400, body = AnthropicError), (status = 401, body = AnthropicError), (status = 410, body = AnthropicError),
-        (status = 413, body = AnthropicError), (status = 503, body = AnthropicError)))]
+        (status = 408, body = AnthropicError), (status = 413, body = AnthropicError),
+        (status = 429, body = AnthropicError), (status = 503, body = AnthropicError)))]
 pub async fn messages(State(st): State<GatewayState>, headers: HeaderMap, body: Body) -> Response {
     let api = Api::Messages;
     let served = async {

@@ -368,7 +368,7 @@ pub struct OpenAiErrorDetail {
     /// The request field the error is about.
     pub param: Option<String>,
     /// `context_length_exceeded`, `invalid_api_key`, `episode_finished`,
-    /// `request_too_large`, `rate_limit_exceeded`, `unavailable`, or null.
+    /// `request_too_large`, `request_timeout`, `rate_limit_exceeded`, `unavailable`, or null.
     pub code: Option<&'static str>,
 }
 
@@ -381,6 +381,7 @@ pub fn error(e: &WireError) -> OpenAiError {
         ErrorKind::NotFound => ("not_found_error", None),
         ErrorKind::Gone => ("invalid_request_error", Some("episode_finished")),
         ErrorKind::TooLarge => ("invalid_request_error", Some("request_too_large")),
+        ErrorKind::Timeout => ("invalid_request_error", Some("request_timeout")),
         ErrorKind::RateLimited => ("rate_limit_error", Some("rate_limit_exceeded")),
         ErrorKind::Unavailable => ("server_error", Some("unavailable")),
         ErrorKind::Internal => ("server_error", None),

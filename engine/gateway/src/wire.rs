@@ -96,6 +96,8 @@ pub enum ErrorKind {
     Gone,
     /// 413: the body is over the cap.
     TooLarge,
+    /// 408: the body did not arrive in time.
+    Timeout,
     /// 429: the episode's budget of calls is spent, or too many calls at once.
     RateLimited,
     /// 503: no shard can serve the call now.
@@ -152,6 +154,7 @@ impl WireError {
             ErrorKind::NotFound => 404,
             ErrorKind::Gone => 410,
             ErrorKind::TooLarge => 413,
+            ErrorKind::Timeout => 408,
             ErrorKind::RateLimited => 429,
             ErrorKind::Unavailable => 503,
             ErrorKind::Internal => 500,

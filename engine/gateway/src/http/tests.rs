@@ -303,3 +303,53 @@ async fn responses_chain_by_previous_response_id_and_messages_stream_in_anthropi
         [false, false, true]
     );
 }
+
+/// Never answers: calls pile up behind the first.
+struct Stuck;
+
+impl Generator for Stuck {
+    fn generate(&self, _req: GenRequest) -> BoxFuture<'_, Result<GenOutput, GenError>> {
+        Box::pin(futures::future::pending())
+    }
+    fn release(&self, _session: u64) {}
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_that_never_arrives_gets_408_and_a_crowd_of_calls_gets_429() {
+    let (gw, _script, opened, app) = setup(&[], EpisodeLimits::default());
+    let req = Request::post("/gateway/v1/chat/completions")
+        .header("authorization", format!("Bearer {}", opened.key))
+        .body(Body::from_stream(futures::stream::pending::<
+            Result<Bytes, std::io::Error>,
+        >()))
+        .unwrap();
+    let r = app.clone().oneshot(req).await.unwrap();
+    assert_eq!(r.status(), StatusCode::REQUEST_TIMEOUT);
+    // An episode whose shard never answers: the first call is served, 16 wait, the next is
+    // refused at once.
+    let stuck = gw
+        .open(
+            EpisodeOptions {
+                renderer: Arc::new(Renderer::new(tokenizer(), None)),
+                model: "m".into(),
+                sampling: SamplingPolicy::default(),
+                limits: EpisodeLimits::default(),
+                seed: 0,
+            },
+            Arc::new(Stuck),
+        )
+        .unwrap();
+    let user = json!({"messages": [{"role": "user", "content": "hi"}]});
+    let mut waiting = Vec::new();
+    for _ in 0..=crate::episode::MAX_WAITING_CALLS {
+        let (app, key, body) = (app.clone(), stuck.key.clone(), user.clone());
+        waiting.push(tokio::spawn(async move {
+            post(&app, "/gateway/v1/chat/completions", &key, body).await
+        }));
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    let (s, body) = post(&app, "/gateway/v1/chat/completions", &stuck.key, user).await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert!(body.contains("calls in flight"), "{body}");
+    assert!(waiting.iter().all(|w| !w.is_finished()));
+}
