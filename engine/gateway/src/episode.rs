@@ -210,23 +210,7 @@ impl Episode {
             ));
         }
         if let Some(prev) = previous {
-            let history = st.responses.get(prev).ok_or_else(|| {
-                WireError::invalid(
-                    "previous_response_id",
-                    format!("no response {prev:?} in this episode"),
-                )
-            })?;
-            // The new instructions (if any) replace the old; the history follows them.
-            let system: Vec<Message> = call
-                .conv
-                .messages
-                .iter()
-                .take_while(|m| m.role == Role::System)
-                .cloned()
-                .collect();
-            let rest = call.conv.messages.split_off(system.len());
-            let old = history.iter().filter(|m| m.role != Role::System).cloned();
-            call.conv.messages = system.into_iter().chain(old).chain(rest).collect();
+            continue_response(&st, &mut call, prev)?;
         }
         call.conv
             .check()
@@ -440,6 +424,28 @@ impl Episode {
         };
         Ok((answer, message, record))
     }
+}
+
+/// Responses' `previous_response_id`: the named response's whole conversation, then the new
+/// input; the new instructions (if any) replace the old ones.
+fn continue_response(st: &State, call: &mut Call, prev: &str) -> Result<(), WireError> {
+    let history = st.responses.get(prev).ok_or_else(|| {
+        WireError::invalid(
+            "previous_response_id",
+            format!("no response {prev:?} in this episode"),
+        )
+    })?;
+    let system: Vec<Message> = call
+        .conv
+        .messages
+        .iter()
+        .take_while(|m| m.role == Role::System)
+        .cloned()
+        .collect();
+    let rest = call.conv.messages.split_off(system.len());
+    let old = history.iter().filter(|m| m.role != Role::System).cloned();
+    call.conv.messages = system.into_iter().chain(old).chain(rest).collect();
+    Ok(())
 }
 
 /// A generation failure as the client sees it: the model's context is full (400
