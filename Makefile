@@ -182,8 +182,10 @@ test-deps:
 ## compiled and linted in the same build: `-p actors --features cuda` alone would resolve the
 ## dependencies' features anew and build them again. Every cargo call of `make test` uses the
 ## same wrapper and features, which are part of the fingerprints.
+## Incremental compilation is off here (it applies to the workspace's crates only, which the
+## wrapper builds anew anyway): writing its caches costs time a one-off build never gets back.
 CLIPPY_DRIVER = $(shell rustup which clippy-driver 2>/dev/null || command -v clippy-driver)
-LINTED = RUSTC_WORKSPACE_WRAPPER=$(CLIPPY_DRIVER) CLIPPY_ARGS=-Dwarnings__CLIPPY_HACKERY__
+LINTED = RUSTC_WORKSPACE_WRAPPER=$(CLIPPY_DRIVER) CLIPPY_ARGS=-Dwarnings__CLIPPY_HACKERY__ CARGO_INCREMENTAL=0
 TEST_FEATURES = --features actors/cuda
 
 ## Everything: set-up, the lints (clippy while building, the cuda feature included), every test
