@@ -61,10 +61,10 @@ setup: toolchain
 		python3 -m pip install --quiet --disable-pip-version-check "gymnasium==$(GYMNASIUM_VERSION)"
 	@python3 -c "import importlib.metadata as m, sys; sys.exit(m.version('reasoning-gym') != '$(REASONING_GYM_VERSION)')" 2>/dev/null || \
 		python3 -m pip install --quiet --disable-pip-version-check "reasoning-gym==$(REASONING_GYM_VERSION)"
-	@command -v bwrap >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; } || \
-		echo "warning: bubblewrap could not be installed; external environments need sandbox = \"none\""
-	@command -v mold >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mold >/dev/null; } || \
-		echo "warning: mold could not be installed; linking uses the default linker (slower)"
+	@missing=""; command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
+		command -v mold >/dev/null || missing="$$missing mold"; \
+		test -z "$$missing" || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; } || \
+		echo "warning: could not install$$missing (without bubblewrap external environments need sandbox = \"none\"; without mold linking uses the default linker)"
 	@test -f $(SDK_VENV)/.ready || { python3 -m venv $(SDK_VENV) && \
 		$(SDK_VENV)/bin/pip install --quiet --disable-pip-version-check $(SDK_DEPS) && \
 		$(SDK_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps "tensorboard==$(TENSORBOARD_VERSION)" && \
@@ -182,10 +182,8 @@ test-deps:
 ## compiled and linted in the same build: `-p actors --features cuda` alone would resolve the
 ## dependencies' features anew and build them again. Every cargo call of `make test` uses the
 ## same wrapper and features, which are part of the fingerprints.
-## Incremental compilation is off here (it applies to the workspace's crates only, which the
-## wrapper builds anew anyway): writing its caches costs time a one-off build never gets back.
 CLIPPY_DRIVER = $(shell rustup which clippy-driver 2>/dev/null || command -v clippy-driver)
-LINTED = RUSTC_WORKSPACE_WRAPPER=$(CLIPPY_DRIVER) CLIPPY_ARGS=-Dwarnings__CLIPPY_HACKERY__ CARGO_INCREMENTAL=0
+LINTED = RUSTC_WORKSPACE_WRAPPER=$(CLIPPY_DRIVER) CLIPPY_ARGS=-Dwarnings__CLIPPY_HACKERY__
 TEST_FEATURES = --features actors/cuda
 
 ## Everything: set-up, the lints (clippy while building, the cuda feature included), every test
