@@ -309,20 +309,24 @@ async fn a_killed_server_mid_stream(
     server: Arc<actors::generation::remote::managed::ManagedServer>,
 ) {
     let gw = Arc::new(Gateway::new());
+    // A long answer, so the kill lands while it is generated.
+    let mut opts = opts;
+    opts.limits.max_tokens_per_call = 96;
     let o = gw.open(opts, Arc::new(engine)).unwrap();
     let ep = gw.episode(&o.key).unwrap();
     let api = gateway::episode::Api::ChatCompletions;
     let mut messages =
         vec![json!({"role": "user", "content": "Tell me a long story about a lighthouse keeper."})];
-    let body = json!({"messages": messages, "stream": true, "max_tokens": 200});
+    let body = json!({"messages": messages, "stream": true, "max_tokens": 96});
     let call = gateway::openai::parse(&body).unwrap();
     let pid = server.pid().await.expect("the server runs");
     let first = tokio::spawn({
         let ep = ep.clone();
         async move { ep.call(api, call, None).await }
     });
-    // Kill it once it is generating (the call is in flight: prefill done, tokens coming).
-    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    // Kill the server 100 ms in: the request is on the server (rendering took about a
+    // millisecond), and no 96-token answer of SmolLM2 on one llama.cpp thread is done by then.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     assert!(
         !first.is_finished(),
         "the answer ended before the kill: make it longer"
