@@ -58,6 +58,9 @@ impl Generator for Recorder {
     fn release(&self, session: u64) {
         self.engine.release(session);
     }
+    fn abort(&self, id: u64) {
+        self.engine.abort(id);
+    }
 }
 
 fn tools() -> Value {

@@ -125,6 +125,18 @@ pub struct Episode {
     started: tokio::time::Instant,
 }
 
+/// Aborts a request on its shard if dropped while still set (the call's future was dropped
+/// before the answer came: the client disconnected).
+struct AbortOnDrop<'a>(Option<(&'a dyn Generator, u64)>);
+
+impl Drop for AbortOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some((g, id)) = self.0.take() {
+            g.abort(id);
+        }
+    }
+}
+
 /// Counts a call in flight until dropped.
 struct InFlight<'a>(&'a std::sync::atomic::AtomicUsize);
 
@@ -277,22 +289,27 @@ impl Episode {
     /// up to [`GENERATION_TRIES`] times in all, so the client sees one answer. An answer from
     /// a version older than the session's newest is never accepted (503: the client retries).
     async fn generate(&self, req: GenRequest, session: &Session) -> Result<GenOutput, WireError> {
+        // A client that goes away drops this future: the shard stops generating for it.
+        let mut pending = AbortOnDrop(Some((self.generator.as_ref(), req.id)));
         let mut tries = 0;
-        loop {
+        let out = loop {
             tries += 1;
             match self.generator.generate(req.clone()).await {
-                Ok(out) => {
-                    session
-                        .check_versions(&out)
-                        .map_err(|e| WireError::new(ErrorKind::Unavailable, e.to_string()))?;
-                    return Ok(out);
-                }
+                Ok(out) => break out,
                 Err(GenError::ShardStopped | GenError::Backend(_)) if tries < GENERATION_TRIES => {
                     tracing::debug!(episode = self.id, tries, "generation retried on the shard");
                 }
-                Err(e) => return Err(gen_error(e)),
+                Err(e) => {
+                    pending.0 = None;
+                    return Err(gen_error(e));
+                }
             }
-        }
+        };
+        pending.0 = None;
+        session
+            .check_versions(&out)
+            .map_err(|e| WireError::new(ErrorKind::Unavailable, e.to_string()))?;
+        Ok(out)
     }
 
     /// The answer's token budget: the agent's ask, the job's per-call cap, what the context

@@ -52,6 +52,8 @@ pub trait Generator: Send + Sync {
     fn generate(&self, req: GenRequest) -> BoxFuture<'_, Result<GenOutput, GenError>>;
     /// Forgets a session's prefix cache.
     fn release(&self, session: u64);
+    /// Drops request `id` (its client went away): the shard stops generating it.
+    fn abort(&self, id: u64);
 }
 
 impl Generator for ShardHandle {
@@ -61,6 +63,9 @@ impl Generator for ShardHandle {
     fn release(&self, session: u64) {
         ShardHandle::release(self, session);
     }
+    fn abort(&self, id: u64) {
+        ShardHandle::abort(self, id);
+    }
 }
 
 impl Generator for EngineHandle {
@@ -69,6 +74,9 @@ impl Generator for EngineHandle {
     }
     fn release(&self, session: u64) {
         EngineHandle::release(self, session);
+    }
+    fn abort(&self, id: u64) {
+        EngineHandle::abort(self, id);
     }
 }
 

@@ -63,6 +63,7 @@ impl Generator for Script {
         })
     }
     fn release(&self, _session: u64) {}
+    fn abort(&self, _id: u64) {}
 }
 
 fn setup(answers: &[&str], limits: EpisodeLimits) -> (Arc<Gateway>, Arc<Script>, Opened, Router) {
@@ -304,14 +305,20 @@ async fn responses_chain_by_previous_response_id_and_messages_stream_in_anthropi
     );
 }
 
-/// Never answers: calls pile up behind the first.
-struct Stuck;
+/// Never answers: calls pile up behind the first. Records the requests aborted.
+#[derive(Default)]
+struct Stuck {
+    aborted: Mutex<Vec<u64>>,
+}
 
 impl Generator for Stuck {
     fn generate(&self, _req: GenRequest) -> BoxFuture<'_, Result<GenOutput, GenError>> {
         Box::pin(futures::future::pending())
     }
     fn release(&self, _session: u64) {}
+    fn abort(&self, id: u64) {
+        self.aborted.lock().unwrap().push(id);
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -327,6 +334,7 @@ async fn a_body_that_never_arrives_gets_408_and_a_crowd_of_calls_gets_429() {
     assert_eq!(r.status(), StatusCode::REQUEST_TIMEOUT);
     // An episode whose shard never answers: the first call is served, 16 wait, the next is
     // refused at once.
+    let stuck_shard = Arc::new(Stuck::default());
     let stuck = gw
         .open(
             EpisodeOptions {
@@ -336,7 +344,7 @@ async fn a_body_that_never_arrives_gets_408_and_a_crowd_of_calls_gets_429() {
                 limits: EpisodeLimits::default(),
                 seed: 0,
             },
-            Arc::new(Stuck),
+            stuck_shard.clone(),
         )
         .unwrap();
     let user = json!({"messages": [{"role": "user", "content": "hi"}]});
@@ -352,4 +360,11 @@ async fn a_body_that_never_arrives_gets_408_and_a_crowd_of_calls_gets_429() {
     assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "{body}");
     assert!(body.contains("calls in flight"), "{body}");
     assert!(waiting.iter().all(|w| !w.is_finished()));
+    // The clients go away: the one request on the shard is aborted there (the waiting calls
+    // never reached it).
+    for w in &waiting {
+        w.abort();
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    assert_eq!(stuck_shard.aborted.lock().unwrap().len(), 1);
 }
