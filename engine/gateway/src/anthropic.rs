@@ -3,12 +3,23 @@
 //! event sequence `message_start`, `content_block_start/delta/stop`, `message_delta`,
 //! `message_stop`; errors as `{"type": "error", "error": {"type", "message"}}`.
 
-use actors::agent::{Conversation, Message, Role, ToolCall, ToolChoice, ToolSpec};
+use actors::agent::{Conversation, Message, Role, ToolCall, ToolChoice};
 use serde::Serialize;
 use serde_json::{Value, json};
 use utoipa::ToSchema;
 
-use super::wire::{Answer, Call, ErrorKind, Fields, Sampling, WireError};
+use super::wire::{
+    Answer, Call, ErrorKind, Fields, Sampling, ToolShape, WireError, text_parts, tool_list,
+};
+
+/// Messages tools: `{name, description, input_schema}`, `type` absent or `custom` (client
+/// tools; server tools such as web search are refused).
+const TOOLS: ToolShape = ToolShape {
+    kind: "custom",
+    kind_required: false,
+    inner: None,
+    schema: "input_schema",
+};
 
 /// A Messages request body.
 pub fn parse(body: &Value) -> Result<Call, WireError> {
@@ -28,7 +39,10 @@ pub fn parse(body: &Value) -> Result<Call, WireError> {
         .ok_or_else(|| WireError::invalid("max_tokens", "max_tokens is required"))?;
     let mut messages = Vec::new();
     if let Some(s) = f.get("system") {
-        messages.push(Message::new(Role::System, blocks_text("system", s)?));
+        messages.push(Message::new(
+            Role::System,
+            text_parts("system", Some(s), &["text"])?,
+        ));
     }
     let list = f
         .get("messages")
@@ -39,7 +53,7 @@ pub fn parse(body: &Value) -> Result<Call, WireError> {
     }
     let conv = Conversation {
         messages,
-        tools: tools(f.get("tools"))?,
+        tools: tool_list(f.get("tools"), &TOOLS)?,
         tool_choice: tool_choice(f.get("tool_choice"))?,
     };
     conv.check().map_err(|e| {
@@ -60,38 +74,6 @@ pub fn parse(body: &Value) -> Result<Call, WireError> {
         include_usage: false,
         logprobs: None,
     })
-}
-
-/// The text of a string or a list of `text` blocks.
-fn blocks_text(at: &str, v: &Value) -> Result<String, WireError> {
-    match v {
-        Value::String(s) => Ok(s.clone()),
-        Value::Array(blocks) => {
-            let mut s = String::new();
-            for (k, b) in blocks.iter().enumerate() {
-                match (
-                    b.get("type").and_then(Value::as_str),
-                    b.get("text").and_then(Value::as_str),
-                ) {
-                    (Some("text"), Some(t)) => s.push_str(t),
-                    (kind, _) => {
-                        return Err(WireError::unsupported(
-                            &format!("{at}[{k}]"),
-                            &format!(
-                                "block of type {:?}; only text blocks here",
-                                kind.unwrap_or("?")
-                            ),
-                        ));
-                    }
-                }
-            }
-            Ok(s)
-        }
-        _ => Err(WireError::invalid(
-            at,
-            format!("{at} must be a string or a list of text blocks"),
-        )),
-    }
 }
 
 /// One wire message: a user turn may hold tool results (each a tool message) and text; an
@@ -157,7 +139,7 @@ fn turn(i: usize, m: &Value, out: &mut Vec<Message>) -> Result<(), WireError> {
                     })?;
                 let text = match b.get("content") {
                     None | Some(Value::Null) => String::new(),
-                    Some(c) => blocks_text(&format!("{bat}.content"), c)?,
+                    Some(c) => text_parts(&format!("{bat}.content"), Some(c), &["text"])?,
                 };
                 let text = if b.get("is_error").and_then(Value::as_bool) == Some(true) {
                     format!("Error: {text}")
@@ -182,45 +164,6 @@ fn turn(i: usize, m: &Value, out: &mut Vec<Message>) -> Result<(), WireError> {
         out.push(current);
     }
     Ok(())
-}
-
-fn tools(v: Option<&Value>) -> Result<Vec<ToolSpec>, WireError> {
-    let Some(v) = v else { return Ok(Vec::new()) };
-    let list = v
-        .as_array()
-        .ok_or_else(|| WireError::invalid("tools", "tools must be a list"))?;
-    list.iter()
-        .enumerate()
-        .map(|(i, t)| {
-            if let Some(kind) = t.get("type").and_then(Value::as_str)
-                && kind != "custom"
-            {
-                return Err(WireError::unsupported(
-                    &format!("tools[{i}].type"),
-                    "only custom (client) tools",
-                ));
-            }
-            let name = t
-                .get("name")
-                .and_then(Value::as_str)
-                .filter(|n| !n.is_empty());
-            let name = name.ok_or_else(|| {
-                WireError::invalid(format!("tools[{i}].name"), "a tool needs a name")
-            })?;
-            Ok(ToolSpec {
-                name: name.into(),
-                description: t
-                    .get("description")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .into(),
-                parameters: t
-                    .get("input_schema")
-                    .cloned()
-                    .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
-            })
-        })
-        .collect()
 }
 
 fn tool_choice(v: Option<&Value>) -> Result<ToolChoice, WireError> {

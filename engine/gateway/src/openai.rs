@@ -2,12 +2,23 @@
 //! `chat.completion` object or as `chat.completion.chunk` SSE events ending in
 //! `data: [DONE]`, errors as `{"error": {"message", "type", "param", "code"}}`.
 
-use actors::agent::{Conversation, Message, Role, ToolCall, ToolChoice, ToolSpec};
+use actors::agent::{Conversation, Message, Role, ToolCall};
 use serde::Serialize;
 use serde_json::{Value, json};
 use utoipa::ToSchema;
 
-use super::wire::{Answer, Call, ErrorKind, Fields, Sampling, WireError};
+use super::wire::{
+    Answer, Call, ErrorKind, Fields, Sampling, ToolShape, WireError, openai_tool_choice,
+    text_parts, tool_list,
+};
+
+/// Chat Completions tools: `{"type": "function", "function": {name, description, parameters}}`.
+const TOOLS: ToolShape = ToolShape {
+    kind: "function",
+    kind_required: true,
+    inner: Some("function"),
+    schema: "parameters",
+};
 
 /// Parameters refused by name, with the reason.
 const REFUSED: &[(&str, &str)] = &[
@@ -63,8 +74,12 @@ pub fn parse(body: &Value) -> Result<Call, WireError> {
             .enumerate()
             .map(|(i, m)| message(i, m))
             .collect::<Result<_, _>>()?,
-        tools: tools(f.get("tools"))?,
-        tool_choice: tool_choice(f.get("tool_choice"))?,
+        tools: tool_list(f.get("tools"), &TOOLS)?,
+        tool_choice: openai_tool_choice(f.get("tool_choice"), |o| {
+            o.get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+        })?,
     };
     conv.check()
         .map_err(|e| WireError::invalid(e.param(), e.to_string()))?;
@@ -92,40 +107,6 @@ pub fn parse(body: &Value) -> Result<Call, WireError> {
     })
 }
 
-/// A message's text: a string, or a list of `text` parts (other parts are refused).
-fn text(i: usize, v: Option<&Value>) -> Result<String, WireError> {
-    let at = format!("messages[{i}].content");
-    match v {
-        None | Some(Value::Null) => Ok(String::new()),
-        Some(Value::String(s)) => Ok(s.clone()),
-        Some(Value::Array(parts)) => {
-            let mut s = String::new();
-            for (k, p) in parts.iter().enumerate() {
-                match (
-                    p.get("type").and_then(Value::as_str),
-                    p.get("text").and_then(Value::as_str),
-                ) {
-                    (Some("text"), Some(t)) => s.push_str(t),
-                    (kind, _) => {
-                        return Err(WireError::unsupported(
-                            &format!("{at}[{k}]"),
-                            &format!(
-                                "content part of type {:?}; only text parts",
-                                kind.unwrap_or("?")
-                            ),
-                        ));
-                    }
-                }
-            }
-            Ok(s)
-        }
-        Some(_) => Err(WireError::invalid(
-            at,
-            "content must be a string or a list of parts",
-        )),
-    }
-}
-
 fn message(i: usize, m: &Value) -> Result<Message, WireError> {
     let role = match m.get("role").and_then(Value::as_str) {
         Some("system" | "developer") => Role::System,
@@ -145,7 +126,12 @@ fn message(i: usize, m: &Value) -> Result<Message, WireError> {
             ));
         }
     };
-    let mut msg = Message::new(role, text(i, m.get("content"))?);
+    let content = text_parts(
+        &format!("messages[{i}].content"),
+        m.get("content"),
+        &["text"],
+    )?;
+    let mut msg = Message::new(role, content);
     if role == Role::Tool {
         msg.tool_call_id = m
             .get("tool_call_id")
@@ -191,74 +177,6 @@ fn message(i: usize, m: &Value) -> Result<Message, WireError> {
         }
     }
     Ok(msg)
-}
-
-fn tools(v: Option<&Value>) -> Result<Vec<ToolSpec>, WireError> {
-    let Some(v) = v else { return Ok(Vec::new()) };
-    let list = v
-        .as_array()
-        .ok_or_else(|| WireError::invalid("tools", "tools must be a list"))?;
-    list.iter()
-        .enumerate()
-        .map(|(i, t)| {
-            if t.get("type").and_then(Value::as_str) != Some("function") {
-                return Err(WireError::unsupported(
-                    &format!("tools[{i}].type"),
-                    "only function tools",
-                ));
-            }
-            let f = t.get("function").unwrap_or(&Value::Null);
-            let name = f
-                .get("name")
-                .and_then(Value::as_str)
-                .filter(|n| !n.is_empty());
-            let name = name.ok_or_else(|| {
-                WireError::invalid(format!("tools[{i}].function.name"), "a tool needs a name")
-            })?;
-            Ok(ToolSpec {
-                name: name.into(),
-                description: f
-                    .get("description")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .into(),
-                parameters: f
-                    .get("parameters")
-                    .cloned()
-                    .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
-            })
-        })
-        .collect()
-}
-
-fn tool_choice(v: Option<&Value>) -> Result<ToolChoice, WireError> {
-    Ok(match v {
-        None => ToolChoice::Auto,
-        Some(Value::String(s)) => match s.as_str() {
-            "auto" => ToolChoice::Auto,
-            "none" => ToolChoice::None,
-            "required" => ToolChoice::Required,
-            other => {
-                return Err(WireError::invalid(
-                    "tool_choice",
-                    format!("tool_choice {other:?} is not auto, none or required"),
-                ));
-            }
-        },
-        Some(o) => match o
-            .get("function")
-            .and_then(|f| f.get("name"))
-            .and_then(Value::as_str)
-        {
-            Some(name) => ToolChoice::Function(name.into()),
-            None => {
-                return Err(WireError::invalid(
-                    "tool_choice",
-                    "tool_choice names no function",
-                ));
-            }
-        },
-    })
 }
 
 /// The assistant message's tool calls, as OpenAI writes them (arguments as a JSON string).

@@ -3,10 +3,21 @@
 //! tools, `previous_response_id`; the answer as a `response` object or as its event
 //! sequence (`response.created` … `response.completed`, each with a `sequence_number`).
 
-use actors::agent::{Conversation, Message, Role, ToolCall, ToolChoice, ToolSpec};
+use actors::agent::{Conversation, Message, Role, ToolCall, ToolChoice};
 use serde_json::{Value, json};
 
-use super::wire::{Answer, Call, Fields, Finish, Sampling, WireError};
+use super::wire::{
+    Answer, Call, Fields, Finish, Sampling, ToolShape, WireError, openai_tool_choice, text_parts,
+    tool_list,
+};
+
+/// Responses tools: `{"type": "function", name, description, parameters}`.
+const TOOLS: ToolShape = ToolShape {
+    kind: "function",
+    kind_required: true,
+    inner: None,
+    schema: "parameters",
+};
 
 /// A Responses request body; the conversation holds `instructions` (as the system message)
 /// and `input`, without what `previous_response_id` names (the gateway prepends it).
@@ -45,8 +56,10 @@ pub fn parse(body: &Value) -> Result<(Call, Option<String>), WireError> {
     }
     let conv = Conversation {
         messages,
-        tools: tools(f.get("tools"))?,
-        tool_choice: tool_choice(f.get("tool_choice"))?,
+        tools: tool_list(f.get("tools"), &TOOLS)?,
+        tool_choice: openai_tool_choice(f.get("tool_choice"), |o| {
+            o.get("name").and_then(Value::as_str)
+        })?,
     };
     let previous = f.str("previous_response_id")?.map(str::to_string);
     Ok((
@@ -84,33 +97,11 @@ fn message_item(at: &str, it: &Value, out: &mut Vec<Message>) -> Result<(), Wire
             ));
         }
     };
-    let text = match it.get("content") {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => {
-            let mut s = String::new();
-            for (k, p) in parts.iter().enumerate() {
-                match (
-                    p.get("type").and_then(Value::as_str),
-                    p.get("text").and_then(Value::as_str),
-                ) {
-                    (Some("input_text" | "output_text"), Some(t)) => s.push_str(t),
-                    (kind, _) => {
-                        return Err(WireError::unsupported(
-                            &format!("{at}.content[{k}]"),
-                            &format!("content of type {:?}; only text", kind.unwrap_or("?")),
-                        ));
-                    }
-                }
-            }
-            s
-        }
-        _ => {
-            return Err(WireError::invalid(
-                format!("{at}.content"),
-                "content must be a string or a list of parts",
-            ));
-        }
-    };
+    let text = text_parts(
+        &format!("{at}.content"),
+        it.get("content"),
+        &["input_text", "output_text"],
+    )?;
     // An assistant message right after its own calls' turn joins it (one answer).
     match out.last_mut() {
         Some(prev)
@@ -186,69 +177,6 @@ fn item(i: usize, it: &Value, out: &mut Vec<Message>) -> Result<(), WireError> {
         }
     }
     Ok(())
-}
-
-fn tools(v: Option<&Value>) -> Result<Vec<ToolSpec>, WireError> {
-    let Some(v) = v else { return Ok(Vec::new()) };
-    let list = v
-        .as_array()
-        .ok_or_else(|| WireError::invalid("tools", "tools must be a list"))?;
-    list.iter()
-        .enumerate()
-        .map(|(i, t)| {
-            if t.get("type").and_then(Value::as_str) != Some("function") {
-                return Err(WireError::unsupported(
-                    &format!("tools[{i}].type"),
-                    "only function tools",
-                ));
-            }
-            let name = t
-                .get("name")
-                .and_then(Value::as_str)
-                .filter(|n| !n.is_empty());
-            let name = name.ok_or_else(|| {
-                WireError::invalid(format!("tools[{i}].name"), "a tool needs a name")
-            })?;
-            Ok(ToolSpec {
-                name: name.into(),
-                description: t
-                    .get("description")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .into(),
-                parameters: t
-                    .get("parameters")
-                    .cloned()
-                    .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
-            })
-        })
-        .collect()
-}
-
-fn tool_choice(v: Option<&Value>) -> Result<ToolChoice, WireError> {
-    Ok(match v {
-        None => ToolChoice::Auto,
-        Some(Value::String(s)) => match s.as_str() {
-            "auto" => ToolChoice::Auto,
-            "none" => ToolChoice::None,
-            "required" => ToolChoice::Required,
-            other => {
-                return Err(WireError::invalid(
-                    "tool_choice",
-                    format!("tool_choice {other:?} is not auto, none or required"),
-                ));
-            }
-        },
-        Some(o) => match o.get("name").and_then(Value::as_str) {
-            Some(n) => ToolChoice::Function(n.into()),
-            None => {
-                return Err(WireError::invalid(
-                    "tool_choice",
-                    "tool_choice names no function",
-                ));
-            }
-        },
-    })
 }
 
 /// The answer's output items: the message (when it has text or no call), then each call.

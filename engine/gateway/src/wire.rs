@@ -1,7 +1,7 @@
 //! What every provider's wire format parses into and formats from: the call (conversation,
 //! sampling, streaming), the answer, and the error, whatever API carried them.
 
-use actors::agent::{Conversation, ToolCall};
+use actors::agent::{Conversation, ToolCall, ToolChoice, ToolSpec};
 use serde_json::Value;
 
 /// Sampling the agent asked for; the job's policy clamps it.
@@ -263,4 +263,125 @@ impl<'a> Fields<'a> {
         }
         Ok(())
     }
+}
+
+/// Text given as a string or a list of parts: parts of the types `kinds` (each with a `text`)
+/// are joined; any other part is refused by name (`at[k]`). `null` is empty text.
+pub(crate) fn text_parts(at: &str, v: Option<&Value>, kinds: &[&str]) -> Result<String, WireError> {
+    match v {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(parts)) => {
+            let mut s = String::new();
+            for (k, p) in parts.iter().enumerate() {
+                let kind = p.get("type").and_then(Value::as_str);
+                match (kind, p.get("text").and_then(Value::as_str)) {
+                    (Some(kd), Some(t)) if kinds.contains(&kd) => s.push_str(t),
+                    _ => {
+                        return Err(WireError::unsupported(
+                            &format!("{at}[{k}]"),
+                            &format!(
+                                "a part of type {:?}; only {} parts",
+                                kind.unwrap_or("?"),
+                                kinds.join(" / ")
+                            ),
+                        ));
+                    }
+                }
+            }
+            Ok(s)
+        }
+        Some(_) => Err(WireError::invalid(
+            at,
+            format!("{at} must be a string or a list of parts"),
+        )),
+    }
+}
+
+/// How one API declares a tool.
+pub(crate) struct ToolShape {
+    /// The `type` a tool must have (`None`: absent or this one).
+    pub(crate) kind: &'static str,
+    pub(crate) kind_required: bool,
+    /// The object holding `name` and `description` (`function` in Chat Completions), if not
+    /// the tool itself.
+    pub(crate) inner: Option<&'static str>,
+    /// The key of the arguments' JSON Schema.
+    pub(crate) schema: &'static str,
+}
+
+/// The declared tools: a list of `shape` declarations, each with a non-empty name.
+pub(crate) fn tool_list(v: Option<&Value>, shape: &ToolShape) -> Result<Vec<ToolSpec>, WireError> {
+    let Some(v) = v else { return Ok(Vec::new()) };
+    let list = v
+        .as_array()
+        .ok_or_else(|| WireError::invalid("tools", "tools must be a list"))?;
+    list.iter()
+        .enumerate()
+        .map(|(i, t)| {
+            match t.get("type").and_then(Value::as_str) {
+                Some(k) if k == shape.kind => {}
+                None if !shape.kind_required => {}
+                _ => {
+                    return Err(WireError::unsupported(
+                        &format!("tools[{i}].type"),
+                        &format!("only {} tools", shape.kind),
+                    ));
+                }
+            }
+            let (decl, at) = match shape.inner {
+                Some(k) => (t.get(k).unwrap_or(&Value::Null), format!("tools[{i}].{k}")),
+                None => (t, format!("tools[{i}]")),
+            };
+            let name = decl
+                .get("name")
+                .and_then(Value::as_str)
+                .filter(|n| !n.is_empty());
+            let name = name
+                .ok_or_else(|| WireError::invalid(format!("{at}.name"), "a tool needs a name"))?;
+            Ok(ToolSpec {
+                name: name.into(),
+                description: decl
+                    .get("description")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .into(),
+                parameters: decl
+                    .get(shape.schema)
+                    .cloned()
+                    .unwrap_or_else(|| serde_json::json!({"type": "object", "properties": {}})),
+            })
+        })
+        .collect()
+}
+
+/// OpenAI's `tool_choice` (Chat Completions and Responses): `auto`, `none`, `required`, or
+/// an object naming a function (`name_of` finds the name in it).
+pub(crate) fn openai_tool_choice(
+    v: Option<&Value>,
+    name_of: impl Fn(&Value) -> Option<&str>,
+) -> Result<ToolChoice, WireError> {
+    Ok(match v {
+        None => ToolChoice::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" => ToolChoice::Auto,
+            "none" => ToolChoice::None,
+            "required" => ToolChoice::Required,
+            other => {
+                return Err(WireError::invalid(
+                    "tool_choice",
+                    format!("tool_choice {other:?} is not auto, none or required"),
+                ));
+            }
+        },
+        Some(o) => match name_of(o) {
+            Some(name) => ToolChoice::Function(name.into()),
+            None => {
+                return Err(WireError::invalid(
+                    "tool_choice",
+                    "tool_choice names no function",
+                ));
+            }
+        },
+    })
 }

@@ -278,24 +278,11 @@ impl LlmTokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TokenizerError> {
-        let template = self
-            .chat_template
-            .as_deref()
-            .ok_or(TokenizerError::NoTemplate)?;
-        let mut env = minijinja::Environment::new();
-        env.add_template("chat", template)
-            .map_err(TokenizerError::Template)?;
-        let token = |id: Option<u32>| id.and_then(|i| self.piece(i)).unwrap_or_default();
-        env.get_template("chat")
-            .and_then(|t| {
-                t.render(minijinja::context! {
-                    messages => messages,
-                    add_generation_prompt => add_generation_prompt,
-                    bos_token => token(self.bos_id),
-                    eos_token => token(self.eos_id),
-                })
-            })
-            .map_err(TokenizerError::Template)
+        let messages: Vec<serde_json::Value> = messages
+            .iter()
+            .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
+            .collect();
+        self.render_chat_json(&messages, None, add_generation_prompt)
     }
 
     /// The checkpoint's chat template rendered for messages in OpenAI's JSON shape (tool

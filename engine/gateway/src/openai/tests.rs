@@ -1,5 +1,6 @@
 use super::*;
 use crate::wire::{Finish, TokenInfo};
+use actors::agent::ToolChoice;
 
 fn body() -> Value {
     json!({
