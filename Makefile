@@ -36,6 +36,8 @@ REASONING_GYM_VERSION := 0.1.25
 ## (tests/agents/sdk_clients.py), in their own virtual environment outside the tree.
 OPENAI_VERSION := 3.57.0
 ANTHROPIC_VERSION := 2.14.0
+## A third-party agent framework the agent tests drive (pure Python, no GPU wheels).
+OPENAI_AGENTS_VERSION := 0.24.0
 AGENT_VENV ?= $(HOME)/.cache/rollarc/agent-sdks-venv
 export ROLLARC_AGENT_PYTHON := $(AGENT_VENV)/bin/python
 ## kubernetes-validate checks the service's Kubernetes manifests against the API's JSON schemas
@@ -63,15 +65,16 @@ setup: toolchain
 		python3 -m pip install --quiet --disable-pip-version-check "reasoning-gym==$(REASONING_GYM_VERSION)"
 	@missing=""; command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
 		command -v mold >/dev/null || missing="$$missing mold"; \
+		command -v socat >/dev/null || missing="$$missing socat"; \
 		test -z "$$missing" || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; } || \
-		echo "warning: could not install$$missing (without bubblewrap external environments need sandbox = \"none\"; without mold linking uses the default linker)"
+		echo "warning: could not install$$missing (without bubblewrap external environments need sandbox = \"none\"; without socat so do managed agents; without mold linking uses the default linker)"
 	@test -f $(SDK_VENV)/.ready || { python3 -m venv $(SDK_VENV) && \
 		$(SDK_VENV)/bin/pip install --quiet --disable-pip-version-check $(SDK_DEPS) && \
 		$(SDK_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps "tensorboard==$(TENSORBOARD_VERSION)" && \
 		touch $(SDK_VENV)/.ready; }
-	@$(AGENT_VENV)/bin/python -c "import importlib.metadata as m, sys; sys.exit(m.version('openai') != '$(OPENAI_VERSION)' or m.version('anthropic') != '$(ANTHROPIC_VERSION)')" 2>/dev/null || { \
+	@$(AGENT_VENV)/bin/python -c "import importlib.metadata as m, sys; sys.exit(m.version('openai') != '$(OPENAI_VERSION)' or m.version('anthropic') != '$(ANTHROPIC_VERSION)' or m.version('openai-agents') != '$(OPENAI_AGENTS_VERSION)' or m.version('httpx') != '0.28.1')" 2>/dev/null || { \
 		{ test -x $(AGENT_VENV)/bin/python || python3 -m venv $(AGENT_VENV); } && \
-		$(AGENT_VENV)/bin/pip install --quiet --disable-pip-version-check "openai==$(OPENAI_VERSION)" "anthropic==$(ANTHROPIC_VERSION)"; }
+		$(AGENT_VENV)/bin/pip install --quiet --disable-pip-version-check "openai==$(OPENAI_VERSION)" "anthropic==$(ANTHROPIC_VERSION)" "openai-agents==$(OPENAI_AGENTS_VERSION)" httpx==0.28.1; }
 	@test -x $(KUBE_VALIDATE) || { python3 -m venv $(dir $(KUBE_VALIDATE)).. && \
 		$(dir $(KUBE_VALIDATE))pip install --quiet --disable-pip-version-check "kubernetes-validate==$(KUBE_VALIDATE_VERSION)"; }
 	@test -x $(ST) || { python3 -m venv $(FUZZ_VENV) && \

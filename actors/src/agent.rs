@@ -6,10 +6,12 @@
 //!   generated answer kept as the ids it was generated as (never re-tokenised).
 //! - [`tools`]: tool calls parsed out of generated text by model family, checked against the
 //!   declared tools; the Hermes-style prompt for templates without tool syntax.
+//! - [`runner`]: agent episodes as the episode driver plays them ([`AgentRunner`]).
 //! - [`session`]: one episode's context: appended to while the agent's history extends it, a
 //!   new segment when it diverges; the policy version floor.
 
 pub mod render;
+pub mod runner;
 pub mod session;
 pub mod tools;
 
@@ -17,6 +19,9 @@ pub use crate::chat::{
     Conversation, ConversationError, Message, Role, ToolCall, ToolChoice, ToolSpec,
 };
 pub use render::{Generated, RenderError, Renderer};
+pub use runner::{
+    AgentEpisode, AgentOutcome, AgentReport, AgentRunner, AgentSlot, AgentSummary, SharedRunner,
+};
 pub use session::{Prepared, Session, VersionWentBack};
 pub use tools::{ParsedAnswer, ToolFormat};
 

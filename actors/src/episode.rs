@@ -16,6 +16,7 @@ use crate::generation::shard::ShardHandle;
 use crate::reward::SharedScorer;
 use crate::types::{PolicyVersion, Trajectory};
 
+mod agent;
 pub mod barrier;
 mod drive;
 pub mod framing;
@@ -103,6 +104,9 @@ pub struct EpisodeTask {
     pub truncation: Truncation,
     /// Sampling temperature of the policy.
     pub temperature: f32,
+    /// Agent tasks: who plays their episodes (a managed program, an external harness). The
+    /// environment pool then only bounds how many run at once.
+    pub agent: Option<crate::agent::SharedRunner>,
 }
 
 /// What an episode does when its next turn would not fit the context budget.

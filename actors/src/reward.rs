@@ -143,6 +143,11 @@ impl TrajectoryScorer for FunctionReward {
                     .map(|t| t.response_tokens.clone())
                     .unwrap_or_default(),
                 env_reward: traj.turns.iter().map(|t| t.env_reward).sum(),
+                transcript: traj
+                    .agent
+                    .as_ref()
+                    .and_then(|a| serde_json::to_value(&a.transcript).ok()),
+                row: traj.agent.as_ref().and_then(|a| a.row.clone()),
             };
             let key = format!("{}/{}", self.key_prefix, traj.id);
             match self

@@ -39,6 +39,9 @@ pub enum FailureReason {
     /// The episode reached its context budget and the task does not train truncated
     /// trajectories (or its first observation alone is over the budget); never retried.
     Truncated(String),
+    /// An agent episode's infrastructure failed: its sandbox did not start, the agent died
+    /// before its first model call or was killed from outside, a claim expired.
+    AgentFailed(String),
 }
 
 impl std::fmt::Display for FailureReason {
@@ -49,6 +52,7 @@ impl std::fmt::Display for FailureReason {
             Self::GenerationFailed(e) => write!(f, "generation failed: {e}"),
             Self::RewardFailed(e) => write!(f, "reward failed: {e}"),
             Self::Truncated(e) => write!(f, "truncated: {e}"),
+            Self::AgentFailed(e) => write!(f, "agent infrastructure failed: {e}"),
         }
     }
 }
@@ -62,6 +66,7 @@ impl FailureReason {
             Self::GenerationFailed(_) => "generation_failed",
             Self::RewardFailed(_) => "reward_failed",
             Self::Truncated(_) => "truncated",
+            Self::AgentFailed(_) => "agent_failed",
         }
     }
 }
@@ -135,6 +140,41 @@ pub struct AgentCall {
     pub latency_s: f64,
 }
 
+/// How an agent episode went, kept with its trajectory and handed to reward functions.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct AgentSummary {
+    /// The agent's answer: its last stdout line's `answer` (or a runner's `finish`), else its
+    /// last model answer.
+    #[serde(default)]
+    pub answer: String,
+    /// The conversation as the agent last sent it, with the last answer appended.
+    #[serde(default)]
+    #[schema(value_type = Vec<Object>)]
+    pub transcript: Vec<crate::chat::Message>,
+    /// The dataset row the agent was given (its `row` object).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub row: Option<serde_json::Value>,
+    /// The agent's own `info` object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub info: Option<serde_json::Value>,
+    /// A failure the policy caused (non-zero exit, timeout, spent budget); rewarded by the
+    /// spec's `failure_reward` instead of the reward functions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_failure: Option<String>,
+    /// How the program ended (`exit status 0`, `killed by signal 9`, `timed out after 30 s`);
+    /// external runners: `finished`.
+    #[serde(default)]
+    pub ended: String,
+    /// Model calls refused before generation (budget, bad input), as the agent saw them.
+    #[serde(default)]
+    pub refused_calls: u32,
+    /// Seconds from the start to the end of the episode (program or claim).
+    #[serde(default)]
+    pub wall_s: f64,
+}
+
 fn is_zero(n: &u32) -> bool {
     *n == 0
 }
@@ -190,6 +230,9 @@ pub struct Trajectory {
     /// `max_context_tokens` or the model's context): status `truncated`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub truncated: bool,
+    /// Agent episodes: the answer, the transcript, the program's end and `info`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<Box<AgentSummary>>,
 }
 
 impl Trajectory {
@@ -327,6 +370,7 @@ impl Trajectory {
             final_text: String::new(),
             allowed_tokens: None,
             truncated: false,
+            agent: None,
         }
     }
 }

@@ -236,6 +236,8 @@ mod tests {
             text: text.into(),
             token_ids: vec![],
             env_reward: 0.0,
+            transcript: None,
+            row: None,
         };
         let tests: Vec<String> = tests.iter().map(|t| t.to_string()).collect();
         s.score_item(&item, &tests)

@@ -19,6 +19,13 @@ pub struct ScoredItem {
     /// Reward the environment gave, for pass-through and shaping.
     #[serde(default)]
     pub env_reward: f64,
+    /// Agent episodes: the whole conversation (messages with their tool calls and tool
+    /// results, the last answer included).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transcript: Option<serde_json::Value>,
+    /// Agent episodes: the dataset row the agent was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub row: Option<serde_json::Value>,
 }
 
 /// A scoring request.
@@ -129,6 +136,8 @@ mod tests {
                 text: "4".into(),
                 token_ids: vec![],
                 env_reward: 0.0,
+                transcript: None,
+                row: None,
             }],
         }
     }

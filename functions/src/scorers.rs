@@ -59,6 +59,8 @@ mod tests {
                     text: t.to_string(),
                     token_ids: vec![],
                     env_reward: *r,
+                    transcript: None,
+                    row: None,
                 })
                 .collect(),
         }

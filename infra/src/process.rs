@@ -265,13 +265,35 @@ impl Spawned {
     /// the output readers get [`DRAIN_GRACE`] to finish. Pipes the command did not set up
     /// come back empty.
     pub async fn output_capped(
-        mut self,
+        self,
         input: Option<Vec<u8>>,
         limit: usize,
         timeout: Duration,
     ) -> Result<CapturedOutput, ProcessError> {
-        let out = Arc::new(Mutex::new(Capped::new(limit)));
-        let err = Arc::new(Mutex::new(Capped::new(limit)));
+        self.output_into(input, [Capped::new(limit), Capped::new(limit)], timeout)
+            .await
+    }
+
+    /// [`Self::output_capped`] keeping the *last* `limit` bytes of each stream (a program's
+    /// last line, the end of its error output).
+    pub async fn output_tail(
+        self,
+        input: Option<Vec<u8>>,
+        limit: usize,
+        timeout: Duration,
+    ) -> Result<CapturedOutput, ProcessError> {
+        self.output_into(input, [Capped::tail(limit), Capped::tail(limit)], timeout)
+            .await
+    }
+
+    async fn output_into(
+        mut self,
+        input: Option<Vec<u8>>,
+        [out, err]: [Capped; 2],
+        timeout: Duration,
+    ) -> Result<CapturedOutput, ProcessError> {
+        let out = Arc::new(Mutex::new(out));
+        let err = Arc::new(Mutex::new(err));
         let readers = [
             self.take_stdout()
                 .map(|r| tokio::spawn(drain(r, out.clone()))),
@@ -368,13 +390,16 @@ pub struct CapturedOutput {
     pub stderr: Capped,
 }
 
-/// The first `cap` bytes of a stream, and how many more were discarded.
+/// The first (or, made with [`Capped::tail`], the last) `cap` bytes of a stream, and how
+/// many more were discarded.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Capped {
     pub data: Vec<u8>,
     pub cap: usize,
     /// Bytes read past the cap and discarded.
     pub dropped: u64,
+    /// Keeps the last bytes: the discarded ones are the oldest.
+    pub keep_tail: bool,
 }
 
 impl Capped {
@@ -383,6 +408,15 @@ impl Capped {
             data: Vec::new(),
             cap,
             dropped: 0,
+            keep_tail: false,
+        }
+    }
+
+    /// Keeps the last `cap` bytes.
+    pub fn tail(cap: usize) -> Self {
+        Self {
+            keep_tail: true,
+            ..Self::new(cap)
         }
     }
 
@@ -392,6 +426,13 @@ impl Capped {
     }
 
     fn push(&mut self, chunk: &[u8]) {
+        if self.keep_tail {
+            self.data.extend_from_slice(chunk);
+            let excess = self.data.len().saturating_sub(self.cap);
+            self.data.drain(..excess);
+            self.dropped += excess as u64;
+            return;
+        }
         let keep = self.cap.saturating_sub(self.data.len()).min(chunk.len());
         self.data.extend_from_slice(&chunk[..keep]);
         self.dropped += (chunk.len() - keep) as u64;
@@ -401,6 +442,9 @@ impl Capped {
     /// when bytes were discarded.
     pub fn text(&self) -> String {
         let mut s = String::from_utf8_lossy(&self.data).into_owned();
+        if self.truncated() && self.keep_tail {
+            return format!("{}\n{s}", truncation_marker(self.dropped, self.cap));
+        }
         if self.truncated() {
             if !s.is_empty() && !s.ends_with('\n') {
                 s.push('\n');

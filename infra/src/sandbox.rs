@@ -80,6 +80,15 @@ pub const SANDBOX_ENV: [(&str, &str); 4] = [
 /// install), killed with its parent; then the uid drops to an unprivileged one with no new
 /// privileges; rlimits on processes, address space, CPU time, file size and open files.
 pub fn sandboxed(command: &[String], readable: &[String]) -> Vec<String> {
+    sandboxed_with_env(command, readable, &[])
+}
+
+/// [`sandboxed`] with `env` set in the program's environment too (after [`SANDBOX_ENV`]).
+pub fn sandboxed_with_env(
+    command: &[String],
+    readable: &[String],
+    env: &[(String, String)],
+) -> Vec<String> {
     let mut v: Vec<String> = vec!["prlimit".into()];
     v.extend(SANDBOX_LIMITS.iter().map(|s| s.to_string()));
     v.push("--".into());
@@ -96,7 +105,11 @@ pub fn sandboxed(command: &[String], readable: &[String]) -> Vec<String> {
         .map(str::to_string)
         .to_vec();
     };
-    v.extend(bwrap_args(&filter, &read_only_binds(command, readable)));
+    v.extend(bwrap_args(
+        &filter,
+        &read_only_binds(command, readable),
+        env,
+    ));
     v.push("--".into());
     v.extend(setpriv_args());
     v.extend(command.iter().cloned());
@@ -106,7 +119,7 @@ pub fn sandboxed(command: &[String], readable: &[String]) -> Vec<String> {
 /// The bubblewrap part of the command line (shell that opens the seccomp `filter`, then
 /// `bwrap` and its options): namespaces, the system directories, `/dev`, `/proc`, a private
 /// `/tmp`, the `binds` read-only (and the directories above them), the environment.
-fn bwrap_args(filter: &std::path::Path, binds: &[String]) -> Vec<String> {
+fn bwrap_args(filter: &std::path::Path, binds: &[String], env: &[(String, String)]) -> Vec<String> {
     let s = |x: &str| x.to_string();
     let mut v = vec![
         s("sh"),
@@ -148,6 +161,9 @@ fn bwrap_args(filter: &std::path::Path, binds: &[String]) -> Vec<String> {
     v.extend(["--chdir", "/tmp", "--setenv", "HOME", "/tmp"].map(s));
     for (k, val) in SANDBOX_ENV {
         v.extend([s("--setenv"), s(k), s(val)]);
+    }
+    for (k, val) in env {
+        v.extend([s("--setenv"), k.clone(), val.clone()]);
     }
     v
 }
@@ -219,6 +235,18 @@ fn setpriv_args() -> Vec<String> {
     ]
     .map(str::to_string)
     .to_vec()
+}
+
+/// A new directory under the system's temporary directory, named `PREFIX-<random>`, that
+/// sandboxes (other uids) may read and traverse but only this process writes to: where a
+/// sandboxed program's input files and the gateway's socket go. The caller removes it.
+pub fn shared_dir(prefix: &str) -> std::io::Result<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let tag = crate::secret::new_token("").map_err(|e| std::io::Error::other(e.to_string()))?;
+    let dir = std::env::temp_dir().join(format!("{prefix}-{}", &tag[..16]));
+    std::fs::create_dir(&dir)?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
+    Ok(dir)
 }
 
 /// Why the sandbox cannot be set up here.

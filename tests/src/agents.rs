@@ -202,7 +202,7 @@ async fn drive_with_sdks(engine: EngineHandle, opts: EpisodeOptions, short: bool
 
         let log = log.lock().unwrap().clone();
         for (name, o) in &opened[..5] {
-            let turns = gw.finish(&o.key).await.unwrap();
+            let turns = gw.finish(&o.key).await.unwrap().turns;
             let session = o.id | (1 << 62);
             let calls: Vec<_> = log.iter().filter(|(s, _, _)| *s == session).collect();
             assert_zero_drift(name, &turns, &calls);
@@ -347,7 +347,7 @@ async fn a_killed_server_mid_stream(
     messages.push(json!({"role": "user", "content": "Go on."}));
     let call = gateway::openai::parse(&json!({"messages": messages, "max_tokens": 16})).unwrap();
     ep.call(api, call, None).await.expect("the session goes on");
-    let turns = gw.finish(&o.key).await.unwrap();
+    let turns = gw.finish(&o.key).await.unwrap().turns;
     assert_eq!(turns.len(), 2);
     assert!(
         !turns[1].restart,
@@ -400,7 +400,7 @@ async fn a_history_edit_gives_two_segments_that_rescore_to_the_behaviour_logprob
             messages.push(json!({"role": "user", "content": "Go on."}));
         }
         assert_eq!(ep.segments().await, 2);
-        let turns = gw.finish(&o.key).await.unwrap();
+        let turns = gw.finish(&o.key).await.unwrap().turns;
         assert_eq!(
             turns.iter().map(|t| t.restart).collect::<Vec<_>>(),
             [false, false, false, true, false]
@@ -423,6 +423,7 @@ async fn a_history_edit_gives_two_segments_that_rescore_to_the_behaviour_logprob
             final_text: String::new(),
             allowed_tokens: None,
             truncated: false,
+            agent: None,
         };
         let segments = traj.segments();
         assert_eq!(segments.len(), 2);

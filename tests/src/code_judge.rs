@@ -49,6 +49,8 @@ fn request(reward: &str, items: &[&str], reference: Option<serde_json::Value>) -
                 text: t.to_string(),
                 token_ids: vec![],
                 env_reward: 0.0,
+                transcript: None,
+                row: None,
             })
             .collect(),
     }

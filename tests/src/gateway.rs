@@ -176,7 +176,7 @@ async fn installs_mid_stream_keep_streams_whole_and_versions_monotone_per_sessio
     assert!(installed >= 5, "{installed} installs");
     let mut spanning = 0;
     for key in &keys {
-        let turns = gw.finish(key).await.unwrap();
+        let turns = gw.finish(key).await.unwrap().turns;
         assert_eq!(turns.len(), 6);
         let versions: Vec<u64> = turns
             .iter()
@@ -222,7 +222,7 @@ async fn a_shard_restart_mid_answer_is_retried_and_versions_never_go_back() {
         1,
         "the frozen engine was restarted"
     );
-    let turns = gw.finish(&o.key).await.unwrap();
+    let turns = gw.finish(&o.key).await.unwrap().turns;
     let versions: Vec<Vec<u64>> = turns
         .iter()
         .map(|t| t.versions.iter().map(|s| s.version).collect())

@@ -7,6 +7,7 @@
 
 mod access;
 mod admission;
+mod agent_episodes;
 mod agents;
 mod api;
 mod builtin;

@@ -23,6 +23,8 @@ fn request(items: &[&str], reference: &str) -> ScoreRequest {
                 text: t.to_string(),
                 token_ids: vec![],
                 env_reward: 0.0,
+                transcript: None,
+                row: None,
             })
             .collect(),
     }

@@ -108,6 +108,8 @@ fn item(id: &str) -> ScoredItem {
         text: "42".into(),
         token_ids: vec![],
         env_reward: 0.0,
+        transcript: None,
+        row: None,
     }
 }
 

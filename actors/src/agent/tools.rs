@@ -28,6 +28,16 @@ pub enum ToolFormat {
 }
 
 impl ToolFormat {
+    /// The format named `hermes`, `llama3_json` or `mistral`.
+    pub fn parse_name(name: &str) -> Option<Self> {
+        match name {
+            "hermes" => Some(Self::Hermes),
+            "llama3_json" => Some(Self::Llama3Json),
+            "mistral" => Some(Self::Mistral),
+            _ => None,
+        }
+    }
+
     /// The format a chat template writes tool calls in, from its text: Mistral's and
     /// Llama 3's markers, otherwise Hermes (which is also the fallback).
     pub fn of_template(template: Option<&str>) -> Self {

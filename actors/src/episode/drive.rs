@@ -39,6 +39,11 @@ pub(super) async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajecto
     let task = &shared.tasks[p.task];
     let mut guard = BarrierGuard(p.barrier.clone(), false, p.group);
     let mut traj = new_trajectory(shared, p, task);
+    if let Some(runner) = &task.agent {
+        super::agent::play(shared, p, runner, &mut traj).await;
+        guard.finish();
+        return finish(shared, p, task, traj).await;
+    }
     let wait0 = tokio::time::Instant::now();
     let Some(mut env) = task.envs.lease().await else {
         traj.failure = Some(FailureReason::EnvFailed("environment pool closed".into()));
@@ -54,6 +59,17 @@ pub(super) async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajecto
     release(p);
     drop(env);
     guard.finish();
+    finish(shared, p, task, traj).await
+}
+
+/// The end of every episode: the batch barrier, the reward (unless it failed or its reward
+/// is already decided) and the end time.
+async fn finish(
+    shared: &EpisodeShared,
+    p: &EpisodeParams,
+    task: &EpisodeTask,
+    mut traj: Trajectory,
+) -> Trajectory {
     if shared.batch_barrier
         && let Some(b) = &p.barrier
     {
@@ -61,7 +77,7 @@ pub(super) async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajecto
         b.all_finished().await;
         traj.timings.wait_s += secs(w);
     }
-    if traj.failure.is_none() {
+    if traj.failure.is_none() && traj.reward.is_none() {
         score(task, &mut traj).await;
     }
     traj.timings.ended_at_s = tokio::time::Instant::now()
@@ -235,6 +251,7 @@ fn new_trajectory(shared: &EpisodeShared, p: &EpisodeParams, task: &EpisodeTask)
         final_text: String::new(),
         allowed_tokens: task.allowed_tokens.as_deref().map(<[u32]>::to_vec),
         truncated: false,
+        agent: None,
         timings: Timings {
             started_at_s: tokio::time::Instant::now()
                 .duration_since(shared.started)

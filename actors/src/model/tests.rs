@@ -49,6 +49,7 @@ fn traj(group: u64, obs: Vec<u32>, resp: Vec<u32>, lps: Vec<f32>, reward: f64) -
         final_text: String::new(),
         allowed_tokens: None,
         truncated: false,
+        agent: None,
         timings: Timings::default(),
     }
 }

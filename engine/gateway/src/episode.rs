@@ -63,7 +63,7 @@ pub struct EpisodeOptions {
     pub model: String,
     pub sampling: SamplingPolicy,
     pub limits: EpisodeLimits,
-    /// Seeds each call's sampling (with the call's number) when the agent gives no seed.
+    /// Seeds each call's sampling (with the call's number and the agent's `seed`, if any).
     pub seed: u64,
 }
 
@@ -99,7 +99,36 @@ struct State {
     generated: u64,
     /// Responses API: each answer's whole conversation, for `previous_response_id`.
     responses: HashMap<String, Vec<Message>>,
+    /// The conversation of the last answered call, that answer appended.
+    transcript: Vec<Message>,
     finished: bool,
+}
+
+/// Calls that failed, counted outside the session's lock (a refusal must not wait for the
+/// call being served).
+#[derive(Default)]
+struct Failures {
+    /// Calls refused for the episode's budget or the caller's input (4xx).
+    refused: u32,
+    /// Calls failed by the infrastructure (the shard unavailable after retries: 5xx).
+    infra_errors: u32,
+    /// The last budget refusal, if any.
+    budget_spent: Option<String>,
+}
+
+/// What an episode left when it finished.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Finished {
+    /// One turn per answered call.
+    pub turns: Vec<Turn>,
+    /// The conversation of the last answered call, that answer appended.
+    pub transcript: Vec<Message>,
+    /// Calls refused with a 4xx (budget, bad input).
+    pub refused: u32,
+    /// Calls failed by the infrastructure (5xx).
+    pub infra_errors: u32,
+    /// Why the episode's budget refused a call, if it did.
+    pub budget_spent: Option<String>,
 }
 
 /// Generation attempts per call (the first and the retries after a shard stopped or failed).
@@ -123,6 +152,10 @@ pub struct Episode {
     /// Calls served or waiting now.
     in_flight: std::sync::atomic::AtomicUsize,
     started: tokio::time::Instant,
+    /// Cancelled when the episode is closed (its job ended it): calls in flight or waiting
+    /// end at once with 410, whatever their shard is doing.
+    closed: tokio_util::sync::CancellationToken,
+    failures: std::sync::Mutex<Failures>,
 }
 
 /// Aborts a request on its shard if dropped while still set (the call's future was dropped
@@ -159,11 +192,19 @@ impl Episode {
                 calls: 0,
                 generated: 0,
                 responses: HashMap::new(),
+                transcript: Vec::new(),
                 finished: false,
             }),
             in_flight: std::sync::atomic::AtomicUsize::new(0),
             started: tokio::time::Instant::now(),
+            closed: tokio_util::sync::CancellationToken::new(),
+            failures: std::sync::Mutex::default(),
         }
+    }
+
+    /// Ends the calls in flight and waiting (410); later calls are refused too.
+    pub(super) fn close(&self) {
+        self.closed.cancel();
     }
 
     pub fn id(&self) -> u64 {
@@ -174,12 +215,19 @@ impl Episode {
         &self.opts.model
     }
 
-    /// Ends the episode once the call in flight (if any) is answered; its turns.
-    pub(super) async fn finish(&self) -> Vec<Turn> {
+    /// Ends the episode once the call in flight (if any) is answered; what it left.
+    pub(super) async fn finish(&self) -> Finished {
         let mut st = self.state.lock().await;
         st.finished = true;
         self.generator.release(SESSION_BASE | self.id);
-        std::mem::take(&mut st.turns)
+        let mut f = self.failures();
+        Finished {
+            turns: std::mem::take(&mut st.turns),
+            transcript: std::mem::take(&mut st.transcript),
+            refused: f.refused,
+            infra_errors: f.infra_errors,
+            budget_spent: f.budget_spent.take(),
+        }
     }
 
     /// Segments so far (a new one at each diverged history).
@@ -190,6 +238,43 @@ impl Episode {
     /// Serves one call: the conversation rendered against the session, the answer generated
     /// within the budget, its tool calls parsed, and the turn recorded.
     pub async fn call(
+        &self,
+        api: Api,
+        call: Call,
+        previous: Option<&str>,
+    ) -> Result<Answer, WireError> {
+        // Biased: a closed episode starts no more work.
+        let r = tokio::select! {
+            biased;
+            () = self.closed.cancelled() => Err(WireError::new(
+                ErrorKind::Gone,
+                "this episode was ended by its job",
+            )),
+            r = self.serve(api, call, previous) => r,
+        };
+        if let Err(e) = &r
+            && e.kind != ErrorKind::Gone
+        {
+            let mut f = self.failures();
+            if e.status() >= 500 {
+                f.infra_errors += 1;
+            } else {
+                f.refused += 1;
+                if e.kind == ErrorKind::ContextLength {
+                    f.budget_spent = Some(e.message.clone());
+                }
+            }
+        }
+        r
+    }
+
+    fn failures(&self) -> std::sync::MutexGuard<'_, Failures> {
+        self.failures
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    async fn serve(
         &self,
         api: Api,
         mut call: Call,
@@ -251,7 +336,12 @@ impl Episode {
                 stop_tokens: self.opts.renderer.tokenizer().stop_ids.clone(),
                 stop_strings: call.sampling.stop.clone(),
                 ignore_eos: false,
-                seed: call.sampling.seed.unwrap_or(self.opts.seed) ^ (u64::from(n) << 40),
+                // The agent's seed varies the episode's stream without replacing it: the
+                // episodes of a group must sample differently even when every agent sends
+                // the same seed.
+                seed: self.opts.seed
+                    ^ call.sampling.seed.unwrap_or(0).rotate_left(17)
+                    ^ (u64::from(n) << 40),
                 allowed_tokens: None,
             },
             sim_response_len: None,
@@ -262,11 +352,12 @@ impl Episode {
             self.answer(api, &call, &out, n, prepared.context.len())?;
         st.generated += out.tokens.len() as u64;
         st.session.commit(&prepared, &out, message.clone());
+        let mut whole = std::mem::take(&mut call.conv.messages);
+        whole.push(message);
         if api == Api::Responses {
-            let mut whole = call.conv.messages.clone();
-            whole.push(message);
-            st.responses.insert(answer.id.clone(), whole);
+            st.responses.insert(answer.id.clone(), whole.clone());
         }
+        st.transcript = whole;
         let record = AgentCall {
             latency_s: arrived.elapsed().as_secs_f64(),
             ..call_record

@@ -47,6 +47,21 @@ pub fn router<S: Clone + Send + Sync + 'static>(
         .with_state(GatewayState { gateway, body_cap })
 }
 
+/// Serves the gateway's routes alone on `listener` (a job's own loopback port, or the unix
+/// socket its sandboxed agents reach it through) until the task is aborted.
+pub fn serve<L>(listener: L, gateway: Arc<Gateway>) -> tokio::task::JoinHandle<()>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
+    let app: Router = router(gateway, DEFAULT_BODY_CAP);
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::warn!(error = %e, "the gateway listener stopped");
+        }
+    })
+}
+
 /// The caller's key: a bearer token or Anthropic's `x-api-key`.
 fn key(headers: &HeaderMap) -> Option<&str> {
     if let Some(k) = headers.get("x-api-key").and_then(|v| v.to_str().ok()) {

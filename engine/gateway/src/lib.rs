@@ -7,7 +7,8 @@
 //!   [`responses`] (Responses) and [`anthropic`] (Messages) parse and format them.
 //! - [`episode`]: one episode's state and how a call is served (render → budget → generate →
 //!   tool calls → turn); [`Gateway`] holds the open episodes by key.
-//! - [`http`]: the routes under `/gateway/v1`.
+//! - [`http`]: the routes under `/gateway/v1`; [`listen`]: the gateway on a unix socket or
+//!   loopback port of its own.
 //!
 //! [`bench`]: `rollarc bench --what gateway`.
 //!
@@ -30,6 +31,7 @@ pub mod anthropic;
 pub mod bench;
 pub mod episode;
 pub mod http;
+pub mod listen;
 pub mod openai;
 pub mod responses;
 pub mod wire;
@@ -41,7 +43,7 @@ use actors::generation::shard::ShardHandle;
 use actors::generation::{EngineHandle, GenError, GenOutput, GenRequest};
 use futures::future::BoxFuture;
 
-pub use episode::{Episode, EpisodeLimits, EpisodeOptions, SamplingPolicy};
+pub use episode::{Episode, EpisodeLimits, EpisodeOptions, Finished, SamplingPolicy};
 use wire::{ErrorKind, WireError};
 
 /// Finished episodes' keys remembered to answer 410 rather than 401.
@@ -140,9 +142,10 @@ impl Gateway {
         ))
     }
 
-    /// Finishes the episode of `key`: its key stops working (410) and its turns are returned
-    /// once every call in flight has ended. `None` when no open episode has the key.
-    pub async fn finish(&self, key: &str) -> Option<Vec<actors::types::Turn>> {
+    /// Finishes the episode of `key`: its key stops working (410) and its turns (and
+    /// transcript) are returned once the call being served has ended. `None` when no open
+    /// episode has the key.
+    pub async fn finish(&self, key: &str) -> Option<Finished> {
         let ep = {
             let mut keys = self.lock();
             let ep = keys.open.remove(key)?;
@@ -153,6 +156,19 @@ impl Gateway {
             ep
         };
         Some(ep.finish().await)
+    }
+
+    /// Closes the episode of `key` at once, without waiting for its calls: they end with
+    /// 410, as later calls do. For an episode its job gave up (cancelled, or the job ended).
+    pub fn close(&self, key: &str) {
+        let mut keys = self.lock();
+        if let Some(ep) = keys.open.remove(key) {
+            ep.close();
+            keys.finished.push_back(key.to_string());
+            if keys.finished.len() > FINISHED_KEYS_KEPT {
+                keys.finished.pop_front();
+            }
+        }
     }
 
     /// Open episodes.

@@ -26,6 +26,7 @@
     )
 )]
 
+pub mod agents;
 pub mod baseline;
 pub mod cost;
 pub mod dataset;

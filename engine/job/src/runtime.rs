@@ -81,6 +81,9 @@ pub struct JobRun {
     /// Simulated function deployments shared with other jobs of the same virtual runtime;
     /// none: the job has its own.
     pub shared_sim_functions: Option<Arc<SharedSimFunctions>>,
+    /// The service's gateway and claim board for agent tasks; none: a job with agent tasks
+    /// opens its episodes on a gateway of its own (managed agents only).
+    pub agents: Option<Arc<crate::agents::AgentAccess>>,
 }
 
 /// Simulated function deployments (those with `scaling` or `gpu`) shared by the jobs of one

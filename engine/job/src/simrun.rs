@@ -46,6 +46,7 @@ pub fn run_virtual_with(
         timeline: false,
         batches: None,
         shared_sim_functions: None,
+        agents: None,
     }))
 }
 
@@ -111,5 +112,6 @@ pub fn run_from(
         timeline,
         batches: None,
         shared_sim_functions: None,
+        agents: None,
     }))
 }

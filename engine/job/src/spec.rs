@@ -8,6 +8,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+mod agent;
 pub mod catalogue;
 mod env;
 mod eval;
@@ -20,6 +21,7 @@ mod sim;
 mod task;
 mod trainer;
 
+pub use agent::*;
 pub use env::*;
 pub use eval::*;
 pub use overrides::apply_overrides;

@@ -15,6 +15,7 @@ use job::spec::FieldError;
 use job::store::JobRecord;
 
 mod cluster;
+mod episodes;
 mod error;
 mod events;
 mod health;
@@ -60,6 +61,8 @@ pub fn router_with(service: Arc<Service>, access: Arc<Access>) -> Router {
         .route("/v1/jobs/{id}/batches/next", get(trainer::next_batch))
         .route("/v1/jobs/{id}/staleness", get(trainer::staleness))
         .route("/v1/jobs/{id}/weights", post(trainer::announce_weights))
+        .route("/v1/jobs/{id}/episodes:claim", post(episodes::claim))
+        .route("/v1/episodes/{id}/finish", post(episodes::finish))
         .route("/v1/batches/{batch_id}/ack", post(trainer::ack_batch))
         .route("/v1/batches/{batch_id}/nack", post(trainer::nack_batch))
         .route("/v1/cluster", get(cluster::cluster))

@@ -152,6 +152,9 @@ pub struct Service {
     pub batches: Arc<job::trainer_api::BatchDesk>,
     /// The agent gateway's open episodes (`/gateway/v1/…`).
     pub gateway: Arc<gateway::Gateway>,
+    /// What jobs' agent tasks share: the gateway and the board external harnesses claim
+    /// episodes from.
+    pub agents: Arc<job::agents::AgentAccess>,
 }
 
 /// Restart policy of the engine supervisor for failed jobs (actor escalation or panic).
@@ -211,9 +214,11 @@ impl Service {
     ) -> Result<Arc<Self>, ServiceError> {
         let functions = job::hub::FunctionHub::new(job::hub::default_fn_bin())
             .map_err(ServiceError::Functions)?;
+        let gateway = Arc::new(gateway::Gateway::new());
         Ok(Arc::new(Self {
             batches: job::trainer_api::BatchDesk::new(store.clone()),
-            gateway: Arc::new(gateway::Gateway::new()),
+            agents: Arc::new(job::agents::AgentAccess::new(gateway.clone(), None)),
+            gateway,
             store,
             data_dir: cfg.data_dir.clone(),
             _lock: lock,

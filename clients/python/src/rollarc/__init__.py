@@ -13,6 +13,7 @@ See the package README (clients/python/README.md) for the trainer API.
 from .client import (
     Batch,
     Client,
+    Episode,
     Event,
     LeaseLost,
     RollarcError,
@@ -36,6 +37,7 @@ __all__ = [
     "Batch",
     "BatchGroup",
     "Client",
+    "Episode",
     "Event",
     "JobRecord",
     "LeaseLost",

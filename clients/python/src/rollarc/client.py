@@ -119,6 +119,76 @@ class Batch:
         return False
 
 
+@dataclass
+class Episode:
+    """A claimed agent episode of a job whose task runs agents elsewhere
+    (``env = { kind = "agent", mode = "external" }``). Point the agent at ``base_url``
+    (OpenAI; Anthropic clients take ``anthropic_base_url``) with ``api_key``, then finish it
+    before ``deadline_unix_ms``. As a context manager it finishes itself: leaving the block
+    completes it (with ``answer``/``reward``/``info`` if set), an exception fails it (masked,
+    never rewarded) and re-raises.
+
+        for ep in client.episodes(job):
+            with ep:
+                ep.answer = run_my_agent(ep.row, base_url=ep.base_url, api_key=ep.api_key)
+    """
+
+    client: "Client"
+    episode_id: int
+    row: Dict[str, Any]
+    base_url: str
+    api_key: str
+    deadline_unix_ms: int
+    task: str
+    answer: Optional[str] = None
+    reward: Optional[float] = None
+    info: Optional[Dict[str, Any]] = None
+    #: ``completed`` or ``failed`` once finished
+    outcome: Optional[str] = None
+
+    @property
+    def anthropic_base_url(self) -> str:
+        return self.base_url[: -len("/v1")] if self.base_url.endswith("/v1") else self.base_url
+
+    def finish(self, answer: Optional[str] = None, reward: Optional[float] = None,
+               info: Optional[Dict[str, Any]] = None) -> None:
+        """Completes the episode: its answer is scored by the task's reward functions."""
+        body: Dict[str, Any] = {"status": "completed"}
+        for k, v in (("answer", answer if answer is not None else self.answer),
+                     ("reward", reward if reward is not None else self.reward),
+                     ("info", info if info is not None else self.info)):
+            if v is not None:
+                body[k] = v
+        self.client._request("POST", f"/v1/episodes/{self.episode_id}/finish", json=body)
+        self.outcome = "completed"
+
+    def fail(self, reason: str) -> None:
+        """Fails the episode (the harness's fault, not the policy's): masked, never rewarded."""
+        self.client._request("POST", f"/v1/episodes/{self.episode_id}/finish",
+                             json={"status": "failed", "reason": reason})
+        self.outcome = "failed"
+
+    def __enter__(self) -> "Episode":
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> bool:
+        if self.outcome is not None:
+            return False
+        if exc_type is None:
+            self.finish()
+        else:
+            try:
+                self.fail(f"{exc_type.__name__}: {exc}"[:2000])
+            except RollarcError:
+                pass  # the claim had expired: the episode is failed anyway
+        return False
+
+
 class Client:
     """A rollarc service at ``url``; ``token`` is a bearer token when the service has
     ``[access]`` tokens (default: the ``ROLLARC_TOKEN`` environment variable)."""
@@ -357,6 +427,34 @@ class Client:
                 row["text"] = "".join(u["observation"] + u["response"] for u in r["text"])
             rows.append(row)
         return pd.DataFrame(rows)
+
+    # -- external agent episodes ------------------------------------------------------
+
+    def claim(self, job_id: str, wait_s: float = 30.0) -> Optional[Episode]:
+        """Claims the job's next agent episode, waiting up to ``wait_s`` (≤ 60) for one;
+        None when none is offered in time."""
+        r = self._request(
+            "POST",
+            f"/v1/jobs/{job_id}/episodes:claim",
+            params={"wait_s": wait_s},
+            timeout=httpx.Timeout(self._timeout, read=wait_s + self._timeout),
+        )
+        if r.status_code == 204:
+            return None
+        b = r.json()
+        return Episode(client=self, episode_id=b["episode_id"], row=b["row"],
+                       base_url=b["base_url"], api_key=b["api_key"],
+                       deadline_unix_ms=b["deadline_unix_ms"], task=b.get("task", ""))
+
+    def episodes(self, job_id: str, wait_s: float = 30.0) -> Iterator[Episode]:
+        """Claimed episodes until the job ends. Use each as a context manager (completed at
+        the end of the block, failed on an exception)."""
+        while True:
+            ep = self.claim(job_id, wait_s=wait_s)
+            if ep is not None:
+                yield ep
+            elif self.job(job_id)["state"] in TERMINAL_STATES:
+                return
 
     # -- the trainer API --------------------------------------------------------------
 

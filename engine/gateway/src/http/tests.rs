@@ -136,7 +136,7 @@ async fn a_tool_conversation_records_exact_turns_and_one_segment() {
         body.contains("It is 18 C in Paris.") && body.ends_with("data: [DONE]\n\n"),
         "{body}"
     );
-    let turns = gw.finish(&opened.key).await.unwrap();
+    let turns = gw.finish(&opened.key).await.unwrap().turns;
     assert_eq!(turns.len(), 2);
     assert!(!turns[1].restart, "the second call extends the first");
     // The second request's context is the first's context, the first answer's ids, then new ids.
@@ -297,7 +297,7 @@ async fn responses_chain_by_previous_response_id_and_messages_stream_in_anthropi
             && body.ends_with("data: {\"type\":\"message_stop\"}\n\n"),
         "{body}"
     );
-    let turns = gw.finish(&opened.key).await.unwrap();
+    let turns = gw.finish(&opened.key).await.unwrap().turns;
     // The chained response extends the first; the Messages call (a new conversation) restarts.
     assert_eq!(
         turns.iter().map(|t| t.restart).collect::<Vec<_>>(),
@@ -367,4 +367,51 @@ async fn a_body_that_never_arrives_gets_408_and_a_crowd_of_calls_gets_429() {
     }
     tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     assert_eq!(stuck_shard.aborted.lock().unwrap().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn closing_an_episode_ends_its_calls_in_flight_with_410() {
+    let (gw, _script, _opened, app) = setup(&[], EpisodeLimits::default());
+    let stuck_shard = Arc::new(Stuck::default());
+    let stuck = gw
+        .open(
+            EpisodeOptions {
+                renderer: Arc::new(Renderer::new(tokenizer(), None)),
+                model: "m".into(),
+                sampling: SamplingPolicy::default(),
+                limits: EpisodeLimits::default(),
+                seed: 0,
+            },
+            stuck_shard.clone(),
+        )
+        .unwrap();
+    let user = json!({"messages": [{"role": "user", "content": "hi"}]});
+    let calls: Vec<_> = (0..3)
+        .map(|_| {
+            let (app, key, body) = (app.clone(), stuck.key.clone(), user.clone());
+            tokio::spawn(
+                async move { post(&app, "/gateway/v1/chat/completions", &key, body).await },
+            )
+        })
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    assert!(
+        calls.iter().all(|c| !c.is_finished()),
+        "the shard never answers"
+    );
+    // The job gives the episode up: the call on the shard and those waiting end at once.
+    gw.close(&stuck.key);
+    for c in calls {
+        let (s, body) = c.await.unwrap();
+        assert_eq!(s, StatusCode::GONE, "{body}");
+        assert!(body.contains("ended by its job"), "{body}");
+    }
+    assert_eq!(
+        stuck_shard.aborted.lock().unwrap().len(),
+        1,
+        "its request was aborted"
+    );
+    let (s, _) = post(&app, "/gateway/v1/chat/completions", &stuck.key, user).await;
+    assert_eq!(s, StatusCode::GONE, "a closed episode's key is gone");
+    assert_eq!(gw.open_count(), 1, "only the other episode is open");
 }

@@ -24,7 +24,31 @@ pub(super) fn program(env: &EnvSpec, host: &Host<'_>) -> std::io::Result<Option<
         EnvSpec::ReasoningGym { .. } | EnvSpec::Gymnasium { .. } => {
             bridge_command(env, host).map(Some)
         }
+        EnvSpec::Agent(a) if a.mode == crate::spec::AgentMode::Managed => {
+            Ok(Some(agent_command(a, host)))
+        }
         _ => Ok(None),
+    }
+}
+
+/// A managed agent's command line with its relative paths made absolute; a Python
+/// interpreter (`python…` as the program) is asked where it lives, so the sandbox can bind
+/// its installation (a virtual environment's packages, the agent's SDK).
+fn agent_command(a: &crate::spec::AgentEnv, host: &Host<'_>) -> EnvProgram {
+    let mut command = absolute_args(&a.command, host.cwd.as_deref());
+    let mut readable = a.readable_paths.clone();
+    let is_python = Path::new(&command[0])
+        .file_name()
+        .is_some_and(|n| n.to_string_lossy().starts_with("python"));
+    if a.sandbox == EnvSandbox::Bwrap && is_python {
+        let (exe, dirs) = interpreter(&command[0]);
+        command[0] = exe;
+        readable.extend(dirs);
+    }
+    EnvProgram {
+        command,
+        sandbox: a.sandbox,
+        readable,
     }
 }
 

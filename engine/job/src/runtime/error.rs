@@ -45,6 +45,12 @@ pub enum JobError {
     BuiltinModel(#[source] candle_core::Error),
     #[error("the checkpoint model could not be set up")]
     Checkpoint(#[source] Box<actors::model::runtime::PolicyError>),
+    #[error("task {task} (`{domain}`): {message}")]
+    Agents {
+        task: usize,
+        domain: String,
+        message: String,
+    },
     #[error("the checkpoint's chat template cannot frame observations")]
     Framing(#[source] Box<actors::episode::FramingError>),
     #[error("cannot write the inference servers' files at {path}")]

@@ -266,6 +266,7 @@ mod tests {
             final_text: String::new(),
             allowed_tokens: None,
             truncated: false,
+            agent: None,
         }
     }
 

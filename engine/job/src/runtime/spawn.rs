@@ -6,6 +6,7 @@
 //! spawns the shards (`server`: their inference-server engines), `tasks` the reward functions
 //! and environment pools.
 
+mod agents;
 mod pools;
 mod server;
 mod tasks;
@@ -60,6 +61,8 @@ pub(super) struct JobActors {
     pub trace_parent: Arc<actors::episode::TraceParent>,
     /// Simulated function deployments with usage to report (scaled or on GPUs).
     pub sim_functions: Vec<(String, Arc<SimFunction>)>,
+    /// The gateway listeners of the job's managed agents.
+    pub _agent_host: Option<crate::agents::AgentHost>,
 }
 
 /// Instances in a row that die or never become ready before a deployment counts as
@@ -99,8 +102,13 @@ pub(super) async fn spawn(
     if let Some(e) = &plan.eval {
         all.extend(e.tasks.iter());
     }
+    let (runners, agent_host) =
+        agents::agent_runners(&all, job, start.policy.as_ref().map(|p| &p.tokenizer)).await?;
     let (mut task_views, mut tasks, deployments, sim_functions) =
         spawn_tasks(&all, &plan.functions, &plan.knobs, cell, job, hub, &faults).await?;
+    for (task, runner) in tasks.iter_mut().zip(runners) {
+        task.agent = runner;
+    }
     let (held_out, eval_tasks) =
         HeldOut::split_off(&mut task_views, &mut tasks, n_train, plan.eval.as_ref());
     let crash_watch = watch(deployments, &faults);
@@ -154,6 +162,7 @@ pub(super) async fn spawn(
         tasks,
         faults,
         _crash_watch: crash_watch,
+        _agent_host: agent_host,
     })
 }
 

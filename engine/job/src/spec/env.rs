@@ -160,6 +160,10 @@ pub enum EnvSpec {
         #[serde(default)]
         readable_paths: Vec<String>,
     },
+    /// An agent program playing each episode through the gateway (OpenAI / Anthropic APIs):
+    /// started by rollarc per episode in the sandbox, or run by an external harness that
+    /// claims episodes.
+    Agent(super::agent::AgentEnv),
     /// Tic-tac-toe against a fixed-strategy opponent; the action is a cell 1–9.
     Tictactoe {
         #[serde(default)]
@@ -222,6 +226,7 @@ impl EnvSpec {
             EnvSpec::Chat { .. } => "chat",
             EnvSpec::ReasoningGym { .. } => "reasoning_gym",
             EnvSpec::Gymnasium { .. } => "gymnasium",
+            EnvSpec::Agent(_) => "agent",
         }
     }
 
@@ -229,7 +234,10 @@ impl EnvSpec {
     pub fn is_process(&self) -> bool {
         matches!(
             self,
-            EnvSpec::External { .. } | EnvSpec::ReasoningGym { .. } | EnvSpec::Gymnasium { .. }
+            EnvSpec::External { .. }
+                | EnvSpec::ReasoningGym { .. }
+                | EnvSpec::Gymnasium { .. }
+                | EnvSpec::Agent(_)
         )
     }
 
@@ -255,7 +263,8 @@ impl EnvSpec {
             EnvSpec::Arithmetic { .. }
             | EnvSpec::Prompt { .. }
             | EnvSpec::Chat { .. }
-            | EnvSpec::ReasoningGym { .. } => false,
+            | EnvSpec::ReasoningGym { .. }
+            | EnvSpec::Agent(_) => false,
         }
     }
 
@@ -270,7 +279,8 @@ impl EnvSpec {
             | EnvSpec::Prompt { .. }
             | EnvSpec::Chat { .. }
             | EnvSpec::ReasoningGym { .. }
-            | EnvSpec::Gymnasium { .. } => None,
+            | EnvSpec::Gymnasium { .. }
+            | EnvSpec::Agent(_) => None,
         }
     }
 }
@@ -359,6 +369,7 @@ impl EnvSpec {
         match self {
             EnvSpec::Sim { .. } => self.check_sim(at, problems),
             EnvSpec::Prompt { .. } | EnvSpec::Chat { .. } => {}
+            EnvSpec::Agent(a) => a.check(at, problems),
             EnvSpec::ReasoningGym { .. } | EnvSpec::Gymnasium { .. } | EnvSpec::External { .. } => {
                 self.check_program(at, problems);
             }

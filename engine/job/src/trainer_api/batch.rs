@@ -220,6 +220,7 @@ impl Sample {
             final_text: String::new(),
             allowed_tokens: self.allowed_tokens.clone(),
             truncated: self.truncated,
+            agent: None,
         }
     }
 }
@@ -337,6 +338,7 @@ mod tests {
             final_text: String::new(),
             allowed_tokens: Some(vec![b'l' as u32, b'd' as u32, b'r' as u32, b'u' as u32]),
             truncated: false,
+            agent: None,
         }
     }
 

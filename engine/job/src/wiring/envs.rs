@@ -107,6 +107,8 @@ fn base_factory(
             actors::env::protocol::PROTOCOL_V2,
             limits,
         ),
+        // An agent task's environment is only the slot its episode holds.
+        EnvSpec::Agent(_) => Arc::new(|_| Box::new(actors::agent::AgentSlot)),
         other => {
             let other = other.clone();
             Arc::new(move |_| {
@@ -193,6 +195,7 @@ pub fn builtin(spec: &EnvSpec) -> Option<Box<dyn DynEnvironment>> {
         EnvSpec::Sim { .. }
         | EnvSpec::External { .. }
         | EnvSpec::ReasoningGym { .. }
-        | EnvSpec::Gymnasium { .. } => return None,
+        | EnvSpec::Gymnasium { .. }
+        | EnvSpec::Agent(_) => return None,
     })
 }

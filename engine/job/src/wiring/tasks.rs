@@ -35,6 +35,8 @@ pub struct TaskPlan {
     pub train_truncated: bool,
     /// What a turn that would not fit the context does.
     pub truncation: actors::episode::Truncation,
+    /// Agent tasks: how their episodes are played.
+    pub agent: Option<crate::agents::AgentPlan>,
 }
 
 /// A reward function a task names.
@@ -105,7 +107,16 @@ pub(super) fn plan(
                         sandbox: EnvSandbox::Bwrap,
                         ..
                     }
-                ),
+                ) || matches!(&t.env, EnvSpec::Agent(a)
+                        if a.mode == crate::spec::AgentMode::Managed
+                            && a.sandbox == EnvSandbox::Bwrap),
+                agent: match &t.env {
+                    EnvSpec::Agent(a) => Some(crate::agents::AgentPlan {
+                        spec: a.clone(),
+                        program: input.program.clone(),
+                    }),
+                    _ => None,
+                },
                 scorers: t
                     .reward
                     .iter()
@@ -150,6 +161,8 @@ pub fn prior_tokens(t: &TaskSpec) -> Tokens {
         // A prompt of a few hundred tokens, a reasoning answer up to the turn's cap.
         EnvSpec::Prompt { .. } | EnvSpec::ReasoningGym { .. } => game(1.0, 200.0, 256.0),
         EnvSpec::Chat { .. } => game(3.0, 100.0, 256.0),
+        // A few tool calls over a system prompt with the tools, each answer short.
+        EnvSpec::Agent(_) => game(4.0, 150.0, 64.0),
         EnvSpec::Sim {
             turns,
             observation_tokens,

@@ -44,6 +44,8 @@ fn body(k: &str) -> Bytes {
             text: "the answer is 42".into(),
             token_ids: vec![],
             env_reward: 0.0,
+            transcript: None,
+            row: None,
         }],
     };
     Bytes::from(serde_json::to_vec(&req).unwrap_or_default())

@@ -178,6 +178,7 @@ fn batch() -> actors::types::Batch {
         final_text: String::new(),
         allowed_tokens: None,
         truncated: false,
+        agent: None,
         timings: Default::default(),
     };
     let groups = (0..2u64)

@@ -177,6 +177,7 @@ fn training_batch() -> actors::types::Batch {
         final_text: String::new(),
         allowed_tokens: None,
         truncated: false,
+        agent: None,
         timings: Default::default(),
     };
     let groups = (0..8u64)

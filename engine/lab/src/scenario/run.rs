@@ -65,6 +65,7 @@ pub fn run_jobs(
                 timeline: false,
                 batches: None,
                 shared_sim_functions: registry.clone(),
+                agents: None,
             })
         });
         let done = futures::future::join_all(runs).await;

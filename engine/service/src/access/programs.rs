@@ -95,6 +95,16 @@ impl ProgramCheck {
                 );
             }
         }
+        // An agent task's tokenizer is a host file the job reads.
+        if let EnvSpec::Agent(a) = &t.env
+            && let Some(tok) = &a.tokenizer
+            && !self.readable.permits(tok)
+        {
+            self.deny(
+                format!("tasks[{i}].env.tokenizer"),
+                format!("the service does not allow reading {tok:?}"),
+            );
+        }
         // A dataset is a host file the job reads (and its rows reach the trajectories).
         if let Some(d) = &t.dataset
             && !self.readable.permits(&d.path)
@@ -231,6 +241,13 @@ fn env_program(env: &EnvSpec) -> Option<EnvProgram<'_>> {
             sandbox: *sandbox,
             readable_paths,
             python_path,
+        }),
+        EnvSpec::Agent(a) => a.command.first().map(|program| EnvProgram {
+            program,
+            field: "command",
+            sandbox: a.sandbox,
+            readable_paths: &a.readable_paths,
+            python_path: &[],
         }),
         _ => None,
     }

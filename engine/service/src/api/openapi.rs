@@ -8,6 +8,7 @@ use utoipa::OpenApi;
 // lived in one module (utoipa turns a module prefix into the operation's tag, and the
 // document keeps its tags), which needs the `__path_*` types utoipa generates beside them.
 use super::cluster::*;
+use super::episodes;
 use super::events::*;
 use super::health::*;
 use super::jobs::*;
@@ -39,6 +40,8 @@ use job::store::{JobRecord, JobState, TrajectoryRow};
         trainer::nack_batch,
         trainer::staleness,
         trainer::announce_weights,
+        episodes::claim,
+        episodes::finish,
         cluster,
         healthz,
         readyz,
@@ -64,6 +67,11 @@ use job::store::{JobRecord, JobState, TrajectoryRow};
         CancelAnswer,
         CancelInfo,
         actors::types::Trajectory,
+        actors::agent::AgentSummary,
+        job::agents::Claim,
+        job::agents::FinishReport,
+        job::agents::FinishStatus,
+        episodes::Finished,
         actors::types::Turn,
         actors::types::VersionSpan,
         actors::types::Timings,

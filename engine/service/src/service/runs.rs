@@ -165,6 +165,7 @@ impl Service {
             timeline,
             batches: Some(self.batches.clone()),
             shared_sim_functions: None,
+            agents: Some(self.agents.clone()),
         };
         // A panic anywhere in the job's runtime fails (or restarts) this job only.
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

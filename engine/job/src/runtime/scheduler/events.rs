@@ -148,7 +148,11 @@ impl SchedState {
         // failures are not counted: shards restart, functions have fault budgets.
         let env_broken = matches!(
             failure,
-            Some(FailureReason::EnvFailed(_) | FailureReason::Truncated(_))
+            Some(
+                FailureReason::EnvFailed(_)
+                    | FailureReason::Truncated(_)
+                    | FailureReason::AgentFailed(_)
+            )
         );
         if let Some(f) = failure {
             self.last_failure = Some(f.to_string());

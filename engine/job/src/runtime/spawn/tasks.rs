@@ -207,6 +207,7 @@ async fn spawn_task(
         train_truncated: t.train_truncated,
         truncation: t.truncation,
         temperature: 1.0,
+        agent: None,
     })
 }
 
