@@ -5,7 +5,7 @@ JOBS ?= 2
 export CARGO_BUILD_JOBS := $(JOBS)
 export CARGO_TERM_COLOR := never
 
-.PHONY: sim-to-real run run-llm test test-deps sdk-test deploy-check ui-test bench bench-setup bench-sim learn learn-external plan lint lint-scripts check toolchain fmt-check clippy ci build cuda-check setup sim chaos fuzz-api device-check
+.PHONY: run-agent sim-to-real run run-llm test test-deps sdk-test deploy-check ui-test bench bench-setup bench-sim learn learn-external plan lint lint-scripts check toolchain fmt-check clippy ci build cuda-check setup sim chaos fuzz-api device-check
 
 GYMNASIUM_VERSION := 1.0.0
 SCHEMATHESIS_VERSION := 4.32.5
@@ -118,6 +118,17 @@ run-llm: setup
 	rm -rf data/llm
 	./target/release/rollarc run examples/smollm2-reasoning.toml --set "pools[0].backend.model.path=$(SMOLLM2)" \
 		--data-dir data/llm --report report/llm
+
+## A tool-using agent learns (examples/smollm2-tool-agent.toml): SmolLM2-135M behind the agent
+## gateway, examples/agents/calc_agent.py (the official openai SDK) run per episode in the
+## sandbox; held-out success, valid tool calls, calls and tokens per episode in report/agent.
+run-agent: setup
+	$(CARGO) build --release --workspace --bins
+	python3 examples/agents/make_arith_dataset.py data/agent-arith
+	rm -rf data/agent
+	./target/release/rollarc run examples/smollm2-tool-agent.toml --set "pools[0].backend.model.path=$(SMOLLM2)" \
+		--set "tasks[0].env.command[0]=$(ROLLARC_AGENT_PYTHON)" --set "eval.tasks[0].env.command[0]=$(ROLLARC_AGENT_PYTHON)" \
+		--data-dir data/agent --report report/agent $(RUN_AGENT_ARGS)
 
 ## The cluster-scale evaluation in virtual time: every scenario of examples/sim against the
 ## paper's figures; table on stdout, report/sim/summary.json and a plot per scenario.

@@ -129,6 +129,11 @@ pub struct BufferStats {
     pub committed: u64,
     pub redundant: u64,
     pub masked: u64,
+    /// Masked trajectories by failure (`env_failed`, `agent_failed`, …).
+    pub masked_by: std::collections::BTreeMap<String, u64>,
+    /// Agent episodes the policy failed (non-zero exit, timeout, spent budget): rewarded by
+    /// the task's `failure_reward`, not masked.
+    pub agent_policy_failures: u64,
     /// Trajectories that reached their context budget (trained or masked per the task).
     pub truncated: u64,
     pub retried: u64,
@@ -260,8 +265,18 @@ impl BufferState {
         self.args.sink.commit(&traj)?;
         self.stats.committed += 1;
         self.stats.truncated += u64::from(traj.truncated);
-        if traj.failure.is_some() {
+        self.stats.agent_policy_failures += u64::from(
+            traj.agent
+                .as_ref()
+                .is_some_and(|a| a.policy_failure.is_some()),
+        );
+        if let Some(f) = &traj.failure {
             g.failed += 1;
+            *self
+                .stats
+                .masked_by
+                .entry(f.code().to_string())
+                .or_default() += 1;
             g.last_failure.clone_from(&traj.failure);
             self.stats.masked += 1;
             // A truncation would happen again: no retry.

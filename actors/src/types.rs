@@ -173,6 +173,9 @@ pub struct AgentSummary {
     /// Seconds from the start to the end of the episode (program or claim).
     #[serde(default)]
     pub wall_s: f64,
+    /// The episode succeeds when its reward is above this (the task's `success_threshold`).
+    #[serde(default)]
+    pub success_above: f64,
 }
 
 fn is_zero(n: &u32) -> bool {

@@ -42,12 +42,30 @@ TOOLS = [
 ]
 
 
+def shown_call(i, name, args):
+    """An assistant message calling one tool (the worked example's)."""
+    return {"role": "assistant", "content": None, "tool_calls": [{
+        "id": f"ex_{i}", "type": "function",
+        "function": {"name": name, "arguments": json.dumps(args)}}]}
+
+
+# One worked example in the history, as agents often carry: how a tool call looks.
+EXAMPLE = [
+    {"role": "user", "content": "What is 12 * 3 + 5?"},
+    shown_call(1, "calculate", {"expression": "12 * 3 + 5"}),
+    {"role": "tool", "tool_call_id": "ex_1", "content": "41"},
+    shown_call(2, "final_answer", {"answer": "41"}),
+    {"role": "tool", "tool_call_id": "ex_2", "content": "done"},
+]
+
+
 def solve(row, client=None):
     """Plays one episode on `row`; returns its report ({"answer": ...})."""
     question = row.get("question") or row.get("prompt") or json.dumps(row)
     client = client or openai.OpenAI(max_retries=2, timeout=300)
     messages = [
         {"role": "system", "content": "Solve the problem. Use calculate for arithmetic, then call final_answer."},
+        *EXAMPLE,
         {"role": "user", "content": question},
     ]
     answer = ""

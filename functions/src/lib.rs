@@ -25,3 +25,4 @@ pub mod scorer;
 pub mod scorers;
 pub mod sdk;
 pub mod text;
+pub mod tool_use;

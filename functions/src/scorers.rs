@@ -1,5 +1,5 @@
-//! The registry of built-in scorers: `math`, `format`, `env` (`basic.rs`), `code` (`code/`)
-//! and `judge` (`judge/`), by name, with their JSON configurations. The trait lives in
+//! The registry of built-in scorers: `math`, `format`, `env` (`basic.rs`), `code` (`code/`),
+//! `judge` (`judge/`) and `tool_use` (`tool_use.rs`), by name, with their JSON configurations. The trait lives in
 //! `scorer.rs`; its items are re-exported here.
 
 pub use crate::basic::{EnvConfig, EnvScorer, FormatConfig, FormatScorer, MathScorer};
@@ -25,6 +25,11 @@ pub fn builtin(name: &str, config: Option<&str>) -> Result<Box<dyn Scorer>, Scor
                 serde_json::from_str(&cfg("{}")).map_err(|e| ScoreError::bad("code config", e))?;
             Ok(Box::new(crate::code::CodeScorer::new(c)?))
         }
+        "tool_use" => {
+            let c: crate::tool_use::ToolUseConfig = serde_json::from_str(&cfg("{}"))
+                .map_err(|e| ScoreError::bad("tool_use config", e))?;
+            Ok(Box::new(crate::tool_use::ToolUseScorer::new(c)?))
+        }
         "judge" => {
             let c: crate::judge::JudgeConfig =
                 serde_json::from_str(&cfg("{}")).map_err(|e| ScoreError::bad("judge config", e))?;
@@ -34,7 +39,7 @@ pub fn builtin(name: &str, config: Option<&str>) -> Result<Box<dyn Scorer>, Scor
             )?))
         }
         other => Err(ScoreError::BadRequest(format!(
-            "unknown function {other:?}: math, format, env, code or judge"
+            "unknown function {other:?}: math, format, env, code, judge or tool_use"
         ))),
     }
 }
@@ -152,6 +157,8 @@ mod tests {
             "a judge needs an endpoint, a model and a rubric"
         );
         assert!(msg(builtin("code", Some(r#"{"sandbox": "docker"}"#))).contains("code config"));
-        assert!(msg(builtin("judge9", None)).contains("math, format, env, code or judge"));
+        assert!(
+            msg(builtin("judge9", None)).contains("math, format, env, code, judge or tool_use")
+        );
     }
 }

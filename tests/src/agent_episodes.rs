@@ -4,30 +4,12 @@
 //! else; infrastructure failures are masked and retried, never rewarded, and a policy failure
 //! is rewarded by the spec's rule.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use actors::types::{FailureReason, Trajectory};
 use serde_json::Value;
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the repository")
-        .to_path_buf()
-}
-
-/// The agent SDKs' interpreter (`make setup` installs them).
-fn agent_python() -> String {
-    std::env::var("ROLLARC_AGENT_PYTHON").unwrap_or_else(|_| {
-        let home = std::env::var("HOME").unwrap_or_default();
-        format!("{home}/.cache/rollarc/agent-sdks-venv/bin/python")
-    })
-}
-
-fn tokenizer() -> String {
-    actors::model::llm::smollm2_path().display().to_string()
-}
+use tests::{agent_python, repo, tokenizer};
 
 /// A task of managed agents running `script MODE` (`mode` empty: no argument).
 fn agent_task(domain: &str, script: &str, mode: &str, extra: &str) -> String {

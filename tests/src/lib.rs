@@ -367,6 +367,27 @@ pub async fn all_rows(
     }
 }
 
+/// The repository's root.
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the repository")
+        .to_path_buf()
+}
+
+/// The interpreter with the agent SDKs (`make setup` installs them; `ROLLARC_AGENT_PYTHON`).
+pub fn agent_python() -> String {
+    std::env::var("ROLLARC_AGENT_PYTHON").unwrap_or_else(|_| {
+        let home = std::env::var("HOME").unwrap_or_default();
+        format!("{home}/.cache/rollarc/agent-sdks-venv/bin/python")
+    })
+}
+
+/// The SmolLM2 checkpoint whose tokenizer agent tasks on simulated pools render with.
+pub fn tokenizer() -> String {
+    actors::model::llm::smollm2_path().display().to_string()
+}
+
 /// The `rollarc` binary built next to the test binary.
 pub fn rollarc_bin() -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");

@@ -80,6 +80,12 @@ async fn finish(
     if traj.failure.is_none() && traj.reward.is_none() {
         score(task, &mut traj).await;
     }
+    // An agent episode succeeds when its reward is above its task's threshold and the policy
+    // did not fail it (there is no environment to say so).
+    if let Some(a) = &traj.agent {
+        traj.success =
+            a.policy_failure.is_none() && traj.reward.is_some_and(|r| r > a.success_above);
+    }
     traj.timings.ended_at_s = tokio::time::Instant::now()
         .duration_since(shared.started)
         .as_secs_f64();

@@ -217,6 +217,12 @@ fn longest_trajectory_tokens(spec: &JobSpec) -> u64 {
                         up(response_tokens, u64::from(t.max_tokens_per_turn), f),
                     )
                 }
+                // An agent's turns are its model calls.
+                EnvSpec::Agent(a) => (
+                    u64::from(a.max_calls),
+                    DEFAULT_OBSERVATION_TOKENS,
+                    u64::from(t.max_tokens_per_turn),
+                ),
                 _ => (
                     u64::from(t.max_turns),
                     DEFAULT_OBSERVATION_TOKENS,

@@ -302,6 +302,7 @@ async fn play(
             ended: "finished".into(),
             refused_calls: done.refused,
             wall_s: started.elapsed().as_secs_f64(),
+            success_above: spec.success_threshold,
         },
         turns: done.turns,
     }))

@@ -343,6 +343,7 @@ fn report(
             ended,
             refused_calls: finished.refused,
             wall_s,
+            success_above: spec.success_threshold,
         },
     }))
 }

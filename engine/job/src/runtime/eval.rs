@@ -57,6 +57,15 @@ pub struct EvalTaskMetrics {
     pub k: usize,
     pub mean_response_tokens: f64,
     pub truncation_rate: f64,
+    /// Agent tasks: model calls per episode.
+    pub mean_model_calls: f64,
+    /// Agent tasks: answers that tried to call a tool, per episode.
+    pub tool_call_attempts: f64,
+    /// Agent tasks: of the answers that tried to call a tool, the share whose calls were
+    /// valid (parsed, a declared tool, arguments within its schema); 0 without attempts.
+    pub valid_tool_call_rate: f64,
+    /// Agent tasks: 1 − `valid_tool_call_rate` where there were attempts.
+    pub invalid_tool_call_rate: f64,
 }
 
 /// One evaluation: after `step` steps (0: before training), on policy `version`.
@@ -96,6 +105,7 @@ pub fn task_metrics(by_problem: &[Vec<Trajectory>], n: usize) -> EvalTaskMetrics
     let mut per_problem = Vec::new();
     let mut pass_k = Vec::new();
     let (mut reward, mut tokens, mut truncated, mut counted) = (0.0, 0usize, 0usize, 0usize);
+    let mut tools = ToolCounts::default();
     for samples in by_problem {
         m.samples += samples.len();
         let ok: Vec<&Trajectory> = samples
@@ -114,6 +124,7 @@ pub fn task_metrics(by_problem: &[Vec<Trajectory>], n: usize) -> EvalTaskMetrics
             tokens += t.response_tokens();
             truncated += usize::from(t.truncated);
             counted += 1;
+            tools.add(t);
         }
     }
     let p = per_problem.len();
@@ -133,8 +144,39 @@ pub fn task_metrics(by_problem: &[Vec<Trajectory>], n: usize) -> EvalTaskMetrics
         m.mean_reward = reward / counted as f64;
         m.mean_response_tokens = tokens as f64 / counted as f64;
         m.truncation_rate = truncated as f64 / counted as f64;
+        tools.into(&mut m, counted);
     }
     m
+}
+
+/// Model calls and tool-call attempts of agent episodes.
+#[derive(Default)]
+struct ToolCounts {
+    calls: usize,
+    attempts: usize,
+    valid: usize,
+}
+
+impl ToolCounts {
+    fn add(&mut self, t: &Trajectory) {
+        for c in t.turns.iter().filter_map(|u| u.call.as_ref()) {
+            self.calls += 1;
+            let invalid = c.invalid_tool_call.is_some();
+            if invalid || !c.tool_calls.is_empty() {
+                self.attempts += 1;
+                self.valid += usize::from(!invalid);
+            }
+        }
+    }
+
+    fn into(self, m: &mut EvalTaskMetrics, episodes: usize) {
+        m.mean_model_calls = self.calls as f64 / episodes as f64;
+        m.tool_call_attempts = self.attempts as f64 / episodes as f64;
+        if self.attempts > 0 {
+            m.valid_tool_call_rate = self.valid as f64 / self.attempts as f64;
+            m.invalid_tool_call_rate = 1.0 - m.valid_tool_call_rate;
+        }
+    }
 }
 
 impl Evaluator {

@@ -40,6 +40,9 @@ pub struct AgentEnv {
     /// task's reward functions.
     #[serde(default)]
     pub trust_agent_reward: bool,
+    /// An episode succeeds (for success rates and pass@k) when its reward is above this.
+    #[serde(default)]
+    pub success_threshold: f64,
     /// The reward of a failure the policy caused: the program exited non-zero or ran out of
     /// time, or the episode's budget was spent.
     #[serde(default)]
@@ -121,6 +124,7 @@ impl AgentEnv {
         problems.seconds(format!("{p}.timeout_s"), self.timeout_s, true);
         problems.seconds(format!("{p}.claim_timeout_s"), self.claim_timeout_s, true);
         problems.finite(format!("{p}.failure_reward"), self.failure_reward);
+        problems.finite(format!("{p}.success_threshold"), self.success_threshold);
         problems.in_range(format!("{p}.max_calls"), self.max_calls, 1..=10_000);
         problems.in_range(
             format!("{p}.max_generated_tokens"),

@@ -215,7 +215,7 @@ fn default_score_range() -> [f64; 2] {
 }
 
 /// Built-in function executables (`rollarc-fn NAME`).
-pub const BUILTIN_FUNCTIONS: [&str; 5] = ["math", "format", "env", "code", "judge"];
+pub const BUILTIN_FUNCTIONS: [&str; 6] = ["math", "format", "env", "code", "judge", "tool_use"];
 
 fn default_concurrency() -> usize {
     64

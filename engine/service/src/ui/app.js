@@ -699,6 +699,7 @@ class JobPage {
           .map(([k, v]) => el('div', {}, el('b', {}, v), el('span', {}, k)))),
       t.failure ? el('p', { class: 'error' }, 'failure: ' + failure(t.failure)) : null,
       t.truncated ? el('p', { class: 'muted' }, 'ended at its context budget (truncated)') : null,
+      t.agent ? agentSummary(t.agent) : null,
     ];
     // Agent episodes: each diverged history (edited, summarised) starts a segment.
     const restarts = t.turns.filter((u) => u.restart).length;
@@ -729,8 +730,20 @@ class JobPage {
   }
 }
 
+// An agent episode's end: its answer, how the program ended, a policy failure, its info.
+function agentSummary(a) {
+  return el('div', { class: 'agent', 'data-agent': a.ended },
+    el('div', { class: 'kv' },
+      [['answer', a.answer || '—'], ['ended', a.ended || '—'], ['wall time', duration(a.wall_s)],
+        ['refused calls', String(a.refused_calls || 0)]]
+        .map(([k, v]) => el('div', {}, el('b', {}, v), el('span', {}, k)))),
+    a.policy_failure ? el('p', { class: 'error' }, 'policy failure: ' + a.policy_failure) : null,
+    a.info ? el('pre', { class: 'calls' }, 'info: ' + JSON.stringify(a.info)) : null);
+}
+
 function failure(f) {
   if (typeof f === 'string') return f;
+  if (f && f.kind) return f.detail ? `${f.kind}: ${f.detail}` : f.kind;
   const [k, v] = Object.entries(f)[0] || ['failed', ''];
   return v ? `${k}: ${v}` : k;
 }
