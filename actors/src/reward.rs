@@ -148,6 +148,15 @@ impl TrajectoryScorer for FunctionReward {
                     .as_ref()
                     .and_then(|a| serde_json::to_value(&a.transcript).ok()),
                 row: traj.agent.as_ref().and_then(|a| a.row.clone()),
+                calls: traj.agent.as_ref().map(|_| {
+                    serde_json::Value::Array(
+                        traj.turns
+                            .iter()
+                            .filter_map(|t| t.call.as_ref())
+                            .filter_map(|c| serde_json::to_value(c).ok())
+                            .collect(),
+                    )
+                }),
             };
             let key = format!("{}/{}", self.key_prefix, traj.id);
             match self

@@ -237,6 +237,7 @@ mod tests {
             token_ids: vec![],
             env_reward: 0.0,
             transcript: None,
+            calls: None,
             row: None,
         };
         let tests: Vec<String> = tests.iter().map(|t| t.to_string()).collect();

@@ -23,6 +23,12 @@ pub struct ScoredItem {
     /// results, the last answer included).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transcript: Option<serde_json::Value>,
+    /// Agent episodes: each model call as the gateway served it (`api`, the `tool_calls` the
+    /// policy made, `invalid_tool_call` when its calls were refused, `finish_reason`). Unlike
+    /// the transcript, which holds what the agent sent (a worked example included), these
+    /// are the policy's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls: Option<serde_json::Value>,
     /// Agent episodes: the dataset row the agent was given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub row: Option<serde_json::Value>,
@@ -137,6 +143,7 @@ mod tests {
                 token_ids: vec![],
                 env_reward: 0.0,
                 transcript: None,
+                calls: None,
                 row: None,
             }],
         }

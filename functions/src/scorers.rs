@@ -65,6 +65,7 @@ mod tests {
                     token_ids: vec![],
                     env_reward: *r,
                     transcript: None,
+                    calls: None,
                     row: None,
                 })
                 .collect(),

@@ -1,6 +1,7 @@
-//! `tool_use`: shaping for agents — a small reward for each valid tool call in an agent
-//! episode's transcript (the gateway returns only valid calls as structured `tool_calls`;
-//! invalid ones went back as plain text), capped. Items without a transcript score 0.
+//! `tool_use`: shaping for agents — a small reward for each valid tool call the policy made
+//! in an agent episode (its model calls' `tool_calls`: the gateway returns only valid calls
+//! as structured calls; invalid ones went back as plain text), capped. Calls the agent wrote
+//! into its own history (a worked example) do not count. Items without calls score 0.
 
 use futures::future::BoxFuture;
 use serde::Deserialize;
@@ -42,13 +43,12 @@ impl ToolUseScorer {
         Ok(Self(c))
     }
 
-    /// Valid calls in a transcript (assistant messages' `tool_calls`).
-    fn calls(&self, transcript: &serde_json::Value) -> usize {
-        transcript
+    /// Valid tool calls of the policy's model calls.
+    fn calls(&self, calls: &serde_json::Value) -> usize {
+        calls
             .as_array()
             .into_iter()
             .flatten()
-            .filter(|m| m["role"] == "assistant")
             .flat_map(|m| m["tool_calls"].as_array().into_iter().flatten())
             .filter(|c| {
                 self.0.tools.is_empty()
@@ -71,7 +71,7 @@ impl Scorer for ToolUseScorer {
                 .items
                 .iter()
                 .map(|it| {
-                    let n = it.transcript.as_ref().map_or(0, |t| self.calls(t));
+                    let n = it.calls.as_ref().map_or(0, |c| self.calls(c));
                     Score {
                         trajectory_id: it.trajectory_id.clone(),
                         score: (n as f64 * self.0.per_call).min(self.0.max),
@@ -91,19 +91,22 @@ mod tests {
     #[tokio::test]
     async fn valid_calls_of_the_named_tools_earn_up_to_the_cap() {
         let call = |name: &str| serde_json::json!({"id": "c", "name": name, "arguments": {}});
-        let transcript = serde_json::json!([
-            {"role": "user", "content": "q"},
-            {"role": "assistant", "content": "", "tool_calls": [call("calculate"), call("other")]},
-            {"role": "tool", "content": "1", "tool_call_id": "c"},
-            {"role": "assistant", "content": "", "tool_calls": [call("calculate")]},
-            {"role": "assistant", "content": "<tool_call>{bad json</tool_call>"},
+        let calls = serde_json::json!([
+            {"api": "chat.completions", "tool_calls": [call("calculate"), call("other")], "finish_reason": "tool_calls"},
+            {"api": "chat.completions", "tool_calls": [call("calculate")], "finish_reason": "tool_calls"},
+            {"api": "chat.completions", "invalid_tool_call": "bad JSON", "finish_reason": "stop"},
         ]);
-        let item = |id: &str, t: Option<serde_json::Value>| ScoredItem {
+        // A worked example in the agent's own history is not the policy's call.
+        let transcript = serde_json::json!([
+            {"role": "assistant", "content": "", "tool_calls": [call("calculate")]},
+        ]);
+        let item = |id: &str, c: Option<serde_json::Value>| ScoredItem {
             trajectory_id: id.into(),
             text: String::new(),
             token_ids: vec![],
             env_reward: 0.0,
-            transcript: t,
+            transcript: Some(transcript.clone()),
+            calls: c,
             row: None,
         };
         let req = ScoreRequest {
@@ -112,7 +115,7 @@ mod tests {
             reward: "r@1".into(),
             reference: None,
             deadline_ms: 1000,
-            items: vec![item("a", Some(transcript)), item("b", None)],
+            items: vec![item("a", Some(calls)), item("b", None)],
         };
         let s = ToolUseScorer::new(ToolUseConfig {
             per_call: 0.05,
@@ -126,7 +129,7 @@ mod tests {
             "two calculate calls: {out:?}"
         );
         assert_eq!(out[0].details["valid_tool_calls"], 2);
-        assert_eq!(out[1].score, 0.0, "no transcript, nothing earned");
+        assert_eq!(out[1].score, 0.0, "no calls of the policy, nothing earned");
         let capped = ToolUseScorer::new(ToolUseConfig {
             per_call: 0.5,
             max: 0.2,

@@ -374,6 +374,32 @@ async fn external_harnesses_claim_play_and_finish_episodes_through_the_sdk() {
     assert!(first["base_url"].as_str().unwrap().ends_with("/gateway/v1"));
     assert!(first["api_key"].as_str().unwrap().starts_with("rke_"));
     assert_eq!(first["task"], "remote");
+    // Bad input with the live key: the provider's 4xx, and the job goes on (it succeeds below).
+    let key = first["api_key"].as_str().unwrap();
+    for (path, body, param) in [
+        (
+            "/gateway/v1/chat/completions",
+            serde_json::json!({"model": "m", "n": 2, "messages": [{"role": "user", "content": "hi"}]}),
+            "n",
+        ),
+        (
+            "/gateway/v1/chat/completions",
+            serde_json::json!({"model": "m", "messages": [{"role": "wizard", "content": "hi"}]}),
+            "messages[0].role",
+        ),
+    ] {
+        let r = srv
+            .client
+            .post(srv.url(path))
+            .bearer_auth(key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{path}");
+        let e: Value = r.json().await.unwrap();
+        assert_eq!(e["error"]["param"], param, "{e}");
+    }
     tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
     let late = srv
         .client

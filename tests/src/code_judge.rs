@@ -50,6 +50,7 @@ fn request(reward: &str, items: &[&str], reference: Option<serde_json::Value>) -
                 token_ids: vec![],
                 env_reward: 0.0,
                 transcript: None,
+                calls: None,
                 row: None,
             })
             .collect(),

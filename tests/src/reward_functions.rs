@@ -24,6 +24,7 @@ fn request(items: &[&str], reference: &str) -> ScoreRequest {
                 token_ids: vec![],
                 env_reward: 0.0,
                 transcript: None,
+                calls: None,
                 row: None,
             })
             .collect(),

@@ -109,6 +109,7 @@ fn item(id: &str) -> ScoredItem {
         token_ids: vec![],
         env_reward: 0.0,
         transcript: None,
+        calls: None,
         row: None,
     }
 }

@@ -49,9 +49,11 @@ pub enum AgentOutcome {
     /// The agent ran; the report may carry a policy failure.
     Done(Box<AgentReport>),
     /// The infrastructure failed (the sandbox did not start, the agent died before its first
-    /// model call or was killed from outside, the gateway failed, a claim expired): masked,
-    /// never rewarded.
+    /// model call or was killed from outside, a claim expired): masked, never rewarded.
     Infra(String),
+    /// The agent failed after the gateway could not generate one of its calls (the shard
+    /// stopped or failed past the retries): masked like a generation failure.
+    GenerationFailed(String),
 }
 
 /// Plays agent episodes.

@@ -51,6 +51,9 @@ pub(super) async fn play(
     drop(slot);
     match outcome {
         AgentOutcome::Infra(why) => traj.failure = Some(FailureReason::AgentFailed(why)),
+        AgentOutcome::GenerationFailed(why) => {
+            traj.failure = Some(FailureReason::GenerationFailed(why));
+        }
         AgentOutcome::Done(report) => {
             let report = *report;
             if let Some(c) = &p.progress {

@@ -282,15 +282,15 @@ fn judge(
         Some(e) => format!("{what}; its stderr ends with:\n{e}"),
         None => what,
     };
+    if !out.status.success() && finished.infra_errors > 0 {
+        return AgentOutcome::GenerationFailed(with_stderr(format!(
+            "the agent {ended} after the gateway failed {} of its calls",
+            finished.infra_errors
+        )));
+    }
     if finished.turns.is_empty() {
         return AgentOutcome::Infra(with_stderr(format!(
             "the agent {ended} before its first model call"
-        )));
-    }
-    if !out.status.success() && finished.infra_errors > 0 {
-        return AgentOutcome::Infra(with_stderr(format!(
-            "the agent {ended} after the gateway failed {} of its calls",
-            finished.infra_errors
         )));
     }
     if !out.timed_out && out.status.signal().is_some() {

@@ -45,6 +45,7 @@ fn body(k: &str) -> Bytes {
             token_ids: vec![],
             env_reward: 0.0,
             transcript: None,
+            calls: None,
             row: None,
         }],
     };

@@ -191,6 +191,17 @@ pub fn openapi_document() -> serde_json::Value {
             "cancel": link("cancel_job"),
         });
     }
+    // `EnvSpec.agent` is `AgentEnv` tagged `kind = "agent"` (an internally tagged newtype
+    // variant); utoipa closes `AgentEnv` (it refuses unknown fields) without the tag, which a
+    // valid spec carries: the tag is one of its properties.
+    if let Some(props) = doc.pointer_mut("/components/schemas/AgentEnv/properties")
+        && let Some(map) = props.as_object_mut()
+    {
+        map.insert(
+            "kind".into(),
+            serde_json::json!({"type": "string", "enum": ["agent"]}),
+        );
+    }
     // A small valid spec: a simulated cluster, two steps in virtual time.
     if let Some(spec) = doc.pointer_mut("/components/schemas/JobSpec") {
         spec["examples"] = serde_json::json!([{
