@@ -13,6 +13,8 @@ Modes:
   crash       kills itself (SIGKILL) while its second model call is in flight: the first two
               runs of each seed (markers in CRASH_DIR), so a retried group goes through.
   fail        one model call, then exits with status 3 (the policy's failure).
+  plain       one Chat Completions call over the standard library alone (no SDK to import:
+              starts in a tenth of a second, for the chaos loop).
 """
 
 import asyncio
@@ -136,7 +138,20 @@ def fail(row):
     sys.exit(3)
 
 
-MODES = {"anthropic": anthropic_agent, "agents_sdk": agents_sdk_agent, "probe": probe,
+def plain(row):
+    import urllib.request
+    env = os.environ
+    body = json.dumps({"model": "policy", "max_tokens": 8,
+                       "messages": [{"role": "user", "content": f"Hello {row.get('seed')}"}]})
+    req = urllib.request.Request(env["OPENAI_BASE_URL"] + "/chat/completions", data=body.encode(),
+                                 headers={"Authorization": "Bearer " + env["OPENAI_API_KEY"],
+                                          "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        answer = json.load(r)["choices"][0]["message"]["content"]
+    return {"answer": answer}
+
+
+MODES = {"plain": plain, "anthropic": anthropic_agent, "agents_sdk": agents_sdk_agent, "probe": probe,
          "crash": crash, "fail": fail}
 
 

@@ -87,11 +87,12 @@ fn jobs() -> Vec<(&'static str, String, u64, u64)> {
         .rollout("batch_size = 1")
         .rollout("steps = 100000")
         .toml();
-    // Managed agents (the anthropic SDK) in the sandbox: killed with the service, resumed.
+    // Managed agents in the sandbox (a stdlib-only client: a step fits between kills): killed
+    // with the service, resumed.
     let agent = SpecBuilder::new()
         .pool("h800", "H800", 1, "")
         .raw_task(&format!(
-            "[[tasks]]\ndomain = \"agent\"\ngroup_size = 2\nmax_tokens_per_turn = 8\nenvs = 2\nenv = {{ kind = \"agent\", command = [\"{}\", \"{}\", \"anthropic\"], tokenizer = \"{}\", timeout_s = 60 }}\n",
+            "[[tasks]]\ndomain = \"agent\"\ngroup_size = 2\nmax_tokens_per_turn = 8\nenvs = 2\nenv = {{ kind = \"agent\", command = [\"{}\", \"{}\", \"plain\"], tokenizer = \"{}\", timeout_s = 60 }}\n",
             crate::agent_python(),
             crate::repo().join("tests/agents/episode_agents.py").display(),
             crate::tokenizer(),
