@@ -80,15 +80,19 @@ pub const SANDBOX_ENV: [(&str, &str); 4] = [
 /// install), killed with its parent; then the uid drops to an unprivileged one with no new
 /// privileges; rlimits on processes, address space, CPU time, file size and open files.
 pub fn sandboxed(command: &[String], readable: &[String]) -> Vec<String> {
-    sandboxed_with_env(command, readable, &[])
+    wrapped(command, readable, true)
 }
 
-/// [`sandboxed`] with `env` set in the program's environment too (after [`SANDBOX_ENV`]).
-pub fn sandboxed_with_env(
-    command: &[String],
-    readable: &[String],
-    env: &[(String, String)],
-) -> Vec<String> {
+/// [`sandboxed`], but the program inherits the environment of the process that runs this
+/// command line instead of [`SANDBOX_ENV`]: the caller clears that process's environment and
+/// sets exactly what the program may see (its `HOME` too). For secrets (an episode's key):
+/// a command line is readable by every local user (`/proc/PID/cmdline`), an environment only
+/// by its owner.
+pub fn sandboxed_inheriting_env(command: &[String], readable: &[String]) -> Vec<String> {
+    wrapped(command, readable, false)
+}
+
+fn wrapped(command: &[String], readable: &[String], clear_env: bool) -> Vec<String> {
     let mut v: Vec<String> = vec!["prlimit".into()];
     v.extend(SANDBOX_LIMITS.iter().map(|s| s.to_string()));
     v.push("--".into());
@@ -108,7 +112,7 @@ pub fn sandboxed_with_env(
     v.extend(bwrap_args(
         &filter,
         &read_only_binds(command, readable),
-        env,
+        clear_env,
     ));
     v.push("--".into());
     v.extend(setpriv_args());
@@ -119,7 +123,7 @@ pub fn sandboxed_with_env(
 /// The bubblewrap part of the command line (shell that opens the seccomp `filter`, then
 /// `bwrap` and its options): namespaces, the system directories, `/dev`, `/proc`, a private
 /// `/tmp`, the `binds` read-only (and the directories above them), the environment.
-fn bwrap_args(filter: &std::path::Path, binds: &[String], env: &[(String, String)]) -> Vec<String> {
+fn bwrap_args(filter: &std::path::Path, binds: &[String], clear_env: bool) -> Vec<String> {
     let s = |x: &str| x.to_string();
     let mut v = vec![
         s("sh"),
@@ -139,10 +143,12 @@ fn bwrap_args(filter: &std::path::Path, binds: &[String], env: &[(String, String
             "--unshare-cgroup-try",
             "--die-with-parent",
             "--new-session",
-            "--clearenv",
         ]
         .map(s),
     );
+    if clear_env {
+        v.push(s("--clearenv"));
+    }
     for d in SANDBOX_SYSTEM_DIRS {
         v.extend([s("--ro-bind-try"), s(d), s(d)]);
     }
@@ -158,12 +164,12 @@ fn bwrap_args(filter: &std::path::Path, binds: &[String], env: &[(String, String
     for p in binds {
         v.extend([s("--ro-bind"), p.clone(), p.clone()]);
     }
-    v.extend(["--chdir", "/tmp", "--setenv", "HOME", "/tmp"].map(s));
-    for (k, val) in SANDBOX_ENV {
-        v.extend([s("--setenv"), s(k), s(val)]);
-    }
-    for (k, val) in env {
-        v.extend([s("--setenv"), k.clone(), val.clone()]);
+    v.extend(["--chdir", "/tmp"].map(s));
+    if clear_env {
+        v.extend(["--setenv", "HOME", "/tmp"].map(s));
+        for (k, val) in SANDBOX_ENV {
+            v.extend([s("--setenv"), s(k), s(val)]);
+        }
     }
     v
 }

@@ -205,6 +205,9 @@ impl Episode {
     /// Ends the calls in flight and waiting (410); later calls are refused too.
     pub(super) fn close(&self) {
         self.closed.cancel();
+        // Its prefix cache is no longer needed (a call still in flight is aborted as its
+        // future is dropped).
+        self.generator.release(SESSION_BASE | self.id);
     }
 
     pub fn id(&self) -> u64 {
@@ -322,8 +325,9 @@ impl Episode {
             ),
         })?;
         let max_tokens = self.budget(&st, &call, prepared.context.len())?;
+        // Counted against the budget once answered: a call the infrastructure failed (5xx)
+        // is not the policy's.
         let n = st.calls;
-        st.calls += 1;
         let req = GenRequest {
             id: REQUEST_BASE | (self.id << 20) | u64::from(n),
             session: SESSION_BASE | self.id,
@@ -348,6 +352,7 @@ impl Episode {
             prefilled: false,
         };
         let out = self.generate(req, &st.session).await?;
+        st.calls += 1;
         let (answer, message, call_record) =
             self.answer(api, &call, &out, n, prepared.context.len())?;
         st.generated += out.tokens.len() as u64;

@@ -155,7 +155,20 @@ impl Gateway {
             }
             ep
         };
-        Some(ep.finish().await)
+        // Closed if this future is dropped before the calls in flight end (the job gave the
+        // episode up meanwhile): they end at once and the prefix cache is released.
+        struct CloseOnDrop<'a>(Option<&'a Episode>);
+        impl Drop for CloseOnDrop<'_> {
+            fn drop(&mut self) {
+                if let Some(ep) = self.0.take() {
+                    ep.close();
+                }
+            }
+        }
+        let mut guard = CloseOnDrop(Some(&ep));
+        let finished = ep.finish().await;
+        guard.0 = None;
+        Some(finished)
     }
 
     /// Closes the episode of `key` at once, without waiting for its calls: they end with

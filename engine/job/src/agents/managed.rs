@@ -24,10 +24,10 @@ pub const OUTPUT_TAIL_BYTES: usize = 16 << 10;
 const STDERR_QUOTED: usize = 2000;
 
 /// Starts the gateway forwarder inside the sandbox, waits until it listens (its port in
-/// `/proc/net/tcp`), then becomes the agent. `$0`: the socket; `$1`: the port; `$2`: the port
-/// in hex.
-const FORWARDER: &str = r#"sock="$0"; port="$1"; hex="$2"; shift 2
-socat "TCP-LISTEN:$port,bind=127.0.0.1,fork,reuseaddr" "UNIX-CONNECT:$sock" </dev/null 2>/dev/null &
+/// `/proc/net/tcp`), then becomes the agent. `$0`: socat; `$1`: the socket; `$2`: the port;
+/// `$3`: the port in hex.
+const FORWARDER: &str = r#"socat="$0"; sock="$1"; port="$2"; hex="$3"; shift 3
+"$socat" "TCP-LISTEN:$port,bind=127.0.0.1,fork,reuseaddr" "UNIX-CONNECT:$sock" </dev/null 2>/dev/null &
 i=0
 until grep -q ":$hex 00000000:0000 0A" /proc/net/tcp 2>/dev/null; do
   i=$((i+1))
@@ -44,8 +44,9 @@ pub struct ManagedRunner {
     gateway: Arc<gateway::Gateway>,
     /// Where the program reaches the gateway: `http://127.0.0.1:PORT`.
     origin: String,
-    /// The gateway's unix socket (sandboxed programs).
+    /// The gateway's unix socket and the host's `socat` (sandboxed programs).
     socket: Option<PathBuf>,
+    socat: Option<PathBuf>,
 }
 
 impl ManagedRunner {
@@ -55,15 +56,12 @@ impl ManagedRunner {
         renderer: Arc<Renderer>,
         host: &AgentHost,
     ) -> Result<Self, String> {
-        let (origin, socket) = match program.sandbox {
+        let (origin, socket, socat) = match program.sandbox {
             EnvSandbox::Bwrap => {
-                if !socat_installed() {
-                    return Err(
-                        "a sandboxed agent reaches the gateway through socat, which \
-                                is not installed (make setup installs it)"
-                            .into(),
-                    );
-                }
+                let socat = socat_path().ok_or(
+                    "a sandboxed agent reaches the gateway through socat, which is not \
+                     installed (make setup installs it)",
+                )?;
                 (
                     format!("http://127.0.0.1:{SANDBOX_GATEWAY_PORT}"),
                     Some(
@@ -72,6 +70,7 @@ impl ManagedRunner {
                             .clone()
                             .ok_or("the gateway's socket is not open")?,
                     ),
+                    Some(socat),
                 )
             }
             EnvSandbox::None => (
@@ -79,6 +78,7 @@ impl ManagedRunner {
                     .loopback
                     .clone()
                     .ok_or("the gateway's loopback port is not open")?,
+                None,
                 None,
             ),
         };
@@ -89,13 +89,24 @@ impl ManagedRunner {
             gateway: host.access.gateway.clone(),
             origin,
             socket,
+            socat,
         })
     }
 
-    /// The program's command line and environment for one episode (key `key`, row file in
-    /// `dir`).
-    fn command(&self, key: &str, ep: &AgentEpisode, dir: &std::path::Path) -> Vec<String> {
-        let mut env: Vec<(String, String)> = vec![
+    /// The program's command line and its whole environment for one episode (key `key`, row
+    /// file in `dir`). The key goes in the environment, never on a command line (which every
+    /// local user can read).
+    fn command(
+        &self,
+        key: &str,
+        ep: &AgentEpisode,
+        dir: &std::path::Path,
+    ) -> (Vec<String>, Vec<(String, String)>) {
+        let mut env: Vec<(String, String)> = infra::sandbox::SANDBOX_ENV
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+            .collect();
+        env.extend([
             (
                 "OPENAI_BASE_URL".into(),
                 format!("{}/gateway/v1", self.origin),
@@ -111,14 +122,16 @@ impl ManagedRunner {
                 "ROLLARC_ROW".into(),
                 dir.join("row.json").to_string_lossy().into_owned(),
             ),
-        ];
+        ]);
         env.extend(self.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
-        match &self.socket {
-            Some(sock) => {
+        match (&self.socket, &self.socat) {
+            (Some(sock), Some(socat)) => {
+                env.push(("HOME".into(), "/tmp".into()));
                 let mut inner = vec![
                     "sh".to_string(),
                     "-c".into(),
                     FORWARDER.into(),
+                    socat.to_string_lossy().into_owned(),
                     sock.to_string_lossy().into_owned(),
                     SANDBOX_GATEWAY_PORT.to_string(),
                     format!("{SANDBOX_GATEWAY_PORT:04X}"),
@@ -126,24 +139,18 @@ impl ManagedRunner {
                 inner.extend(self.program.command.iter().cloned());
                 let mut readable = self.program.readable.clone();
                 readable.push(dir.to_string_lossy().into_owned());
-                if let Some(d) = sock.parent() {
-                    readable.push(d.to_string_lossy().into_owned());
+                for p in [sock.parent(), socat.parent()].into_iter().flatten() {
+                    readable.push(p.to_string_lossy().into_owned());
                 }
-                infra::sandbox::sandboxed_with_env(&inner, &readable, &env)
+                (
+                    infra::sandbox::sandboxed_inheriting_env(&inner, &readable),
+                    env,
+                )
             }
-            None => {
-                // Outside the sandbox the same variables, and only those, are set (`env`
-                // runs with a cleared environment).
-                let mut v = vec!["env".to_string(), "-i".into()];
-                v.extend(
-                    infra::sandbox::SANDBOX_ENV
-                        .iter()
-                        .map(|(k, val)| format!("{k}={val}")),
-                );
-                v.push(format!("HOME={}", dir.display()));
-                v.extend(env.iter().map(|(k, val)| format!("{k}={val}")));
-                v.extend(self.program.command.iter().cloned());
-                v
+            _ => {
+                // Outside the sandbox the same variables, and only those, are set.
+                env.push(("HOME".into(), dir.to_string_lossy().into_owned()));
+                (self.program.command.clone(), env)
             }
         }
     }
@@ -162,8 +169,8 @@ impl ManagedRunner {
             Ok(d) => d,
             Err(e) => return AgentOutcome::Infra(format!("cannot write the row file: {e}")),
         };
-        let argv = self.command(&opened.key, &ep, &dir.0);
-        let out = match run(&argv, &dir.0, row, secs(self.spec.timeout_s)).await {
+        let (argv, env) = self.command(&opened.key, &ep, &dir.0);
+        let out = match run(&argv, &env, &dir.0, row, secs(self.spec.timeout_s)).await {
             Ok(o) => o,
             Err(e) => return AgentOutcome::Infra(format!("cannot start the agent: {e}")),
         };
@@ -187,6 +194,7 @@ impl AgentRunner for ManagedRunner {
             gateway: self.gateway.clone(),
             origin: self.origin.clone(),
             socket: self.socket.clone(),
+            socat: self.socat.clone(),
         };
         Box::pin(async move { me.play(ep).await })
     }
@@ -228,12 +236,15 @@ fn row_json(ep: &AgentEpisode) -> Vec<u8> {
 /// Runs the program to its end or its timeout.
 async fn run(
     argv: &[String],
+    env: &[(String, String)],
     dir: &std::path::Path,
     input: Vec<u8>,
     timeout: std::time::Duration,
 ) -> Result<infra::process::CapturedOutput, infra::process::ProcessError> {
     let mut cmd = infra::process::command(argv)?;
-    cmd.stdin(Stdio::piped())
+    cmd.env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .current_dir(dir);
@@ -293,7 +304,10 @@ fn judge(
             "the agent {ended} before its first model call"
         )));
     }
-    if !out.timed_out && out.status.signal().is_some() {
+    // bubblewrap reports its program's death by signal N as exit status 128 + N.
+    let signalled = out.status.signal().is_some()
+        || (spec.sandbox == EnvSandbox::Bwrap && out.status.code().is_some_and(|c| c > 128));
+    if !out.timed_out && signalled {
         return AgentOutcome::Infra(with_stderr(format!("the agent was {ended}")));
     }
     let reported = last_line(&out.stdout.text()).unwrap_or_default();
@@ -368,7 +382,12 @@ fn quoted_tail(stderr: &str) -> Option<String> {
     Some(t.chars().skip(n.saturating_sub(STDERR_QUOTED)).collect())
 }
 
-fn socat_installed() -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join("socat").is_file()))
+/// The host's `socat` (resolved: the sandbox binds its directory when it lies outside the
+/// system directories every sandbox sees).
+fn socat_path() -> Option<PathBuf> {
+    let paths = std::env::var_os("PATH")?;
+    std::env::split_paths(&paths)
+        .map(|d| d.join("socat"))
+        .find(|p| p.is_file())
+        .and_then(|p| std::fs::canonicalize(p).ok())
 }

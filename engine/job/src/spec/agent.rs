@@ -93,12 +93,21 @@ fn default_max_context() -> usize {
 /// Variables the program's environment may not set: the gateway's own and those that
 /// change which code a listed program runs.
 fn reserved_variable(k: &str) -> bool {
-    k.starts_with("OPENAI_")
-        || k.starts_with("ANTHROPIC_")
-        || k.starts_with("ROLLARC_")
-        || k == "PATH"
-        || k == "HOME"
-        || k.starts_with("LD_")
+    ["OPENAI_", "ANTHROPIC_", "ROLLARC_", "LD_", "PYTHON"]
+        .iter()
+        .any(|p| k.starts_with(p))
+        || [
+            "PATH",
+            "HOME",
+            "NODE_OPTIONS",
+            "BASH_ENV",
+            "ENV",
+            "PERL5OPT",
+            "PERL5LIB",
+            "RUBYOPT",
+            "RUBYLIB",
+        ]
+        .contains(&k)
 }
 
 impl AgentEnv {
