@@ -28,8 +28,15 @@ fn agent_task(domain: &str, script: &str, mode: &str, extra: &str) -> String {
     )
 }
 
-/// Runs `tasks` on one simulated H800 shard on the real clock; every trajectory committed.
-fn run_job(tasks: &[String], rollout: &[&str]) -> (job::runtime::JobSummary, Vec<Trajectory>) {
+/// Runs `tasks` on one simulated H800 shard on the real clock: how the job ended and every
+/// trajectory it committed.
+fn try_job(
+    tasks: &[String],
+    rollout: &[&str],
+) -> (
+    Result<job::runtime::JobSummary, job::runtime::JobError>,
+    Vec<Trajectory>,
+) {
     let mut b = tests::SpecBuilder::new().pool("h800", "H800", 1, "");
     for t in tasks {
         b = b.raw_task(t);
@@ -46,8 +53,7 @@ fn run_job(tasks: &[String], rollout: &[&str]) -> (job::runtime::JobSummary, Vec
         sink.clone(),
         Arc::new(tests::BatchLog::default()),
         None,
-    )
-    .expect("the job runs");
+    );
     let rows = std::mem::take(&mut *sink.log.lock().unwrap());
     for t in &rows {
         eprintln!(
@@ -63,6 +69,12 @@ fn run_job(tasks: &[String], rollout: &[&str]) -> (job::runtime::JobSummary, Vec
         );
     }
     (s, rows)
+}
+
+/// [`try_job`] for a job that must succeed.
+fn run_job(tasks: &[String], rollout: &[&str]) -> (job::runtime::JobSummary, Vec<Trajectory>) {
+    let (s, rows) = try_job(tasks, rollout);
+    (s.expect("the job runs"), rows)
 }
 
 fn apis(t: &Trajectory) -> Vec<String> {
@@ -271,33 +283,15 @@ fn an_agent_killed_mid_call_is_masked_and_retried_and_a_policy_failure_is_reward
 
 #[test]
 fn an_agent_program_that_never_runs_fails_the_job_with_its_reason() {
-    let spec = tests::SpecBuilder::new()
-        .pool("h800", "H800", 1, "")
-        .raw_task(&agent_task(
-            "missing",
-            "tests/agents/no_such_agent.py",
-            "",
-            "",
-        ))
-        .rollout("batch_size = 1")
-        .rollout("steps = 1")
-        .extra("[sim]\nclock = \"real\"")
-        .build();
-    let sink = Arc::new(actors::buffer::MemorySink::default());
-    let err = job::simrun::run_blocking(
-        spec,
-        0,
-        0,
-        sink.clone(),
-        Arc::new(tests::BatchLog::default()),
-        None,
-    )
-    .expect_err("a job whose agent never starts fails");
+    let task = agent_task("missing", "tests/agents/no_such_agent.py", "", "");
+    let (result, rows) = try_job(&[task], &["batch_size = 1", "steps = 1"]);
+    let err = result.expect_err("a job whose agent never starts fails");
     let msg = infra::error_chain(&err);
     assert!(msg.contains("before its first model call"), "{msg}");
     assert!(msg.contains("no_such_agent.py"), "{msg}");
     // Every attempt was masked as infrastructure, none rewarded.
-    for t in sink.log.lock().unwrap().iter() {
+    assert!(!rows.is_empty());
+    for t in &rows {
         assert!(matches!(t.failure, Some(FailureReason::AgentFailed(_))));
         assert!(t.reward.is_none());
     }

@@ -4,7 +4,7 @@
 
 use tracing::Instrument;
 
-use super::{EpisodeParams, EpisodeShared, release, secs};
+use super::{EpisodeParams, EpisodeShared, secs};
 use crate::agent::{AgentEpisode, AgentOutcome, SharedRunner};
 use crate::types::{FailureReason, Trajectory};
 
@@ -47,7 +47,7 @@ pub(super) async fn play(
         .instrument(tracing::info_span!(target: infra::telemetry::TRACE_TARGET, "agent"))
         .await;
     traj.timings.env_step_s += secs(t);
-    release(p);
+    // (The gateway released the episode's prefix cache: its engine session is the gateway's.)
     drop(slot);
     match outcome {
         AgentOutcome::Infra(why) => traj.failure = Some(FailureReason::AgentFailed(why)),

@@ -32,21 +32,18 @@ pub const MODEL_NAME: &str = "rollarc-policy";
 /// namespace, so every sandbox has its own).
 pub const SANDBOX_GATEWAY_PORT: u16 = 8742;
 
-/// What the service lends its jobs' agent tasks: its gateway, the URL harnesses reach it at,
-/// and the board external harnesses claim episodes from.
+/// What the service lends its jobs' agent tasks: its gateway and the board external
+/// harnesses claim episodes from (the claim route builds the base URL from the address the
+/// harness reached the service at).
 pub struct AgentAccess {
     pub gateway: Arc<Gateway>,
-    /// The gateway's OpenAI base URL as harnesses reach it (`http://host:port/gateway/v1`);
-    /// none outside the service.
-    pub base_url: Option<String>,
     pub claims: Arc<ClaimBoard>,
 }
 
 impl AgentAccess {
-    pub fn new(gateway: Arc<Gateway>, base_url: Option<String>) -> Self {
+    pub fn new(gateway: Arc<Gateway>) -> Self {
         Self {
             gateway,
-            base_url,
             claims: Arc::new(ClaimBoard::default()),
         }
     }

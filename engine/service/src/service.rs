@@ -217,7 +217,7 @@ impl Service {
         let gateway = Arc::new(gateway::Gateway::new());
         Ok(Arc::new(Self {
             batches: job::trainer_api::BatchDesk::new(store.clone()),
-            agents: Arc::new(job::agents::AgentAccess::new(gateway.clone(), None)),
+            agents: Arc::new(job::agents::AgentAccess::new(gateway.clone())),
             gateway,
             store,
             data_dir: cfg.data_dir.clone(),

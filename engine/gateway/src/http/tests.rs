@@ -321,6 +321,20 @@ impl Generator for Stuck {
     }
 }
 
+/// An episode on a shard that never answers.
+fn open_stuck(gw: &Gateway) -> (Arc<Stuck>, Opened) {
+    let shard = Arc::new(Stuck::default());
+    let opts = EpisodeOptions {
+        renderer: Arc::new(Renderer::new(tokenizer(), None)),
+        model: "m".into(),
+        sampling: SamplingPolicy::default(),
+        limits: EpisodeLimits::default(),
+        seed: 0,
+    };
+    let opened = gw.open(opts, shard.clone()).unwrap();
+    (shard, opened)
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_body_that_never_arrives_gets_408_and_a_crowd_of_calls_gets_429() {
     let (gw, _script, opened, app) = setup(&[], EpisodeLimits::default());
@@ -334,19 +348,7 @@ async fn a_body_that_never_arrives_gets_408_and_a_crowd_of_calls_gets_429() {
     assert_eq!(r.status(), StatusCode::REQUEST_TIMEOUT);
     // An episode whose shard never answers: the first call is served, 16 wait, the next is
     // refused at once.
-    let stuck_shard = Arc::new(Stuck::default());
-    let stuck = gw
-        .open(
-            EpisodeOptions {
-                renderer: Arc::new(Renderer::new(tokenizer(), None)),
-                model: "m".into(),
-                sampling: SamplingPolicy::default(),
-                limits: EpisodeLimits::default(),
-                seed: 0,
-            },
-            stuck_shard.clone(),
-        )
-        .unwrap();
+    let (stuck_shard, stuck) = open_stuck(&gw);
     let user = json!({"messages": [{"role": "user", "content": "hi"}]});
     let mut waiting = Vec::new();
     for _ in 0..=crate::episode::MAX_WAITING_CALLS {
@@ -372,19 +374,7 @@ async fn a_body_that_never_arrives_gets_408_and_a_crowd_of_calls_gets_429() {
 #[tokio::test(start_paused = true)]
 async fn closing_an_episode_ends_its_calls_in_flight_with_410() {
     let (gw, _script, _opened, app) = setup(&[], EpisodeLimits::default());
-    let stuck_shard = Arc::new(Stuck::default());
-    let stuck = gw
-        .open(
-            EpisodeOptions {
-                renderer: Arc::new(Renderer::new(tokenizer(), None)),
-                model: "m".into(),
-                sampling: SamplingPolicy::default(),
-                limits: EpisodeLimits::default(),
-                seed: 0,
-            },
-            stuck_shard.clone(),
-        )
-        .unwrap();
+    let (stuck_shard, stuck) = open_stuck(&gw);
     let user = json!({"messages": [{"role": "user", "content": "hi"}]});
     let calls: Vec<_> = (0..3)
         .map(|_| {

@@ -25,7 +25,7 @@ pub(super) async fn agent_runners(
     let access = job
         .agents
         .clone()
-        .unwrap_or_else(|| Arc::new(AgentAccess::new(Arc::new(gateway::Gateway::new()), None)));
+        .unwrap_or_else(|| Arc::new(AgentAccess::new(Arc::new(gateway::Gateway::new()))));
     let fail = |ti: usize, message: String| JobError::Agents {
         task: ti,
         domain: plans[ti].view.domain.clone(),
