@@ -9,6 +9,9 @@ export CARGO_TERM_COLOR := never
 
 GYMNASIUM_VERSION := 1.0.0
 SCHEMATHESIS_VERSION := 4.32.5
+## openapi-spec-validator checks the OpenAPI document against the 3.1 specification (in the
+## fuzzer's virtual environment), before the fuzz pass.
+OPENAPI_VALIDATOR_VERSION := 0.9.0
 ## The API fuzzer lives in its own virtual environment, outside the tree.
 FUZZ_VENV ?= $(HOME)/.cache/rollarc/schemathesis-$(SCHEMATHESIS_VERSION)
 ST := $(FUZZ_VENV)/bin/st
@@ -79,6 +82,8 @@ setup: toolchain
 		$(dir $(KUBE_VALIDATE))pip install --quiet --disable-pip-version-check "kubernetes-validate==$(KUBE_VALIDATE_VERSION)"; }
 	@test -x $(ST) || { python3 -m venv $(FUZZ_VENV) && \
 		$(FUZZ_VENV)/bin/pip install --quiet --disable-pip-version-check "schemathesis==$(SCHEMATHESIS_VERSION)"; }
+	@$(FUZZ_VENV)/bin/python -c "import importlib.metadata as m, sys; sys.exit(m.version('openapi-spec-validator') != '$(OPENAPI_VALIDATOR_VERSION)')" 2>/dev/null || \
+		$(FUZZ_VENV)/bin/pip install --quiet --disable-pip-version-check "openapi-spec-validator==$(OPENAPI_VALIDATOR_VERSION)"
 	@$(XLLAMACPP)/bin/python -c "import importlib.metadata as m, sys; sys.exit(m.version('xllamacpp') != '$(XLLAMACPP_VERSION)')" 2>/dev/null || { \
 		{ test -x $(XLLAMACPP)/bin/python || python3 -m venv $(XLLAMACPP); } && \
 		$(XLLAMACPP)/bin/pip install --quiet --disable-pip-version-check "xllamacpp==$(XLLAMACPP_VERSION)"; }

@@ -34,6 +34,19 @@ TOML
 )"
 key="$(curl -sf -X POST "http://$addr/v1/jobs/$job/episodes:claim?wait_s=30" | python3 -c 'import json,sys; print(json.load(sys.stdin)["api_key"])')"
 cd "$work"
+# The document itself first: valid OpenAPI 3.1 (parameters where they are declared, every
+# reference resolved), by a validator independent of the fuzzer.
+curl -sf "http://$addr/openapi.json" > "$work/openapi.json"
+"$(dirname "$ST")/python" - "$work/openapi.json" <<'PY'
+import json, sys
+from openapi_spec_validator import OpenAPIV31SpecValidator
+doc = json.load(open(sys.argv[1]))
+errors = [e.message for e in OpenAPIV31SpecValidator(doc).iter_errors()]
+for e in errors:
+    print("openapi.json:", e, file=sys.stderr)
+sys.exit(1 if errors else 0)
+PY
+echo "openapi.json: valid OpenAPI $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["openapi"])' "$work/openapi.json")"
 "$ST" run "http://$addr/openapi.json" \
   --header "Authorization: Bearer $key" \
   --checks not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance,response_schema_conformance \

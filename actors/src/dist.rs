@@ -144,6 +144,19 @@ fn inverse_cdf(points: &[(f64, f64)], u: f64) -> f64 {
     points.last().map_or(0.0, |p| p.1)
 }
 
+/// Longest modelled duration: 30 days (a spec's bound on every duration field).
+pub const MAX_MODELLED_S: f64 = 30.0 * 24.0 * 3600.0;
+
+/// A modelled duration in seconds as a clock duration: NaN and negatives are zero, and a
+/// sample from a heavy tail (or a product of bounded fields) saturates at
+/// [`MAX_MODELLED_S`] instead of overflowing the clock.
+pub fn seconds(s: f64) -> std::time::Duration {
+    if s.is_nan() || s <= 0.0 {
+        return std::time::Duration::ZERO;
+    }
+    std::time::Duration::from_secs_f64(s.min(MAX_MODELLED_S))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -105,7 +105,7 @@ impl TrajectoryScorer for SimReward {
                 {
                     st.warm = false;
                 }
-                let mut d = Duration::from_secs_f64(self.latency.sample(&mut st.rng));
+                let mut d = crate::dist::seconds(self.latency.sample(&mut st.rng));
                 if !st.warm {
                     self.cold_starts.fetch_add(1, Ordering::Relaxed);
                     d += self.cold_start;

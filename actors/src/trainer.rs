@@ -150,11 +150,22 @@ impl Trainer for SimTrainer {
             let mut secs = self.seconds_per_token * tokens as f64 / self.gpus.max(1) as f64
                 + self.step_overhead.as_secs_f64();
             let before = self.host.as_ref().map(|h| h.busy_s());
-            tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+            // A product of finite spec fields can still overflow a clock: an error, not a
+            // panic of the trainer.
+            let modelled = Duration::try_from_secs_f64(secs).map_err(|_| {
+                TrainError::Step(crate::error::SharedError::new(std::io::Error::other(
+                    format!(
+                        "the modelled step time {secs} s ({tokens} tokens at {} s per token) is \
+                     out of range",
+                        self.seconds_per_token
+                    ),
+                )))
+            })?;
+            tokio::time::sleep(modelled).await;
             if let (Some(h), Some(before)) = (&self.host, before) {
                 // The cores generation took while this step trained, made up afterwards.
                 let lost = (h.busy_s() - before) / h.cores;
-                tokio::time::sleep(Duration::from_secs_f64(lost)).await;
+                tokio::time::sleep(Duration::try_from_secs_f64(lost).unwrap_or_default()).await;
                 secs += lost;
             }
             let stats = TrainStats {

@@ -24,6 +24,7 @@ pub(crate) fn run_job(
             data_dir: data_dir.clone(),
             max_running: 1,
             max_memory: None,
+            test_hooks: false,
         })?;
         log_file(&data_dir);
         let id = service.submit(spec)?;

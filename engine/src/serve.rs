@@ -23,6 +23,9 @@ struct ServeConfig {
     max_memory_gib: Option<f64>,
     #[serde(default)]
     insecure_public: bool,
+    /// Accept the specs' fault-injection hooks (the project's own tests).
+    #[serde(default)]
+    test_hooks: bool,
     #[serde(default)]
     access: service::access::AccessConfig,
     #[serde(default)]
@@ -91,6 +94,7 @@ pub(crate) fn serve(
             data_dir,
             max_running,
             max_memory,
+            test_hooks: cfg.test_hooks,
         },
         grace,
         access,

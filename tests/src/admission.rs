@@ -104,6 +104,7 @@ fn a_recovered_job_over_a_shrunk_budget_is_failed_not_resumed() {
         data_dir: dir.path().to_path_buf(),
         max_running: 1,
         max_memory: Some(1 << 20),
+        test_hooks: false,
     })
     .unwrap();
     assert_eq!(service.recover().unwrap(), 0, "nothing re-queued");

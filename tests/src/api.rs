@@ -385,6 +385,38 @@ async fn health_readiness_metrics_and_openapi() {
     assert_eq!(r.status(), 503);
 }
 
+/// Hardening: the trainer fault-injection hook is not part of the public API. A service
+/// without `test_hooks` (the default of `rollarc serve`) refuses a spec naming it, with the
+/// field, at the HTTP edge.
+#[tokio::test]
+async fn fault_injection_hooks_are_refused_unless_the_service_enables_them() {
+    use service::service::{Service, ServiceConfig, ServiceError};
+    let dir = tempfile::tempdir().unwrap();
+    let service = Service::open(&ServiceConfig {
+        data_dir: dir.path().to_path_buf(),
+        max_running: 1,
+        max_memory: None,
+        test_hooks: false,
+    })
+    .unwrap();
+    for hook in ["trainer_panic_at_step = 2", "trainer_panic_runs = 3"] {
+        let body = small_job().extra(&format!("[sim]\n{hook}")).toml();
+        let spec = job::spec::parse(&body, job::spec::Format::Toml).unwrap();
+        let e = service.submit(spec).unwrap_err();
+        assert!(matches!(e, ServiceError::TestHooksOff { .. }), "{e}");
+        let r = axum::response::IntoResponse::into_response(service::api::ApiError::from(e));
+        assert_eq!(r.status(), 400);
+        let body = axum::body::to_bytes(r.into_body(), 1 << 16).await.unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let field = format!("sim.{}", hook.split(' ').next().unwrap());
+        assert_eq!(v["error"]["fields"][0]["field"], field.as_str(), "{v}");
+    }
+    assert!(
+        service.store.list().unwrap().is_empty(),
+        "nothing was stored"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_whose_trainer_dies_is_restarted_from_its_last_step() {
     let s = TestServer::start().await;
@@ -607,6 +639,7 @@ async fn slow_clients_are_cut_off_and_connections_are_capped() {
     let s = TestServer::start_with(service::server::EdgeLimits {
         header_read_timeout: Duration::from_millis(500),
         max_connections: 4,
+        ..Default::default()
     })
     .await;
     // Four clients take every slot and never finish their headers.
@@ -644,6 +677,76 @@ async fn slow_clients_are_cut_off_and_connections_are_capped() {
         .expect("the server closed the slow connection");
         assert!(n < 256, "unexpected response to an unfinished request");
     }
+}
+
+/// Hardening (#35): clients that send a request body one byte at a time cannot lock others
+/// out. 40 of them against a server of 16 connections: every `/healthz` on a new connection
+/// is answered within 1 s throughout (a new connection evicts the one that has waited
+/// longest), and each slow connection is closed by its body deadline at the latest. (With a
+/// header-only timeout, 16 such clients used to hold the server for as long as they liked.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_request_bodies_do_not_lock_other_clients_out() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = TestServer::start_with(service::server::EdgeLimits {
+        body_read_timeout: Duration::from_secs(2),
+        max_connections: 16,
+        max_connections_per_address: 16,
+        ..Default::default()
+    })
+    .await;
+    let addr = s.addr;
+    let mut slow = tokio::task::JoinSet::new();
+    for _ in 0..40 {
+        slow.spawn(async move {
+            let started = tokio::time::Instant::now();
+            let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let head = "POST /v1/jobs HTTP/1.1\r\nHost: x\r\ncontent-type: application/toml\r\ncontent-length: 1000\r\n\r\n";
+            if c.write_all(head.as_bytes()).await.is_err() {
+                return started.elapsed();
+            }
+            // One byte every 200 ms until the server closes the connection.
+            loop {
+                let mut buf = [0u8; 64];
+                tokio::select! {
+                    r = c.read(&mut buf) => if matches!(r, Ok(0) | Err(_)) {
+                        return started.elapsed();
+                    },
+                    _ = tokio::time::sleep(Duration::from_millis(200)) => {
+                        if c.write_all(b"x").await.is_err() {
+                            return started.elapsed();
+                        }
+                    }
+                }
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let fresh = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    for i in 0..20 {
+        let r = tokio::time::timeout(Duration::from_secs(1), fresh.get(s.url("/healthz")).send())
+            .await
+            .unwrap_or_else(|_| panic!("/healthz #{i} not answered within 1 s"))
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    // Every slow client was cut off: evicted, or closed at its 2 s body deadline.
+    let all = tokio::time::timeout(Duration::from_secs(15), async {
+        let mut longest = Duration::ZERO;
+        while let Some(d) = slow.join_next().await {
+            longest = longest.max(d.unwrap());
+        }
+        longest
+    })
+    .await
+    .expect("every slow connection was closed");
+    assert!(
+        all < Duration::from_secs(6),
+        "a slow body was held for {all:?}"
+    );
 }
 
 /// Every knob of the spec (bounds declared once in `job::spec`) is in the served schema with

@@ -246,6 +246,7 @@ impl TestServer {
             data_dir: dir.path().to_path_buf(),
             max_running: 2,
             max_memory,
+            test_hooks: true,
         })
         .expect("service");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

@@ -146,6 +146,13 @@ async fn an_external_trainer_leases_acknowledges_and_gives_back_batches() {
             let (status, v) = post(&t, &format!("/v1/batches/{id}/ack"), "{\"loss\": 0.25}").await;
             assert_eq!((status, v["state"].as_str()), (200, Some("acked")));
         }
+        // A give-back after the acknowledgement: nothing is offered again, and the answer
+        // says so (it used to answer `offered_again`).
+        let (status, v) = post(&t, &format!("/v1/batches/{id}/nack"), "").await;
+        assert_eq!(
+            (status, v["error"]["code"].as_str()),
+            (409, Some("already_acked"))
+        );
         if step < 2 {
             // Step 1 in the binary encoding: the same document as MessagePack.
             let (status, b) = if step == 0 {

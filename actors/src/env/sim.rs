@@ -114,7 +114,7 @@ impl SimEnv {
         let s = d.sample(&mut self.rng) * self.factor;
         if s > 0.0 {
             let s = s.min(MAX_LATENCY_S);
-            tokio::time::sleep(std::time::Duration::from_secs_f64(s)).await;
+            tokio::time::sleep(crate::dist::seconds(s)).await;
         }
         if self.cfg.failure_probability > 0.0
             && self.rng.random_bool(self.cfg.failure_probability.min(1.0))

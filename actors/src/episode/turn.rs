@@ -268,10 +268,7 @@ async fn disaggregated(
     let prefilled = route.shard.generate(pre).await?.prefill_tokens;
     let bytes = prefilled as f64 * route.kv_bytes_per_token;
     if bytes > 0.0 {
-        tokio::time::sleep(std::time::Duration::from_secs_f64(
-            bytes / route.bandwidth.max(1.0),
-        ))
-        .await;
+        tokio::time::sleep(crate::dist::seconds(bytes / route.bandwidth.max(1.0))).await;
     }
     let mut out = decode
         .generate(GenRequest {

@@ -329,7 +329,7 @@ impl GenerationEngine for SimEngine {
         } else {
             self.cfg.model.weight_bytes()
         };
-        Ok(Duration::from_secs_f64(
+        Ok(crate::dist::seconds(
             self.cfg.weight_sync.install_seconds(bytes),
         ))
     }
@@ -372,7 +372,7 @@ impl GenerationEngine for SimEngine {
         report.prefill_tokens = prefill;
         report.decode_tokens = decoding.len() as u64;
         self.prefill_total += prefill;
-        report.modelled = Duration::from_secs_f64(secs);
+        report.modelled = crate::dist::seconds(secs);
         if let Some(h) = &self.cfg.host {
             h.charge(secs);
         }
@@ -412,7 +412,7 @@ impl GenerationEngine for SimEngine {
 
     fn fused_time(&self, iterations: u64) -> Duration {
         let (b, kv0) = self.fused_plan();
-        Duration::from_secs_f64(self.fused_seconds(b, kv0, iterations))
+        crate::dist::seconds(self.fused_seconds(b, kv0, iterations))
     }
 
     fn advance(&mut self, iterations: u64) -> StepReport {
@@ -428,7 +428,7 @@ impl GenerationEngine for SimEngine {
             }
         }
         let (b, kv0) = self.fused_plan();
-        report.modelled = Duration::from_secs_f64(self.fused_seconds(b, kv0, iterations));
+        report.modelled = crate::dist::seconds(self.fused_seconds(b, kv0, iterations));
         if let Some(h) = &self.cfg.host {
             h.charge(report.modelled.as_secs_f64());
         }

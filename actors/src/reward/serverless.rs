@@ -332,7 +332,7 @@ impl SimFunction {
                 st.batched_calls += n as u64;
                 (waiters, g.batch_seconds(&tokens))
             };
-            tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
+            tokio::time::sleep(crate::dist::seconds(seconds)).await;
             for w in waiters {
                 let _ = w.send(());
             }
@@ -385,7 +385,7 @@ impl TrajectoryScorer for Arc<SimFunction> {
                 let mut st = self.lock();
                 st.meter.add(now, 1);
                 self.start_ticking(&mut st);
-                Duration::from_secs_f64(self.latency.sample(&mut st.rng))
+                crate::dist::seconds(self.latency.sample(&mut st.rng))
             };
             let slot = self.acquire().await;
             tokio::time::sleep(delay).await;

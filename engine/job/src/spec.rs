@@ -75,6 +75,30 @@ pub struct FieldError {
 #[error("invalid job spec: {}", .0.iter().map(|e| format!("{}: {}", e.field, e.message)).collect::<Vec<_>>().join("; "))]
 pub struct SpecErrors(pub Vec<FieldError>);
 
+/// Most problems one answer lists; the rest are counted in a last entry. A generated spec
+/// with thousands of broken tables gets a short answer, not one as large as itself times 20.
+pub const MAX_PROBLEMS: usize = 100;
+
+/// Most entries of `tasks` and of `pools`.
+pub const MAX_LIST_ENTRIES: usize = 256;
+
+impl SpecErrors {
+    /// `errs` with at most [`MAX_PROBLEMS`] listed and a final entry counting the others.
+    pub fn capped(mut errs: Vec<FieldError>) -> Self {
+        if errs.len() > MAX_PROBLEMS {
+            let more = errs.len() - MAX_PROBLEMS;
+            errs.truncate(MAX_PROBLEMS);
+            errs.push(FieldError {
+                field: String::new(),
+                message: format!(
+                    "… and {more} more problems (the first {MAX_PROBLEMS} are listed)"
+                ),
+            });
+        }
+        Self(errs)
+    }
+}
+
 /// Body formats accepted for a spec.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
@@ -94,7 +118,7 @@ pub fn parse(body: &str, format: Format) -> Result<JobSpec, SpecErrors> {
             let mut bad = Vec::new();
             non_finite(&toml::Value::Table(t.clone()), "", &mut bad);
             if !bad.is_empty() {
-                return Err(SpecErrors(bad));
+                return Err(SpecErrors::capped(bad));
             }
             serde_json::to_value(t).map_err(|e| one("", e.to_string()))?
         }
@@ -178,11 +202,16 @@ pub fn from_value(value: serde_json::Value) -> Result<JobSpec, SpecErrors> {
         sim,
         eval,
     };
-    errs.extend(validate(&spec));
+    // A section that failed to parse would make the semantic checks report problems that
+    // follow from it ("at least one task is required" after a task's misspelt field): they
+    // run once the structure is right.
+    if errs.is_empty() {
+        errs.extend(validate(&spec));
+    }
     if errs.is_empty() {
         Ok(spec)
     } else {
-        Err(SpecErrors(errs))
+        Err(SpecErrors::capped(errs))
     }
 }
 
@@ -202,11 +231,53 @@ fn de_at<T: DeserializeOwned>(
             };
             errs.push(FieldError {
                 field,
-                message: e.into_inner().to_string(),
+                message: with_suggestion(e.into_inner().to_string()),
             });
             None
         }
     }
+}
+
+/// serde's "unknown field `x`, expected one of `a`, `b`" (or "unknown variant …") with the
+/// closest expected name suggested, when one is close enough to be a typo.
+fn with_suggestion(message: String) -> String {
+    let Some(rest) = message
+        .strip_prefix("unknown field `")
+        .or_else(|| message.strip_prefix("unknown variant `"))
+    else {
+        return message;
+    };
+    let Some((given, expected)) = rest.split_once('`') else {
+        return message;
+    };
+    let best = expected
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(|cand| (edit_distance(given, cand), cand))
+        .min();
+    match best {
+        Some((d, cand)) if d <= 2.max(given.len() / 3) && d < given.len() => {
+            format!("{message}; did you mean `{cand}`?")
+        }
+        _ => message,
+    }
+}
+
+/// Levenshtein distance, by characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
 }
 
 fn section<T: DeserializeOwned + Default>(
@@ -230,6 +301,13 @@ fn list<T: DeserializeOwned>(
             errs.push(FieldError {
                 field: key.into(),
                 message: "missing field".into(),
+            });
+            None
+        }
+        Some(serde_json::Value::Array(items)) if items.len() > MAX_LIST_ENTRIES => {
+            errs.push(FieldError {
+                field: key.into(),
+                message: format!("at most {MAX_LIST_ENTRIES} entries, got {}", items.len()),
             });
             None
         }

@@ -153,18 +153,64 @@ pub struct Access {
     metrics: MetricsAccess,
     limiter: Option<Limiter>,
     policy: ProgramPolicy,
-    /// Event streams open per owner (bounded by the owners of the config, plus `local`).
-    streams: Mutex<HashMap<String, usize>>,
+    /// Event streams open now (bounded: [`MAX_STREAMS_PER_OWNER`] per owner, and the owners
+    /// are those of the config plus `local`).
+    streams: Mutex<Streams>,
+    /// Failed authentications per client address ([`FAILED_AUTH_RATE`]).
+    failures: Limiter,
 }
+
+/// The client address of a request, as the connection loop saw it (a request extension).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ClientAddr(pub std::net::IpAddr);
 
 /// Event streams one owner may hold open at once (each holds a connection for as long as
 /// its job runs: without a cap one token could take every connection of the server).
 pub const MAX_STREAMS_PER_OWNER: usize = 32;
 
-/// One open event stream, counted against its owner until dropped.
+/// Event streams one client address may hold open at once, per owner. With no tokens every
+/// caller is the same owner: this keeps one client from taking the owner's whole share.
+pub const MAX_STREAMS_PER_ADDRESS: usize = 8;
+
+/// Requests with a missing or unknown token that one client address may make: a burst of
+/// 20, then 2 a second; past it 429 instead of 401 (guessing tokens, or a misconfigured
+/// client hammering the service).
+pub const FAILED_AUTH_RATE: RateLimit = RateLimit {
+    per_second: 2.0,
+    burst: 20,
+};
+
+/// Client addresses whose failed authentications are remembered at once; past it the
+/// address idle longest is forgotten.
+const MAX_TRACKED_ADDRESSES: usize = 4096;
+
+/// The open event streams: each with its owner, client address and a token that ends it.
+#[derive(Default)]
+struct Streams {
+    next: u64,
+    open: Vec<OpenStream>,
+}
+
+struct OpenStream {
+    id: u64,
+    owner: String,
+    client: Option<std::net::IpAddr>,
+    end: tokio_util::sync::CancellationToken,
+}
+
+/// One open event stream, counted against its owner and client address until dropped. Its
+/// [`StreamGuard::ended`] fires when a newer stream of the same owner took its place.
 pub struct StreamGuard {
     access: std::sync::Arc<Access>,
-    owner: String,
+    id: u64,
+    end: tokio_util::sync::CancellationToken,
+}
+
+impl StreamGuard {
+    /// Cancelled when the stream was evicted by a newer one.
+    pub fn ended(&self) -> &tokio_util::sync::CancellationToken {
+        &self.end
+    }
 }
 
 impl Drop for StreamGuard {
@@ -174,9 +220,7 @@ impl Drop for StreamGuard {
             .streams
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = s.get_mut(&self.owner) {
-            *n = n.saturating_sub(1);
-        }
+        s.open.retain(|o| o.id != self.id);
     }
 }
 
@@ -187,7 +231,8 @@ impl Access {
             tokens: HashMap::new(),
             metrics: MetricsAccess::Open,
             limiter: None,
-            streams: Mutex::new(HashMap::new()),
+            streams: Mutex::new(Streams::default()),
+            failures: Limiter::new(FAILED_AUTH_RATE),
             policy: ProgramPolicy::default(),
         }
     }
@@ -221,7 +266,8 @@ impl Access {
             tokens,
             metrics: cfg.metrics,
             limiter,
-            streams: Mutex::new(HashMap::new()),
+            streams: Mutex::new(Streams::default()),
+            failures: Limiter::new(FAILED_AUTH_RATE),
             policy,
         })
     }
@@ -238,6 +284,27 @@ impl Access {
     /// The caller behind an `Authorization` header value (none: no header), after its rate
     /// limit.
     pub fn authenticate(&self, authorization: Option<&str>) -> Result<Principal, Denied> {
+        self.authenticate_from(authorization, None)
+    }
+
+    /// [`Access::authenticate`] for a request from `client`: a missing or unknown token
+    /// counts against the address's [`FAILED_AUTH_RATE`], and past it the answer is 429.
+    pub fn authenticate_from(
+        &self,
+        authorization: Option<&str>,
+        client: Option<std::net::IpAddr>,
+    ) -> Result<Principal, Denied> {
+        match self.identify(authorization) {
+            Err(Denied::Unauthenticated(why)) => {
+                let key = client.map_or_else(|| "unknown".to_string(), |ip| ip.to_string());
+                self.failures.take_bounded(&key, MAX_TRACKED_ADDRESSES)?;
+                Err(Denied::Unauthenticated(why))
+            }
+            other => other,
+        }
+    }
+
+    fn identify(&self, authorization: Option<&str>) -> Result<Principal, Denied> {
         let principal = if self.enabled() {
             let token = authorization
                 .ok_or(Denied::Unauthenticated("missing bearer token"))?
@@ -272,19 +339,56 @@ impl Access {
         Ok(principal)
     }
 
-    /// Counts an event stream against `p`'s owner; none when it already holds
-    /// [`MAX_STREAMS_PER_OWNER`].
-    pub fn open_stream(self: &std::sync::Arc<Self>, p: &Principal) -> Option<StreamGuard> {
+    /// Counts an event stream against `p`'s owner and `client`'s address. Where one of them
+    /// is at its cap ([`MAX_STREAMS_PER_ADDRESS`], [`MAX_STREAMS_PER_OWNER`]) the oldest
+    /// stream in the way ends: of this address, or else of the owner's address that holds
+    /// the most. A dashboard that opens a stream is never locked out by others' streams.
+    pub fn open_stream(
+        self: &std::sync::Arc<Self>,
+        p: &Principal,
+        client: Option<std::net::IpAddr>,
+    ) -> StreamGuard {
         let mut s = self.streams.lock().unwrap_or_else(|e| e.into_inner());
-        let n = s.entry(p.name.clone()).or_insert(0);
-        if *n >= MAX_STREAMS_PER_OWNER {
-            return None;
+        let mine = |o: &OpenStream| o.owner == p.name;
+        let from_here = s
+            .open
+            .iter()
+            .filter(|o| mine(o) && o.client == client)
+            .count();
+        if from_here >= MAX_STREAMS_PER_ADDRESS {
+            evict_oldest(&mut s.open, |o| mine(o) && o.client == client);
         }
-        *n += 1;
-        Some(StreamGuard {
-            access: self.clone(),
+        if s.open.iter().filter(|o| mine(o)).count() >= MAX_STREAMS_PER_OWNER {
+            let mut per: HashMap<Option<std::net::IpAddr>, usize> = HashMap::new();
+            for o in s.open.iter().filter(|o| mine(o)) {
+                *per.entry(o.client).or_insert(0) += 1;
+            }
+            let busiest = per.into_iter().max_by_key(|(_, n)| *n).map(|(c, _)| c);
+            evict_oldest(&mut s.open, |o| mine(o) && Some(o.client) == busiest);
+        }
+        s.next += 1;
+        let id = s.next;
+        let end = tokio_util::sync::CancellationToken::new();
+        s.open.push(OpenStream {
+            id,
             owner: p.name.clone(),
-        })
+            client,
+            end: end.clone(),
+        });
+        StreamGuard {
+            access: self.clone(),
+            id,
+            end,
+        }
+    }
+
+    /// Event streams open now (of every owner).
+    pub fn open_streams(&self) -> usize {
+        self.streams
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .open
+            .len()
     }
 
     /// Checks every program a spec would start against the policy: one 403 field error per
@@ -310,6 +414,13 @@ pub fn new_token() -> Result<String, ring::error::Unspecified> {
     infra::secret::new_token("rk_")
 }
 
+/// Ends the oldest stream (the first in opening order) that `pick` selects.
+fn evict_oldest(open: &mut Vec<OpenStream>, pick: impl Fn(&OpenStream) -> bool) {
+    if let Some(i) = open.iter().position(pick) {
+        open.remove(i).end.cancel();
+    }
+}
+
 /// Token buckets, one per token (the map is bounded by the tokens of the config, plus the
 /// one bucket of open mode). Time comes from tokio (a paused clock in tests).
 struct Limiter {
@@ -323,6 +434,24 @@ impl Limiter {
             rate,
             buckets: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// [`Limiter::take`] with at most `max_keys` buckets: past it the bucket idle longest
+    /// is forgotten (it would have refilled first).
+    fn take_bounded(&self, key: &str, max_keys: usize) -> Result<(), Denied> {
+        {
+            let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+            if buckets.len() >= max_keys && !buckets.contains_key(key) {
+                let idle = buckets
+                    .iter()
+                    .min_by_key(|(_, (_, at))| *at)
+                    .map(|(k, _)| k.clone());
+                if let Some(k) = idle {
+                    buckets.remove(&k);
+                }
+            }
+        }
+        self.take(key)
     }
 
     fn take(&self, key: &str) -> Result<(), Denied> {

@@ -110,7 +110,11 @@ async fn authorize(
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    match access.authenticate(auth) {
+    let client = req
+        .extensions()
+        .get::<crate::access::ClientAddr>()
+        .map(|c| c.0);
+    match access.authenticate_from(auth, client) {
         Ok(p) => {
             req.extensions_mut().insert(p);
             next.run(req).await
@@ -122,7 +126,10 @@ async fn authorize(
             let mut r = ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "rate_limited",
-                format!("too many requests for this token; retry in {retry_after_s} s"),
+                format!(
+                    "too many requests for this token (or, without a valid token, from this \
+                     address); retry in {retry_after_s} s"
+                ),
             )
             .into_response();
             r.headers_mut()

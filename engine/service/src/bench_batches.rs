@@ -107,6 +107,7 @@ async fn run(dir: &std::path::Path) -> Result<(), BatchesBenchError> {
             data_dir: dir.to_path_buf(),
             max_running: 1,
             max_memory: None,
+            test_hooks: false,
         },
     )?;
     let spec = job::spec::parse(
@@ -239,6 +240,7 @@ async fn announce_run(dir: &std::path::Path) -> Result<(), BatchesBenchError> {
         data_dir: dir.join("data"),
         max_running: 1,
         max_memory: None,
+        test_hooks: false,
     })?;
     let job = service.submit(spec)?;
     let (_, rx) = service.subscribe(&job)?;

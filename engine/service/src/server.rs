@@ -4,13 +4,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use http_body::Body as _;
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::access::Access;
 use crate::service::{Service, ServiceConfig, ServiceError};
+
+pub mod conns;
+
+pub use conns::ClientAddr;
+use conns::{ConnTable, HeldBody, TrackedBody};
 
 /// Limits of the HTTP edge.
 #[derive(Clone, Copy, Debug)]
@@ -18,22 +24,31 @@ pub struct EdgeLimits {
     /// A client must send a request's headers within this (slow-header clients, idle
     /// keep-alive connections are closed after it).
     pub header_read_timeout: Duration,
-    /// Connections served at once; past it the server stops accepting until one closes (the
-    /// kernel's backlog holds the rest).
+    /// A request body must be complete within this from its headers (bodies are at most a
+    /// few MiB: 30 s is a rate of at least 35 kB/s for the largest); past it the connection
+    /// is closed.
+    pub body_read_timeout: Duration,
+    /// Connections open at once. Past it a new connection evicts the one that has waited
+    /// longest for its client (see [`conns`]), or is closed when every one is busy.
     pub max_connections: usize,
+    /// Connections one client address may hold at once, under the same rule.
+    pub max_connections_per_address: usize,
 }
 
 impl Default for EdgeLimits {
     fn default() -> Self {
         Self {
             header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(30),
             max_connections: 1024,
+            max_connections_per_address: 256,
         }
     }
 }
 
 /// Serves `app` on `listener` until `stop` is cancelled: HTTP/1.1 connections with a
-/// header-read timeout, at most `limits.max_connections` at once. On stop, the listener
+/// header-read timeout and a body deadline, bounded in number overall and per client
+/// address (see [`conns`]); each request carries its [`ClientAddr`]. On stop, the listener
 /// closes, every connection finishes its current request, and connections still open after
 /// `drain` (event streams) are dropped.
 pub async fn serve_on(
@@ -43,23 +58,16 @@ pub async fn serve_on(
     stop: CancellationToken,
     drain: Duration,
 ) {
-    let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let table = ConnTable::new(limits.max_connections, limits.max_connections_per_address);
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout);
     let mut conns = tokio::task::JoinSet::new();
     loop {
-        let permit = tokio::select! {
-            _ = stop.cancelled() => break,
-            p = permits.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-        };
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             _ = stop.cancelled() => break,
             a = listener.accept() => match a {
-                Ok((stream, _)) => stream,
+                Ok(a) => a,
                 Err(e) => {
                     // Out of file descriptors and the like: back off instead of spinning.
                     tracing::warn!(error = %e, "accept failed");
@@ -68,17 +76,47 @@ pub async fn serve_on(
                 }
             },
         };
-        let conn =
-            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+        let Some(conn) = table.admit(peer.ip()) else {
+            // Every connection in the way is busy serving: this one is closed unanswered.
+            continue;
+        };
+        let conn = Arc::new(conn);
+        let svc = {
+            let (conn, app) = (conn.clone(), app.clone());
+            hyper::service::service_fn(move |req: axum::http::Request<Incoming>| {
+                let (conn, app) = (conn.clone(), app.clone());
+                async move {
+                    let busy = conn.request(!req.body().is_end_stream());
+                    let mut req =
+                        req.map(|b| axum::body::Body::new(TrackedBody::new(b, conn.clone())));
+                    req.extensions_mut().insert(conn.client());
+                    let resp = tower::ServiceExt::oneshot(app, req).await?;
+                    Ok::<_, std::convert::Infallible>(
+                        resp.map(|b| axum::body::Body::new(HeldBody::new(b, busy))),
+                    )
+                }
+            })
+        };
+        let served = http.serve_connection(TokioIo::new(stream), svc);
         let stop = stop.clone();
+        let body_limit = limits.body_read_timeout;
         conns.spawn(async move {
-            let _permit = permit;
-            let mut conn = std::pin::pin!(conn);
-            tokio::select! {
-                _ = conn.as_mut() => {}
-                _ = stop.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
+            let mut served = std::pin::pin!(served);
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = served.as_mut() => break,
+                    // Evicted: dropping the connection closes it.
+                    _ = conn.killed().cancelled() => break,
+                    _ = tick.tick() => if conn.body_overdue(body_limit) {
+                        break;
+                    },
+                    _ = stop.cancelled() => {
+                        served.as_mut().graceful_shutdown();
+                        let _ = served.await;
+                        break;
+                    }
                 }
             }
         });

@@ -50,6 +50,11 @@ pub enum ServiceError {
     #[error("job {id} is already {state}")]
     Terminal { id: String, state: &'static str },
     #[error(
+        "{field} is a fault-injection hook for the service's own tests; this service runs \
+         without them (test_hooks = false)"
+    )]
+    TestHooksOff { field: &'static str },
+    #[error(
         "the job needs an estimated {} of memory; the service's budget (max_memory) is {}",
         crate::admission::human(*estimate),
         crate::admission::human(*budget)
@@ -78,6 +83,9 @@ pub struct ServiceConfig {
     pub max_running: usize,
     /// Memory the jobs may use together, in bytes (default: 60 % of the machine's).
     pub max_memory: Option<u64>,
+    /// Accept the spec's fault-injection hooks (`sim.trainer_panic_*`): the service's own
+    /// tests only. Off, a spec naming one is refused with 400.
+    pub test_hooks: bool,
 }
 
 /// Takes the data directory's lock (`rollarc.lock`, an advisory lock the kernel drops with
@@ -133,6 +141,8 @@ pub struct Service {
     max_running: usize,
     /// Memory budget of all running jobs together (see [`crate::admission`]).
     memory_budget: u64,
+    /// [`ServiceConfig::test_hooks`].
+    test_hooks: bool,
     running: Mutex<BTreeMap<String, Running>>,
     /// How many jobs run now (a drain waits for 0).
     running_count: tokio::sync::watch::Sender<usize>,
@@ -226,6 +236,7 @@ impl Service {
             memory_budget: cfg
                 .max_memory
                 .unwrap_or_else(crate::admission::default_budget),
+            test_hooks: cfg.test_hooks,
             running: Mutex::new(BTreeMap::new()),
             running_count: tokio::sync::watch::Sender::new(0),
             events: Mutex::new(BTreeMap::new()),
@@ -250,6 +261,15 @@ impl Service {
     ) -> Result<String, ServiceError> {
         if self.intake.is_cancelled() {
             return Err(ServiceError::ShuttingDown);
+        }
+        if !self.test_hooks {
+            let hooks = [
+                ("sim.trainer_panic_at_step", spec.sim.trainer_panic_at_step),
+                ("sim.trainer_panic_runs", spec.sim.trainer_panic_runs),
+            ];
+            if let Some((field, _)) = hooks.iter().find(|(_, v)| v.is_some()) {
+                return Err(ServiceError::TestHooksOff { field });
+            }
         }
         self.admit(&spec)?;
         let steps = spec.knobs().steps;

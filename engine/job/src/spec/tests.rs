@@ -92,8 +92,28 @@ fn json_and_toml_give_the_same_spec() {
 
 #[test]
 fn every_problem_is_reported_in_one_pass() {
-    let body = r#"
+    // Structure first: every section that does not parse, and nothing derived from them.
+    let broken = r#"
 surprise = true
+[[tasks]]
+domain = "x"
+max_turns = "many"
+[tasks.env]
+kind = "sim"
+[[pools]]
+name = "p"
+device = "H20"
+backend = { kind = "sim", modle = "gpt-9" }
+"#;
+    let errs = parse(broken, Format::Toml).unwrap_err().0;
+    let fields: Vec<&str> = errs.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        ["surprise", "tasks[0].max_turns", "pools[0].backend"],
+        "{errs:?}"
+    );
+    // A well-formed spec: every semantic problem at once.
+    let body = r#"
 [[tasks]]
 domain = ""
 group_size = 0
@@ -104,7 +124,6 @@ kind = "sim"
 step_latency_s = { normal = { mean = 1.0, std = -2.0 } }
 [[tasks]]
 domain = "x"
-max_turns = "many"
 [tasks.env]
 kind = "sim"
 [[pools]]
@@ -120,13 +139,11 @@ fallback = "nowhere"
     let errs = parse(body, Format::Toml).unwrap_err().0;
     let fields: Vec<&str> = errs.iter().map(|e| e.field.as_str()).collect();
     for want in [
-        "surprise",
         "tasks[0].domain",
         "tasks[0].group_size",
         "tasks[0].weight",
         "tasks[0].reward[0]",
         "tasks[0].env.step_latency_s",
-        "tasks[1].max_turns",
         "pools[0].device",
         "pools[0].count",
         "pools[0].backend.model",
@@ -135,6 +152,46 @@ fallback = "nowhere"
     ] {
         assert!(fields.contains(&want), "{want} missing from {fields:?}");
     }
+}
+
+/// A misspelt field is one problem, not a cascade ("at least one task is required", "no
+/// task has domain …") of problems that follow from the task it broke.
+#[test]
+fn a_misspelt_field_is_one_problem() {
+    let body = minimal().replace("domain = \"lake\"", "domain = \"lake\"\ngroup_szie = 4")
+        + "\n[mapping]\ndeclared = { lake = \"p\" }\n";
+    let errs = parse(&body, Format::Toml).unwrap_err().0;
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_eq!(errs[0].field, "tasks[0].group_szie");
+    assert!(errs[0].message.contains("group_szie"), "{errs:?}");
+    assert!(
+        errs[0].message.ends_with("did you mean `group_size`?"),
+        "{errs:?}"
+    );
+}
+
+/// A generated spec with thousands of broken tables gets a bounded answer, and a list past
+/// its bound is refused before its entries are read.
+#[test]
+fn problem_lists_and_spec_lists_are_bounded() {
+    let many: String = (0..300).map(|_| "[[pools]]\nq = 1\n").collect();
+    let body = format!("{}{many}", minimal().split("[[pools]]").next().unwrap());
+    let errs = parse(&body, Format::Toml).unwrap_err().0;
+    assert_eq!(errs.len(), 1, "{:?}", &errs[..errs.len().min(3)]);
+    assert_eq!(errs[0].field, "pools");
+    assert!(errs[0].message.contains("at most 256"), "{errs:?}");
+    // 200 broken tables and 200 unknown top-level keys: 100 listed, plus a count.
+    let tables: String = (0..200).map(|_| "[[tasks]]\nd = 1\n").collect();
+    let keys: String = (0..200).map(|i| format!("k{i} = 1\n")).collect();
+    let errs = parse(&format!("{keys}{tables}"), Format::Toml)
+        .unwrap_err()
+        .0;
+    assert_eq!(errs.len(), MAX_PROBLEMS + 1);
+    assert!(
+        errs[MAX_PROBLEMS].message.contains("301 more"),
+        "{:?}",
+        errs.last()
+    );
 }
 
 #[test]
@@ -765,4 +822,90 @@ fn dropping_old_turns_needs_an_environment_that_allows_it_and_turns_to_drop() {
         errs.iter().any(|e| e.field.contains("truncation")),
         "{errs:?}"
     );
+}
+
+/// Every number leaf of a normalised simulated spec, as a JSON pointer.
+fn number_leaves(v: &serde_json::Value, at: String, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Number(_) => out.push(at),
+        serde_json::Value::Object(m) => {
+            for (k, v) in m {
+                number_leaves(v, format!("{at}/{k}"), out);
+            }
+        }
+        serde_json::Value::Array(a) => {
+            for (i, v) in a.iter().enumerate() {
+                number_leaves(v, format!("{at}/{i}"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Hardening: numeric fuzz over every number field of a spec. Each field of the normalised
+/// simulated example takes extreme values in turn; the spec is refused with an error, or
+/// its job runs (virtual time) and ends with a result or a job error, never a panic or a
+/// hang (`trainer.seconds_per_token = 1e308` used to panic in the job).
+#[test]
+fn extreme_numbers_in_any_field_are_refused_or_run_without_panicking() {
+    let text = include_str!("../../../../examples/sim-small.toml")
+        .replace("steps = 8", "steps = 2")
+        .replace("count = 1000", "count = 4")
+        .replace("latency_s = { lognormal = { mu = -3.0, sigma = 0.5 } }", "latency_s = { constant = 0.05 }")
+        .replace("device = \"H800\"", "device = \"X1\"")
+        .replace("model = \"qwen3-8b\" }\n\n[[pools]]", "model = \"m1\" }\n\n[[pools]]")
+        .replace("batch_size = 8\n", "batch_size = 8\nenv_call_timeout_s = 30\nfrozen_after_s = 60\nfault_window_s = 30\nstep_timeout_s = 600\n")
+        + r#"
+[[sim.devices]]
+name = "X1"
+tflops = 900.0
+hbm_gb = 80.0
+hbm_tbps = 3.3
+cost = 2.0
+[[sim.models]]
+name = "m1"
+params_b = 8.0
+active_b = 8.0
+layers = 36
+kv_heads = 8
+head_dim = 128
+[sim.weight_sync]
+bucket_gb = 1.0
+"#;
+    let base = serde_json::to_value(parse(&text, Format::Toml).expect("example parses")).unwrap();
+    let mut leaves = Vec::new();
+    number_leaves(&base, String::new(), &mut leaves);
+    assert!(leaves.len() > 30, "{leaves:?}");
+    let mut ran = 0;
+    let mut bad = Vec::new();
+    for at in &leaves {
+        for x in [1e300, -1e300, 1e-300, 1.5e19] {
+            let mut v = base.clone();
+            *v.pointer_mut(at).unwrap() = serde_json::json!(x);
+            let Ok(spec) = from_value(v) else { continue };
+            let (tx, rx) = std::sync::mpsc::channel();
+            let what = format!("{at} = {x}");
+            std::thread::spawn(move || {
+                let r = std::panic::catch_unwind(|| crate::simrun::run_virtual(spec).map(|_| ()));
+                let _ = tx.send(r.map_err(|_| "the job panicked".to_string()).and_then(|r| {
+                    // An actor's panic surfaces as a job error: that is a panic too.
+                    match r {
+                        Err(e) if format!("{e:?}").contains("panic") => Err(format!("{e}")),
+                        Err(crate::runtime::JobError::Call {
+                            what,
+                            source: actors::call::CallError::Dropped,
+                        }) => Err(format!("the {what} actor died")),
+                        _ => Ok(()),
+                    }
+                }));
+            });
+            match rx.recv_timeout(std::time::Duration::from_secs(20)) {
+                Ok(Ok(_)) => ran += 1,
+                Ok(Err(e)) => bad.push(format!("{what}: {e}")),
+                Err(_) => panic!("{what}: the job did not end within 20 s of wall time"),
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{bad:#?}");
+    assert!(ran > 0);
 }

@@ -271,10 +271,11 @@ impl TrainerSpec {
         {
             problems.push("trainer.mfu".into(), format!("must be in (0, 1], got {v}"));
         }
-        if !(seconds_per_token.is_finite() && *seconds_per_token >= 0.0) {
+        // An hour per token is far past any real trainer; more overflows the clock.
+        if !(seconds_per_token.is_finite() && (0.0..=3600.0).contains(seconds_per_token)) {
             problems.push(
                 "trainer.seconds_per_token".into(),
-                format!("must be >= 0, got {seconds_per_token}"),
+                format!("must be in [0, 3600], got {seconds_per_token}"),
             );
         }
         if *gpus == 0 {

@@ -22,6 +22,7 @@ use job::spec::{AgentMode, EnvSpec, FieldError};
 pub(super) const MAX_WAIT_S: f64 = 60.0;
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(super) struct ClaimQuery {
     /// Seconds to wait for an episode when none is offered (0..=60, default 0).
     pub wait_s: Option<f64>,

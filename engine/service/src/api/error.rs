@@ -111,6 +111,13 @@ impl From<ServiceError> for ApiError {
             ServiceError::Terminal { .. } => {
                 Self::new(StatusCode::CONFLICT, "conflict", e.to_string())
             }
+            ServiceError::TestHooksOff { field } => Self {
+                fields: vec![FieldError {
+                    field: field.into(),
+                    message: e.to_string(),
+                }],
+                ..Self::new(StatusCode::BAD_REQUEST, "bad_request", e.to_string())
+            },
             ServiceError::NoText { .. } => Self {
                 fields: vec![FieldError {
                     field: "text".into(),

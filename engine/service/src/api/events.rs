@@ -4,7 +4,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::extract::{Extension, Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::Stream;
 use serde::Deserialize;
@@ -32,21 +32,13 @@ pub(super) async fn job_events(
     State(s): State<Arc<Service>>,
     Extension(p): Extension<Principal>,
     Extension(access): Extension<Arc<Access>>,
+    client: Option<Extension<crate::access::ClientAddr>>,
     Path(id): Path<String>,
     Query(q): Query<EventsQuery>,
     headers: HeaderMap,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     visible_job(&s, &p, &id)?;
-    let guard = access.open_stream(&p).ok_or_else(|| {
-        ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "rate_limited",
-            format!(
-                "this owner already has {} event streams open",
-                crate::access::MAX_STREAMS_PER_OWNER
-            ),
-        )
-    })?;
+    let guard = access.open_stream(&p, client.map(|c| c.0.0));
     let after = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
@@ -54,7 +46,7 @@ pub(super) async fn job_events(
         .or(q.after);
     let sub = s.subscribe_after(&id, after.as_deref())?;
     let stream = async_stream(move |tx| async move {
-        let _guard = guard;
+        let guard = guard;
         let terminal =
             |e: &JobEvent| matches!(e, JobEvent::State { state, .. } if state.is_terminal());
         let mut sub = sub;
@@ -69,7 +61,18 @@ pub(super) async fn job_events(
         };
         let mut seq = sub.next;
         loop {
-            match rx.recv().await {
+            let next = tokio::select! {
+                r = rx.recv() => r,
+                _ = guard.ended().cancelled() => {
+                    // A newer stream of the same owner and address took this one's place.
+                    let ev = Event::default().event("evicted").data(
+                        "{\"reason\":\"a newer event stream of this owner took this one's place\"}",
+                    );
+                    let _ = tx.send(ev).await;
+                    return;
+                }
+            };
+            match next {
                 Ok(e) => {
                     let end = terminal(&e);
                     let eid = sub.event_id(seq);

@@ -25,6 +25,7 @@ pub const MSGPACK: &str = "application/msgpack";
 pub(super) const MAX_WAIT_S: f64 = 60.0;
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(super) struct NextQuery {
     /// Seconds to wait for a batch when none is ready (0..=60, default 0).
     pub wait_s: Option<f64>,
@@ -219,7 +220,7 @@ pub(super) async fn ack_batch(
 }
 
 /// Gives a leased batch back untrained: it is offered again at once.
-#[utoipa::path(post, path = "/v1/batches/{batch_id}/nack", params(("batch_id" = String, Path, description = "the lease, as batches/next returned it")), responses((status = 200, body = BatchAck), (status = 400, body = super::ErrorBody), (status = 403, description = "a read token", body = super::ErrorBody), (status = 404, body = super::ErrorBody), (status = 409, description = "the lease ended", body = super::ErrorBody)))]
+#[utoipa::path(post, path = "/v1/batches/{batch_id}/nack", params(("batch_id" = String, Path, description = "the lease, as batches/next returned it")), responses((status = 200, body = BatchAck), (status = 400, body = super::ErrorBody), (status = 403, description = "a read token", body = super::ErrorBody), (status = 404, body = super::ErrorBody), (status = 409, description = "the lease ended, or the batch was acknowledged", body = super::ErrorBody)))]
 pub(super) async fn nack_batch(
     State(s): State<Arc<Service>>,
     Extension(p): Extension<Principal>,
@@ -228,8 +229,15 @@ pub(super) async fn nack_batch(
     let (job, step, offer) = parse_batch_id(&batch_id)?;
     visible_job(&s, &p, &job)?;
     require(&p, Role::Submit)?;
-    let out = s.batches.nack(&job, step, offer)?;
-    answer(batch_id, out, "offered_again")
+    match s.batches.nack(&job, step, offer)? {
+        // Trained and recorded: nothing is offered again, and saying so would be a lie.
+        AckOutcome::AlreadyAcked => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "already_acked",
+            format!("the batch {batch_id} was acknowledged as trained; it is not offered again"),
+        )),
+        out => answer(batch_id, out, "offered_again"),
+    }
 }
 
 /// The job's staleness bound and counters, for a trainer to pace itself.

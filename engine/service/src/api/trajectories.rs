@@ -15,6 +15,7 @@ use job::spec::FieldError;
 use job::store::{TrainedFilter, TrajectoryRow};
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct PageQuery {
     /// Cursor of the last trajectory already seen (0 = from the start).
     pub after: Option<i64>,
