@@ -210,12 +210,14 @@ TEST_FEATURES = --features actors/cuda
 ## tests, the manifests and the dashboard in Chromium.
 test: setup test-deps toolchain fmt-check lint-scripts
 	@test -x "$(CLIPPY_DRIVER)" || { echo "clippy-driver not found (rustup component add clippy)"; exit 1; }
+	@mkdir -p target && date +%s > target/.test-started
 	$(LINTED) $(CARGO) build --workspace --all-targets $(TEST_FEATURES)
 	$(LINTED) $(CARGO) nextest run --workspace --no-fail-fast $(TEST_FEATURES)
 	ST=$(ST) tests/fuzz-api.sh
 	$(MAKE) --no-print-directory sdk-test
 	$(MAKE) --no-print-directory deploy-check
 	python3 tests/ui/dashboard_test.py
+	python3 tools/check-orphans.py target/.test-started
 
 ## The web dashboard in headless Chromium (Debian package) against a real `rollarc serve`
 ## running the quickstart: token prompt, job list, live curves, timeline drill-down, functions,

@@ -141,16 +141,92 @@ pub fn command(argv: &[String]) -> Result<Command, ProcessError> {
 }
 
 /// Starts `cmd` as the leader of a new process group. Its stdio is as `cmd` says.
+///
+/// The child dies with this process, even when this process is SIGKILLed and never
+/// restarted (no ledger sweep then): it asks for SIGKILL on its parent's death before it
+/// runs the program. The kernel sends that signal when the *thread* that forked it exits,
+/// so every child is forked by one thread that lives as long as the process ([`spawner`]),
+/// never by a tokio blocking thread that exits when idle. (A sandboxed program dies too:
+/// bubblewrap's `--die-with-parent` ends its PID namespace.)
 pub fn spawn(mut cmd: Command) -> Result<Spawned, ProcessError> {
     cmd.process_group(0).kill_on_drop(true);
+    let parent = std::process::id();
+    // SAFETY: the closure runs between fork and exec and makes two system calls only
+    // (prctl, getppid), both async-signal-safe; it allocates nothing on success.
+    #[allow(unsafe_code)]
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                .map_err(io::Error::from)?;
+            // The parent may have died between fork and prctl: then nothing would signal.
+            if nix::unistd::getppid().as_raw() as u32 != parent {
+                return Err(io::Error::other("the parent process exited"));
+            }
+            Ok(())
+        });
+    }
     let program = cmd.as_std().get_program().to_string_lossy().into_owned();
-    match cmd.spawn() {
+    match spawner::spawn(cmd) {
         Ok(child) => Ok(Spawned {
             guard: GroupGuard::new(child.id()),
             child,
             program,
         }),
         Err(source) => Err(ProcessError::Spawn { program, source }),
+    }
+}
+
+/// The thread every child is forked from (see [`spawn`]).
+mod spawner {
+    use std::io;
+    use std::sync::OnceLock;
+    use std::sync::mpsc::{Sender, SyncSender, sync_channel};
+
+    use tokio::process::{Child, Command};
+
+    struct Request {
+        cmd: Command,
+        /// The caller's runtime: the child's pipes and exit are registered with it.
+        runtime: Option<tokio::runtime::Handle>,
+        reply: SyncSender<io::Result<Child>>,
+    }
+
+    fn thread() -> Option<&'static Sender<Request>> {
+        static THREAD: OnceLock<Option<Sender<Request>>> = OnceLock::new();
+        THREAD
+            .get_or_init(|| {
+                let (tx, rx) = std::sync::mpsc::channel::<Request>();
+                std::thread::Builder::new()
+                    .name("rollarc-spawner".into())
+                    .spawn(move || {
+                        for mut r in rx {
+                            let _entered = r.runtime.as_ref().map(|h| h.enter());
+                            let _ = r.reply.send(r.cmd.spawn());
+                        }
+                    })
+                    .ok()
+                    .map(|_| tx)
+            })
+            .as_ref()
+    }
+
+    /// Forks `cmd` on the spawner thread (on the calling thread if that cannot start).
+    pub(super) fn spawn(mut cmd: Command) -> io::Result<Child> {
+        let Some(t) = thread() else {
+            return cmd.spawn();
+        };
+        let (reply, answer) = sync_channel(1);
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        if let Err(mut back) = t.send(Request {
+            cmd,
+            runtime,
+            reply,
+        }) {
+            return back.0.cmd.spawn();
+        }
+        answer
+            .recv()
+            .unwrap_or_else(|_| Err(io::Error::other("the spawner thread is gone")))
     }
 }
 

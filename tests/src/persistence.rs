@@ -235,3 +235,80 @@ done"#;
         .send()
         .await;
 }
+
+/// Hardening (#35): a service SIGKILLed and never restarted leaves nothing running. Every
+/// child asked the kernel to kill it when its parent died (see `infra::process::spawn`):
+/// the function instances (`rollarc-fn`), a sandboxed environment (and everything in its
+/// PID namespace) and an unsandboxed one all exit within 5 s. They used to run on for good
+/// (the ledger only sweeps them at the next start on the same data directory).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_service_that_is_not_restarted_leaves_no_process_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let script = r#"while read l; do
+case "$l" in
+  *reset*) echo '{"v":1,"ok":true,"observation":"go"}' ;;
+  *step*) sleep 0.05; echo '{"v":1,"ok":true,"observation":"","reward":1.0,"terminated":true,"info":{"success":true}}' ;;
+  *close*) echo '{"v":1,"ok":true}'; exit 0 ;;
+esac
+done"#;
+    let external = |domain: &str, sandbox: &str| {
+        format!(
+            "[[tasks]]\ndomain = \"{domain}\"\ngroup_size = 2\nmax_turns = 1\nenvs = 2\nenv = {{ kind = \"external\", sandbox = \"{sandbox}\", command = [\"bash\", \"-c\", '''{script}'''] }}\n"
+        )
+    };
+    let spec = tests::SpecBuilder::new()
+        .pool("h20", "H20", 1, "")
+        .raw_task(&external("boxed", "bwrap"))
+        .raw_task(&external("open", "none"))
+        .raw_task("[[tasks]]\ndomain = \"add\"\ngroup_size = 2\nmax_turns = 1\nmax_tokens_per_turn = 8\nreward = [\"math\"]\n[tasks.env]\nkind = \"arithmetic\"\n")
+        .rollout("batch_size = 3")
+        .rollout("steps = 100000")
+        .extra("[sim]\nclock = \"real\"\n[reward]\nplacement = \"local\"\n[reward.functions.math]\nkind = \"builtin\"\nfunction = \"math\"\ntimeout_s = 5\n[reward.functions.math.scaling]\nmin-scale = 2\n")
+        .toml();
+    let server = start(dir.path());
+    let id = tests::submit_job(&client, &server.base, spec).await;
+    wait_job(&client, &server.base, &id, Duration::from_secs(90), |v| {
+        v["step"].as_u64().unwrap_or(0) >= 2 || v["state"] == "failed"
+    })
+    .await;
+    let pid = server.child.id();
+    let started = tests::server::descendants(pid);
+    let programs = |procs: &[(u32, u64)]| -> Vec<String> {
+        procs
+            .iter()
+            .filter_map(|(p, _)| std::fs::read_to_string(format!("/proc/{p}/comm")).ok())
+            .map(|c| c.trim().to_string())
+            .collect()
+    };
+    let names = programs(&started);
+    for want in ["rollarc-fn", "bwrap", "bash"] {
+        assert!(
+            names.iter().any(|n| n == want),
+            "no {want} among the service's processes {names:?}: the check would prove nothing"
+        );
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let left: Vec<(u32, u64)> = started
+            .iter()
+            .copied()
+            .filter(|p| tests::server::still_running(&[*p]) == 1)
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "5 s after the service's death these still run: {:?}",
+            programs(&left)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(server);
+}
