@@ -178,17 +178,7 @@ fn bwrap_args(filter: &std::path::Path, binds: &[String], clear_env: bool) -> Ve
 /// directory of every absolute path on its command line) and `readable`, those that
 /// [`bindable`] allows.
 fn read_only_binds(command: &[String], readable: &[String]) -> Vec<String> {
-    let own = command
-        .iter()
-        .filter(|a| a.starts_with('/'))
-        .filter_map(|a| {
-            let p = std::path::Path::new(a);
-            if p.is_dir() {
-                Some(p.to_path_buf())
-            } else {
-                p.parent().filter(|d| d.is_dir()).map(|d| d.to_path_buf())
-            }
-        });
+    let own = command.iter().filter_map(|a| own_dir(a));
     let mut binds: Vec<String> = own
         .chain(readable.iter().map(std::path::PathBuf::from))
         .filter_map(|p| bindable(&p))
@@ -196,6 +186,27 @@ fn read_only_binds(command: &[String], readable: &[String]) -> Vec<String> {
     binds.sort();
     binds.dedup();
     binds
+}
+
+/// The directory an absolute command-line argument makes readable: itself when it is a
+/// directory, else its parent.
+fn own_dir(arg: &str) -> Option<std::path::PathBuf> {
+    if !arg.starts_with('/') {
+        return None;
+    }
+    let p = std::path::Path::new(arg);
+    if p.is_dir() {
+        Some(p.to_path_buf())
+    } else {
+        p.parent().filter(|d| d.is_dir()).map(|d| d.to_path_buf())
+    }
+}
+
+/// The host directory (resolved) that the sandbox binds read-only for one argument of a
+/// command line, if any: what a program policy must check for every argument, not only the
+/// program (`python3 ok/script.py /home/x/private/notes.txt` exposes `/home/x/private`).
+pub fn bound_by_argument(arg: &str) -> Option<String> {
+    own_dir(arg).and_then(|d| bindable(&d))
 }
 
 /// The directories above each bind, made traversable: bubblewrap would create them with

@@ -196,13 +196,20 @@ async fn tokens_roles_and_owners_are_enforced() {
             .0,
         202
     );
-    // Metrics need a token here (the default), any role.
-    assert_eq!(
-        call(&s, M::GET, "/metrics", Some("viewer-secret"), None)
-            .await
-            .0,
-        200
-    );
+    // Metrics need an admin token here (the default `metrics = "token"`): the series name
+    // every owner's jobs, tasks, losses and success rates (#35: a read token of another
+    // owner used to see them all).
+    for (secret, status) in [
+        ("viewer-secret", 403),
+        ("alice-secret", 403),
+        ("ops-secret", 200),
+    ] {
+        assert_eq!(
+            call(&s, M::GET, "/metrics", Some(secret), None).await.0,
+            status,
+            "{secret}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -24,6 +24,8 @@ pub(super) struct ProgramCheck {
 /// reads (`readable_paths`, and a gymnasium environment's `python_path`).
 struct EnvProgram<'a> {
     program: &'a str,
+    /// The whole command line (the program alone for the bridged environments).
+    command: &'a [String],
     field: &'static str,
     sandbox: EnvSandbox,
     readable_paths: &'a [String],
@@ -87,6 +89,26 @@ impl ProgramCheck {
                     format!("tasks[{i}].env.{}", env.field),
                     format!("the service does not allow running `{}`", env.program),
                 );
+            }
+            // Every argument that names a host path binds its directory in the sandbox: the
+            // same rule as `readable_paths` (the program itself is the allowlist's business).
+            if env.sandbox == EnvSandbox::Bwrap {
+                let cwd = std::env::current_dir().ok();
+                let args = job::resolve::absolute_args(env.command, cwd.as_deref());
+                for (j, a) in args.iter().enumerate().skip(1) {
+                    if let Some(dir) = infra::sandbox::bound_by_argument(a)
+                        && !self.readable.permits(&dir)
+                    {
+                        self.deny(
+                            format!("tasks[{i}].env.{}[{j}]", env.field),
+                            format!(
+                                "the argument {:?} would make {dir:?} readable in the sandbox, \
+                                 which the service does not allow",
+                                env.command[j]
+                            ),
+                        );
+                    }
+                }
             }
             if env.sandbox == EnvSandbox::None && !self.allow_unsandboxed {
                 self.deny(
@@ -212,6 +234,7 @@ fn env_program(env: &EnvSpec) -> Option<EnvProgram<'_>> {
             ..
         } => command.first().map(|program| EnvProgram {
             program,
+            command,
             field: "command",
             sandbox: *sandbox,
             readable_paths,
@@ -224,6 +247,7 @@ fn env_program(env: &EnvSpec) -> Option<EnvProgram<'_>> {
             ..
         } => Some(EnvProgram {
             program: python,
+            command: std::slice::from_ref(python),
             field: "python",
             sandbox: *sandbox,
             readable_paths,
@@ -237,6 +261,7 @@ fn env_program(env: &EnvSpec) -> Option<EnvProgram<'_>> {
             ..
         } => Some(EnvProgram {
             program: python,
+            command: std::slice::from_ref(python),
             field: "python",
             sandbox: *sandbox,
             readable_paths,
@@ -244,6 +269,7 @@ fn env_program(env: &EnvSpec) -> Option<EnvProgram<'_>> {
         }),
         EnvSpec::Agent(a) => a.command.first().map(|program| EnvProgram {
             program,
+            command: &a.command,
             field: "command",
             sandbox: a.sandbox,
             readable_paths: &a.readable_paths,

@@ -263,3 +263,64 @@ backend = {{ kind = "sim" }}
         ["tasks[1].env.python_path[0]", "tasks[1].env.sandbox"]
     );
 }
+
+/// Hardening round 2 (#35): an argument that names a host path makes its directory
+/// readable in the sandbox, so the policy checks it as it checks `readable_paths`:
+/// `python3 allowed/script.py /private/notes.txt` used to read the private file.
+#[test]
+fn command_line_paths_obey_the_readable_paths_policy() {
+    let allowed = tempfile::tempdir().unwrap();
+    let private = tempfile::tempdir().unwrap();
+    let script = allowed.path().join("env.py");
+    let notes = private.path().join("notes.txt");
+    std::fs::write(&script, "").unwrap();
+    std::fs::write(&notes, "secret").unwrap();
+    let task = |args: &str, kind: &str| {
+        spec(&format!(
+            r#"
+[[tasks]]
+domain = "d"
+env = {{ kind = "{kind}", command = ["python3", {args}] }}
+[[pools]]
+name = "p"
+device = "H800"
+backend = {{ kind = "sim" }}
+"#
+        ))
+    };
+    let policy = ProgramPolicy {
+        executables: Some(vec!["python3".into()]),
+        allow_unsandboxed: None,
+        readable_paths: Some(vec![allowed.path().display().to_string()]),
+        allow_network_functions: None,
+    };
+    let a = Access::new(&cfg(&[("a", Role::Submit, "t")]), policy).unwrap();
+    let fields =
+        |s: &JobSpec| -> Vec<String> { a.check_programs(s).into_iter().map(|f| f.field).collect() };
+    let ok = format!("{:?}", script.display().to_string());
+    let bad = format!("{ok}, {:?}", notes.display().to_string());
+    for kind in ["external", "agent"] {
+        assert!(fields(&task(&ok, kind)).is_empty(), "{kind}");
+        assert_eq!(
+            fields(&task(&bad, kind)),
+            ["tasks[0].env.command[2]"],
+            "{kind}"
+        );
+        // The directory itself, and a path through `..`, are the same directory.
+        let dir = format!("{ok}, {:?}", private.path().display().to_string());
+        assert_eq!(fields(&task(&dir, kind)), ["tasks[0].env.command[2]"]);
+        let dotted = format!(
+            "{ok}, {:?}",
+            allowed
+                .path()
+                .join("..")
+                .join(private.path().file_name().unwrap())
+                .join("notes.txt")
+                .display()
+                .to_string()
+        );
+        assert_eq!(fields(&task(&dotted, kind)), ["tasks[0].env.command[2]"]);
+    }
+    // System directories are readable in every sandbox anyway.
+    assert!(fields(&task(&format!("{ok}, \"/usr/share\""), "external")).is_empty());
+}
