@@ -17,6 +17,7 @@
 pub mod clock;
 pub mod env;
 pub mod faas;
+pub mod files;
 pub mod process;
 pub mod router;
 pub mod sandbox;

@@ -359,6 +359,7 @@ fn announced_checkpoint_weights_load_from_gguf_hugging_face_names_and_model_name
         version,
         uri: uri.display().to_string(),
         format: format.into(),
+        identity: None,
     };
     // The GGUF itself (Q4_1, dequantised as the engines dequantise it).
     let w = served.load(&ann(1, &path, "gguf")).unwrap();

@@ -447,11 +447,19 @@ async fn announced_weights_are_installed_and_generate_the_next_batches() {
     assert_eq!(versions(&b0), [0].into());
     // Announcements are checked before they are recorded.
     let src = |uri: &str| json_src(uri, "safetensors");
+    // Inside the data directory: refused by the path policy.
+    let (status, v) = announce(
+        &t,
+        &job,
+        serde_json::json!({"version": 1, "source": src(&inside)}),
+    )
+    .await;
+    assert_eq!(
+        (status, v["error"]["fields"][0]["field"].as_str()),
+        (403, Some("source.uri")),
+        "{v}"
+    );
     for (body, field) in [
-        (
-            serde_json::json!({"version": 1, "source": src(&inside)}),
-            "source.uri",
-        ),
         (
             serde_json::json!({"version": 0, "source": src(&v1)}),
             "version",
@@ -568,6 +576,88 @@ async fn weights_the_model_cannot_serve_fail_the_job_with_the_reason() {
         error.contains("has no tensor") && error.contains("version 1"),
         "{error}"
     );
+}
+
+/// Hardening round 2 (#35): weight announcements go through the one path policy. With
+/// tokens and `readable_paths`, a file outside them is 403 whatever checksum comes with it
+/// (`/etc/passwd` used to answer 202 with its true hash and 400 with a wrong one: a content
+/// oracle); the resolved file is recorded, not the announced path (a symlink); and a file
+/// replaced after its announcement is refused at the install, naming the change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weight_announcements_obey_the_path_policy_and_install_the_checked_file() {
+    use service::access::{Access, AccessConfig, ProgramPolicy, Role, TokenEntry, hash_token};
+    let shared = tempfile::tempdir().unwrap();
+    let policy = ProgramPolicy {
+        readable_paths: Some(vec![shared.path().display().to_string()]),
+        ..Default::default()
+    };
+    let cfg = AccessConfig {
+        tokens: vec![TokenEntry {
+            name: "trainer".into(),
+            role: Role::Submit,
+            sha256: hash_token("trainer-secret"),
+        }],
+        ..Default::default()
+    };
+    let mut t = TestServer::start_with_access(Access::new(&cfg, policy).unwrap()).await;
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert("authorization", "Bearer trainer-secret".parse().unwrap());
+    t.client = reqwest::Client::builder()
+        .default_headers(headers)
+        .build()
+        .unwrap();
+    let base = t.url("");
+    let toml = tiny_external_job(2);
+    let v1 = write_weights(&toml, &shared.path().join("v1.safetensors"), 0.5, false);
+    let link = shared.path().join("latest.safetensors");
+    std::os::unix::fs::symlink(&v1, &link).unwrap();
+    let job = tests::submit_job(&t.client, &base, toml).await;
+    let (status, b) = next(&t, &job, 60.0).await;
+    assert_eq!(status, 200);
+    let passwd = service::access::hash_bytes(&std::fs::read("/etc/passwd").unwrap());
+    for sha in [passwd.as_str(), "00"] {
+        let body = serde_json::json!({"version": 1, "source": {"kind": "path", "uri": "/etc/passwd", "format": "safetensors", "sha256": sha}});
+        let (status, v) = announce(&t, &job, body).await;
+        assert_eq!(
+            (status, v["error"]["fields"][0]["field"].as_str()),
+            (403, Some("source.uri")),
+            "{v}"
+        );
+    }
+    // Through a symlink: the resolved file is what is recorded.
+    let (status, v) = announce(
+        &t,
+        &job,
+        serde_json::json!({"version": 1, "source": json_src(&link.display().to_string(), "safetensors")}),
+    )
+    .await;
+    assert_eq!(status, 202, "{v}");
+    let recorded = t.service.batches.newest_weights(&job).unwrap().unwrap();
+    assert_eq!(
+        recorded.uri,
+        std::fs::canonicalize(&v1).unwrap().display().to_string()
+    );
+    // Replaced after the announcement (another file at the same path): refused at the
+    // install, not loaded.
+    std::fs::remove_file(&v1).unwrap();
+    write_weights(
+        &tiny_external_job(2),
+        std::path::Path::new(&v1),
+        0.25,
+        false,
+    );
+    let id = b["batch_id"].as_str().unwrap().to_string();
+    assert_eq!(
+        post(&t, &format!("/v1/batches/{id}/ack"), "{}").await.0,
+        200
+    );
+    let done = wait_job(&t.client, &base, &job, Duration::from_secs(60), |v| {
+        v["state"] == "succeeded" || v["state"] == "failed"
+    })
+    .await;
+    assert_eq!(done["state"], "failed", "{done}");
+    let error = done["error"].as_str().unwrap_or_default();
+    assert!(error.contains("changed after it was checked"), "{error}");
 }
 
 fn json_src(uri: &str, format: &str) -> Value {

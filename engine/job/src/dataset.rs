@@ -101,6 +101,9 @@ pub fn format_of(path: &str, format: Option<DatasetFormat>) -> Option<DatasetFor
     })
 }
 
+/// The longest line of a JSONL dataset: 16 MiB.
+pub const MAX_ROW_BYTES: u64 = 16 << 20;
+
 /// Reads the raw rows of a file (at most `limit`).
 pub fn read_rows(
     path: &str,
@@ -111,23 +114,47 @@ pub fn read_rows(
     match format_of(path, format) {
         None => Err(DatasetError::UnknownFormat { path: path.into() }),
         Some(DatasetFormat::Jsonl) => {
-            let text = std::fs::read_to_string(path).map_err(|source| DatasetError::Read {
+            use std::io::{BufRead, Read};
+            let read_err = |source| DatasetError::Read {
                 path: path.into(),
                 source,
-            })?;
+            };
+            // Line by line, each line at most MAX_ROW_BYTES: checking the first row reads the
+            // first line, not the file (a 1 GiB file without a newline used to be read whole).
+            let file = std::fs::File::open(path).map_err(read_err)?;
+            let mut reader =
+                std::io::BufReader::new(file).take(infra::files::FileKind::Dataset.cap());
             let mut out = Vec::new();
-            for (i, line) in text.lines().enumerate() {
-                if out.len() >= limit {
+            let mut buf = Vec::new();
+            let mut i = 0;
+            while out.len() < limit {
+                buf.clear();
+                let n = (&mut reader)
+                    .take(MAX_ROW_BYTES + 1)
+                    .read_until(b'\n', &mut buf)
+                    .map_err(read_err)?;
+                if n == 0 {
                     break;
                 }
+                i += 1;
+                let i = i - 1;
+                if buf.len() as u64 > MAX_ROW_BYTES {
+                    return Err(DatasetError::Row {
+                        path: path.into(),
+                        row: out.len(),
+                        message: format!("line {} is over {MAX_ROW_BYTES} bytes", i + 1),
+                    });
+                }
+                let line = String::from_utf8_lossy(&buf);
                 if line.trim().is_empty() {
                     continue;
                 }
-                let v: Value = serde_json::from_str(line).map_err(|source| DatasetError::Json {
-                    path: path.into(),
-                    line: i + 1,
-                    source,
-                })?;
+                let v: Value =
+                    serde_json::from_str(&line).map_err(|source| DatasetError::Json {
+                        path: path.into(),
+                        line: i + 1,
+                        source,
+                    })?;
                 if !v.is_object() {
                     return Err(DatasetError::Row {
                         path: path.into(),

@@ -31,6 +31,7 @@ pub mod baseline;
 pub mod cost;
 pub mod dataset;
 pub mod hub;
+pub mod inputs;
 pub mod resolve;
 pub mod runtime;
 pub mod simrun;

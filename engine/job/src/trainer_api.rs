@@ -14,4 +14,4 @@ mod served;
 pub use batch::{BatchGroup, Sample, TrainingBatch};
 pub use desk::BatchDesk;
 pub use external::ExternalTrainer;
-pub use served::{AnnouncedError, ServedModel, file_sha256};
+pub use served::{AnnouncedError, ServedModel, file_sha256, reader_sha256};

@@ -391,6 +391,18 @@ impl Access {
             .len()
     }
 
+    /// The `readable_paths` policy as a check of a resolved path: a refusal message, or
+    /// none when the service lets a spec read it (the one policy every file opened on a
+    /// user's behalf goes through, see `infra::files`).
+    pub fn readable_check(&self) -> impl Fn(&std::path::Path) -> Option<String> + Send + 'static {
+        let list =
+            programs::ReadableList::new(self.policy.readable_paths.as_deref(), self.enabled());
+        move |p: &std::path::Path| {
+            let shown = p.display().to_string();
+            (!list.permits(&shown)).then(|| format!("the service does not allow reading {shown:?}"))
+        }
+    }
+
     /// Checks every program a spec would start against the policy: one 403 field error per
     /// disallowed program or sandbox opt-out.
     pub fn check_programs(&self, spec: &JobSpec) -> Vec<FieldError> {

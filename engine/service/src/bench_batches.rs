@@ -262,9 +262,13 @@ async fn announce_run(dir: &std::path::Path) -> Result<(), BatchesBenchError> {
             .map_err(|e| decode(e.to_string()))?;
         candle_core::safetensors::save(&map, &path).map_err(|e| decode(e.to_string()))?;
         let t = tokio::time::Instant::now();
-        service
-            .batches
-            .announce(&job, version, &path.display().to_string(), "safetensors")?;
+        service.batches.announce(
+            &job,
+            version,
+            &path.display().to_string(),
+            "safetensors",
+            None,
+        )?;
         service
             .batches
             .ack(&job, b.step, b.offer, &serde_json::json!({}))?;

@@ -280,6 +280,16 @@ impl Service {
         Ok(id)
     }
 
+    /// Stages the spec's input files under the data directory (`inputs/`): see
+    /// [`job::inputs`]. Blocking (copies files): call it off the async workers.
+    pub fn stage_inputs(
+        &self,
+        spec: &mut JobSpec,
+        readable: &dyn Fn(&std::path::Path) -> Option<String>,
+    ) -> Vec<job::inputs::StageProblem> {
+        job::inputs::stage_datasets(spec, &self.data_dir.join("inputs"), readable)
+    }
+
     /// The job's estimated peak memory if it fits the budget on its own.
     pub fn admit(&self, spec: &JobSpec) -> Result<u64, ServiceError> {
         let e = crate::admission::estimate(spec);

@@ -193,7 +193,9 @@ impl Store {
         version: u64,
         uri: &str,
         format: &str,
+        identity: Option<&infra::files::Identity>,
     ) -> Result<bool, StoreError> {
+        let identity = identity.and_then(|i| serde_json::to_string(i).ok());
         self.with(|c| {
             let tx = c.transaction()?;
             let newest: Option<i64> = tx.query_row(
@@ -205,8 +207,8 @@ impl Store {
                 return Ok(false);
             }
             tx.execute(
-                "INSERT INTO announced_weights (job_id, version, uri, format, at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![job, version as i64, uri, format, super::now_ms()],
+                "INSERT INTO announced_weights (job_id, version, uri, format, at_ms, identity) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![job, version as i64, uri, format, super::now_ms(), identity],
             )?;
             tx.commit()?;
             Ok(true)
@@ -217,13 +219,16 @@ impl Store {
     pub fn newest_weights(&self, job: &str) -> Result<Option<AnnouncedWeights>, StoreError> {
         self.with(|c| {
             Ok(c.query_row(
-                "SELECT version, uri, format FROM announced_weights WHERE job_id = ?1 ORDER BY version DESC LIMIT 1",
+                "SELECT version, uri, format, identity FROM announced_weights WHERE job_id = ?1 ORDER BY version DESC LIMIT 1",
                 params![job],
                 |r| {
                     Ok(AnnouncedWeights {
                         version: r.get::<_, i64>(0)? as u64,
                         uri: r.get(1)?,
                         format: r.get(2)?,
+                        identity: r
+                            .get::<_, Option<String>>(3)?
+                            .and_then(|s| serde_json::from_str(&s).ok()),
                     })
                 },
             )
@@ -239,6 +244,9 @@ pub struct AnnouncedWeights {
     pub uri: String,
     /// `safetensors` or `gguf`.
     pub format: String,
+    /// The file as it was checked at the announcement (the install re-checks it): none in
+    /// stores written before identities were recorded.
+    pub identity: Option<infra::files::Identity>,
 }
 
 type Lease = (String, i64, Option<i64>);

@@ -68,6 +68,7 @@ CREATE TABLE IF NOT EXISTS announced_weights (
   uri TEXT NOT NULL,
   format TEXT NOT NULL,
   at_ms INTEGER NOT NULL,
+  identity TEXT,
   PRIMARY KEY (job_id, version)
 );
 ";
@@ -97,6 +98,14 @@ pub(super) fn migrate(conn: &Connection) -> Result<(), StoreError> {
     )? > 0;
     if !has_start_step {
         conn.execute_batch("ALTER TABLE attempts ADD COLUMN start_step INTEGER")?;
+    }
+    let has_identity: bool = conn.query_row(
+        "SELECT COUNT(*) FROM pragma_table_info('announced_weights') WHERE name = 'identity'",
+        [],
+        |r| r.get::<_, i64>(0),
+    )? > 0;
+    if !has_identity {
+        conn.execute_batch("ALTER TABLE announced_weights ADD COLUMN identity TEXT")?;
     }
     Ok(())
 }

@@ -122,8 +122,11 @@ impl BatchDesk {
         version: u64,
         uri: &str,
         format: &str,
+        identity: Option<&infra::files::Identity>,
     ) -> Result<bool, StoreError> {
-        let fresh = self.store.announce_weights(job, version, uri, format)?;
+        let fresh = self
+            .store
+            .announce_weights(job, version, uri, format, identity)?;
         self.changed(job).notify_waiters();
         Ok(fresh)
     }

@@ -61,16 +61,35 @@ impl ServedModel {
     /// tensor names, or Hugging Face's for a checkpoint), or a GGUF checkpoint (dequantised to
     /// f32) for a checkpoint model.
     pub fn load(&self, a: &AnnouncedWeights) -> Result<Weights, AnnouncedError> {
-        let (version, path) = (a.version, a.uri.as_str());
+        let version = a.version;
         let (tensors, plain, hf) = match self {
             Self::Simulated { bytes } => return Ok(Weights::simulated(version, *bytes)),
             Self::Real { tensors, plain, hf } => (tensors, *plain, hf),
         };
         let bad = |why: String| AnnouncedError {
             version,
-            path: path.into(),
+            path: a.uri.clone(),
             why,
         };
+        // The file the announcement checked, and no other: re-opened without following a
+        // symlink, compared by identity, then read through that descriptor (its
+        // `/proc/self/fd` name), never by the path again.
+        let opened = match &a.identity {
+            Some(id) => infra::files::still_same(
+                std::path::Path::new(&a.uri),
+                id,
+                infra::files::FileKind::Weights,
+            ),
+            // Announced before identities were recorded: resolved now.
+            None => infra::files::resolve(std::path::Path::new(&a.uri))
+                .and_then(|p| infra::files::open_resolved(&p, infra::files::FileKind::Weights)),
+        }
+        .map_err(|e| bad(infra::error_chain(&e)))?;
+        let fd_path = format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&opened.file)
+        );
+        let path = fd_path.as_str();
         let mut map = if a.format == "gguf" {
             if hf.is_none() {
                 return Err(bad(
@@ -151,7 +170,11 @@ pub struct AnnouncedError {
 
 /// The SHA-256 of a file (lower-case hex), read as a stream.
 pub fn file_sha256(path: &std::path::Path) -> std::io::Result<String> {
-    let mut f = std::fs::File::open(path)?;
+    reader_sha256(std::fs::File::open(path)?)
+}
+
+/// The SHA-256 of what `f` reads, in lowercase hex.
+pub fn reader_sha256(mut f: impl std::io::Read) -> std::io::Result<String> {
     let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
     let mut buf = vec![0u8; 1 << 20];
     loop {

@@ -311,13 +311,13 @@ impl Allowlist {
 }
 
 /// The directories of the policy a spec may make readable in the sandbox.
-struct ReadableList {
+pub(super) struct ReadableList {
     /// None: any.
     dirs: Option<Vec<PathBuf>>,
 }
 
 impl ReadableList {
-    fn new(configured: Option<&[String]>, strict: bool) -> Self {
+    pub(super) fn new(configured: Option<&[String]>, strict: bool) -> Self {
         let dirs = match configured {
             Some(list) => Some(
                 list.iter()
@@ -332,7 +332,7 @@ impl ReadableList {
 
     /// A path (resolved: `..` and symlinks cannot leave a listed directory) inside a listed
     /// directory. A path that does not exist is refused when a list applies.
-    fn permits(&self, path: &str) -> bool {
+    pub(super) fn permits(&self, path: &str) -> bool {
         let Some(dirs) = &self.dirs else {
             return true;
         };

@@ -15,7 +15,7 @@ use utoipa::{IntoParams, ToSchema};
 use super::{ApiError, ErrorBody, MAX_BODY_BYTES, page_limit, require, visible_job};
 use crate::access::{Access, Principal, Role};
 use crate::service::{Service, ServiceError};
-use job::spec::{self, Format};
+use job::spec::{self, FieldError, Format};
 use job::store::{JobRecord, JobState};
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -64,7 +64,7 @@ fn body_format(headers: &HeaderMap, body: &str) -> Result<Format, ApiError> {
 
 /// Submit a job (JSON or TOML body).
 #[utoipa::path(post, path = "/v1/jobs", request_body(content = spec::JobSpec, description = "job spec as JSON or TOML"),
-    responses((status = 201, body = Created), (status = 400, description = "invalid spec, or over the memory budget", body = ErrorBody), (status = 403, description = "the token may not submit, or the service policy forbids a program of the spec", body = ErrorBody), (status = 413, body = ErrorBody), (status = 415, description = "a body that is neither JSON nor TOML (e.g. YAML)", body = ErrorBody), (status = 503, body = ErrorBody)))]
+    responses((status = 201, body = Created), (status = 400, description = "invalid spec, or over the memory budget", body = ErrorBody), (status = 403, description = "the token may not submit, or the service policy forbids a program or a file of the spec", body = ErrorBody), (status = 413, body = ErrorBody), (status = 415, description = "a body that is neither JSON nor TOML (e.g. YAML)", body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub(super) async fn submit(
     State(s): State<Arc<Service>>,
     Extension(p): Extension<Principal>,
@@ -86,28 +86,80 @@ pub(super) async fn submit(
     })?;
     let text = std::str::from_utf8(&body)
         .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", "body is not UTF-8"))?;
-    let spec = job::resolve::accept(text, body_format(&headers, text)?).map_err(|e| ApiError {
+    let invalid = |fields: Vec<FieldError>| ApiError {
         status: StatusCode::BAD_REQUEST,
         code: "invalid_spec",
-        message: format!("the job spec has {} problem(s)", e.0.len()),
-        fields: e.0,
+        message: format!("the job spec has {} problem(s)", fields.len()),
+        fields,
         cause: None,
-    })?;
+    };
+    let forbidden = |fields: Vec<FieldError>| ApiError {
+        status: StatusCode::FORBIDDEN,
+        code: "forbidden",
+        message: format!(
+            "the service policy does not allow {} program(s) or file(s) of this spec",
+            fields.len()
+        ),
+        fields,
+        cause: None,
+    };
+    // The spec alone first, then the policy, and only then the host: no file is opened for
+    // a spec the policy refuses.
+    let spec = job::spec::parse(text, body_format(&headers, text)?).map_err(|e| invalid(e.0))?;
     let denied = access.check_programs(&spec);
     if !denied.is_empty() {
-        return Err(ApiError {
-            status: StatusCode::FORBIDDEN,
-            code: "forbidden",
-            message: format!(
-                "the service policy does not allow {} program(s) of this spec",
-                denied.len()
-            ),
-            fields: denied,
-            cause: None,
-        });
+        return Err(forbidden(denied));
+    }
+    // Input files are opened once, under the policy, and copied for the job; the host
+    // checks (a dataset's first row, a checkpoint's header) read the copies.
+    let readable = access.readable_check();
+    let service = s.clone();
+    let (spec, staged, host) = tokio::task::spawn_blocking(move || {
+        let original = spec.clone();
+        let mut spec = spec;
+        let staged = service.stage_inputs(&mut spec, &readable);
+        let host = if staged.is_empty() {
+            let paths = spec_paths(&original, &spec);
+            job::resolve::check(&spec)
+                .into_iter()
+                .map(|e| job::inputs::in_terms_of(e, &paths))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        (spec, staged, host)
+    })
+    .await
+    .map_err(|e| ApiError::internal(&e))?;
+    let (policy, files): (Vec<_>, Vec<_>) = staged.into_iter().partition(|p| p.policy);
+    if !policy.is_empty() {
+        return Err(forbidden(policy.into_iter().map(|p| p.error).collect()));
+    }
+    if !files.is_empty() {
+        return Err(invalid(files.into_iter().map(|p| p.error).collect()));
+    }
+    if !host.is_empty() {
+        return Err(invalid(host));
     }
     let id = s.submit_as(spec, p.owner())?;
     Ok((StatusCode::CREATED, Json(Created { id })))
+}
+
+/// (staged copy, original) of every dataset path the staging rewrote.
+fn spec_paths(original: &job::spec::JobSpec, staged: &job::spec::JobSpec) -> Vec<(String, String)> {
+    let paths = |s: &job::spec::JobSpec| -> Vec<Option<String>> {
+        s.tasks
+            .iter()
+            .chain(s.eval.iter().flat_map(|e| e.tasks.iter()))
+            .map(|t| t.dataset.as_ref().map(|d| d.path.clone()))
+            .collect()
+    };
+    paths(staged)
+        .into_iter()
+        .zip(paths(original))
+        .filter_map(|(s, o)| Some((s?, o?)))
+        .filter(|(s, o)| s != o)
+        .collect()
 }
 
 /// List jobs, oldest first.
