@@ -167,7 +167,51 @@ async fn a_job_that_keeps_killing_the_service_is_failed_not_crash_looped() {
     .await;
     assert_eq!(v["state"], "failed", "{v}");
     let why = v["error"].as_str().unwrap_or_default();
-    assert!(why.contains("died during 2 attempts"), "{v}");
+    assert!(
+        why.contains("died 2 times in a row while this job ran alone"),
+        "{v}"
+    );
+}
+
+/// Round 2 (#35): deaths while several jobs run blame none of them. Two slow jobs (no step,
+/// no trajectory before each kill) survive two SIGKILLs aimed at the service and resume;
+/// under the old rule both were failed after the second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deaths_while_several_jobs_run_fail_none_of_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let mut server = start(dir.path());
+    let ids = [
+        tests::submit_job(&client, &server.base, tests::wall_clock_job(1000, 2, 5.0)).await,
+        tests::submit_job(&client, &server.base, tests::wall_clock_job(1000, 2, 5.0)).await,
+    ];
+    for _ in 0..2 {
+        for id in &ids {
+            wait_job(&client, &server.base, id, Duration::from_secs(60), |v| {
+                v["state"] == "running"
+            })
+            .await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(server.child.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        drop(server);
+        server = start(dir.path());
+    }
+    for id in &ids {
+        let v = wait_job(&client, &server.base, id, Duration::from_secs(60), |v| {
+            v["state"] == "running" || v["state"] == "failed"
+        })
+        .await;
+        assert_eq!(v["state"], "running", "{v}");
+        let _ = client
+            .post(format!("{}/v1/jobs/{id}/cancel", server.base))
+            .send()
+            .await;
+    }
 }
 
 /// Hardening: processes a SIGKILLed service started (here an external environment, as

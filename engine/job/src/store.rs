@@ -20,6 +20,7 @@ mod batches;
 mod schema;
 mod trajectories;
 
+pub use attempts::Deaths;
 pub use batches::{AckOutcome, AnnouncedWeights, LeasedBatch};
 use schema::{SCHEMA, migrate};
 pub use trajectories::{JobSink, TrainedFilter, TrajectoryRow, TurnText};

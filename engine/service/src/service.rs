@@ -21,7 +21,7 @@ mod runs;
 
 use events::EventLog;
 pub use events::{EVENT_HISTORY, JobEvent, Subscription};
-pub use recovery::MAX_PROCESS_DEATHS;
+pub use recovery::{MAX_DEATHS_IN_A_ROW, MAX_PROCESS_DEATHS};
 
 /// Why the service cannot do what it was asked.
 #[derive(Debug, thiserror::Error)]

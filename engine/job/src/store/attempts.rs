@@ -5,13 +5,32 @@ use rusqlite::params;
 
 use super::{Store, StoreError, now_ms};
 
+/// What the attempts of a job that the process died during say about the job: the
+/// evidence that it takes the process down.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Deaths {
+    /// The latest attempts, back to the first that ended normally or made progress (a
+    /// trajectory committed, or a training step completed), during which the process died.
+    pub in_a_row: u64,
+    /// Of those, the ones that point at this job: it was the only job running when the
+    /// process died. (A death while several jobs ran blames none of them: two SIGKILLs of
+    /// a service with 47 jobs used to fail the two whose steps were slowest.)
+    pub alone: u64,
+}
+
 impl Store {
-    /// Records that an attempt to run `job` from `start_step` starts now; returns its number.
-    pub fn start_attempt(&self, job: &str, start_step: u64) -> Result<i64, StoreError> {
+    /// Records that an attempt to run `job` from `start_step` starts now, in the service
+    /// process that started at `boot` (ms); returns its number.
+    pub fn start_attempt(&self, job: &str, start_step: u64, boot: u64) -> Result<i64, StoreError> {
         self.with(|c| {
+            let seq: i64 = c.query_row(
+                "SELECT COALESCE(MAX(seq), 0) FROM trajectories",
+                [],
+                |r| r.get(0),
+            )?;
             c.execute(
-                "INSERT INTO attempts (job_id, started_at_ms, start_step) VALUES (?1, ?2, ?3)",
-                params![job, now_ms(), start_step as i64],
+                "INSERT INTO attempts (job_id, started_at_ms, start_step, boot, start_seq) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![job, now_ms(), start_step as i64, boot as i64, seq],
             )?;
             Ok(c.last_insert_rowid())
         })
@@ -28,32 +47,63 @@ impl Store {
         })
     }
 
-    /// Attempts of `job` that never ended: the process died while running them.
-    ///
-    /// Counts the latest attempts, back to the first one that ended normally or completed a
-    /// training step: a job killed while making progress (an operator's restart, a host
-    /// failure) is resumed however often that happens; one that takes the process down
-    /// before completing any step is a crash loop.
-    pub fn died_attempts(&self, job: &str) -> Result<u64, StoreError> {
+    /// The attempts of `job` that never ended (the process died while running them), newest
+    /// first, back to the first that ended normally or made progress: a job killed while
+    /// making progress (an operator's restart, a host failure) is resumed however often that
+    /// happens. See [`Deaths`] for which of them blame the job.
+    pub fn died_attempts(&self, job: &str) -> Result<Deaths, StoreError> {
         self.with(|c| {
             let step: i64 = c.query_row("SELECT step FROM jobs WHERE id = ?1", [job], |r| {
                 r.get(0)
             })?;
             let mut st = c.prepare(
-                "SELECT COALESCE(start_step, 0), ended_at_ms IS NULL FROM attempts WHERE job_id = ?1 ORDER BY seq DESC",
+                "SELECT COALESCE(start_step, 0), ended_at_ms IS NULL, boot, start_seq \
+                 FROM attempts WHERE job_id = ?1 ORDER BY seq DESC",
             )?;
             let attempts = st
-                .query_map([job], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, bool>(1)?)))?
+                .query_map([job], |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, bool>(1)?,
+                        r.get::<_, Option<i64>>(2)?,
+                        r.get::<_, Option<i64>>(3)?,
+                    ))
+                })?
                 .collect::<Result<Vec<_>, _>>()?;
-            // Newest first: the step each attempt reached is where the next one started.
+            // Newest first: the step each attempt reached is where the next one started, and
+            // its trajectories are those committed after its start and before the next one's.
             let mut reached = step;
-            let mut deaths = 0;
-            for (start, died) in attempts {
-                if !died || reached > start {
+            let mut until_seq: Option<i64> = None;
+            let mut deaths = Deaths::default();
+            for (start, died, boot, start_seq) in attempts {
+                let committed = match start_seq {
+                    Some(from) => c.query_row(
+                        "SELECT EXISTS (SELECT 1 FROM trajectories WHERE job_id = ?1 AND seq > ?2 AND seq <= ?3)",
+                        params![job, from, until_seq.unwrap_or(i64::MAX)],
+                        |r| r.get::<_, bool>(0),
+                    )?,
+                    None => false,
+                };
+                if !died || reached > start || committed {
                     break;
                 }
-                deaths += 1;
+                deaths.in_a_row += 1;
+                let alone = match boot {
+                    Some(b) => {
+                        c.query_row(
+                            "SELECT COUNT(*) FROM attempts WHERE boot = ?1 AND ended_at_ms IS NULL AND job_id != ?2",
+                            params![b, job],
+                            |r| r.get::<_, i64>(0),
+                        )? == 0
+                    }
+                    // Recorded before boots were: the old rule (every such death counts).
+                    None => true,
+                };
+                if alone {
+                    deaths.alone += 1;
+                }
                 reached = start;
+                until_seq = start_seq;
             }
             Ok(deaths)
         })
@@ -88,20 +138,42 @@ mod tests {
         let id = store.create_job(&spec, 10, None).unwrap();
         let metrics = serde_json::json!({});
         // Died after completing steps 1 and 2: progress, not a crash loop.
-        store.start_attempt(&id, 0).unwrap();
+        let deaths = |n, alone| Deaths { in_a_row: n, alone };
+        store.start_attempt(&id, 0, 1).unwrap();
         store.complete_step(&id, 2, &metrics, &[]).unwrap();
-        assert_eq!(store.died_attempts(&id).unwrap(), 0);
-        // Resumed at 2, died before a step: one.
-        store.start_attempt(&id, 2).unwrap();
-        assert_eq!(store.died_attempts(&id).unwrap(), 1);
+        assert_eq!(store.died_attempts(&id).unwrap(), deaths(0, 0));
+        // Resumed at 2, died before a step, alone: one.
+        store.start_attempt(&id, 2, 2).unwrap();
+        assert_eq!(store.died_attempts(&id).unwrap(), deaths(1, 1));
         // Again: two in a row.
-        store.start_attempt(&id, 2).unwrap();
-        assert_eq!(store.died_attempts(&id).unwrap(), 2);
+        store.start_attempt(&id, 2, 3).unwrap();
+        assert_eq!(store.died_attempts(&id).unwrap(), deaths(2, 2));
         // An attempt that ends normally resets the count.
-        let a = store.start_attempt(&id, 2).unwrap();
+        let a = store.start_attempt(&id, 2, 4).unwrap();
         store.end_attempt(a, "interrupted").unwrap();
-        assert_eq!(store.died_attempts(&id).unwrap(), 0);
-        store.start_attempt(&id, 2).unwrap();
-        assert_eq!(store.died_attempts(&id).unwrap(), 1);
+        assert_eq!(store.died_attempts(&id).unwrap(), deaths(0, 0));
+        store.start_attempt(&id, 2, 5).unwrap();
+        assert_eq!(store.died_attempts(&id).unwrap(), deaths(1, 1));
+        // Another job died in the same process: that death blames neither.
+        let other = store.create_job(&spec, 10, None).unwrap();
+        store.start_attempt(&other, 0, 6).unwrap();
+        store.start_attempt(&id, 2, 6).unwrap();
+        assert_eq!(store.died_attempts(&id).unwrap(), deaths(2, 1));
+        assert_eq!(store.died_attempts(&other).unwrap(), deaths(1, 0));
+        // A trajectory committed during an attempt is progress, even without a step.
+        store.start_attempt(&id, 2, 7).unwrap();
+        store
+            .with(|c| {
+                c.execute(
+                    "INSERT INTO trajectories (job_id, traj_id, body) VALUES (?1, 'r7-1', '{}')",
+                    [&id],
+                )?;
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(store.died_attempts(&id).unwrap(), deaths(0, 0));
+        // The next attempt starts after it: only its own trajectories count.
+        store.start_attempt(&id, 2, 8).unwrap();
+        assert_eq!(store.died_attempts(&id).unwrap(), deaths(1, 1));
     }
 }

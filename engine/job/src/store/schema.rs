@@ -49,7 +49,9 @@ CREATE TABLE IF NOT EXISTS attempts (
   started_at_ms INTEGER NOT NULL,
   ended_at_ms INTEGER,
   outcome TEXT,
-  start_step INTEGER
+  start_step INTEGER,
+  boot INTEGER,
+  start_seq INTEGER
 );
 CREATE INDEX IF NOT EXISTS attempts_job ON attempts (job_id, seq);
 CREATE TABLE IF NOT EXISTS batches (
@@ -98,6 +100,16 @@ pub(super) fn migrate(conn: &Connection) -> Result<(), StoreError> {
     )? > 0;
     if !has_start_step {
         conn.execute_batch("ALTER TABLE attempts ADD COLUMN start_step INTEGER")?;
+    }
+    for (col, ty) in [("boot", "INTEGER"), ("start_seq", "INTEGER")] {
+        let has: bool = conn.query_row(
+            "SELECT COUNT(*) FROM pragma_table_info('attempts') WHERE name = ?1",
+            [col],
+            |r| r.get::<_, i64>(0),
+        )? > 0;
+        if !has {
+            conn.execute_batch(&format!("ALTER TABLE attempts ADD COLUMN {col} {ty}"))?;
+        }
     }
     let has_identity: bool = conn.query_row(
         "SELECT COUNT(*) FROM pragma_table_info('announced_weights') WHERE name = 'identity'",

@@ -11,11 +11,17 @@ use job::store::JobState;
 
 use super::{Service, ServiceError};
 
-/// Attempts of one job in a row during which the service process died before a training step
-/// completed, after which the job is failed at the next start instead of run again (a spec
-/// that takes the process down must not keep it crash-looping; a job killed while it makes
-/// progress is resumed however often that happens).
+/// Attempts of one job in a row during which the service process died while the job ran
+/// alone and before it made progress (a trajectory committed, a training step completed),
+/// after which the job is failed at the next start instead of run again: a spec that takes
+/// the process down must not keep it crash-looping. A job killed while it makes progress is
+/// resumed however often that happens, and a death while several jobs ran blames none of
+/// them (see `job::store::Deaths`).
 pub const MAX_PROCESS_DEATHS: u64 = 2;
+
+/// Deaths in a row without progress after which a job is failed whoever else was running:
+/// the backstop for a culprit that never runs alone.
+pub const MAX_DEATHS_IN_A_ROW: u64 = 5;
 
 impl Service {
     /// Re-queues jobs that were running when the service last stopped, then starts jobs.
@@ -57,13 +63,25 @@ impl Service {
             }
             if j.state == JobState::Running {
                 let deaths = self.store.died_attempts(&j.id)?;
-                if deaths >= MAX_PROCESS_DEATHS {
-                    let why = format!(
-                        "the service process died during {deaths} attempts to run this job in a \
-                         row, none completing a training step (the limit is \
-                         {MAX_PROCESS_DEATHS}); it is not run again"
-                    );
-                    tracing::error!(job = %j.id, deaths, "crash loop: failing the job");
+                let why = if deaths.alone >= MAX_PROCESS_DEATHS {
+                    Some(format!(
+                        "the service process died {} times in a row while this job ran alone and \
+                         before it made progress (no trajectory, no training step; the limit \
+                         is {MAX_PROCESS_DEATHS}): it takes the process down, and is not run again",
+                        deaths.alone
+                    ))
+                } else if deaths.in_a_row >= MAX_DEATHS_IN_A_ROW {
+                    Some(format!(
+                        "the service process died during {} attempts in a row to run this job, \
+                         none making progress (the limit is {MAX_DEATHS_IN_A_ROW}); it is not \
+                         run again",
+                        deaths.in_a_row
+                    ))
+                } else {
+                    None
+                };
+                if let Some(why) = why {
+                    tracing::error!(job = %j.id, ?deaths, "crash loop: failing the job");
                     self.store.transition(&j.id, JobState::Failed, Some(&why))?;
                     continue;
                 }

@@ -92,7 +92,7 @@ impl Service {
         // which the process died (see `recover`).
         let attempt = self
             .store
-            .start_attempt(&id, start_step)
+            .start_attempt(&id, start_step, self.boot as u64)
             .map_err(|e| tracing::error!(job = %id, error = %error_chain(&e), "could not record the attempt"))
             .ok();
         let result = self.run_attempt(&id, spec, start_step, epoch, &cancel);
