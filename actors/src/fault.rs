@@ -41,7 +41,16 @@ pub struct Fault {
 struct Streak {
     failures: u64,
     since: Instant,
+    /// Failures of the streak that were answers (the dependency ran and said no), the first
+    /// at `answers_since`.
+    answers: u64,
+    answers_since: Instant,
 }
+
+/// How much shorter the window is for a streak of *answers* (an invalid score, an HTTP 500
+/// from a live instance): those are not a transient blip of connections, and each costs
+/// a masked trajectory. With the default 30 s window: 3 s.
+pub const ANSWER_WINDOW_DIVISOR: u32 = 10;
 
 /// The fault budgets of one job.
 pub struct Faults {
@@ -69,22 +78,42 @@ impl Faults {
 
     /// A call to `dependency` failed with `why`; breaks it once the streak is long enough.
     pub fn failed(&self, dependency: &str, why: &str) {
+        self.failed_as(dependency, why, false);
+    }
+
+    /// [`Faults::failed`] for a failure that was the dependency's answer (`answer`): a run
+    /// of answers breaks it after `min_failures` over a tenth of the window.
+    pub fn failed_as(&self, dependency: &str, why: &str, answer: bool) {
         let now = Instant::now();
         let fault = {
             let mut s = self.streaks.lock().unwrap_or_else(|p| p.into_inner());
             let streak = s.entry(dependency.to_string()).or_insert(Streak {
                 failures: 0,
                 since: now,
+                answers: 0,
+                answers_since: now,
             });
             streak.failures += 1;
-            let over = now.duration_since(streak.since);
-            (streak.failures >= self.policy.min_failures && over >= self.policy.window).then(|| {
-                Fault {
-                    dependency: dependency.to_string(),
-                    failures: streak.failures,
-                    over_s: over.as_secs_f64(),
-                    last: why.to_string(),
+            // Other failures in between (a call that ran out of time in the queue) do not
+            // undo the answers: only a success ends the streak.
+            if answer {
+                if streak.answers == 0 {
+                    streak.answers_since = now;
                 }
+                streak.answers += 1;
+            }
+            let over = now.duration_since(streak.since);
+            let answers_over = now.duration_since(streak.answers_since);
+            let by_answers = answer
+                && streak.answers >= self.policy.min_failures
+                && answers_over >= self.policy.window / ANSWER_WINDOW_DIVISOR;
+            let by_window =
+                streak.failures >= self.policy.min_failures && over >= self.policy.window;
+            (by_window || by_answers).then(|| Fault {
+                dependency: dependency.to_string(),
+                failures: streak.failures,
+                over_s: over.as_secs_f64(),
+                last: why.to_string(),
             })
         };
         if let Some(f) = fault {
@@ -154,11 +183,35 @@ impl TrajectoryScorer for GuardedScorer {
                     if let Some(c) = &self.context {
                         why = format!("{why} ({})", c());
                     }
-                    self.faults.failed(&self.dependency, &why);
+                    self.faults.failed_as(&self.dependency, &why, is_answer(e));
                 }
             }
             r
         })
+    }
+}
+
+/// Whether a reward failure was the function's own answer: an invalid score, or an HTTP
+/// error status from an instance that answered (not a connection that failed, a timeout or
+/// an overloaded activator, which a restart or a burst explains).
+fn is_answer(e: &RewardError) -> bool {
+    use functions::client::ClientError;
+    use infra::router::{CallFailure, RouterError};
+    match e {
+        RewardError::InvalidScore(_) => true,
+        RewardError::Exhausted(ClientError::Invalid { .. }) => true,
+        RewardError::Exhausted(ClientError::Router(RouterError::Rejected { .. })) => true,
+        RewardError::Exhausted(ClientError::Router(
+            RouterError::Failed {
+                last: CallFailure::Status { status, .. },
+                ..
+            }
+            | RouterError::DeadlineExceeded {
+                last: Some(CallFailure::Status { status, .. }),
+                ..
+            },
+        )) => *status >= 500 && *status != 503,
+        _ => false,
     }
 }
 
@@ -193,6 +246,52 @@ mod tests {
                 .to_string()
                 .contains("fn is failing: 11 consecutive failures")
         );
+    }
+
+    /// Round 2 (#35): answers (invalid scores, HTTP 500s) break a dependency after a tenth
+    /// of the window; other failures neither do that nor undo the answers; a success ends
+    /// the streak.
+    #[tokio::test(start_paused = true)]
+    async fn answers_break_a_dependency_after_a_tenth_of_the_window() {
+        let f = faults();
+        for _ in 0..10 {
+            f.failed_as("fn", "connection refused", false);
+        }
+        tokio::time::advance(Duration::from_secs(2)).await;
+        f.failed_as("fn", "connection refused", false);
+        assert_eq!(
+            f.fault(),
+            None,
+            "transport failures wait for the whole window"
+        );
+        for _ in 0..3 {
+            f.failed_as("fn", "score 5 is outside [0, 1]", true);
+        }
+        assert_eq!(f.fault(), None, "not before a tenth of the window");
+        f.ok("fn");
+        tokio::time::advance(Duration::from_millis(600)).await;
+        f.failed_as("fn", "score 5 is outside [0, 1]", true);
+        f.failed_as("fn", "timed out in the queue", false);
+        f.failed_as("fn", "score 5 is outside [0, 1]", true);
+        tokio::time::advance(Duration::from_millis(500)).await;
+        f.failed_as("fn", "score 5 is outside [0, 1]", true);
+        assert!(
+            f.fault().is_none(),
+            "3 answers since the success, but over 0.5 s"
+        );
+        tokio::time::advance(Duration::from_millis(600)).await;
+        f.failed_as("fn", "timed out in the queue", false);
+        assert!(
+            f.fault().is_none(),
+            "a failure that is not an answer breaks nothing early"
+        );
+        // 4 answers over 1.1 s (more than a tenth of 10 s): broken.
+        let fault = {
+            f.failed_as("fn", "score 5 is outside [0, 1]", true);
+            f.fault().expect("broken by answers")
+        };
+        assert!(fault.over_s < 10.0, "{fault}");
+        assert_eq!(fault.last, "score 5 is outside [0, 1]");
     }
 
     #[tokio::test(start_paused = true)]

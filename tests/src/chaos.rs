@@ -22,7 +22,12 @@ pub struct ChaosOptions {
     /// Service SIGKILLs.
     pub kills: usize,
     pub seed: u64,
+    /// Also the faults of hardening round 2 ([`round2`]): slow-body clients, killed
+    /// function instances, quick restarts during a slow step.
+    pub round2: bool,
 }
+
+pub mod round2;
 
 /// What happened (every count but `kills`, `function_kills` and `rows` must be 0).
 #[derive(Clone, Debug, Default, Serialize)]
@@ -46,6 +51,12 @@ pub struct ChaosReport {
     /// Seconds from submit to failure of the job with a crash-looping function, and its error.
     pub crash_loop_failed_after_s: Option<f64>,
     pub crash_loop_error: String,
+    /// Round 2 (when asked for): `/healthz` under slow-body clients while the jobs run.
+    pub slow_bodies: Option<round2::SlowBodies>,
+    /// Round 2: a job whose function instances are killed about every second.
+    pub killed_instances: Option<round2::KilledInstances>,
+    /// Round 2: quick restarts during a slow job's step.
+    pub quick_restarts: Option<round2::QuickRestarts>,
     pub problems: Vec<String>,
 }
 
@@ -59,6 +70,18 @@ impl ChaosReport {
             && self.bad_steps + self.unscored == 0
             && self.crash_loop_error.contains("reward function `broken`")
             && self.problems.is_empty()
+            && self
+                .slow_bodies
+                .as_ref()
+                .is_none_or(|s| s.unanswered == 0 && s.slowest_healthz_ms < 1000)
+            && self
+                .killed_instances
+                .as_ref()
+                .is_none_or(round2::KilledInstances::clean)
+            && self
+                .quick_restarts
+                .as_ref()
+                .is_none_or(|q| q.state == "succeeded")
     }
 }
 
@@ -270,6 +293,11 @@ pub async fn run(opts: &ChaosOptions, dir: &Path) -> ChaosReport {
         })
         .await;
     }
+    if opts.round2 {
+        // Slow-body clients (more than one address's share of connections) while the mix
+        // runs: the health check is answered within 1 s throughout.
+        report.slow_bodies = Some(round2::slow_bodies(&server.base, 300, 20).await);
+    }
     let mut snapshot: BTreeMap<String, BTreeMap<String, Row>> = BTreeMap::new();
     for k in 0..opts.kills {
         // Long enough for every job to complete a step between kills (a job killed twice
@@ -338,6 +366,9 @@ pub async fn run(opts: &ChaosOptions, dir: &Path) -> ChaosReport {
     .await;
     report.crash_loop_failed_after_s = Some(t0.elapsed().as_secs_f64());
     report.crash_loop_error = job["error"].as_str().unwrap_or_default().to_string();
+    if opts.round2 {
+        report.killed_instances = Some(round2::killed_instances(&server.base, 40).await);
+    }
     // A clean stop leaves nothing running either.
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(server.child.id() as i32),
@@ -350,5 +381,9 @@ pub async fn run(opts: &ChaosOptions, dir: &Path) -> ChaosReport {
     })
     .await;
     report.orphans += survivors(&ledger_groups(dir)).await;
+    if opts.round2 {
+        let restarts = dir.join("restarts");
+        report.quick_restarts = Some(round2::quick_restarts(&restarts, 2, 8.0).await);
+    }
     report
 }

@@ -4,7 +4,11 @@
 async fn a_sigkill_loop_loses_changes_duplicates_and_replays_nothing_and_orphans_no_process() {
     let dir = tempfile::tempdir().unwrap();
     let report = tests::chaos::run(
-        &tests::chaos::ChaosOptions { kills: 4, seed: 3 },
+        &tests::chaos::ChaosOptions {
+            kills: 4,
+            seed: 3,
+            round2: false,
+        },
         dir.path(),
     )
     .await;

@@ -16,6 +16,8 @@ pub struct Call {
     pub deadline: Instant,
     /// Tries at instances made for this call (retries and hedges included).
     tries: Arc<AtomicU64>,
+    /// The latest try's failure (what a call that runs out of time reports).
+    last: Arc<std::sync::Mutex<Option<CallFailure>>>,
 }
 
 impl Call {
@@ -25,7 +27,18 @@ impl Call {
             body: body.into(),
             deadline,
             tries: Arc::default(),
+            last: Arc::default(),
         }
+    }
+
+    /// Records a try's failure.
+    pub(super) fn failed_try(&self, f: &CallFailure) {
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(f.clone());
+    }
+
+    /// The latest try's failure, if a try failed.
+    pub fn last_failure(&self) -> Option<CallFailure> {
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Counts one try at an instance.
@@ -56,8 +69,14 @@ pub enum RouterError {
         function: String,
         retry_after_ms: u64,
     },
-    #[error("function {function}: deadline exceeded after {attempts} attempt(s)")]
-    DeadlineExceeded { function: String, attempts: u64 },
+    #[error("function {function}: deadline exceeded after {attempts} attempt(s){}", last.as_ref().map(|l| format!("; the last try: {}", crate::error_chain(l))).unwrap_or_default())]
+    DeadlineExceeded {
+        function: String,
+        attempts: u64,
+        /// The latest try's failure, when a try failed before the deadline (e.g. a 500
+        /// that was being retried).
+        last: Option<CallFailure>,
+    },
     #[error("function {function}: failed after {attempts} attempt(s)")]
     Failed {
         function: String,

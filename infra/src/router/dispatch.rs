@@ -193,7 +193,11 @@ impl Router {
         let attempts = tries.tries().max(1);
         let function = self.function.to_string();
         let out = match r {
-            Err(_) => Err(RouterError::DeadlineExceeded { function, attempts }),
+            Err(_) => Err(RouterError::DeadlineExceeded {
+                function,
+                attempts,
+                last: tries.last_failure(),
+            }),
             Ok(Ok(Ok(reply))) if (200..300).contains(&reply.status) => Ok(reply),
             Ok(Ok(Ok(reply))) => Err(RouterError::Rejected {
                 function,

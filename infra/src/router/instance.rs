@@ -53,6 +53,9 @@ impl Service<Call> for InstanceSvc {
             let timeout = me.per_try.min(remaining).max(Duration::from_millis(1));
             let _busy = BusyGuard::start(&me.stats, me.id);
             let r = me.try_once(&call, remaining, timeout).await;
+            if let Err(f) = &r {
+                call.failed_try(f);
+            }
             match &r {
                 Ok(_) => me.outliers.success(me.id),
                 Err(CallFailure::Status { status: 429, .. }) => {}

@@ -20,7 +20,15 @@ fn main() -> ExitCode {
     let dir = tempfile::tempdir().expect("temp dir");
     let (report, wall) = rt.block_on(async {
         let t0 = tokio::time::Instant::now();
-        let r = tests::chaos::run(&tests::chaos::ChaosOptions { kills, seed }, dir.path()).await;
+        let r = tests::chaos::run(
+            &tests::chaos::ChaosOptions {
+                kills,
+                seed,
+                round2: true,
+            },
+            dir.path(),
+        )
+        .await;
         (r, t0.elapsed())
     });
     println!(

@@ -61,7 +61,10 @@ pub(super) const STDERR_TAIL_LINES: usize = 6;
 pub struct DeploymentCounters {
     pub started: AtomicU64,
     pub ready: AtomicU64,
+    /// Instances that failed to start, never became ready or died during startup.
     pub crashed: AtomicU64,
+    /// Instances that died after they became ready (not a crash loop).
+    pub died_serving: AtomicU64,
     pub killed_after_grace: AtomicU64,
     pub startup_failures: AtomicU64,
     pub scale_ups: AtomicU64,
@@ -206,11 +209,15 @@ impl Deployment {
     }
 
     /// Whether the deployment is crash-looping: its last `threshold` instances or more all
-    /// died or failed to become ready, none became ready since. Returns the count and the
-    /// last failure (with the end of the instances' stderr).
+    /// failed to start, to become ready or died during startup, none became ready since,
+    /// and no instance is ready now (a deployment that serves is not broken, whatever
+    /// happens to its other instances: instances killed from outside while starting are
+    /// replaced). Returns the count and the last failure (with the end of the instances'
+    /// stderr).
     pub fn crash_loop(&self, threshold: u32) -> Option<(u32, String)> {
         let st = self.lock();
-        (st.consecutive_crashes >= threshold.max(1)).then(|| {
+        let serving = st.instances.values().any(|i| i.phase == Phase::Ready);
+        (!serving && st.consecutive_crashes >= threshold.max(1)).then(|| {
             (
                 st.consecutive_crashes,
                 st.last_failure.clone().unwrap_or_default(),

@@ -32,7 +32,13 @@ enum InstanceFailure {
 }
 
 enum Exit {
+    /// Failed to start, never became ready, or died during startup: what a crash loop is
+    /// made of.
     Crashed(InstanceFailure),
+    /// Died after it became ready and served (killed from outside, an OOM under load, a
+    /// node drained): replaced at once, and not counted towards a crash loop. Such deaths
+    /// cost calls, which the job's fault budget watches.
+    DiedServing(InstanceFailure),
     Stopped,
 }
 
@@ -86,6 +92,20 @@ pub(super) async fn run_instance(dep: Arc<Deployment>, id: u64, mut stop: onesho
                 Some(Duration::from_millis(
                     100 * 2u64.pow(st.consecutive_crashes.min(7)),
                 ))
+            }
+            Exit::DiedServing(why) => {
+                st.last_failure = Some(format!(
+                    "instance {id} {} after it became ready",
+                    crate::error_chain(why)
+                ));
+                dep.counters.died_serving.fetch_add(1, Ordering::Relaxed);
+                event(&dep, "died");
+                tracing::warn!(function = %dep.cfg.name, instance = id, why = %crate::error_chain(why), "a ready instance died; it will be replaced");
+                if let Some(i) = st.instances.get_mut(&id) {
+                    i.phase = Phase::Draining;
+                }
+                dep.publish(&st);
+                None
             }
             Exit::Stopped => None,
         }
@@ -239,7 +259,7 @@ async fn serve(dep: &Deployment, mut child: Spawned, stop: &mut oneshot::Receive
                 Err(e) => InstanceFailure::Wait(e),
             };
             child.kill();
-            Exit::Crashed(why)
+            Exit::DiedServing(why)
         }
         _ = &mut *stop => {
             // Drain: out of the endpoint set first (done by reconcile), a moment for routers to
