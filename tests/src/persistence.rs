@@ -358,13 +358,13 @@ done"#;
 }
 
 /// Round 2 (#35): two quick SIGKILL restarts while a job alone on the service is in a slow
-/// training step (its trajectories are quick, its steps take 4 s): the job resumes both times
+/// training step (its trajectories are quick, its steps take 3 s): the job resumes both times
 /// and succeeds. Under the old rule (two deaths before a step completed) it was failed as a
 /// crash loop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quick_restarts_during_a_slow_step_resume_the_job() {
     let dir = tempfile::tempdir().unwrap();
-    let seen = tests::chaos::round2::quick_restarts(dir.path(), 2, 4.0).await;
+    let seen = tests::chaos::round2::quick_restarts(dir.path(), 2, 3.0).await;
     assert_eq!(seen.restarts, 2);
     assert_eq!(seen.state, "succeeded", "{seen:?}");
     assert_eq!(seen.step, 3);
