@@ -948,3 +948,46 @@ async fn job_scoped_metrics_carry_the_job_and_leave_with_it() {
         }
     }
 }
+
+/// The first hour (#38): the job list leaves out each job's per-resource timeline unless
+/// asked (`?timeline=true`): under 2 KB a job (4 jobs used to be 80 KB).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_job_list_is_small_without_the_timeline() {
+    let s = TestServer::start().await;
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        ids.push(tests::submit_job(&s.client, &s.url(""), slow_job(2)).await);
+    }
+    for id in &ids {
+        let v = wait_job(&s.client, &s.url(""), id, Duration::from_secs(60), |v| {
+            v["state"] == "succeeded" || v["state"] == "failed"
+        })
+        .await;
+        assert_eq!(v["state"], "succeeded", "{v}");
+    }
+    let get = |q: &'static str| {
+        let (c, url) = (s.client.clone(), s.url(&format!("/v1/jobs{q}")));
+        async move { c.get(url).send().await.unwrap().text().await.unwrap() }
+    };
+    let full = get("?timeline=true").await;
+    assert!(
+        full.contains("\"timeline\""),
+        "the timeline is there when asked"
+    );
+    let small = get("").await;
+    assert!(!small.contains("\"timeline\""));
+    let v: serde_json::Value = serde_json::from_str(&small).unwrap();
+    let n = v["jobs"].as_array().unwrap().len();
+    assert_eq!(n, 2);
+    assert!(
+        small.len() < 2048 * n,
+        "{} bytes for {n} jobs: {small}",
+        small.len()
+    );
+    eprintln!(
+        "{} bytes for {n} jobs ({} with the timeline)",
+        small.len(),
+        full.len()
+    );
+    assert!(full.len() > small.len());
+}

@@ -267,9 +267,11 @@ class Client:
     def job(self, job_id: str) -> JobRecord:
         return cast(JobRecord, self._request("GET", f"/v1/jobs/{job_id}").json())
 
-    def jobs(self) -> List[JobRecord]:
-        """Every job this token may see, newest last."""
-        return cast(List[JobRecord], self._request("GET", "/v1/jobs").json()["jobs"])
+    def jobs(self, timeline: bool = False) -> List[JobRecord]:
+        """Every job this token may see, newest last; with ``timeline=True`` each job's
+        latest metrics keep their per-resource timeline (most of a record's size)."""
+        path = "/v1/jobs?timeline=true" if timeline else "/v1/jobs"
+        return cast(List[JobRecord], self._request("GET", path).json()["jobs"])
 
     def cancel(self, job_id: str) -> JobRecord:
         return cast(JobRecord, self._request("POST", f"/v1/jobs/{job_id}/cancel").json())

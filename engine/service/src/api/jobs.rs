@@ -162,14 +162,37 @@ fn spec_paths(original: &job::spec::JobSpec, staged: &job::spec::JobSpec) -> Vec
         .collect()
 }
 
-/// List jobs, oldest first.
-#[utoipa::path(get, path = "/v1/jobs", responses((status = 200, body = JobList)))]
+/// What a job list carries.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(super) struct ListQuery {
+    /// Each job's full latest record: with its per-resource timeline (`metrics.timeline`,
+    /// most of a record's size) and the scheduler's bookkeeping (`metrics.scheduler`, its
+    /// resume cursor). Off by default, as in the events.
+    #[serde(default)]
+    timeline: bool,
+}
+
+/// List jobs, oldest first; each with its latest metrics, without the per-resource timeline
+/// and the scheduler's bookkeeping unless `timeline=true` (under 2 KB a job).
+#[utoipa::path(get, path = "/v1/jobs", params(ListQuery), responses((status = 200, body = JobList), (status = 400, body = ErrorBody)))]
 pub(super) async fn list_jobs(
     State(s): State<Arc<Service>>,
     Extension(p): Extension<Principal>,
+    q: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<JobList>, ApiError> {
+    let Query(q) =
+        q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
     let mut jobs = s.store.list()?;
     jobs.retain(|j| p.owns(j.owner.as_deref()));
+    if !q.timeline {
+        for j in &mut jobs {
+            if let Some(m) = j.metrics.as_object_mut() {
+                m.remove("timeline");
+                m.remove("scheduler");
+            }
+        }
+    }
     Ok(Json(JobList { jobs }))
 }
 
