@@ -31,11 +31,46 @@ pub(crate) fn submit(
         let status = r.status();
         let text = r.text().await?;
         if !status.is_success() {
-            bail!("{status}: {text}");
+            bail!("{}", refusal(file, status, &text));
         }
         println!("{text}");
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// The service's refusal of a job file, as `run` prints a spec's problems: the message, then
+/// one `field: message` line per problem (the raw answer when it is not the API's error
+/// shape).
+fn refusal(file: &std::path::Path, status: reqwest::StatusCode, text: &str) -> String {
+    #[derive(serde::Deserialize)]
+    struct Answer {
+        error: Detail,
+    }
+    #[derive(serde::Deserialize)]
+    struct Detail {
+        code: String,
+        message: String,
+        #[serde(default)]
+        fields: Vec<job::spec::FieldError>,
+    }
+    match serde_json::from_str::<Answer>(text) {
+        Ok(Answer { error: e }) if e.fields.is_empty() => {
+            format!(
+                "{} was refused ({status}, {}): {}",
+                file.display(),
+                e.code,
+                e.message
+            )
+        }
+        Ok(Answer { error: e }) => format!(
+            "{} was refused ({status}, {}): {}\n{}",
+            file.display(),
+            e.code,
+            e.message,
+            crate::spec_file::problem_lines(&e.fields)
+        ),
+        Err(_) => format!("{status}: {text}"),
+    }
 }
 
 /// `rollarc status`: one job, or every job, as a table or as JSON.

@@ -53,24 +53,30 @@ pub(crate) fn spec_text(
 pub(crate) fn read_spec(file: &std::path::Path, sets: &[String]) -> anyhow::Result<JobSpec> {
     let (body, fmt) = spec_text(file, sets)?;
     job::resolve::accept(&body, fmt).map_err(|e| {
-        let lines: Vec<String> =
-            e.0.iter()
-                .map(|f| {
-                    format!(
-                        "  {}: {}",
-                        if f.field.is_empty() {
-                            "(spec)"
-                        } else {
-                            &f.field
-                        },
-                        f.message
-                    )
-                })
-                .collect();
         anyhow::anyhow!(
             "{} is not a valid job spec:\n{}",
             file.display(),
-            lines.join("\n")
+            problem_lines(&e.0)
         )
     })
+}
+
+/// A spec's problems, one indented `field: message` line each (the same in `run`,
+/// `submit` and `validate`).
+pub(crate) fn problem_lines(problems: &[job::spec::FieldError]) -> String {
+    problems
+        .iter()
+        .map(|f| {
+            format!(
+                "  {}: {}",
+                if f.field.is_empty() {
+                    "(spec)"
+                } else {
+                    &f.field
+                },
+                f.message
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }

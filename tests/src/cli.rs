@@ -199,6 +199,30 @@ async fn yaml_job_files_run_and_bad_yaml_is_named() {
         .await
         .unwrap();
     assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+    // A misspelt field (#38): `submit` prints one readable problem, as `run` does, with a
+    // suggestion and the field's line (not the raw JSON answer and three derived errors).
+    let typo = dir.path().join("typo.toml");
+    let text = sim_job();
+    assert!(text.contains("group_size"), "{text}");
+    std::fs::write(&typo, text.replacen("group_size", "group_szie", 1)).unwrap();
+    let out = Command::new(tests::rollarc_bin())
+        .args(["--server", &t.url(""), "submit"])
+        .arg(&typo)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("typo.toml was refused (400 Bad Request, invalid_spec)"),
+        "{err}"
+    );
+    let problems: Vec<&str> = err.lines().filter(|l| l.starts_with("  ")).collect();
+    assert_eq!(problems.len(), 1, "{err}");
+    assert!(
+        problems[0].contains("group_szie")
+            && problems[0].contains("did you mean `group_size`? (line"),
+        "{err}"
+    );
 }
 
 /// One service per data directory: `rollarc run` on the directory of a running `rollarc

@@ -123,7 +123,21 @@ pub fn parse(body: &str, format: Format) -> Result<JobSpec, SpecErrors> {
             serde_json::to_value(t).map_err(|e| one("", e.to_string()))?
         }
     };
-    from_value(value)
+    let result = from_value(value);
+    match (result, format) {
+        // A TOML document's problems point at their line and column.
+        (Err(SpecErrors(errs)), Format::Toml) => Err(SpecErrors(
+            errs.into_iter()
+                .map(|mut e| {
+                    if let Some((line, column)) = toml_location(body, &e.field) {
+                        e.message = format!("{} (line {line}, column {column})", e.message);
+                    }
+                    e
+                })
+                .collect(),
+        )),
+        (r, _) => r,
+    }
 }
 
 /// Every NaN or infinite float of a TOML document, with its field path.
@@ -452,3 +466,68 @@ pub fn validate(spec: &JobSpec) -> Vec<FieldError> {
 
 #[cfg(test)]
 mod tests;
+
+/// One step of a field path: a key, or an index into an array.
+enum Segment<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
+/// The segments of a dotted field path as [`FieldError`] names fields
+/// (`tasks[0].env.step_latency_s`).
+fn segments(field: &str) -> Vec<Segment<'_>> {
+    let mut out = Vec::new();
+    for part in field.split('.').filter(|p| !p.is_empty()) {
+        let (key, mut rest) = part.split_once('[').map_or((part, ""), |(k, r)| (k, r));
+        if !key.is_empty() {
+            out.push(Segment::Key(key));
+        }
+        while let Some((n, after)) = rest.split_once(']') {
+            if let Ok(i) = n.parse() {
+                out.push(Segment::Index(i));
+            }
+            rest = after.strip_prefix('[').unwrap_or(after);
+        }
+    }
+    out
+}
+
+/// Where `field` is in the TOML document `text`: the 1-based line and column of its key
+/// (or of the deepest enclosing table or entry the document has).
+pub fn toml_location(text: &str, field: &str) -> Option<(usize, usize)> {
+    use toml::de::{DeTable, DeValue};
+    let doc = DeTable::parse(text).ok()?;
+    let mut at: Option<std::ops::Range<usize>> = None;
+    let mut table: Option<&DeTable<'_>> = Some(doc.get_ref());
+    let mut array: Option<&toml::de::DeArray<'_>> = None;
+    for seg in segments(field) {
+        let value = match seg {
+            Segment::Key(k) => {
+                let Some((key, value)) =
+                    table.and_then(|t| t.iter().find(|(key, _)| key.get_ref() == k))
+                else {
+                    break;
+                };
+                at = Some(key.span());
+                value
+            }
+            Segment::Index(i) => {
+                let Some(value) = array.and_then(|a| a.get(i)) else {
+                    break;
+                };
+                at = Some(value.span());
+                value
+            }
+        };
+        (table, array) = match value.get_ref() {
+            DeValue::Table(t) => (Some(t), None),
+            DeValue::Array(a) => (None, Some(a)),
+            _ => (None, None),
+        };
+    }
+    let start = at?.start.min(text.len());
+    let before = &text[..start];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rfind('\n').map_or(start, |nl| start - nl - 1) + 1;
+    Some((line, column))
+}

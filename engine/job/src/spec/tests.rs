@@ -165,7 +165,9 @@ fn a_misspelt_field_is_one_problem() {
     assert_eq!(errs[0].field, "tasks[0].group_szie");
     assert!(errs[0].message.contains("group_szie"), "{errs:?}");
     assert!(
-        errs[0].message.ends_with("did you mean `group_size`?"),
+        errs[0]
+            .message
+            .ends_with("did you mean `group_size`? (line 4, column 1)"),
         "{errs:?}"
     );
 }
