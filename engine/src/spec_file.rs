@@ -26,6 +26,7 @@ pub(crate) fn spec_text(
                 file.display()
             );
         }
+        rebase_paths(&mut doc, file.parent().unwrap_or(std::path::Path::new(".")));
         spec::apply_overrides(&mut doc, sets).map_err(|e| anyhow::anyhow!(e))?;
         return Ok((serde_json::to_string(&doc)?, Format::Json));
     }
@@ -34,19 +35,93 @@ pub(crate) fn spec_text(
     } else {
         Format::Toml
     };
-    if sets.is_empty() {
+    let parsed: Option<serde_json::Value> = match fmt {
+        Format::Json => serde_json::from_str(&body).ok(),
+        Format::Toml => toml::from_str::<toml::Table>(&body)
+            .ok()
+            .and_then(|t| serde_json::to_value(t).ok()),
+    };
+    // A file the service cannot parse goes as written: its answer names the problem, with
+    // TOML line numbers.
+    let Some(mut doc) = parsed else {
+        if sets.is_empty() {
+            return Ok((body, fmt));
+        }
+        bail!("{} is not valid {fmt:?}", file.display());
+    };
+    let dir = file.parent().unwrap_or(std::path::Path::new("."));
+    let rebased = rebase_paths(&mut doc, dir);
+    if sets.is_empty() && rebased == 0 {
         return Ok((body, fmt));
     }
-    let mut doc: serde_json::Value = match fmt {
-        Format::Json => serde_json::from_str(&body)
-            .with_context(|| format!("{} is not JSON", file.display()))?,
-        Format::Toml => serde_json::to_value(
-            toml::from_str::<toml::Table>(&body)
-                .with_context(|| format!("{} is not TOML", file.display()))?,
-        )?,
-    };
     spec::apply_overrides(&mut doc, sets).map_err(|e| anyhow::anyhow!(e))?;
     Ok((serde_json::to_string(&doc)?, Format::Json))
+}
+
+/// Makes the relative paths of a job file that name files next to it absolute, so that a
+/// job file means the same wherever it is submitted from (the service resolves a relative
+/// path against its own working directory): datasets, checkpoints, a managed agent's
+/// tokenizer, an environment's or agent's command-line arguments, `readable_paths` and
+/// `python_path`. A relative path with nothing under the job file's directory stays as
+/// written (a model name, which the service finds in its model cache). Returns how many
+/// were rebased.
+fn rebase_paths(doc: &mut serde_json::Value, dir: &std::path::Path) -> usize {
+    let mut n = 0;
+    let mut fix = |v: &mut serde_json::Value| {
+        let Some(s) = v.as_str() else { return };
+        let p = std::path::Path::new(s);
+        if s.is_empty() || s.starts_with('-') || p.is_absolute() {
+            return;
+        }
+        if let Ok(abs) = std::fs::canonicalize(dir.join(p))
+            && dir.join(p).exists()
+        {
+            *v = serde_json::Value::String(abs.display().to_string());
+            n += 1;
+        }
+    };
+    let each = |v: &mut serde_json::Value, f: &mut dyn FnMut(&mut serde_json::Value)| {
+        if let Some(a) = v.as_array_mut() {
+            a.iter_mut().for_each(f);
+        }
+    };
+    let task = |t: &mut serde_json::Value, fix: &mut dyn FnMut(&mut serde_json::Value)| {
+        if let Some(p) = t.pointer_mut("/dataset/path") {
+            fix(p);
+        }
+        let Some(env) = t.get_mut("env") else { return };
+        if let Some(cmd) = env.get_mut("command").and_then(|c| c.as_array_mut()) {
+            for (i, a) in cmd.iter_mut().enumerate() {
+                // The program itself only when written as a path (`./run.sh`), not a name.
+                if i > 0 || a.as_str().is_some_and(|s| s.contains('/')) {
+                    fix(a);
+                }
+            }
+        }
+        for key in ["readable_paths", "python_path"] {
+            if let Some(list) = env.get_mut(key) {
+                each(list, fix);
+            }
+        }
+        if let Some(tok) = env.get_mut("tokenizer") {
+            fix(tok);
+        }
+    };
+    for list in ["/tasks", "/eval/tasks"] {
+        if let Some(tasks) = doc.pointer_mut(list).and_then(|t| t.as_array_mut()) {
+            for t in tasks {
+                task(t, &mut fix);
+            }
+        }
+    }
+    if let Some(pools) = doc.pointer_mut("/pools").and_then(|p| p.as_array_mut()) {
+        for p in pools {
+            if let Some(m) = p.pointer_mut("/backend/model/path") {
+                fix(m);
+            }
+        }
+    }
+    n
 }
 
 /// A job file read and accepted as a spec (with `--set` overrides), or every problem it has.

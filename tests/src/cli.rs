@@ -218,6 +218,33 @@ async fn yaml_job_files_run_and_bad_yaml_is_named() {
     );
     let problems: Vec<&str> = err.lines().filter(|l| l.starts_with("  ")).collect();
     assert_eq!(problems.len(), 1, "{err}");
+    // Relative paths in a job file name files next to it, wherever `submit` runs from
+    // (#38: they used to resolve against the service's working directory).
+    let project = dir.path().join("project");
+    std::fs::create_dir(&project).unwrap();
+    std::fs::write(
+        project.join("rows.jsonl"),
+        "{\"prompt\": \"1+1?\", \"answer\": \"2\"}\n",
+    )
+    .unwrap();
+    let rows_job = project.join("rows.toml");
+    std::fs::write(
+        &rows_job,
+        "[[tasks]]\ndomain = \"rows\"\nenv = { kind = \"prompt\" }\ndataset = { path = \"rows.jsonl\" }\n[[pools]]\nname = \"p\"\ndevice = \"H800\"\nbackend = { kind = \"sim\" }\n[rollout]\nsteps = 1\n",
+    )
+    .unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let out = Command::new(tests::rollarc_bin())
+        .current_dir(elsewhere.path())
+        .args(["--server", &t.url(""), "submit"])
+        .arg(&rows_job)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(
         problems[0].contains("group_szie")
             && problems[0].contains("did you mean `group_size`? (line"),

@@ -289,3 +289,99 @@ backend = {{ kind = "sim" }}
         assert_eq!(std::fs::read_dir(data.path()).unwrap().count(), before);
     }
 }
+
+/// Where model names are looked up: `ROLLARC_MODELS`, else `~/.cache/rollarc/models` (what
+/// `make setup` fills).
+pub fn model_dirs() -> Vec<PathBuf> {
+    if let Some(d) = std::env::var_os("ROLLARC_MODELS") {
+        return std::env::split_paths(&d).collect();
+    }
+    std::env::var_os("HOME")
+        .map(|h| vec![PathBuf::from(h).join(".cache/rollarc/models")])
+        .unwrap_or_default()
+}
+
+/// A model given by name (`path = "SmolLM2-135M-Instruct.Q4_1.gguf"`): a relative path that
+/// does not exist from the working directory is looked up in `dirs` and their
+/// subdirectories (one level: `models/<package>/<file>`), and replaced by the file found.
+/// Returns the (field, name, path) of each one resolved.
+pub fn find_models(spec: &mut JobSpec, dirs: &[PathBuf]) -> Vec<(String, String, PathBuf)> {
+    let mut found = Vec::new();
+    for (i, pool) in spec.pools.iter_mut().enumerate() {
+        let model = match &mut pool.backend {
+            crate::spec::BackendSpec::Builtin { model, .. } => model,
+            crate::spec::BackendSpec::Llamacpp(l)
+            | crate::spec::BackendSpec::Sglang(l)
+            | crate::spec::BackendSpec::Vllm(l) => &mut l.model,
+            crate::spec::BackendSpec::Sim { .. } => continue,
+        };
+        let Some(name) = model.path.clone() else {
+            continue;
+        };
+        if Path::new(&name).is_absolute() || Path::new(&name).exists() {
+            continue;
+        }
+        if let Some(p) = lookup(&name, dirs) {
+            model.path = Some(p.display().to_string());
+            found.push((format!("pools[{i}].backend.model.path"), name, p));
+        }
+    }
+    found
+}
+
+/// `name` under one of `dirs`, directly or one directory down.
+fn lookup(name: &str, dirs: &[PathBuf]) -> Option<PathBuf> {
+    for d in dirs {
+        let direct = d.join(name);
+        if direct.exists() {
+            return Some(direct);
+        }
+        let Ok(entries) = std::fs::read_dir(d) else {
+            continue;
+        };
+        let mut subs: Vec<PathBuf> = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.is_dir())
+            .collect();
+        subs.sort();
+        if let Some(p) = subs.iter().map(|s| s.join(name)).find(|p| p.exists()) {
+            return Some(p);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod model_tests {
+    use super::*;
+
+    #[test]
+    fn a_model_name_resolves_from_the_model_cache() {
+        let cache = tempfile::tempdir().unwrap();
+        std::fs::create_dir(cache.path().join("llm_pkg")).unwrap();
+        let file = cache.path().join("llm_pkg").join("Model-Q4.gguf");
+        std::fs::write(&file, "GGUF").unwrap();
+        let text = |path: &str| {
+            format!(
+                "[[tasks]]\ndomain = \"d\"\nenv = {{ kind = \"arithmetic\" }}\n[[pools]]\nname = \"p\"\ndevice = \"CPU\"\nbackend = {{ kind = \"builtin\", model = {{ path = \"{path}\" }} }}\n[trainer]\nkind = \"external\"\n"
+            )
+        };
+        let mut spec =
+            crate::spec::parse(&text("Model-Q4.gguf"), crate::spec::Format::Toml).unwrap();
+        let found = find_models(&mut spec, &[cache.path().to_path_buf()]);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].0, "pools[0].backend.model.path");
+        assert_eq!(
+            spec.pools[0].backend.real_model().unwrap().path.as_deref(),
+            Some(file.display().to_string().as_str())
+        );
+        // An unknown name stays as written (the checkpoint check names it).
+        let mut spec = crate::spec::parse(&text("Nope.gguf"), crate::spec::Format::Toml).unwrap();
+        assert!(find_models(&mut spec, &[cache.path().to_path_buf()]).is_empty());
+        assert_eq!(
+            spec.pools[0].backend.real_model().unwrap().path.as_deref(),
+            Some("Nope.gguf")
+        );
+    }
+}

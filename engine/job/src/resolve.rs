@@ -101,7 +101,8 @@ pub enum ResolveError {
 /// Parses and validates a spec (pure), then checks its outside inputs ([`check`]): what the
 /// HTTP API and the CLI accept.
 pub fn accept(body: &str, format: Format) -> Result<JobSpec, SpecErrors> {
-    let spec = crate::spec::parse(body, format)?;
+    let mut spec = crate::spec::parse(body, format)?;
+    crate::inputs::find_models(&mut spec, &crate::inputs::model_dirs());
     let errs = check(&spec);
     if errs.is_empty() {
         Ok(spec)

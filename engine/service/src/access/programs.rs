@@ -51,6 +51,17 @@ impl ProgramCheck {
         for (i, t) in spec.tasks.iter().enumerate() {
             self.task(i, t);
         }
+        // A checkpoint is a host file (or directory) the job reads.
+        for (i, p) in spec.pools.iter().enumerate() {
+            if let Some(path) = p.backend.real_model().and_then(|m| m.path.as_deref())
+                && !self.readable.permits(path)
+            {
+                self.deny(
+                    format!("pools[{i}].backend.model.path"),
+                    format!("the service does not allow reading {path:?}"),
+                );
+            }
+        }
         for (name, f) in &spec.reward.functions {
             self.function(&format!("reward.functions.{name}"), f);
         }

@@ -105,7 +105,11 @@ pub(super) async fn submit(
     };
     // The spec alone first, then the policy, and only then the host: no file is opened for
     // a spec the policy refuses.
-    let spec = job::spec::parse(text, body_format(&headers, text)?).map_err(|e| invalid(e.0))?;
+    let mut spec =
+        job::spec::parse(text, body_format(&headers, text)?).map_err(|e| invalid(e.0))?;
+    // A model named without a path (`SmolLM2-135M-Instruct.Q4_1.gguf`) is found in the
+    // model cache that `make setup` fills.
+    job::inputs::find_models(&mut spec, &job::inputs::model_dirs());
     let denied = access.check_programs(&spec);
     if !denied.is_empty() {
         return Err(forbidden(denied));
