@@ -114,6 +114,18 @@ fn rebase_paths(doc: &mut serde_json::Value, dir: &std::path::Path) -> usize {
             }
         }
     }
+    if let Some(functions) = doc
+        .pointer_mut("/reward/functions")
+        .and_then(|f| f.as_object_mut())
+    {
+        for f in functions.values_mut() {
+            for at in ["/file", "/config/file"] {
+                if let Some(file) = f.pointer_mut(at) {
+                    fix(file);
+                }
+            }
+        }
+    }
     if let Some(pools) = doc.pointer_mut("/pools").and_then(|p| p.as_array_mut()) {
         for p in pools {
             if let Some(m) = p.pointer_mut("/backend/model/path") {

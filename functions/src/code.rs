@@ -22,6 +22,7 @@ mod config;
 mod extract;
 mod harness;
 mod markers;
+mod python_reward;
 mod runner;
 
 use std::sync::Arc;
@@ -39,6 +40,7 @@ pub use config::{CodeConfig, SandboxMode};
 pub use extract::{extract_code, tests_from_reference};
 pub use harness::harness;
 pub use markers::{Failure, Markers, TestOutcome, parse_markers};
+pub use python_reward::{PythonRewardConfig, PythonRewardScorer};
 pub use runner::ProbeError;
 
 /// Longest excerpt of the program's stderr kept in the details.

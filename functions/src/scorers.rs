@@ -1,5 +1,5 @@
 //! The registry of built-in scorers: `math`, `format`, `env` (`basic.rs`), `code` (`code/`),
-//! `judge` (`judge/`) and `tool_use` (`tool_use.rs`), by name, with their JSON configurations. The trait lives in
+//! `python` (`code/python_reward.rs`), `judge` (`judge/`) and `tool_use` (`tool_use.rs`), by name, with their JSON configurations. The trait lives in
 //! `scorer.rs`; its items are re-exported here.
 
 pub use crate::basic::{EnvConfig, EnvScorer, FormatConfig, FormatScorer, MathScorer};
@@ -25,6 +25,11 @@ pub fn builtin(name: &str, config: Option<&str>) -> Result<Box<dyn Scorer>, Scor
                 serde_json::from_str(&cfg("{}")).map_err(|e| ScoreError::bad("code config", e))?;
             Ok(Box::new(crate::code::CodeScorer::new(c)?))
         }
+        "python" => {
+            let c: crate::code::PythonRewardConfig = serde_json::from_str(&cfg("{}"))
+                .map_err(|e| ScoreError::bad("python config", e))?;
+            Ok(Box::new(crate::code::PythonRewardScorer::new(c)?))
+        }
         "tool_use" => {
             let c: crate::tool_use::ToolUseConfig = serde_json::from_str(&cfg("{}"))
                 .map_err(|e| ScoreError::bad("tool_use config", e))?;
@@ -39,7 +44,7 @@ pub fn builtin(name: &str, config: Option<&str>) -> Result<Box<dyn Scorer>, Scor
             )?))
         }
         other => Err(ScoreError::BadRequest(format!(
-            "unknown function {other:?}: math, format, env, code, judge or tool_use"
+            "unknown function {other:?}: math, format, env, code, python, judge or tool_use"
         ))),
     }
 }

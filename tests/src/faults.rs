@@ -157,3 +157,82 @@ async fn killing_function_instances_from_outside_does_not_fail_the_job() {
     assert!(seen.kills >= 5, "{seen:?}");
     assert!(seen.clean(), "{seen:?}");
 }
+
+/// The first hour (#38): a reward written as one Python function (`kind = "python"`, a file
+/// with `compute_score(row, answer, transcript)`) scores a job, in the sandbox (it scores 1
+/// only where it sees what a sandbox shows: another uid, no home, no network), and one that
+/// runs too long is timed out like any function: its job fails naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_reward_function_scores_in_the_sandbox_and_is_timed_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("my_reward.py");
+    std::fs::write(
+        &file,
+        r#"import os, socket, time
+def sandboxed():
+    try:
+        socket.create_connection(("1.1.1.1", 53), timeout=0.5)
+        return False
+    except OSError:
+        pass
+    return os.getuid() != 0 and not os.path.exists("/root/.cache")
+def compute_score(row, answer, transcript):
+    if row["answer"] == "slow":
+        time.sleep(30)
+    return {"score": 1.0 if sandboxed() else 0.0, "answer_seen": answer}
+"#,
+    )
+    .unwrap();
+    let job = |steps: u64| {
+        SpecBuilder::new()
+            .pool("h800", "H800", 1, "")
+            .raw_task("[[tasks]]\ndomain = \"add\"\ngroup_size = 2\nmax_turns = 1\nreward = [\"mine\"]\n[tasks.env]\nkind = \"arithmetic\"\n")
+            .rollout("batch_size = 2")
+            .rollout(&format!("steps = {steps}"))
+            .rollout("fault_window_s = 2")
+            .rollout("fault_min_failures = 3")
+            .extra(&format!(
+                "[sim]\nclock = \"real\"\n[reward]\nplacement = \"local\"\n[reward.functions.mine]\nkind = \"python\"\nfile = \"{}\"\nitem_timeout_s = 2\ntimeout_s = 10\n",
+                file.display()
+            ))
+            .toml()
+    };
+    let s = TestServer::start().await;
+    let id = tests::submit_job(&s.client, &s.url(""), job(2)).await;
+    let done = wait_job(&s.client, &s.url(""), &id, Duration::from_secs(120), |v| {
+        v["state"] != "queued" && v["state"] != "running"
+    })
+    .await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    let rows = tests::all_rows(&s.client, &s.url(""), &id, 100).await;
+    assert!(!rows.is_empty());
+    for r in &rows {
+        let t = &r["trajectory"];
+        assert_eq!(t["reward"], 1.0, "scored outside a sandbox: {t}");
+    }
+    // The stored spec shows the built-in form.
+    let spec: serde_json::Value = s
+        .client
+        .get(s.url(&format!("/v1/jobs/{id}/spec")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(spec["reward"]["functions"]["mine"]["function"], "python");
+    // A function that runs past its per-item limit.
+    std::fs::write(
+        &file,
+        "import time\ndef compute_score(row, answer, transcript):\n    time.sleep(30)\n    return 1.0\n",
+    )
+    .unwrap();
+    let error = fails_with(job(1000)).await;
+    assert!(error.contains("reward function `mine`"), "{error}");
+    // Its own per-item limit refuses the request, or the call's deadline ends it first
+    // (the items of a request queue for the interpreter).
+    assert!(
+        error.contains("ran past timeout_s = 2 s") || error.contains("deadline exceeded"),
+        "{error}"
+    );
+}

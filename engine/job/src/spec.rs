@@ -195,6 +195,15 @@ pub fn from_value(value: serde_json::Value) -> Result<JobSpec, SpecErrors> {
     let name = section::<Option<String>>(&mut obj, "name", &mut errs).flatten();
     let seed = section::<u64>(&mut obj, "seed", &mut errs).unwrap_or(0);
     let preset = section::<Option<Preset>>(&mut obj, "preset", &mut errs).flatten();
+    if let Some(functions) = obj
+        .get_mut("reward")
+        .and_then(|r| r.get_mut("functions"))
+        .and_then(|f| f.as_object_mut())
+    {
+        for f in functions.values_mut() {
+            python_function_sugar(f);
+        }
+    }
     let tasks = list::<TaskSpec>(&mut obj, "tasks", &mut errs);
     let pools = list::<PoolSpec>(&mut obj, "pools", &mut errs);
     let mapping = section::<MappingSpec>(&mut obj, "mapping", &mut errs).unwrap_or_default();
@@ -227,6 +236,39 @@ pub fn from_value(value: serde_json::Value) -> Result<JobSpec, SpecErrors> {
     } else {
         Err(SpecErrors::capped(errs))
     }
+}
+
+/// `kind = "python"` (a file with `compute_score(row, answer, transcript)`) is the built-in
+/// function `python` with the file and the interpreter's settings as its config: rewritten
+/// so before the reward section is read (the stored spec shows the built-in form).
+fn python_function_sugar(f: &mut serde_json::Value) {
+    let Some(o) = f.as_object_mut() else { return };
+    if o.get("kind").and_then(|k| k.as_str()) != Some("python") {
+        return;
+    }
+    let mut config = serde_json::Map::new();
+    for key in [
+        "file",
+        "python",
+        "sandbox",
+        "readable_paths",
+        "max_output_bytes",
+        "max_concurrency",
+        "item_timeout_s",
+    ] {
+        if let Some(v) = o.remove(key) {
+            // The per-item limit is `config.timeout_s`; the call's own is `timeout_s`.
+            let key = if key == "item_timeout_s" {
+                "timeout_s"
+            } else {
+                key
+            };
+            config.insert(key.to_string(), v);
+        }
+    }
+    o.insert("kind".into(), "builtin".into());
+    o.insert("function".into(), "python".into());
+    o.insert("config".into(), serde_json::Value::Object(config));
 }
 
 fn de_at<T: DeserializeOwned>(

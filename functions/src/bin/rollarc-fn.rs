@@ -26,6 +26,8 @@ NAME:
   format  score the response's shape (a regular expression, a length limit)
   env     pass the environment's reward through (scale, offset, clamp)
   code    run the response against the reference's tests in a sandbox
+  python  call compute_score(row, answer, transcript) from a file, in a sandbox
+  tool_use  reward an agent episode's valid tool calls
   judge   ask an OpenAI-compatible chat model to grade the response
 
 --config JSON   the function's settings (see docs/reward-functions.md)";

@@ -215,7 +215,9 @@ fn default_score_range() -> [f64; 2] {
 }
 
 /// Built-in function executables (`rollarc-fn NAME`).
-pub const BUILTIN_FUNCTIONS: [&str; 6] = ["math", "format", "env", "code", "judge", "tool_use"];
+pub const BUILTIN_FUNCTIONS: [&str; 7] = [
+    "math", "format", "env", "code", "python", "judge", "tool_use",
+];
 
 fn default_concurrency() -> usize {
     64

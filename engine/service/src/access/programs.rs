@@ -174,6 +174,22 @@ impl ProgramCheck {
             FunctionSpec::Builtin {
                 function, config, ..
             } if function == "code" => self.code_function(p, config.as_ref()),
+            FunctionSpec::Builtin {
+                function, config, ..
+            } if function == "python" => {
+                self.code_function(p, config.as_ref());
+                if let Some(file) = config
+                    .as_ref()
+                    .and_then(|c| c.get("file"))
+                    .and_then(|f| f.as_str())
+                    && !self.readable.permits(file)
+                {
+                    self.deny(
+                        format!("{p}.config.file"),
+                        format!("the service does not allow reading {file:?}"),
+                    );
+                }
+            }
             _ => {}
         }
     }
