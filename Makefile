@@ -256,7 +256,11 @@ device-check: setup
 
 ## SIGKILL loop over mixed jobs (24 kills, function instances killed between them): 0 lost,
 ## changed, duplicated or replayed rows, 0 orphan processes, every row scored or masked, and a
-## crash-looping function failing its job in bounded time. `make test` runs a 4-kill form.
+## crash-looping function failing its job in bounded time; then the faults of hardening round
+## 2: 300 slow-body clients while the jobs run (/healthz within 1 s throughout), a job whose
+## function instances are all killed every 700 ms (succeeds, >= 99 % scored), and two quick
+## restarts during a slow step (resumes, succeeds). `make test` runs a 4-kill form, and the
+## round-2 faults in their short forms.
 chaos: setup
 	$(CARGO) build --workspace --bins
 	$(CARGO) run -p tests --bin chaos -- $(or $(KILLS),24)

@@ -164,7 +164,8 @@ mod tests {
         );
         assert!(msg(builtin("code", Some(r#"{"sandbox": "docker"}"#))).contains("code config"));
         assert!(
-            msg(builtin("judge9", None)).contains("math, format, env, code, judge or tool_use")
+            msg(builtin("judge9", None))
+                .contains("math, format, env, code, python, judge or tool_use")
         );
     }
 }

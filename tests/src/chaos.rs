@@ -367,7 +367,7 @@ pub async fn run(opts: &ChaosOptions, dir: &Path) -> ChaosReport {
     report.crash_loop_failed_after_s = Some(t0.elapsed().as_secs_f64());
     report.crash_loop_error = job["error"].as_str().unwrap_or_default().to_string();
     if opts.round2 {
-        report.killed_instances = Some(round2::killed_instances(&server.base, 40).await);
+        report.killed_instances = Some(round2::killed_instances(&server.base, 40, false).await);
     }
     // A clean stop leaves nothing running either.
     nix::sys::signal::kill(

@@ -204,7 +204,7 @@ def test_a_batch_loop_with_ack_nack_and_an_expired_lease(client: Client) -> None
     job = client.submit(sim_job(3, trainer={"kind": "external", "lease_s": 1}))
     b = client.next_batch(job, wait_s=60)
     assert isinstance(b, Batch) and b.step == 0 and len(b) > 0
-    s = next(b.samples())
+    s = b.samples()[0]
     assert len(s["tokens"]) == len(s["loss_mask"]) == len(s["behaviour_logprobs"])
     assert s["status"] in ("completed", "failed")
     # Given back: offered again at once under a new lease.

@@ -21,6 +21,12 @@ pub enum ExportJobError {
     Format(String),
     #[error("cannot export the policy")]
     Export(#[source] Box<ExportPolicyError>),
+    #[error("cannot create the output directory {dir}")]
+    OutDir {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Exports job `job`'s policy at `version` (default: its newest checkpoint); returns the
@@ -53,6 +59,13 @@ pub fn export_job(
         job: job.into(),
         version,
     })?;
+    // `--out DIR/x.gguf` with DIR not there yet: made, as `report --out` does.
+    if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(|source| ExportJobError::OutDir {
+            dir: parent.to_path_buf(),
+            source,
+        })?;
+    }
     export_policy(&ck, &path, format, out).map_err(|e| ExportJobError::Export(Box::new(e)))?;
     Ok(v)
 }

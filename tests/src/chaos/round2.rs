@@ -128,9 +128,10 @@ ThreadingHTTPServer((os.environ["HOST"], int(os.environ["PORT"])), H).serve_fore
 "#;
 
 /// A job scored by a healthy reward function (a `command` function, local placement, two
-/// instances) whose every instance is SIGKILLed from outside every 700 ms until the job
-/// ends (`steps` steps).
-pub async fn killed_instances(base: &str, steps: u64) -> KilledInstances {
+/// instances) whose every instance (every ready one with `ready_only`: a loaded machine
+/// may start instances slower than they are killed, which is a crash loop by definition) is
+/// SIGKILLed from outside every 700 ms until the job ends (`steps` steps).
+pub async fn killed_instances(base: &str, steps: u64, ready_only: bool) -> KilledInstances {
     let client = reqwest::Client::new();
     let spec = SpecBuilder::new()
         .pool("h800", "H800", 1, "")
@@ -155,7 +156,7 @@ pub async fn killed_instances(base: &str, steps: u64) -> KilledInstances {
             out.error = v["error"].as_str().unwrap_or_default().to_string();
             break;
         }
-        out.kills += kill_every_instance(&client, base).await;
+        out.kills += kill_every_instance(&client, base, ready_only).await;
         tokio::time::sleep(Duration::from_millis(700)).await;
     }
     let (rows, _) = super::rows(&client, base, &id).await;
@@ -167,9 +168,9 @@ pub async fn killed_instances(base: &str, steps: u64) -> KilledInstances {
     out
 }
 
-/// SIGKILLs every function instance that has a process (ready or starting), as a node
-/// drain or `pkill -9` would; returns how many.
-async fn kill_every_instance(client: &reqwest::Client, base: &str) -> usize {
+/// SIGKILLs every function instance that has a process (ready, and starting unless
+/// `ready_only`), as a node drain or `pkill -9` would; returns how many.
+async fn kill_every_instance(client: &reqwest::Client, base: &str, ready_only: bool) -> usize {
     let Ok(r) = client.get(format!("{base}/v1/cluster")).send().await else {
         return 0;
     };
@@ -181,7 +182,7 @@ async fn kill_every_instance(client: &reqwest::Client, base: &str) -> usize {
         .into_iter()
         .flatten()
         .flat_map(|d| d["instances"].as_array().cloned().unwrap_or_default())
-        .filter(|i| i["phase"] == "ready" || i["phase"] == "starting")
+        .filter(|i| i["phase"] == "ready" || (!ready_only && i["phase"] == "starting"))
         .filter_map(|i| i["pid"].as_i64().map(|p| p as i32))
         .filter(|pid| {
             nix::sys::signal::kill(

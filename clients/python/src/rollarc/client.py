@@ -78,10 +78,10 @@ class Batch:
     #: ``acked``, ``offered_again`` or None while leased
     outcome: Optional[str] = None
 
-    def samples(self) -> Iterator[Sample]:
-        """Every sample of every group, in order."""
-        for g in self.groups:
-            yield from g["samples"]
+    def samples(self) -> List[Sample]:
+        """Every sample of every group, in order (a list: index it, take its len, iterate it
+        twice)."""
+        return [s for g in self.groups for s in g["samples"]]
 
     def __len__(self) -> int:
         return sum(len(g["samples"]) for g in self.groups)

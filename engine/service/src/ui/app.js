@@ -638,7 +638,7 @@ class JobPage {
               el('td', { class: 'num' }, f.panicking ? 'panic' : 'stable'),
               ...[f.requests, f.peak_requests].map((v) => el('td', { class: 'num' }, fmt(v))),
               el('td', { class: 'num' }, `${f.scale_ups} / ${f.scale_downs}`),
-              ...[f.instances_crashed, r.calls, r.retries, r.hedges, r.failures, r.ejections].map((v) => el('td', { class: 'num' }, fmt(v))));
+              ...[f.instances_crashed + (f.instances_died_serving || 0), r.calls, r.retries, r.hedges, r.failures, r.ejections].map((v) => el('td', { class: 'num' }, fmt(v))));
           }))));
       }
     } catch (e) {

@@ -86,6 +86,8 @@ pub struct DeploymentStatus {
     pub peak_requests: u64,
     pub instances_started: u64,
     pub instances_crashed: u64,
+    /// Instances that died after they became ready (killed from outside; not a crash loop).
+    pub instances_died_serving: u64,
     pub scale_ups: u64,
     pub scale_downs: u64,
     pub container_concurrency: u32,
@@ -192,6 +194,7 @@ impl Deployment {
             peak_requests: st.peak_waiting,
             instances_started: self.counters.started.load(Ordering::Relaxed),
             instances_crashed: self.counters.crashed.load(Ordering::Relaxed),
+            instances_died_serving: self.counters.died_serving.load(Ordering::Relaxed),
             scale_ups: self.counters.scale_ups.load(Ordering::Relaxed),
             scale_downs: self.counters.scale_downs.load(Ordering::Relaxed),
             container_concurrency: self.cfg.scaling.container_concurrency,
