@@ -991,3 +991,42 @@ async fn the_job_list_is_small_without_the_timeline() {
     );
     assert!(full.len() > small.len());
 }
+
+/// Hardening (#35): a dataset is never a file of the service's data directory (the store
+/// holds every job and the tokens' hashes), whatever the policy allows, also through `..`
+/// from the staging directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dataset_in_the_data_directory_is_refused() {
+    let s = TestServer::start().await;
+    let store = s.dir.path().join("rollarc.db");
+    assert!(store.is_file());
+    std::fs::create_dir_all(s.dir.path().join("inputs")).unwrap();
+    let through = s.dir.path().join("inputs").join("..").join("rollarc.db");
+    for path in [store, through] {
+        let body = format!(
+            "[[tasks]]\ndomain = \"rows\"\nenv = {{ kind = \"prompt\" }}\ndataset = {{ path = \"{}\", format = \"jsonl\" }}\n[[pools]]\nname = \"p\"\ndevice = \"H800\"\nbackend = {{ kind = \"sim\" }}\n",
+            path.display()
+        );
+        let r = s
+            .client
+            .post(s.url("/v1/jobs"))
+            .header("content-type", "application/toml")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 403);
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(
+            v["error"]["fields"][0]["field"], "tasks[0].dataset.path",
+            "{v}"
+        );
+        assert!(
+            v["error"]["fields"][0]["message"]
+                .as_str()
+                .unwrap()
+                .contains("inside the service's data directory"),
+            "{v}"
+        );
+    }
+}

@@ -259,7 +259,9 @@ async fn sigkill_mid_epoch_then_resume_uses_every_row_once_per_epoch() {
         path.display()
     );
     let client = reqwest::Client::new();
-    let first = tests::server::ServerProcess::start(dir.path());
+    // The data directory beside the dataset (a dataset inside it is refused).
+    let data = dir.path().join("data");
+    let first = tests::server::ServerProcess::start(&data);
     let id = tests::submit_job(&client, &first.base, spec).await;
     tests::wait_job(&client, &first.base, &id, Duration::from_secs(60), |v| {
         v["step"].as_u64().unwrap_or(0) >= 3
@@ -271,7 +273,7 @@ async fn sigkill_mid_epoch_then_resume_uses_every_row_once_per_epoch() {
     )
     .unwrap();
     drop(first);
-    let second = tests::server::ServerProcess::start(dir.path());
+    let second = tests::server::ServerProcess::start(&data);
     let job = tests::wait_job(&client, &second.base, &id, Duration::from_secs(120), |v| {
         v["state"] == "succeeded" || v["state"] == "failed"
     })

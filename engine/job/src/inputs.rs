@@ -47,7 +47,7 @@ pub fn stage_datasets(
         let Some(d) = task.and_then(|t| t.dataset.as_ref()) else {
             continue;
         };
-        if d.path.trim().is_empty() || d.path.starts_with(&dir.display().to_string()) {
+        if d.path.trim().is_empty() || is_staged(Path::new(&d.path), dir) {
             // Empty: validation's business. Already staged: a resumed or re-submitted spec.
             continue;
         }
@@ -86,6 +86,19 @@ pub fn stage_datasets(
         }
     }
     problems
+}
+
+/// Whether `path` is a copy this staging made: a content-named file directly in `dir`
+/// (resolved: `dir/../x` or a symlink into the data directory is not one).
+fn is_staged(path: &Path, dir: &Path) -> bool {
+    let (Ok(p), Ok(d)) = (std::fs::canonicalize(path), std::fs::canonicalize(dir)) else {
+        return false;
+    };
+    let named = p
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .is_some_and(|s| s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit()));
+    p.parent() == Some(d.as_path()) && named && p.is_file()
 }
 
 /// A problem found in a staged copy, told in terms of the user's own paths (the data
@@ -241,6 +254,19 @@ backend = {{ kind = "sim" }}
         // Staged again (a resumed spec): unchanged.
         assert!(stage_datasets(&mut spec, data.path(), &allow_all).is_empty());
         assert_eq!(spec.tasks[0].dataset.as_ref().unwrap().path, staged);
+        // Only a content-named file directly in the staging directory is a copy: one
+        // reached through `..` from there (e.g. the store beside it) is checked like any
+        // other path.
+        assert!(is_staged(Path::new(&staged), data.path()));
+        let beside = data
+            .path()
+            .parent()
+            .unwrap()
+            .join("0123456789abcdef0123456789abcdef.jsonl");
+        std::fs::write(&beside, "{}").unwrap();
+        let through = data.path().join("..").join(beside.file_name().unwrap());
+        assert!(!is_staged(&through, data.path()));
+        std::fs::remove_file(&beside).unwrap();
         // The symlink now resolves outside the allowed directory: refused by the policy.
         let mut spec = spec_with(&rows);
         let user_dir = std::fs::canonicalize(user.path()).unwrap();

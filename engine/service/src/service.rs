@@ -287,7 +287,20 @@ impl Service {
         spec: &mut JobSpec,
         readable: &dyn Fn(&std::path::Path) -> Option<String>,
     ) -> Vec<job::inputs::StageProblem> {
-        job::inputs::stage_datasets(spec, &self.data_dir.join("inputs"), readable)
+        // Never a file of the data directory (the store, the tokens' hashes), whatever the
+        // policy lists; the staged copies themselves are recognised by the staging.
+        let data = std::fs::canonicalize(&self.data_dir).unwrap_or_else(|_| self.data_dir.clone());
+        let allowed = |p: &std::path::Path| {
+            if p.starts_with(&data) {
+                Some(format!(
+                    "{} is inside the service's data directory",
+                    p.display()
+                ))
+            } else {
+                readable(p)
+            }
+        };
+        job::inputs::stage_datasets(spec, &self.data_dir.join("inputs"), &allowed)
     }
 
     /// The job's estimated peak memory if it fits the budget on its own.
