@@ -6,38 +6,8 @@ use std::time::Duration;
 
 use tests::{SpecBuilder, TestServer, wait_job};
 
-/// A function server (Python, stdlib only) that answers readiness, then misbehaves on every
-/// scoring call: `invalid` scores 5.0 (outside [0, 1]); `sleep` answers after 30 s; `error500`
-/// answers 500.
-const BAD_FUNCTION: &str = r#"
-import json, os, sys, time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-MODE = sys.argv[1]
-class H(BaseHTTPRequestHandler):
-    def log_message(self, *a):
-        pass
-    def reply(self, body):
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def do_GET(self):
-        self.reply(b"{}")
-    def do_POST(self):
-        req = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
-        if MODE == "sleep":
-            time.sleep(30)
-        if MODE == "error500":
-            self.send_response(500)
-            self.send_header("content-length", "13")
-            self.end_headers()
-            self.wfile.write(b"scorer broke\n")
-            return
-        scores = [{"trajectory_id": i["trajectory_id"], "score": 5.0} for i in req["items"]]
-        self.reply(json.dumps({"protocol": req["protocol"], "scores": scores}).encode())
-ThreadingHTTPServer((os.environ["HOST"], int(os.environ["PORT"])), H).serve_forever()
-"#;
+/// The test function server (Python, stdlib only); see its modes there.
+use tests::chaos::round2::SCORING_SERVER as BAD_FUNCTION;
 
 /// A single-turn arithmetic job scored by the function `broken` (`command` + `args`), with a
 /// fault budget of 3 failures over 2 s.

@@ -103,12 +103,14 @@ impl KilledInstances {
     }
 }
 
-/// A healthy `command` reward function (Python, stdlib only): ready at once, every score
-/// 1.0. Its interpreter takes a few hundred ms to start, so a killer often hits instances
-/// that are still starting.
-const HEALTHY_FUNCTION: &str = r#"
-import json, os
+/// A `command` reward function server (Python, stdlib only) that answers readiness, then
+/// every scoring call as its mode (its one argument) says: `healthy` scores 1.0; `invalid`
+/// scores 5.0 (outside [0, 1]); `sleep` answers after 30 s; `error500` answers 500. Its
+/// interpreter takes a few hundred ms to start, so a killer often hits starting instances.
+pub const SCORING_SERVER: &str = r#"
+import json, os, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+MODE = sys.argv[1]
 class H(BaseHTTPRequestHandler):
     def log_message(self, *a):
         pass
@@ -122,7 +124,16 @@ class H(BaseHTTPRequestHandler):
         self.reply(b"{}")
     def do_POST(self):
         req = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
-        scores = [{"trajectory_id": i["trajectory_id"], "score": 1.0} for i in req["items"]]
+        if MODE == "sleep":
+            time.sleep(30)
+        if MODE == "error500":
+            self.send_response(500)
+            self.send_header("content-length", "13")
+            self.end_headers()
+            self.wfile.write(b"scorer broke\n")
+            return
+        score = 1.0 if MODE == "healthy" else 5.0
+        scores = [{"trajectory_id": i["trajectory_id"], "score": score} for i in req["items"]]
         self.reply(json.dumps({"protocol": req["protocol"], "scores": scores}).encode())
 ThreadingHTTPServer((os.environ["HOST"], int(os.environ["PORT"])), H).serve_forever()
 "#;
@@ -138,7 +149,7 @@ pub async fn killed_instances(base: &str, steps: u64, ready_only: bool) -> Kille
         .raw_task("[[tasks]]\ndomain = \"add\"\ngroup_size = 2\nmax_turns = 1\nmax_tokens_per_turn = 8\nreward = [\"healthy\"]\n[tasks.env]\nkind = \"arithmetic\"\n")
         .rollout("batch_size = 2")
         .rollout(&format!("steps = {steps}"))
-        .extra(&format!("[sim]\nclock = \"real\"\n[trainer]\nkind = \"sim\"\nstep_overhead_s = 0.5\n[reward]\nplacement = \"local\"\n[reward.functions.healthy]\nkind = \"command\"\ncommand = \"python3\"\nargs = ['-c', '''{HEALTHY_FUNCTION}''']\ntimeout_s = 10\n[reward.functions.healthy.scaling]\nmin-scale = 2\ncontainer-concurrency = 4\n"))
+        .extra(&format!("[sim]\nclock = \"real\"\n[trainer]\nkind = \"sim\"\nstep_overhead_s = 0.5\n[reward]\nplacement = \"local\"\n[reward.functions.healthy]\nkind = \"command\"\ncommand = \"python3\"\nargs = ['-c', '''{SCORING_SERVER}''', 'healthy']\ntimeout_s = 10\n[reward.functions.healthy.scaling]\nmin-scale = 2\ncontainer-concurrency = 4\n"))
         .toml();
     let id = submit_job(&client, base, spec).await;
     let mut out = KilledInstances::default();
