@@ -3,7 +3,7 @@
 //! `cuda` feature.
 
 /// What a device class can do. Figures are dense BF16 peak and HBM bandwidth.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct DeviceProfile {
     pub name: String,
     /// Peak dense FLOP/s.
@@ -256,6 +256,8 @@ pub mod gpu;
 pub struct GpuInfo {
     pub ordinal: usize,
     pub name: String,
+    /// CUDA compute capability (major, minor): 9.0 for Hopper, 8.0 for the A100.
+    pub compute_capability: (u32, u32),
     pub sms: u32,
     pub memory_bytes: u64,
     pub clock_mhz: u32,
@@ -292,32 +294,89 @@ pub fn discover_gpus() -> Result<Vec<GpuInfo>, DiscoveryError> {
     }
 }
 
-/// Peak figures estimated from what the driver reports: FP16/BF16 tensor FLOP/s from SM count
-/// and clock (Hopper-class: 1024 dense FMA per SM per clock on tensor cores = 2048 FLOP), and
+/// Dense FP16/BF16 tensor-core FLOP per SM per clock by compute capability: 4 tensor cores
+/// per SM doing 256 FMA a clock before Ampere's A100 (sm_7x, and the sm_86/87/89 parts
+/// that kept that rate), 512 on the A100 (sm_80), 1024 on Hopper (sm_90), 2048 on the
+/// data-centre Blackwell (sm_100); consumer parts (sm_12x) as sm_89. One FMA is 2 FLOP.
+pub fn tensor_flop_per_sm_clock(compute_capability: (u32, u32)) -> f64 {
+    match compute_capability {
+        (8, 0) => 2048.0,
+        (9, _) => 4096.0,
+        (10, _) => 8192.0,
+        _ => 1024.0,
+    }
+}
+
+/// Peak figures estimated from what the driver reports: FP16/BF16 dense tensor FLOP/s from
+/// the SM count, the clock and the compute capability ([`tensor_flop_per_sm_clock`]), and
 /// bandwidth from memory clock and bus width (DDR: ×2).
-pub fn profile_from_attributes(
-    name: &str,
-    sms: u32,
-    clock_mhz: u32,
-    mem_clock_mhz: u32,
-    bus_bits: u32,
-    memory_bytes: u64,
-) -> DeviceProfile {
-    let flops = sms as f64 * clock_mhz as f64 * 1e6 * 2048.0;
-    let bandwidth = mem_clock_mhz as f64 * 1e6 * 2.0 * bus_bits as f64 / 8.0;
-    let cost = DeviceProfile::builtin(name).map_or(1.0, |d| d.cost);
+pub fn profile_from_attributes(gpu: &GpuInfo) -> DeviceProfile {
+    let flops = gpu.sms as f64
+        * gpu.clock_mhz as f64
+        * 1e6
+        * tensor_flop_per_sm_clock(gpu.compute_capability);
+    let bandwidth = gpu.memory_clock_mhz as f64 * 1e6 * 2.0 * gpu.bus_width_bits as f64 / 8.0;
+    let name = short_name(&gpu.name);
+    let cost = DeviceProfile::builtin(&name).map_or(1.0, |d| d.cost);
     DeviceProfile {
-        name: name.to_string(),
+        name,
         flops,
         bandwidth,
-        memory: memory_bytes as f64,
+        memory: gpu.memory_bytes as f64,
         cost,
     }
+}
+
+/// "NVIDIA H100 80GB HBM3" → "H100", so the catalogue's relative cost applies.
+pub fn short_name(full: &str) -> String {
+    for known in ["H800", "H200", "H20", "H100", "A100"] {
+        if full.to_ascii_uppercase().contains(known) {
+            return known.to_string();
+        }
+    }
+    full.to_string()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn gpu(name: &str, cc: (u32, u32), sms: u32, clock: u32, mem: u32, bus: u32) -> GpuInfo {
+        GpuInfo {
+            ordinal: 0,
+            name: name.into(),
+            compute_capability: cc,
+            sms,
+            memory_bytes: 80 << 30,
+            clock_mhz: clock,
+            memory_clock_mhz: mem,
+            bus_width_bits: bus,
+            profile: DeviceProfile::builtin("CPU").unwrap(),
+        }
+    }
+
+    /// The attributes an H200 reported through the driver on a device machine (132 SMs,
+    /// 1,980 MHz, 3,201 MHz × 6,016 bit) give the datasheet's figures within the clock's
+    /// margin (989 TFLOP/s dense BF16 is quoted at 1,830 MHz; 4.8 TB/s); an A100 SXM gives
+    /// 312 TFLOP/s. The first version counted Hopper like Ampere and said 535 TFLOP/s.
+    #[test]
+    fn peak_figures_follow_the_compute_capability() {
+        let h200 = profile_from_attributes(&gpu("NVIDIA H200", (9, 0), 132, 1980, 3201, 6016));
+        assert_eq!(h200.name, "H200");
+        assert!((h200.flops / 1e12 - 1070.5).abs() < 1.0, "{}", h200.flops);
+        assert!(
+            (h200.bandwidth / 1e12 - 4.815).abs() < 0.01,
+            "{}",
+            h200.bandwidth
+        );
+        let a100 =
+            profile_from_attributes(&gpu("NVIDIA A100-SXM4-80GB", (8, 0), 108, 1410, 1593, 5120));
+        assert_eq!(a100.name, "A100");
+        assert!((a100.flops / 1e12 - 311.9).abs() < 0.5, "{}", a100.flops);
+        assert_eq!(a100.cost, DeviceProfile::builtin("A100").unwrap().cost);
+        let l4 = profile_from_attributes(&gpu("NVIDIA L4", (8, 9), 58, 2040, 6251, 192));
+        assert!((l4.flops / 1e12 - 121.2).abs() < 0.5, "{}", l4.flops);
+    }
 
     #[test]
     fn prefill_prefers_compute_rich_and_decode_prefers_bandwidth_rich() {

@@ -1,7 +1,7 @@
 //! GPU discovery through the CUDA driver API, loaded at run time. The only place the
 //! workspace touches CUDA.
 
-use super::{DiscoveryError, GpuInfo, profile_from_attributes};
+use super::{DeviceProfile, DiscoveryError, GpuInfo, profile_from_attributes};
 use cudarc::driver::sys::CUdevice_attribute as Attr;
 
 pub(super) fn discover() -> Result<Vec<GpuInfo>, DiscoveryError> {
@@ -24,34 +24,21 @@ pub(super) fn discover() -> Result<Vec<GpuInfo>, DiscoveryError> {
         let bus = attr(Attr::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH)? as u32;
         let name = ctx.name().map_err(DiscoveryError::Driver)?;
         let memory_bytes = ctx.total_mem().map_err(DiscoveryError::Driver)? as u64;
-        let profile = profile_from_attributes(
-            &short_name(&name),
-            sms,
-            clock_khz / 1000,
-            mem_khz / 1000,
-            bus,
-            memory_bytes,
-        );
-        out.push(GpuInfo {
+        let major = attr(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)? as u32;
+        let minor = attr(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)? as u32;
+        let mut gpu = GpuInfo {
             ordinal,
             name,
+            compute_capability: (major, minor),
             sms,
             memory_bytes,
             clock_mhz: clock_khz / 1000,
             memory_clock_mhz: mem_khz / 1000,
             bus_width_bits: bus,
-            profile,
-        });
+            profile: DeviceProfile::default(),
+        };
+        gpu.profile = profile_from_attributes(&gpu);
+        out.push(gpu);
     }
     Ok(out)
-}
-
-/// "NVIDIA H100 80GB HBM3" → "H100", so the catalogue's relative cost applies.
-fn short_name(full: &str) -> String {
-    for known in ["H800", "H20", "H100", "H200", "A100"] {
-        if full.to_ascii_uppercase().contains(known) {
-            return known.to_string();
-        }
-    }
-    full.to_string()
 }

@@ -156,9 +156,11 @@ pub(crate) fn print_devices() {
         Ok(gpus) => {
             for g in gpus {
                 println!(
-                    "GPU {}: {} — {} SMs, {:.0} GB, {} MHz, mem {} MHz × {} bit → {:.0} TFLOP/s (est.), {:.2} TB/s",
+                    "GPU {}: {} (sm_{}{}) — {} SMs, {:.0} GB, {} MHz, mem {} MHz × {} bit → {:.0} TFLOP/s (est.), {:.2} TB/s",
                     g.ordinal,
                     g.name,
+                    g.compute_capability.0,
+                    g.compute_capability.1,
                     g.sms,
                     g.memory_bytes as f64 / 1e9,
                     g.clock_mhz,
