@@ -315,7 +315,7 @@ pub(crate) async fn train(o: TrainOptions) -> Result<TrainSummary, TrainClientEr
             }
         };
         let step = leased.batch.step;
-        let next = step + 1;
+        let next = step;
         let t = tokio::time::Instant::now();
         let stats = session.train_on(&leased.batch).await?;
         // Announce (again, after a restart: a 409 says it was) then acknowledge. A batch
@@ -393,7 +393,7 @@ fn print_step(
 ) {
     println!(
         "step {step} → v{}{}: loss {:.4} · reward {:.3} · {} trajectories · {:.2} s{}",
-        step + 1,
+        step,
         if announced_before {
             " (announced before)"
         } else {

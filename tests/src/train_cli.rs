@@ -87,11 +87,11 @@ async fn rollarc_train_trains_a_job_and_resumes_after_sigkill_without_training_a
     let out = dir.path().join("trainer");
     let (base, j, o) = (server.base.clone(), job.clone(), out.clone());
     let (first, killed_ok) =
-        tokio::task::spawn_blocking(move || train(&base, &j, &o, Some("step 1 ")))
+        tokio::task::spawn_blocking(move || train(&base, &j, &o, Some("step 2 ")))
             .await
             .unwrap();
     assert!(!killed_ok, "the first trainer was killed: {first:?}");
-    assert_eq!(trained(&first), [0, 1], "{first:?}");
+    assert_eq!(trained(&first), [1, 2], "{first:?}");
     let (base, j, o) = (server.base.clone(), job.clone(), out.clone());
     let (second, ok) = tokio::task::spawn_blocking(move || train(&base, &j, &o, None))
         .await
@@ -104,7 +104,7 @@ async fn rollarc_train_trains_a_job_and_resumes_after_sigkill_without_training_a
     // Every step trained once, in order, across the two processes.
     assert_eq!(
         trained(&second),
-        (2..STEPS).collect::<Vec<_>>(),
+        (3..=STEPS).collect::<Vec<_>>(),
         "{second:?}"
     );
     assert!(
@@ -127,6 +127,9 @@ async fn rollarc_train_trains_a_job_and_resumes_after_sigkill_without_training_a
             .parse()
             .unwrap();
         assert!(loss.is_finite(), "{l}");
+        // Steps count from 1, as in the API: step k produces version k.
+        let k = l[5..].split(' ').next().unwrap();
+        assert!(l.starts_with(&format!("step {k} → v{k}")), "{l}");
     }
     // The job: every batch acknowledged once, the newest weights announced and installed.
     let st: Value = get_json(&client, &format!("{}/v1/jobs/{job}/staleness", server.base)).await;

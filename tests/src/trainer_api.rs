@@ -101,11 +101,11 @@ async fn an_external_trainer_leases_acknowledges_and_gives_back_batches() {
     let base = t.url("");
     let job = tests::submit_job(&t.client, &base, external_job(3)).await;
 
-    // Step 0's batch, leased; it ends after a second and is offered again under a new lease.
+    // Step 1's batch, leased; it ends after a second and is offered again under a new lease.
     let (status, first) = next(&t, &job, 30.0).await;
     assert_eq!(status, 200);
-    assert_eq!(first["step"], 0);
-    assert_eq!(first["batch_id"], format!("{job}:0:1"));
+    assert_eq!(first["step"], 1);
+    assert_eq!(first["batch_id"], format!("{job}:1:1"));
     check_batch(&first);
     let (status, _) = next(&t, &job, 0.0).await;
     assert_eq!(
@@ -114,20 +114,20 @@ async fn an_external_trainer_leases_acknowledges_and_gives_back_batches() {
     );
     let (status, again) = next(&t, &job, 5.0).await;
     assert_eq!(status, 200);
-    assert_eq!(again["batch_id"], format!("{job}:0:2"));
+    assert_eq!(again["batch_id"], format!("{job}:1:2"));
     assert_eq!(again["groups"], first["groups"], "the same batch, durable");
-    let (status, v) = post(&t, &format!("/v1/batches/{job}:0:1/ack"), "{}").await;
+    let (status, v) = post(&t, &format!("/v1/batches/{job}:1:1/ack"), "{}").await;
     assert_eq!(
         (status, v["error"]["code"].as_str()),
         (409, Some("lease_lost"))
     );
     // Given back: offered again at once.
-    let (status, v) = post(&t, &format!("/v1/batches/{job}:0:2/nack"), "").await;
+    let (status, v) = post(&t, &format!("/v1/batches/{job}:1:2/nack"), "").await;
     assert_eq!((status, v["state"].as_str()), (200, Some("offered_again")));
     let (status, third) = next(&t, &job, 0.0).await;
     assert_eq!(
         (status, third["batch_id"].as_str()),
-        (200, Some(format!("{job}:0:3").as_str()))
+        (200, Some(format!("{job}:1:3").as_str()))
     );
 
     // Acknowledged (twice: a retry is harmless), then the remaining steps.
@@ -135,7 +135,7 @@ async fn an_external_trainer_leases_acknowledges_and_gives_back_batches() {
     let mut id = third["batch_id"].as_str().unwrap().to_string();
     let mut batch = third;
     for step in 0..3u64 {
-        assert_eq!(batch["step"], step);
+        assert_eq!(batch["step"], step + 1);
         trained += batch["groups"]
             .as_array()
             .unwrap()
@@ -245,7 +245,7 @@ async fn bad_trainer_api_calls_are_4xx_naming_the_problem() {
     );
     let (status, _) = post(&t, &format!("/v1/batches/{job}:7:1/ack"), "{}").await;
     assert_eq!(status, 404);
-    let (status, v) = post(&t, &format!("/v1/batches/{job}:0:1/ack"), "[1, 2]").await;
+    let (status, v) = post(&t, &format!("/v1/batches/{job}:1:1/ack"), "[1, 2]").await;
     assert_eq!(
         (status, v["error"]["code"].as_str()),
         (400, Some("bad_request"))
@@ -313,11 +313,11 @@ async fn a_batch_leased_when_the_service_is_killed_is_offered_again_after_the_re
     };
     let first = ServerProcess::start(dir.path());
     let job = tests::submit_job(&client, &first.base, external_job(3)).await;
-    // Step 0 trained and acknowledged; step 1 leased when the service dies.
+    // Step 1 trained and acknowledged; step 2 leased when the service dies.
     let b0 = lease(&first.base, &job).await;
     ack(&first.base, &b0).await;
     let b1 = lease(&first.base, &job).await;
-    assert_eq!(b1["step"], 1);
+    assert_eq!(b1["step"], 2);
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(first.child.id() as i32),
         nix::sys::signal::Signal::SIGKILL,
@@ -328,14 +328,14 @@ async fn a_batch_leased_when_the_service_is_killed_is_offered_again_after_the_re
     let second = ServerProcess::start(dir.path());
     // The lease (1 s) has ended by now or ends shortly: the same batch comes back.
     let again = lease(&second.base, &job).await;
-    assert_eq!(again["step"], 1);
+    assert_eq!(again["step"], 2);
     assert_eq!(
         again["groups"], b1["groups"],
         "the batch assembled before the kill"
     );
     ack(&second.base, &again).await;
     let b2 = lease(&second.base, &job).await;
-    assert_eq!(b2["step"], 2);
+    assert_eq!(b2["step"], 3);
     ack(&second.base, &b2).await;
     let done = wait_job(&client, &second.base, &job, Duration::from_secs(60), |v| {
         v["state"] == "succeeded" || v["state"] == "failed"
@@ -442,7 +442,7 @@ async fn announced_weights_are_installed_and_generate_the_next_batches() {
     };
     // The job runs at the base version: its first batch is leased before any announcement.
     let (status, b0) = next(&t, &job, 60.0).await;
-    assert_eq!((status, b0["step"].as_u64()), (200, Some(0)));
+    assert_eq!((status, b0["step"].as_u64()), (200, Some(1)));
     let versions = tests::batch_versions;
     assert_eq!(versions(&b0), [0].into());
     // Announcements are checked before they are recorded.
@@ -519,7 +519,7 @@ async fn announced_weights_are_installed_and_generate_the_next_batches() {
     for step in 0..3u64 {
         if step > 0 {
             let (status, b) = next(&t, &job, 60.0).await;
-            assert_eq!((status, b["step"].as_u64()), (200, Some(step)), "{b}");
+            assert_eq!((status, b["step"].as_u64()), (200, Some(step + 1)), "{b}");
             last = b;
         }
         let id = last["batch_id"].as_str().unwrap().to_string();

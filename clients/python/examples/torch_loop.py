@@ -66,7 +66,7 @@ def main() -> None:
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
-            version = batch.step + 1
+            version = batch.step  # step k (from 1) produces version k
             path = out / f"v{version}.safetensors"
             # Names as the job's model has them; rollarc checks every name and shape.
             save_file({k: v.float().cpu().contiguous() for k, v in model.state_dict().items()}, path)

@@ -138,6 +138,7 @@ def test_events_run_to_the_end_with_ids_and_resume_without_gaps(client: Client) 
     assert numbers == list(range(numbers[0], numbers[0] + len(numbers))), numbers
     progress = [e for e in first + resumed if e.event == "progress"]
     assert [e.data["step"] for e in progress] == list(range(1, 7))
+    assert [e.data["metrics"]["step"] for e in progress] == list(range(1, 7))
     # Compact: the per-resource timeline is served by /steps, not sent with every step.
     assert all("timeline" not in e.data["metrics"] for e in progress)
     assert all("success_rate" in e.data["metrics"] for e in progress)
@@ -203,18 +204,18 @@ def test_trajectories_page_as_dicts_text_and_a_dataframe(client: Client, tmp_pat
 def test_a_batch_loop_with_ack_nack_and_an_expired_lease(client: Client) -> None:
     job = client.submit(sim_job(3, trainer={"kind": "external", "lease_s": 1}))
     b = client.next_batch(job, wait_s=60)
-    assert isinstance(b, Batch) and b.step == 0 and len(b) > 0
+    assert isinstance(b, Batch) and b.step == 1 and len(b) > 0
     s = b.samples()[0]
     assert len(s["tokens"]) == len(s["loss_mask"]) == len(s["behaviour_logprobs"])
     assert s["status"] in ("completed", "failed")
     # Given back: offered again at once under a new lease.
     b.nack()
     b2 = client.next_batch(job, wait_s=10)
-    assert b2 is not None and b2.step == 0 and b2.batch_id != b.batch_id
+    assert b2 is not None and b2.step == 1 and b2.batch_id != b.batch_id
     # Held past its lease (1 s): offered again; the old lease cannot acknowledge.
     time.sleep(1.5)
     b3 = client.next_batch(job, wait_s=10, binary=True)  # MessagePack this time
-    assert b3 is not None and b3.step == 0 and b3.batch_id != b2.batch_id
+    assert b3 is not None and b3.step == 1 and b3.batch_id != b2.batch_id
     assert [s["tokens"] for s in b3.samples()] == [s["tokens"] for s in b2.samples()]
     with pytest.raises(LeaseLost):
         b2.ack(loss=1.0)
@@ -224,7 +225,7 @@ def test_a_batch_loop_with_ack_nack_and_an_expired_lease(client: Client) -> None
     assert b3.outcome == "acked"
     # ... and gives the batch back on an exception.
     b4 = client.next_batch(job, wait_s=60)
-    assert b4 is not None and b4.step == 1
+    assert b4 is not None and b4.step == 2
     with pytest.raises(RuntimeError):
         with b4:
             raise RuntimeError("the trainer ran out of memory")
@@ -377,6 +378,10 @@ def test_tensorboard_reads_every_step_of_a_job(client: Client, data_dir: Path) -
     stored = list(client.steps(job))
     events = acc.Scalars("rollout/success")
     assert [e.step for e in events] == [r["step"] for r in stored] == [1, 2, 3, 4]
+    # One convention (steps count from 1): the record, its metrics, the job and TensorBoard.
+    assert [r["metrics"]["step"] for r in stored] == [1, 2, 3, 4]
+    assert [r["metrics"]["version"] for r in stored] == [1, 2, 3, 4]
+    assert client.job(job)["step"] == stored[-1]["step"] == 4
     for e, r in zip(events, stored):
         assert abs(e.value - r["metrics"]["success_rate"]) < 1e-6
     assert any(t.endswith("/success") and not t.startswith("rollout") for t in tags), tags

@@ -271,8 +271,8 @@ fn fit_engine(spec: &JobSpec, steps: &[Value]) -> EngineFit {
     }
 }
 
-/// Training: fits train_s against the tokens trained at each step (recorded as the step
-/// after the one whose record carries it: `trained_step` counts from 1), less the engines'
+/// Training: fits train_s against the tokens trained at each step (a record's `step` and
+/// the rows' `trained_step` both count from 1), less the engines'
 /// compute beside it when the job overlapped training. Returns (overhead, per token, error).
 fn fit_training(
     spec: &JobSpec,
@@ -296,7 +296,7 @@ fn fit_training(
         .iter()
         .filter_map(|m| {
             let step = m["step"].as_u64()?;
-            let tokens = *tokens_at.get(&(step + 1))?;
+            let tokens = *tokens_at.get(&step)?;
             let train_s = m["train_s"].as_f64()?;
             let beside = if overlap {
                 let share = (train_s / m["step_s"].as_f64()?.max(1e-9)).min(1.0);
@@ -517,7 +517,7 @@ mod tests {
                     }),
                 );
             }
-            let m = json!({ "step": step, "elapsed_s": elapsed, "train_s": train_s,
+            let m = json!({ "step": step + 1, "elapsed_s": elapsed, "train_s": train_s,
                 "step_s": train_s, "trajectories": 12, "pools": pools });
             let trained: Vec<&str> = ids.iter().map(String::as_str).collect();
             store.complete_step(&job, step + 1, &m, &trained).unwrap();

@@ -198,11 +198,13 @@ impl Catalogue {
             );
         }
         for t in batch.trajectories() {
-            self.staleness
-                .record(m.step.saturating_sub(t.oldest_version()), &[]);
+            self.staleness.record(
+                m.step.saturating_sub(1).saturating_sub(t.oldest_version()),
+                &[],
+            );
         }
         let g = &self.jobs;
-        g.set(job, "rollarc_job_step", &[], (m.step + 1) as f64);
+        g.set(job, "rollarc_job_step", &[], m.step as f64);
         for (pool, p) in &m.pools {
             g.set(
                 job,

@@ -125,10 +125,10 @@ pub fn step_scalars(m: &StepMetrics) -> Vec<(String, f64)> {
     v
 }
 
-/// A step record's events: its own scalars at step `step + 1`, and each held-out evaluation
+/// A step record's events: its own scalars at its step (counted from 1), and each held-out evaluation
 /// it carries at the step it was taken after (0: before training).
 pub fn step_events(m: &StepMetrics) -> Vec<(u64, Vec<(String, f64)>)> {
-    let mut out = vec![(m.step + 1, step_scalars(m))];
+    let mut out = vec![(m.step, step_scalars(m))];
     for e in &m.eval {
         let mut v = Vec::new();
         for (task, t) in &e.tasks {

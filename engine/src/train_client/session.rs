@@ -59,8 +59,9 @@ impl Session<'_> {
         &mut self,
         batch: &TrainingBatch,
     ) -> Result<serde_json::Value, TrainClientError> {
+        // Step k (counted from 1) produces policy version k.
         let step = batch.step;
-        let next = step + 1;
+        let next = step;
         if next <= self.version {
             return Ok(serde_json::json!({}));
         }

@@ -92,6 +92,8 @@ impl StageSeconds {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct StepMetrics {
+    /// The step, counted from 1 as everywhere a step is shown (API, events, TensorBoard, the
+    /// dashboard, the CLI): step k is the k-th training step and produces policy version k.
     pub step: u64,
     /// Policy version produced by this step.
     pub version: PolicyVersion,
@@ -257,7 +259,8 @@ impl MetricSources<'_> {
     ) -> Result<StepMetrics, JobError> {
         let elapsed = self.started.elapsed().as_secs_f64().max(1e-9);
         let mut m = StepMetrics {
-            step: t.step,
+            // Steps count from 1 wherever they are shown (step k produces version k).
+            step: t.step + 1,
             version: stats.version,
             elapsed_s: elapsed,
             step_s: t.step_s,
@@ -357,7 +360,7 @@ fn batch_metrics(m: &mut StepMetrics, batch: &Batch) {
     m.success_rate = trajs.iter().filter(|t| t.success).count() as f64 / n;
     let stale: Vec<u64> = trajs
         .iter()
-        .map(|t| m.step.saturating_sub(t.oldest_version()))
+        .map(|t| (m.step - 1).saturating_sub(t.oldest_version()))
         .collect();
     m.staleness_mean = stale.iter().sum::<u64>() as f64 / n;
     m.staleness_max = stale.iter().copied().max().unwrap_or(0);

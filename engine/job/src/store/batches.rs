@@ -84,8 +84,8 @@ impl Store {
     }
 
     /// Acknowledges lease `offer` of the batch of `step`: marks it trained, with the trainer's
-    /// `stats`, and marks its trajectories (`trajectory_ids`) as trained by step `step + 1`
-    /// (steps count from 1 there, as for in-process training), in one transaction.
+    /// `stats`, and marks its trajectories (`trajectory_ids`) as trained by step `step`
+    /// (steps count from 1, as for in-process training), in one transaction.
     pub fn ack_batch(
         &self,
         job: &str,
@@ -117,7 +117,7 @@ impl Store {
                     "UPDATE trajectories SET trained_step = ?1 WHERE job_id = ?2 AND traj_id = ?3",
                 )?;
                 for t in trajectory_ids {
-                    mark.execute(params![step as i64 + 1, job, t])?;
+                    mark.execute(params![step as i64, job, t])?;
                 }
             }
             tx.commit()?;

@@ -10,7 +10,9 @@ use utoipa::ToSchema;
 /// One training step's batch, as offered to an external trainer.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct TrainingBatch {
-    /// The step this batch trains.
+    /// The step this batch trains, counted from 1 like every step the API shows:
+    /// acknowledging the batch completes step `step`, and the weights it produces are policy
+    /// version `step`.
     pub step: u64,
     /// Oldest and newest policy version that produced a token of the batch.
     pub policy_version_min: PolicyVersion,
@@ -113,7 +115,7 @@ impl TrainingBatch {
             })
             .collect();
         Self {
-            step: batch.step,
+            step: batch.step + 1,
             policy_version_min: lo.unwrap_or(0),
             policy_version_max: hi.unwrap_or(0),
             groups,
@@ -143,7 +145,7 @@ impl TrainingBatch {
             })
             .collect();
         Batch {
-            step: self.step,
+            step: self.step.saturating_sub(1),
             groups,
         }
     }

@@ -69,7 +69,7 @@ impl Trainer for ExternalTrainer {
             }
             Ok((
                 TrainStats {
-                    step: tb.step,
+                    step: tb.step.saturating_sub(1),
                     version: self.version,
                     loss,
                     tokens,

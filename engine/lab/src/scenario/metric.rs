@@ -71,7 +71,7 @@ impl Metric {
 
     /// The metric of a finished run.
     pub fn of(self, s: &JobSummary, warmup: u64) -> f64 {
-        let steps: Vec<_> = s.steps.iter().filter(|m| m.step >= warmup).collect();
+        let steps: Vec<_> = s.steps.iter().filter(|m| m.step > warmup).collect();
         let steps = if steps.is_empty() {
             s.steps.iter().collect()
         } else {

@@ -120,7 +120,7 @@ pub fn run_jobs(
         stale_aborted: sum(&|s| s.steps.last().map_or(0, |m| m.scheduler.aborted_stale)),
         stale_evicted: sum(&|s| s.steps.last().map_or(0, |m| m.buffer.evicted_stale)),
         rollout: crate::report::rollout_summary(&{
-            let after: Vec<_> = first.steps.iter().filter(|m| m.step >= warmup).collect();
+            let after: Vec<_> = first.steps.iter().filter(|m| m.step > warmup).collect();
             if after.is_empty() {
                 first.steps.iter().collect()
             } else {

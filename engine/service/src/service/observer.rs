@@ -82,7 +82,7 @@ impl StepObserver for ServiceObserver {
         };
         self.service
             .store
-            .complete_step(&self.id, m.step + 1, &metrics, &trained)?;
+            .complete_step(&self.id, m.step, &metrics, &trained)?;
         self.service.metrics.record_step(&self.id, m, batch);
         self.tensorboard(m);
         // The event stays small: the per-resource timeline (most of a step's record) is
@@ -95,7 +95,7 @@ impl StepObserver for ServiceObserver {
             &self.id,
             JobEvent::Progress {
                 id: self.id.clone(),
-                step: m.step + 1,
+                step: m.step,
                 steps: self.steps,
                 metrics,
             },

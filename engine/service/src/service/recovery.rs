@@ -116,7 +116,7 @@ impl Service {
             .and_then(|steps| {
                 let last = steps
                     .iter()
-                    .rfind(|m| m["step"].as_u64() == Some(start_step - 1))?;
+                    .rfind(|m| m["step"].as_u64() == Some(start_step))?;
                 serde_json::from_value::<runtime::scheduler::Cursor>(
                     last["scheduler"]["cursor"].clone(),
                 )
