@@ -43,6 +43,10 @@ pub struct StepOutcome {
     pub truncated: bool,
     pub success: bool,
     pub invalid_action: bool,
+    /// What the environment said about the step besides the flags rollarc reads (an
+    /// external program's `info` without `success`, `invalid_action` and `reference`: a
+    /// parsed answer, a verifier's verdict); kept with the trajectory's last step.
+    pub info: Option<serde_json::Value>,
 }
 
 /// Why an environment call failed.

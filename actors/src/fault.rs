@@ -175,8 +175,15 @@ impl GuardedScorer {
 
 impl TrajectoryScorer for GuardedScorer {
     fn score<'a>(&'a self, traj: &'a Trajectory) -> BoxFuture<'a, Result<f64, RewardError>> {
+        Box::pin(async move { self.score_detailed(traj).await.map(|s| s.score) })
+    }
+
+    fn score_detailed<'a>(
+        &'a self,
+        traj: &'a Trajectory,
+    ) -> BoxFuture<'a, Result<crate::reward::Scored, RewardError>> {
         Box::pin(async move {
-            let r = self.inner.score(traj).await;
+            let r = self.inner.score_detailed(traj).await;
             match &r {
                 Ok(_) => self.faults.ok(&self.dependency),
                 Err(e) => {

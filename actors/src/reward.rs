@@ -38,6 +38,27 @@ pub enum RewardError {
 pub trait TrajectoryScorer: Send + Sync + 'static {
     /// Scores one trajectory as soon as it ends.
     fn score<'a>(&'a self, traj: &'a Trajectory) -> BoxFuture<'a, Result<f64, RewardError>>;
+
+    /// The score with what the scorer said of it (a reward function's name and `details`),
+    /// kept in the trajectory's `verdict`. By default the score alone.
+    fn score_detailed<'a>(
+        &'a self,
+        traj: &'a Trajectory,
+    ) -> BoxFuture<'a, Result<Scored, RewardError>> {
+        Box::pin(async move {
+            self.score(traj).await.map(|score| Scored {
+                score,
+                detail: None,
+            })
+        })
+    }
+}
+
+/// A score and, where the scorer has one, its account: `{name, score, details}`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scored {
+    pub score: f64,
+    pub detail: Option<serde_json::Value>,
 }
 
 /// The environment's own reward (sum of step rewards), with no call at all.
@@ -133,6 +154,13 @@ pub struct FunctionReward {
 
 impl TrajectoryScorer for FunctionReward {
     fn score<'a>(&'a self, traj: &'a Trajectory) -> BoxFuture<'a, Result<f64, RewardError>> {
+        Box::pin(async move { self.score_detailed(traj).await.map(|s| s.score) })
+    }
+
+    fn score_detailed<'a>(
+        &'a self,
+        traj: &'a Trajectory,
+    ) -> BoxFuture<'a, Result<Scored, RewardError>> {
         Box::pin(async move {
             let item = functions::protocol::ScoredItem {
                 trajectory_id: traj.id.clone(),
@@ -164,11 +192,21 @@ impl TrajectoryScorer for FunctionReward {
                 .score(&key, vec![item], traj.reference.clone())
                 .await
             {
-                Ok(scores) => scores.first().map(|s| s.score).ok_or_else(|| {
-                    RewardError::InvalidScore(functions::client::InvalidResponse::Missing {
-                        id: traj.id.clone(),
+                Ok(scores) => scores
+                    .first()
+                    .map(|s| Scored {
+                        score: s.score,
+                        detail: Some(serde_json::json!({
+                            "name": self.client.reward_name(),
+                            "score": s.score,
+                            "details": s.details,
+                        })),
                     })
-                }),
+                    .ok_or_else(|| {
+                        RewardError::InvalidScore(functions::client::InvalidResponse::Missing {
+                            id: traj.id.clone(),
+                        })
+                    }),
                 Err(functions::client::ClientError::Invalid { reason, .. }) => {
                     Err(RewardError::InvalidScore(reason))
                 }

@@ -236,6 +236,13 @@ pub struct Trajectory {
     /// Agent episodes: the answer, the transcript, the program's end and `info`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<Box<AgentSummary>>,
+    /// How the reward was reached, for debugging it: `env`, what the environment said of its
+    /// last step beyond the flags rollarc reads (the reasoning-gym bridge's `extracted`
+    /// answer, say), and `functions`, each reward function's `{name, score, details}` in the
+    /// task's order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub verdict: Option<serde_json::Value>,
 }
 
 impl Trajectory {
@@ -374,6 +381,7 @@ impl Trajectory {
             allowed_tokens: None,
             truncated: false,
             agent: None,
+            verdict: None,
         }
     }
 }

@@ -84,6 +84,11 @@ fn rejected_counter() -> &'static opentelemetry::metrics::Counter<u64> {
 }
 
 impl FunctionClient {
+    /// The reward spec's name and version, as in every idempotency key.
+    pub fn reward_name(&self) -> &str {
+        &self.reward
+    }
+
     pub fn new(
         router: Arc<Router>,
         reward: impl Into<String>,

@@ -424,6 +424,7 @@ async fn a_history_edit_gives_two_segments_that_rescore_to_the_behaviour_logprob
             allowed_tokens: None,
             truncated: false,
             agent: None,
+            verdict: None,
         };
         let segments = traj.segments();
         assert_eq!(segments.len(), 2);

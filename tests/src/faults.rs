@@ -179,6 +179,12 @@ def compute_score(row, answer, transcript):
     for r in &rows {
         let t = &r["trajectory"];
         assert_eq!(t["reward"], 1.0, "scored outside a sandbox: {t}");
+        // The verdict keeps what the function said: its name, score and details.
+        let f = &t["verdict"]["functions"][0];
+        assert!(f["name"].as_str().unwrap().starts_with("mine"), "{t}");
+        assert_eq!(f["score"], 1.0, "{t}");
+        let answer = t["final_text"].as_str().unwrap_or("");
+        assert_eq!(f["details"]["answer_seen"], answer, "{t}");
     }
     // The stored spec shows the built-in form.
     let spec: serde_json::Value = s

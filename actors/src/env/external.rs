@@ -214,6 +214,22 @@ fn info_flag(r: &Response, key: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// A step's `info` less what rollarc reads itself (`success`, `invalid_action`, `reference`),
+/// capped at 16 KiB of JSON; `None` when nothing is left.
+fn verdict_info(info: Option<&serde_json::Value>) -> Option<serde_json::Value> {
+    let mut m = info?.as_object()?.clone();
+    for k in ["success", "invalid_action", "reference"] {
+        m.remove(k);
+    }
+    if m.is_empty() {
+        return None;
+    }
+    let v = serde_json::Value::Object(m);
+    (v.to_string().len() <= 16 << 10)
+        .then_some(v)
+        .or_else(|| Some(serde_json::json!({ "truncated": "info over 16 KiB left out" })))
+}
+
 impl Environment for ExternalEnv {
     async fn reset(&mut self, seed: u64) -> Result<Observation, EnvError> {
         self.reset_with(seed, None).await
@@ -266,6 +282,7 @@ impl Environment for ExternalEnv {
             reward,
             terminated: r.terminated.unwrap_or(false),
             truncated: r.truncated.unwrap_or(false),
+            info: verdict_info(r.info.as_ref()),
         })
     }
 
@@ -280,5 +297,28 @@ impl Environment for ExternalEnv {
             .await;
         }
         self.kill();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::verdict_info;
+    use serde_json::json;
+
+    #[test]
+    fn the_verdict_keeps_what_rollarc_does_not_read_itself() {
+        let info = json!({"success": true, "invalid_action": false, "reference": {"answer": "7"},
+            "extracted": "7", "checks": [1, 2]});
+        assert_eq!(
+            verdict_info(Some(&info)),
+            Some(json!({"extracted": "7", "checks": [1, 2]}))
+        );
+        assert_eq!(verdict_info(Some(&json!({"success": false}))), None);
+        assert_eq!(verdict_info(None), None);
+        let big = json!({"log": "x".repeat(20_000)});
+        assert_eq!(
+            verdict_info(Some(&big)).unwrap()["truncated"],
+            "info over 16 KiB left out"
+        );
     }
 }

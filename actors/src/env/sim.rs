@@ -160,6 +160,7 @@ impl Environment for SimEnv {
             truncated: false,
             success,
             invalid_action: false,
+            info: None,
         })
     }
 

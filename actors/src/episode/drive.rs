@@ -222,6 +222,9 @@ async fn step_env(
             if let Some(r) = s.observation.reference.take() {
                 traj.reference = Some(r);
             }
+            if let Some(i) = s.info.take() {
+                verdict(traj).insert("env".into(), i);
+            }
             traj.success |= s.success;
             traj.invalid_actions += u32::from(s.invalid_action);
             traj.turns.push(turn);
@@ -258,6 +261,7 @@ fn new_trajectory(shared: &EpisodeShared, p: &EpisodeParams, task: &EpisodeTask)
         allowed_tokens: task.allowed_tokens.as_deref().map(<[u32]>::to_vec),
         truncated: false,
         agent: None,
+        verdict: None,
         timings: Timings {
             started_at_s: tokio::time::Instant::now()
                 .duration_since(shared.started)
@@ -271,13 +275,17 @@ fn new_trajectory(shared: &EpisodeShared, p: &EpisodeParams, task: &EpisodeTask)
 async fn score(task: &EpisodeTask, traj: &mut Trajectory) {
     let t = tokio::time::Instant::now();
     let mut total = 0.0;
+    let mut said = Vec::new();
     for s in &task.scorers {
         match s
-            .score(traj)
+            .score_detailed(traj)
             .instrument(tracing::info_span!(target: infra::telemetry::TRACE_TARGET, "reward"))
             .await
         {
-            Ok(r) => total += r,
+            Ok(r) => {
+                total += r.score;
+                said.extend(r.detail);
+            }
             Err(e) => {
                 traj.failure = Some(FailureReason::RewardFailed(infra::error_chain(&e)));
                 break;
@@ -285,9 +293,23 @@ async fn score(task: &EpisodeTask, traj: &mut Trajectory) {
         }
     }
     traj.timings.reward_s = secs(t);
+    if !said.is_empty() {
+        verdict(traj).insert("functions".into(), serde_json::Value::Array(said));
+    }
     if traj.failure.is_none() {
         traj.reward = Some(total);
     }
+}
+
+/// The trajectory's `verdict` object, made on first use.
+fn verdict(traj: &mut Trajectory) -> &mut serde_json::Map<String, serde_json::Value> {
+    let v = traj
+        .verdict
+        .get_or_insert_with(|| serde_json::Value::Object(Default::default()));
+    if !v.is_object() {
+        *v = serde_json::Value::Object(Default::default());
+    }
+    v.as_object_mut().expect("an object")
 }
 
 /// The failure an environment error masks the trajectory with.

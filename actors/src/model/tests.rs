@@ -50,6 +50,7 @@ fn traj(group: u64, obs: Vec<u32>, resp: Vec<u32>, lps: Vec<f32>, reward: f64) -
         allowed_tokens: None,
         truncated: false,
         agent: None,
+        verdict: None,
         timings: Timings::default(),
     }
 }

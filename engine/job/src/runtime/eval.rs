@@ -309,6 +309,7 @@ mod tests {
             allowed_tokens: None,
             truncated: false,
             agent: None,
+            verdict: None,
         }
     }
 

@@ -223,6 +223,7 @@ impl Sample {
             allowed_tokens: self.allowed_tokens.clone(),
             truncated: self.truncated,
             agent: None,
+            verdict: None,
         }
     }
 }
@@ -341,6 +342,7 @@ mod tests {
             allowed_tokens: Some(vec![b'l' as u32, b'd' as u32, b'r' as u32, b'u' as u32]),
             truncated: false,
             agent: None,
+            verdict: None,
         }
     }
 

@@ -179,6 +179,7 @@ fn batch() -> actors::types::Batch {
         allowed_tokens: None,
         truncated: false,
         agent: None,
+        verdict: None,
         timings: Default::default(),
     };
     let groups = (0..2u64)

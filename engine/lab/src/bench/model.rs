@@ -178,6 +178,7 @@ fn training_batch() -> actors::types::Batch {
         allowed_tokens: None,
         truncated: false,
         agent: None,
+        verdict: None,
         timings: Default::default(),
     };
     let groups = (0..8u64)
