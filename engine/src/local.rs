@@ -150,7 +150,9 @@ fn write_report(
     println!("report: {}", path.display());
     // The learning record for TensorBoard, rebuilt from the store (the service also writes
     // it live under DATA_DIR/tensorboard).
-    let tb = dir.join("tensorboard").join(id);
+    let tb = dir
+        .join("tensorboard")
+        .join(service::tensorboard::run_name(id, j.name.as_deref()));
     let _ = std::fs::remove_dir_all(&tb);
     let tb = service::tensorboard::write_steps(&tb, j.created_at_ms as f64 / 1e3, &steps)
         .with_context(|| format!("writing TensorBoard events under {}", dir.display()))?;

@@ -30,3 +30,4 @@ mod sigkill_loop;
 mod train_cli;
 mod trainer_api;
 mod truncation;
+mod viewer;

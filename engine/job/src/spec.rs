@@ -38,6 +38,11 @@ pub use trainer::*;
 pub struct JobSpec {
     #[serde(default)]
     pub name: Option<String>,
+    /// Labels to find and compare runs by (`["baseline", "lr=1e-5"]`): at most 16, each 1 to
+    /// 64 characters of letters, digits and `_ . : / = + -`. `GET /v1/jobs?tag=T` lists the
+    /// jobs that carry `T`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<String>,
     /// Seed of every RNG of the job.
     #[serde(default)]
     pub seed: u64,
@@ -180,9 +185,9 @@ pub fn from_value(value: serde_json::Value) -> Result<JobSpec, SpecErrors> {
     let serde_json::Value::Object(mut obj) = value else {
         return Err(one("", "a job spec must be a table / object".into()));
     };
-    const KNOWN: [&str; 11] = [
-        "name", "seed", "preset", "tasks", "pools", "mapping", "rollout", "reward", "trainer",
-        "sim", "eval",
+    const KNOWN: [&str; 12] = [
+        "name", "tags", "seed", "preset", "tasks", "pools", "mapping", "rollout", "reward",
+        "trainer", "sim", "eval",
     ];
     for k in obj.keys() {
         if !KNOWN.contains(&k.as_str()) {
@@ -193,6 +198,7 @@ pub fn from_value(value: serde_json::Value) -> Result<JobSpec, SpecErrors> {
         }
     }
     let name = section::<Option<String>>(&mut obj, "name", &mut errs).flatten();
+    let tags = section::<Vec<String>>(&mut obj, "tags", &mut errs).unwrap_or_default();
     let seed = section::<u64>(&mut obj, "seed", &mut errs).unwrap_or(0);
     let preset = section::<Option<Preset>>(&mut obj, "preset", &mut errs).flatten();
     if let Some(functions) = obj
@@ -214,6 +220,7 @@ pub fn from_value(value: serde_json::Value) -> Result<JobSpec, SpecErrors> {
     let eval = section::<Option<EvalSpec>>(&mut obj, "eval", &mut errs).flatten();
     let spec = JobSpec {
         name,
+        tags,
         seed,
         preset,
         tasks: tasks.unwrap_or_default(),
@@ -458,8 +465,32 @@ impl Problems {
 }
 
 /// Semantic checks, section by section; every problem with its path.
+/// Most tags a job may carry.
+pub const MAX_TAGS: usize = 16;
+
+/// Whether `t` may be a tag: 1 to 64 characters of letters, digits and `_ . : / = + -`.
+pub fn valid_tag(t: &str) -> bool {
+    (1..=64).contains(&t.len())
+        && t.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_.:/=+-".contains(c))
+}
+
 pub fn validate(spec: &JobSpec) -> Vec<FieldError> {
     let mut problems = Problems::default();
+    if spec.tags.len() > MAX_TAGS {
+        problems.push(
+            "tags".into(),
+            format!("{} tags, at most {MAX_TAGS}", spec.tags.len()),
+        );
+    }
+    for (i, t) in spec.tags.iter().enumerate() {
+        if !valid_tag(t) {
+            problems.push(
+                format!("tags[{i}]"),
+                format!("{t:?}: a tag is 1 to 64 characters of letters, digits and _ . : / = + -"),
+            );
+        }
+    }
     if spec.tasks.is_empty() {
         problems.push("tasks".into(), "at least one task is required".into());
     }

@@ -23,7 +23,7 @@ mod trajectories;
 pub use attempts::Deaths;
 pub use batches::{AckOutcome, AnnouncedWeights, LeasedBatch};
 use schema::{SCHEMA, migrate};
-pub use trajectories::{JobSink, TrainedFilter, TrajectoryRow, TurnText};
+pub use trajectories::{JobSink, RowFilter, TrainedFilter, TrajectoryRow, TurnText};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -92,6 +92,9 @@ pub struct JobRecord {
     pub updated_at_ms: i64,
     /// Name of the token that submitted the job (none: submitted without access control).
     pub owner: Option<String>,
+    /// The spec's `tags`.
+    #[serde(default)]
+    pub tags: Vec<String>,
 }
 
 /// The SQLite store. Cheap to clone; calls are short and serialised by a mutex.
@@ -265,10 +268,43 @@ impl Store {
         })
     }
 
+    /// Keeps the spec as the client sent it (`format`: `toml` or `json`), beside the
+    /// normalised form the job runs.
+    pub fn set_submitted(&self, id: &str, format: &str, text: &str) -> Result<(), StoreError> {
+        let v = serde_json::json!({ "format": format, "text": text }).to_string();
+        self.with(|c| {
+            c.execute(
+                "UPDATE jobs SET submitted = ?1 WHERE id = ?2",
+                params![v, id],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// The spec as the client sent it: (format, text); `None` for a job submitted before it
+    /// was kept (or in process).
+    pub fn submitted(&self, id: &str) -> Result<Option<(String, String)>, StoreError> {
+        let v: Option<String> = self.with(|c| {
+            Ok(
+                c.query_row("SELECT submitted FROM jobs WHERE id = ?1", [id], |r| {
+                    r.get::<_, Option<String>>(0)
+                })
+                .optional()?
+                .flatten(),
+            )
+        })?;
+        let Some(v) = v else { return Ok(None) };
+        let v: serde_json::Value = serde_json::from_str(&v)?;
+        Ok(Some((
+            v["format"].as_str().unwrap_or("json").to_string(),
+            v["text"].as_str().unwrap_or_default().to_string(),
+        )))
+    }
+
     pub fn get(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
         self.with(|c| {
             let row = c
-                .query_row("SELECT id, name, state, step, steps, metrics, error, created_at_ms, updated_at_ms, owner FROM jobs WHERE id = ?1", [id], row_to_job)
+                .query_row("SELECT id, name, state, step, steps, metrics, error, created_at_ms, updated_at_ms, owner, json_extract(spec, '$.tags') FROM jobs WHERE id = ?1", [id], row_to_job)
                 .optional()?;
             row.map(finish_job).transpose()
         })
@@ -276,7 +312,7 @@ impl Store {
 
     pub fn list(&self) -> Result<Vec<JobRecord>, StoreError> {
         self.with(|c| {
-            let mut st = c.prepare("SELECT id, name, state, step, steps, metrics, error, created_at_ms, updated_at_ms, owner FROM jobs ORDER BY seq")?;
+            let mut st = c.prepare("SELECT id, name, state, step, steps, metrics, error, created_at_ms, updated_at_ms, owner, json_extract(spec, '$.tags') FROM jobs ORDER BY seq")?;
             let rows = st.query_map([], row_to_job)?.collect::<Result<Vec<_>, _>>()?;
             rows.into_iter().map(finish_job).collect()
         })
@@ -303,6 +339,7 @@ type RawJob = (
     i64,
     i64,
     Option<String>,
+    Option<String>,
 );
 
 fn row_to_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawJob> {
@@ -317,11 +354,12 @@ fn row_to_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawJob> {
         r.get(7)?,
         r.get(8)?,
         r.get(9)?,
+        r.get(10)?,
     ))
 }
 
 fn finish_job(
-    (id, name, state, step, steps, metrics, error, created_at_ms, updated_at_ms, owner): RawJob,
+    (id, name, state, step, steps, metrics, error, created_at_ms, updated_at_ms, owner, tags): RawJob,
 ) -> Result<JobRecord, StoreError> {
     Ok(JobRecord {
         id,
@@ -334,5 +372,8 @@ fn finish_job(
         created_at_ms,
         updated_at_ms,
         owner,
+        tags: tags
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default(),
     })
 }

@@ -25,7 +25,9 @@ use crate::spec::{FunctionSpec, JobSpec, Knobs};
 
 pub use pools::{EnginePlan, PoolPlan, ServerKind, ServerPlan, XLLAMACPP_SCRIPT};
 pub use tasks::{ScorerPlan, TaskPlan, prior_tokens};
-pub use trainer::{TrainerPlan, builtin_trainer_config, checkpoint_spec, weight_sync};
+pub use trainer::{
+    TrainerPlan, advantage_kind, builtin_trainer_config, checkpoint_spec, weight_sync,
+};
 
 /// Everything a job run is built from.
 pub struct JobPlan {

@@ -58,6 +58,7 @@ pub fn router_with(service: Arc<Service>, access: Arc<Access>) -> Router {
             "/v1/jobs/{id}/trajectories",
             get(trajectories::trajectories),
         )
+        .route("/v1/jobs/{id}/groups/{group}", get(trajectories::group))
         .route("/v1/jobs/{id}/batches/next", get(trainer::next_batch))
         .route("/v1/jobs/{id}/staleness", get(trainer::staleness))
         .route("/v1/jobs/{id}/weights", post(trainer::announce_weights))

@@ -250,3 +250,45 @@ mod tests {
         assert!(!r.windows(3).any(|w| w == b"nan"));
     }
 }
+
+/// A job's TensorBoard run: `job-N`, or `job-N-<name>` for a named job (the name's
+/// characters other than letters, digits, `_`, `.` and `-` become `-`; at most 48 kept), so
+/// runs are told apart by name in TensorBoard's run list.
+pub fn run_name(id: &str, name: Option<&str>) -> String {
+    let clean: String = name
+        .unwrap_or("")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "_.-".contains(c) {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(48)
+        .collect();
+    let clean = clean.trim_matches(['-', '.']);
+    if clean.is_empty() {
+        id.to_string()
+    } else {
+        format!("{id}-{clean}")
+    }
+}
+
+#[cfg(test)]
+mod run_name_tests {
+    #[test]
+    fn runs_are_named_by_job_and_name() {
+        use super::run_name;
+        assert_eq!(run_name("job-3", None), "job-3");
+        assert_eq!(
+            run_name("job-3", Some("lr 1e-5 / α=1")),
+            "job-3-lr-1e-5------1"
+        );
+        assert_eq!(run_name("job-3", Some("../..")), "job-3");
+        assert_eq!(
+            run_name("job-3", Some(&"x".repeat(100))).len(),
+            "job-3-".len() + 48
+        );
+    }
+}

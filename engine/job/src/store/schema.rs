@@ -119,5 +119,14 @@ pub(super) fn migrate(conn: &Connection) -> Result<(), StoreError> {
     if !has_identity {
         conn.execute_batch("ALTER TABLE announced_weights ADD COLUMN identity TEXT")?;
     }
+    let has_submitted: bool = conn.query_row(
+        "SELECT COUNT(*) FROM pragma_table_info('jobs') WHERE name = 'submitted'",
+        [],
+        |r| r.get::<_, i64>(0),
+    )? > 0;
+    if !has_submitted {
+        // The spec as the client sent it: `{"format": "toml" | "json", "text": …}`.
+        conn.execute_batch("ALTER TABLE jobs ADD COLUMN submitted TEXT")?;
+    }
     Ok(())
 }

@@ -46,6 +46,68 @@ pub enum TrainedFilter {
     Untrained,
 }
 
+/// What a page of trajectories is narrowed to; every condition holds (none: all rows).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RowFilter {
+    pub trained: TrainedFilter,
+    /// The trajectory's task (domain).
+    pub task: Option<String>,
+    /// Whether it succeeded.
+    pub success: Option<bool>,
+    /// Its reward is at least / at most this (masked rows, without a reward, never match).
+    pub min_reward: Option<f64>,
+    pub max_reward: Option<f64>,
+    /// The policy version it (its group) started from.
+    pub version: Option<u64>,
+    /// Its group.
+    pub group: Option<u64>,
+}
+
+impl RowFilter {
+    /// The SQL conditions (each ` AND …`) and their parameters, numbered from `first`.
+    fn sql(&self, first: usize) -> (String, Vec<rusqlite::types::Value>) {
+        use rusqlite::types::Value as V;
+        let mut cond = String::from(match self.trained {
+            TrainedFilter::All => "",
+            TrainedFilter::Trained => " AND trained_step IS NOT NULL",
+            TrainedFilter::Untrained => " AND trained_step IS NULL",
+        });
+        let mut args = Vec::new();
+        let mut add = |sql: &str, v: V| {
+            args.push(v);
+            cond.push_str(&sql.replace('?', &format!("?{}", first + args.len() - 1)));
+        };
+        if let Some(t) = &self.task {
+            add(" AND json_extract(body, '$.task') = ?", V::Text(t.clone()));
+        }
+        if let Some(s) = self.success {
+            add(
+                " AND json_extract(body, '$.success') = ?",
+                V::Integer(i64::from(s)),
+            );
+        }
+        if let Some(r) = self.min_reward {
+            add(" AND json_extract(body, '$.reward') >= ?", V::Real(r));
+        }
+        if let Some(r) = self.max_reward {
+            add(" AND json_extract(body, '$.reward') <= ?", V::Real(r));
+        }
+        if let Some(v) = self.version {
+            add(
+                " AND json_extract(body, '$.start_version') = ?",
+                V::Integer(v as i64),
+            );
+        }
+        if let Some(g) = self.group {
+            add(
+                " AND json_extract(body, '$.group_id') = ?",
+                V::Integer(g as i64),
+            );
+        }
+        (cond, args)
+    }
+}
+
 impl Store {
     /// Appends a trajectory durably; returns its cursor. A trajectory id seen before for the
     /// job returns the cursor it already has (idempotent: never stored twice).
@@ -77,11 +139,24 @@ impl Store {
         filter: TrainedFilter,
         newest: bool,
     ) -> Result<Vec<TrajectoryRow>, StoreError> {
-        let cond = match filter {
-            TrainedFilter::All => "",
-            TrainedFilter::Trained => " AND trained_step IS NOT NULL",
-            TrainedFilter::Untrained => " AND trained_step IS NULL",
+        let f = RowFilter {
+            trained: filter,
+            ..RowFilter::default()
         };
+        self.trajectories_where(job, after, limit, &f, newest)
+    }
+
+    /// [`Store::trajectories`] narrowed by `filter` before paging: a page holds up to
+    /// `limit` matching rows.
+    pub fn trajectories_where(
+        &self,
+        job: &str,
+        after: i64,
+        limit: usize,
+        filter: &RowFilter,
+        newest: bool,
+    ) -> Result<Vec<TrajectoryRow>, StoreError> {
+        let (cond, extra) = filter.sql(4);
         // `newest`: the last `limit` rows after the cursor (still oldest first).
         let order = if newest { "DESC" } else { "ASC" };
         let sql = format!(
@@ -91,13 +166,24 @@ impl Store {
         self.with(|c| {
             let mut st = c.prepare(&sql)?;
             let rows = st
-                .query_map(params![job, after, limit as i64], |r| {
-                    Ok((
-                        r.get::<_, i64>(0)?,
-                        r.get::<_, Option<i64>>(1)?,
-                        r.get::<_, String>(2)?,
-                    ))
-                })?
+                .query_map(
+                    rusqlite::params_from_iter(
+                        [
+                            rusqlite::types::Value::Text(job.to_string()),
+                            rusqlite::types::Value::Integer(after),
+                            rusqlite::types::Value::Integer(limit as i64),
+                        ]
+                        .into_iter()
+                        .chain(extra),
+                    ),
+                    |r| {
+                        Ok((
+                            r.get::<_, i64>(0)?,
+                            r.get::<_, Option<i64>>(1)?,
+                            r.get::<_, String>(2)?,
+                        ))
+                    },
+                )?
                 .collect::<Result<Vec<_>, _>>()?;
             rows.into_iter()
                 .map(|(cursor, trained, body)| {

@@ -182,3 +182,23 @@ pub fn checkpoint_spec(plan: &TrainerPlan) -> Option<actors::model::runtime::Che
         _ => None,
     }
 }
+
+/// The advantage estimator a job's trainer applies to its groups: the built-in trainer's
+/// `advantage`, the one an external trainer's batches carry (`None` for `advantage =
+/// "none"`), or GRPO for a simulated trainer (it stands for a GRPO trainer's time).
+pub fn advantage_kind(spec: &JobSpec) -> Option<AdvantageKind> {
+    match &spec.trainer {
+        TrainerSpec::Builtin(t) => Some(match t.advantage {
+            AdvantageSpec::Grpo => AdvantageKind::Grpo,
+            AdvantageSpec::DrGrpo => AdvantageKind::DrGrpo,
+            AdvantageSpec::Rloo => AdvantageKind::Rloo,
+        }),
+        TrainerSpec::External(t) => match t.advantage {
+            BatchAdvantage::Grpo => Some(AdvantageKind::Grpo),
+            BatchAdvantage::DrGrpo => Some(AdvantageKind::DrGrpo),
+            BatchAdvantage::Rloo => Some(AdvantageKind::Rloo),
+            BatchAdvantage::None => None,
+        },
+        TrainerSpec::Sim { .. } => Some(AdvantageKind::Grpo),
+    }
+}

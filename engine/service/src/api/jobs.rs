@@ -105,8 +105,8 @@ pub(super) async fn submit(
     };
     // The spec alone first, then the policy, and only then the host: no file is opened for
     // a spec the policy refuses.
-    let mut spec =
-        job::spec::parse(text, body_format(&headers, text)?).map_err(|e| invalid(e.0))?;
+    let format = body_format(&headers, text)?;
+    let mut spec = job::spec::parse(text, format).map_err(|e| invalid(e.0))?;
     // A model named without a path (`SmolLM2-135M-Instruct.Q4_1.gguf`) is found in the
     // model cache that `make setup` fills.
     job::inputs::find_models(&mut spec, &job::inputs::model_dirs());
@@ -146,6 +146,14 @@ pub(super) async fn submit(
         return Err(invalid(host));
     }
     let id = s.submit_as(spec, p.owner())?;
+    let fmt = match format {
+        job::spec::Format::Json => "json",
+        job::spec::Format::Toml => "toml",
+    };
+    // The job is accepted by now: a spec text that cannot be kept costs only its display.
+    if let Err(e) = s.store.set_submitted(&id, fmt, text) {
+        tracing::warn!(job = %id, error = %e, "the spec as sent was not kept");
+    }
     Ok((StatusCode::CREATED, Json(Created { id })))
 }
 
@@ -175,6 +183,8 @@ pub(super) struct ListQuery {
     /// resume cursor). Off by default, as in the events.
     #[serde(default)]
     timeline: bool,
+    /// Only the jobs whose spec carries this tag (`tags`).
+    tag: Option<String>,
 }
 
 /// List jobs, oldest first; each with its latest metrics, without the per-resource timeline
@@ -189,6 +199,9 @@ pub(super) async fn list_jobs(
         q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
     let mut jobs = s.store.list()?;
     jobs.retain(|j| p.owns(j.owner.as_deref()));
+    if let Some(t) = &q.tag {
+        jobs.retain(|j| j.tags.iter().any(|x| x == t));
+    }
     if !q.timeline {
         for j in &mut jobs {
             if let Some(m) = j.metrics.as_object_mut() {
@@ -210,20 +223,61 @@ pub(super) async fn get_job(
     visible_job(&s, &p, &id).map(Json)
 }
 
-/// The job's spec as the service stored it (normalised JSON: every default filled in), e.g.
-/// for an external trainer to build the job's model.
-#[utoipa::path(get, path = "/v1/jobs/{id}/spec", params(("id" = String, Path, description = "job id")), responses((status = 200, body = spec::JobSpec), (status = 404, body = ErrorBody)))]
+/// Which form of a job's spec to return.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(super) struct SpecQuery {
+    /// `resolved` (default): normalised JSON, every default filled in. `submitted`: the text
+    /// the client sent, as TOML or JSON (`content-type` says which); 404 `not_recorded` for
+    /// a job submitted before the service kept it, or run in process.
+    form: Option<String>,
+}
+
+/// The job's spec: by default as the service stored it (normalised JSON: every default
+/// filled in), e.g. for an external trainer to build the job's model; `form=submitted`, as
+/// the client sent it.
+#[utoipa::path(get, path = "/v1/jobs/{id}/spec", params(("id" = String, Path, description = "job id"), SpecQuery), responses((status = 200, body = spec::JobSpec, description = "the resolved spec; with form=submitted the text as sent (application/toml or application/json)"), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub(super) async fn get_job_spec(
     State(s): State<Arc<Service>>,
     Extension(p): Extension<Principal>,
     Path(id): Path<String>,
-) -> Result<Json<spec::JobSpec>, ApiError> {
+    q: Result<Query<SpecQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    let Query(q) =
+        q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
     visible_job(&s, &p, &id)?;
-    let spec = s
-        .store
-        .spec(&id)?
-        .ok_or_else(|| ServiceError::NotFound(id.clone()))?;
-    Ok(Json(spec))
+    match q.form.as_deref() {
+        None | Some("resolved") => {
+            let spec = s
+                .store
+                .spec(&id)?
+                .ok_or_else(|| ServiceError::NotFound(id.clone()))?;
+            Ok(Json(spec).into_response())
+        }
+        Some("submitted") => {
+            let (format, text) = s.store.submitted(&id)?.ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "not_recorded",
+                    format!("{id} was submitted before the service kept specs as sent"),
+                )
+            })?;
+            let ct = if format == "toml" {
+                "application/toml"
+            } else {
+                "application/json"
+            };
+            Ok(([(axum::http::header::CONTENT_TYPE, ct)], text).into_response())
+        }
+        Some(other) => Err(ApiError {
+            fields: vec![FieldError {
+                field: "form".into(),
+                message: format!("{other:?}: expected resolved or submitted"),
+            }],
+            ..ApiError::new(StatusCode::BAD_REQUEST, "bad_request", "unknown spec form")
+        }),
+    }
 }
 
 /// What a uniformly random policy scores on each task, the baseline of its success curve.

@@ -12,7 +12,7 @@ use super::{ApiError, ErrorBody, page_limit, visible_job};
 use crate::access::Principal;
 use crate::service::Service;
 use job::spec::FieldError;
-use job::store::{TrainedFilter, TrajectoryRow};
+use job::store::{RowFilter, TrainedFilter, TrajectoryRow};
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -29,6 +29,18 @@ pub struct PageQuery {
     /// `true`: the newest `limit` rows after `after` instead of the oldest (still in cursor
     /// order), e.g. for a viewer that opens on the latest trajectories.
     pub newest: Option<bool>,
+    /// Only this task's trajectories.
+    pub task: Option<String>,
+    /// Only those that succeeded (`true`) or did not (`false`).
+    pub success: Option<bool>,
+    /// Only those whose reward is at least this (masked rows have none and never match).
+    pub min_reward: Option<f64>,
+    /// Only those whose reward is at most this.
+    pub max_reward: Option<f64>,
+    /// Only those that started from this policy version.
+    pub version: Option<u64>,
+    /// Only this group's members.
+    pub group: Option<u64>,
 }
 
 /// Trajectories after a cursor, as NDJSON in durable order.
@@ -53,14 +65,38 @@ pub(super) async fn trajectories(
         });
     }
     visible_job(&s, &p, &id)?;
-    let filter = match q.trained {
+    let trained = match q.trained {
         None => TrainedFilter::All,
         Some(true) => TrainedFilter::Trained,
         Some(false) => TrainedFilter::Untrained,
     };
-    let mut rows = s
-        .store
-        .trajectories(&id, after, limit, filter, q.newest == Some(true))?;
+    for (field, v) in [("min_reward", q.min_reward), ("max_reward", q.max_reward)] {
+        if v.is_some_and(|x| !x.is_finite()) {
+            return Err(ApiError {
+                fields: vec![FieldError {
+                    field: field.into(),
+                    message: "must be a finite number".into(),
+                }],
+                ..ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "bad_request",
+                    "not a finite number",
+                )
+            });
+        }
+    }
+    let filter = RowFilter {
+        trained,
+        task: q.task.clone(),
+        success: q.success,
+        min_reward: q.min_reward,
+        max_reward: q.max_reward,
+        version: q.version,
+        group: q.group,
+    };
+    let mut rows =
+        s.store
+            .trajectories_where(&id, after, limit, &filter, q.newest == Some(true))?;
     if q.text == Some(true) {
         let svc = s.clone();
         let job = id.clone();
@@ -88,4 +124,110 @@ pub(super) async fn trajectories(
         out,
     )
         .into_response())
+}
+
+/// A group of a job: its members and the advantage each gets.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub(super) struct GroupView {
+    pub job_id: String,
+    pub group_id: u64,
+    pub task: String,
+    /// The job's advantage estimator (`grpo`, `dr_grpo`, `rloo`), as its trainer computes
+    /// them (a simulated trainer stands for GRPO); `null` when an external trainer's batches
+    /// carry none (`advantage = "none"`).
+    pub estimator: Option<String>,
+    /// Mean and sample standard deviation of the rewards of the members that have one.
+    pub reward_mean: Option<f64>,
+    pub reward_std: Option<f64>,
+    pub members: Vec<GroupMember>,
+}
+
+/// One member of a group.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub(super) struct GroupMember {
+    pub cursor: i64,
+    pub trajectory_id: String,
+    pub reward: Option<f64>,
+    pub success: bool,
+    /// Its advantage among the members with a reward (masked members have none), by the
+    /// trainer's own formula ([`actors::rl::advantages`]).
+    pub advantage: Option<f64>,
+    /// Why it was masked (no reward, no advantage).
+    pub failure: Option<String>,
+    pub trained_step: Option<u64>,
+    pub response_tokens: usize,
+    pub final_text: String,
+}
+
+/// A group's members (every attempt's rows of it) with their rewards and advantages: why do
+/// these differ?
+#[utoipa::path(get, path = "/v1/jobs/{id}/groups/{group}", params(("id" = String, Path, description = "job id"), ("group" = u64, Path, description = "group id")), responses((status = 200, body = GroupView), (status = 404, body = ErrorBody)))]
+pub(super) async fn group(
+    State(s): State<Arc<Service>>,
+    Extension(p): Extension<Principal>,
+    Path((id, group)): Path<(String, u64)>,
+) -> Result<axum::Json<GroupView>, ApiError> {
+    visible_job(&s, &p, &id)?;
+    let filter = RowFilter {
+        group: Some(group),
+        ..RowFilter::default()
+    };
+    let rows = s
+        .store
+        .trajectories_where(&id, 0, super::MAX_PAGE, &filter, false)?;
+    if rows.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("{id} has no stored trajectory of group {group}"),
+        ));
+    }
+    let spec = s.store.spec(&id)?;
+    let kind = spec.as_ref().and_then(job::wiring::advantage_kind);
+    let members: Vec<(TrajectoryRow, actors::types::Trajectory)> = rows
+        .into_iter()
+        .filter_map(|r| {
+            let t = serde_json::from_value(r.trajectory.clone()).ok()?;
+            Some((r, t))
+        })
+        .collect();
+    let rewards: Vec<f64> = members.iter().filter_map(|(_, t)| t.reward).collect();
+    let advantages = kind.map(|k| actors::rl::advantages(k, &rewards));
+    let n = rewards.len() as f64;
+    let mean = (n > 0.0).then(|| rewards.iter().sum::<f64>() / n);
+    let std = mean
+        .filter(|_| n > 1.0)
+        .map(|m| (rewards.iter().map(|r| (r - m) * (r - m)).sum::<f64>() / (n - 1.0)).sqrt());
+    let mut next = 0;
+    let task = members[0].1.task.clone();
+    let members = members
+        .into_iter()
+        .map(|(r, t)| {
+            let advantage = t.reward.and_then(|_| {
+                let a = advantages.as_ref().and_then(|a| a.get(next).copied());
+                next += 1;
+                a
+            });
+            GroupMember {
+                cursor: r.cursor,
+                trajectory_id: t.id.clone(),
+                reward: t.reward,
+                success: t.success,
+                advantage,
+                failure: t.failure.as_ref().map(|f| f.to_string()),
+                trained_step: r.trained_step,
+                response_tokens: t.response_tokens(),
+                final_text: t.final_text.clone(),
+            }
+        })
+        .collect();
+    Ok(axum::Json(GroupView {
+        job_id: id,
+        group_id: group,
+        task,
+        estimator: kind.map(|k| format!("{k:?}").to_lowercase().replace("drgrpo", "dr_grpo")),
+        reward_mean: mean,
+        reward_std: std,
+        members,
+    }))
 }

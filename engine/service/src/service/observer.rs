@@ -43,7 +43,15 @@ impl ServiceObserver {
             return;
         };
         if w.is_none() {
-            let dir = self.service.data_dir.join("tensorboard").join(&self.id);
+            let name = self
+                .service
+                .store
+                .get(&self.id)
+                .ok()
+                .flatten()
+                .and_then(|j| j.name);
+            let run = crate::tensorboard::run_name(&self.id, name.as_deref());
+            let dir = self.service.data_dir.join("tensorboard").join(run);
             match crate::tensorboard::EventWriter::create(&dir, now) {
                 Ok(x) => *w = Some(x),
                 Err(e) => {
