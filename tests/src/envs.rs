@@ -242,6 +242,57 @@ fn a_job_runs_on_an_external_environment() {
     assert!(sink.log.lock().unwrap().iter().any(|t| t.failure.is_none()));
 }
 
+/// The external-environment example of docs/environments.md as a user writes it: `python3`
+/// (here a pyenv interpreter under the hidden home, with gymnasium in its site-packages) and
+/// a script reached through a symbolic link into `/tmp`, sandboxed by default. The
+/// interpreter is asked where it lives and the link is resolved, as for the bridges; before,
+/// the sandbox hid the interpreter's packages (`No module named 'gymnasium'`) and the
+/// linked script (`can't open file`).
+#[test]
+fn an_external_python_environment_runs_sandboxed_with_its_interpreter_and_a_linked_script() {
+    let dir = tempfile::Builder::new()
+        .prefix("rollarc-linked-envs")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let real = dir.path().join("real");
+    std::fs::create_dir(&real).unwrap();
+    std::fs::copy(
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../envs/gymnasium_bridge.py"),
+        real.join("gymnasium_bridge.py"),
+    )
+    .unwrap();
+    let link = dir.path().join("envs");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let spec = tests::SpecBuilder::new()
+        .pool("h20", "H20", 1, "")
+        .raw_task(&format!(
+            "[[tasks]]\ndomain = \"taxi\"\ngroup_size = 2\nmax_turns = 2\nenv = {{ kind = \"external\", command = [\"python3\", \"{}\", \"Taxi-v3\"] }}\n",
+            link.join("gymnasium_bridge.py").display()
+        ))
+        .rollout("batch_size = 2")
+        .rollout("steps = 1")
+        .extra("[sim]\nclock = \"real\"")
+        .build();
+    let sink = std::sync::Arc::new(actors::buffer::MemorySink::default());
+    let s = job::simrun::run_blocking(
+        spec,
+        0,
+        0,
+        sink.clone(),
+        std::sync::Arc::new(tests::BatchLog::default()),
+        None,
+    )
+    .expect("job runs");
+    assert_eq!(s.steps_done, 1);
+    let log = sink.log.lock().unwrap();
+    let ok = log.iter().filter(|t| t.failure.is_none()).count();
+    assert!(
+        ok >= 2,
+        "episodes failed in the sandbox: {:?}",
+        log.iter().filter_map(|t| t.failure.as_ref()).next()
+    );
+}
+
 #[tokio::test]
 async fn a_sandboxed_program_is_contained() {
     job::envs::check_sandbox().expect("make setup installs bubblewrap; the sandbox must work here");

@@ -53,6 +53,11 @@ impl JobTokenizer {
 
     /// Each turn of a stored trajectory as text.
     pub fn turns(&self, trajectory: &serde_json::Value) -> Vec<TurnText> {
+        self.turns_with(trajectory, false)
+    }
+
+    /// [`Self::turns`], with each response token decoded alone when `pieces`.
+    pub fn turns_with(&self, trajectory: &serde_json::Value, pieces: bool) -> Vec<TurnText> {
         let ids = |v: &serde_json::Value| -> Vec<u32> {
             v.as_array()
                 .map(|a| {
@@ -68,9 +73,14 @@ impl JobTokenizer {
             .map(|turns| {
                 turns
                     .iter()
-                    .map(|u| TurnText {
-                        observation: self.decode(&ids(&u["observation_tokens"])),
-                        response: self.decode(&ids(&u["response_tokens"])),
+                    .map(|u| {
+                        let response = ids(&u["response_tokens"]);
+                        TurnText {
+                            observation: self.decode(&ids(&u["observation_tokens"])),
+                            response: self.decode(&response),
+                            response_pieces: pieces
+                                .then(|| response.iter().map(|&t| self.decode(&[t])).collect()),
+                        }
                     })
                     .collect()
             })

@@ -16,11 +16,7 @@ pub(super) fn program(env: &EnvSpec, host: &Host<'_>) -> std::io::Result<Option<
             sandbox,
             readable_paths,
             ..
-        } => Ok(Some(EnvProgram {
-            command: absolute_args(command, host.cwd.as_deref()),
-            sandbox: *sandbox,
-            readable: readable_paths.clone(),
-        })),
+        } => Ok(Some(user_program(command, *sandbox, readable_paths, host))),
         EnvSpec::ReasoningGym { .. } | EnvSpec::Gymnasium { .. } => {
             bridge_command(env, host).map(Some)
         }
@@ -31,34 +27,54 @@ pub(super) fn program(env: &EnvSpec, host: &Host<'_>) -> std::io::Result<Option<
     }
 }
 
-/// A managed agent's command line with its relative paths made absolute; a Python
-/// interpreter (`python…` as the program) is asked where it lives, so the sandbox can bind
-/// its installation (a virtual environment's packages, the agent's SDK).
+/// A managed agent's command line, as [`user_program`].
 fn agent_command(a: &crate::spec::AgentEnv, host: &Host<'_>) -> EnvProgram {
-    let mut command = absolute_args(&a.command, host.cwd.as_deref());
-    let mut readable = a.readable_paths.clone();
+    user_program(&a.command, a.sandbox, &a.readable_paths, host)
+}
+
+/// A user's program (an external environment, a managed agent) as the sandbox runs it: its
+/// relative paths made absolute, and a Python interpreter (`python…` as the program) asked
+/// where it lives, so the sandbox can bind its installation (a virtual environment's
+/// packages, gymnasium in a pyenv under a hidden home, the agent's SDK) as it does for the
+/// bridges.
+fn user_program(
+    command: &[String],
+    sandbox: EnvSandbox,
+    readable_paths: &[String],
+    host: &Host<'_>,
+) -> EnvProgram {
+    let mut command = absolute_args(command, host.cwd.as_deref());
+    let mut readable = readable_paths.to_vec();
     let is_python = Path::new(&command[0])
         .file_name()
         .is_some_and(|n| n.to_string_lossy().starts_with("python"));
-    if a.sandbox == EnvSandbox::Bwrap && is_python {
+    if sandbox == EnvSandbox::Bwrap && is_python {
         let (exe, dirs) = interpreter(&command[0]);
         command[0] = exe;
         readable.extend(dirs);
     }
     EnvProgram {
         command,
-        sandbox: a.sandbox,
+        sandbox,
         readable,
     }
 }
 
 /// Arguments that name an existing file or directory relative to `base` (the service's
 /// working directory), made absolute: the sandbox runs the program elsewhere (in a private
-/// `/tmp`) and binds only the directories of absolute paths. As given without a base.
+/// `/tmp`) and binds only the directories of absolute paths. Arguments after the program
+/// that name an existing path are also resolved (symbolic links followed: the sandbox binds
+/// the real directory, so `envs/` linked elsewhere or a script under `/tmp` is found
+/// there). The program itself keeps its name: a virtual environment's `bin/python` is a
+/// link whose target would leave the environment. As given without a base.
 pub fn absolute_args(command: &[String], base: Option<&Path>) -> Vec<String> {
     match base {
         Some(d) => absolute_args_in(command, d),
-        None => command.to_vec(),
+        None => command
+            .iter()
+            .enumerate()
+            .map(|(i, a)| resolved_arg(i, a, None))
+            .collect(),
     }
 }
 
@@ -67,17 +83,30 @@ pub fn absolute_args_in(command: &[String], base: &Path) -> Vec<String> {
     command
         .iter()
         .enumerate()
-        .map(|(i, a)| {
-            let p = std::path::Path::new(a);
-            let pathlike = i > 0 || a.contains('/');
-            let abs = base.join(p);
-            if pathlike && !a.is_empty() && !a.starts_with('-') && p.is_relative() && abs.exists() {
-                abs.to_string_lossy().into_owned()
-            } else {
-                a.clone()
-            }
-        })
+        .map(|(i, a)| resolved_arg(i, a, Some(base)))
         .collect()
+}
+
+/// One argument of [`absolute_args`].
+fn resolved_arg(i: usize, a: &str, base: Option<&Path>) -> String {
+    let p = Path::new(a);
+    let pathlike = i > 0 || a.contains('/');
+    if !pathlike || a.is_empty() || a.starts_with('-') {
+        return a.to_string();
+    }
+    let abs = match base {
+        Some(b) if p.is_relative() => b.join(p),
+        _ => p.to_path_buf(),
+    };
+    if !abs.is_absolute() || !abs.exists() {
+        return a.to_string();
+    }
+    if i > 0
+        && let Ok(real) = std::fs::canonicalize(&abs)
+    {
+        return real.to_string_lossy().into_owned();
+    }
+    abs.to_string_lossy().into_owned()
 }
 
 const REASONING_GYM_BRIDGE: &str = include_str!("../../../../envs/reasoning_gym_bridge.py");

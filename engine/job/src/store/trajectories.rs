@@ -33,6 +33,10 @@ pub struct TrajectoryRow {
 pub struct TurnText {
     pub observation: String,
     pub response: String,
+    /// Each response token decoded alone, in order (`pieces=true`): what a per-token view
+    /// (log-probability heat map) labels its tokens with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_pieces: Option<Vec<String>>,
 }
 
 /// Which trajectories a page holds.

@@ -26,6 +26,9 @@ pub struct PageQuery {
     /// `true`: add each turn's observation and response as text (`text`), decoded by the
     /// job's tokenizer (400 for a job on simulated pools).
     pub text: Option<bool>,
+    /// `true`: `text` (implied) also gives each response token decoded alone
+    /// (`response_pieces`), for a per-token view.
+    pub pieces: Option<bool>,
     /// `true`: the newest `limit` rows after `after` instead of the oldest (still in cursor
     /// order), e.g. for a viewer that opens on the latest trajectories.
     pub newest: Option<bool>,
@@ -97,14 +100,15 @@ pub(super) async fn trajectories(
     let mut rows =
         s.store
             .trajectories_where(&id, after, limit, &filter, q.newest == Some(true))?;
-    if q.text == Some(true) {
+    let pieces = q.pieces == Some(true);
+    if q.text == Some(true) || pieces {
         let svc = s.clone();
         let job = id.clone();
         let tok = tokio::task::spawn_blocking(move || svc.tokenizer(&job))
             .await
             .map_err(|e| ApiError::internal(&e))??;
         for r in &mut rows {
-            r.text = Some(tok.turns(&r.trajectory));
+            r.text = Some(tok.turns_with(&r.trajectory, pieces));
         }
     }
     let mut out = String::new();
