@@ -60,7 +60,8 @@ pub(crate) enum Cmd {
     Submit {
         file: PathBuf,
         /// Change one field of the file: PATH=VALUE, e.g. `--set rollout.steps=20 --set
-        /// tasks[0].group_size=4` (VALUE read as TOML, else as a string).
+        /// tasks[0].group_size=4` (VALUE read as TOML, else as a string); `~PATH` removes a
+        /// field, e.g. `--set '~trainer.aggregation'`.
         #[arg(long = "set", value_name = "PATH=VALUE")]
         set: Vec<String>,
     },
@@ -101,7 +102,8 @@ pub(crate) enum Cmd {
     Run {
         file: PathBuf,
         /// Change one field of the file: PATH=VALUE, e.g. `--set rollout.steps=20 --set
-        /// tasks[0].group_size=4` (VALUE read as TOML, else as a string).
+        /// tasks[0].group_size=4` (VALUE read as TOML, else as a string); `~PATH` removes a
+        /// field, e.g. `--set '~trainer.aggregation'`.
         #[arg(long = "set", value_name = "PATH=VALUE")]
         set: Vec<String>,
         #[arg(long, default_value = "data")]
@@ -146,7 +148,8 @@ pub(crate) enum Cmd {
     Sim {
         file: PathBuf,
         /// Change one field of the file: PATH=VALUE, e.g. `--set rollout.steps=20 --set
-        /// tasks[0].group_size=4` (VALUE read as TOML, else as a string).
+        /// tasks[0].group_size=4` (VALUE read as TOML, else as a string); `~PATH` removes a
+        /// field, e.g. `--set '~trainer.aggregation'`.
         #[arg(long = "set", value_name = "PATH=VALUE")]
         set: Vec<String>,
         /// Override the spec's preset.

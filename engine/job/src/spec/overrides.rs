@@ -1,14 +1,21 @@
 //! `--set PATH=VALUE` on `rollarc run` / `submit` / `sim`: one field of a job file changed
 //! from the command line, e.g. `rollout.steps=20`, `tasks[0].group_size=4`,
-//! `trainer.lr=0.003`, `pools[1].backend.kind=sim`.
+//! `trainer.lr=0.003`, `pools[1].backend.kind=sim`; `--set '~PATH'` removes a field (or an
+//! array element), e.g. `~trainer.aggregation` when `trainer.kind=external` no longer has
+//! one.
 
 use serde_json::Value;
 
 /// Sets every `PATH=VALUE` of `sets` in `doc` (a job spec as JSON). The value is read as a
 /// TOML value (`20`, `0.5`, `true`, `"text"`, `[1, 2]`, `{ a = 1 }`), else taken as a string.
-/// Missing tables are created; an index must name an existing array element.
+/// Missing tables are created; an index must name an existing array element. `~PATH`
+/// removes what `PATH` names, which must exist (a misspelt path is an error, not a no-op).
 pub fn apply_overrides(doc: &mut Value, sets: &[String]) -> Result<(), String> {
     for set in sets {
+        if let Some(path) = set.trim().strip_prefix('~') {
+            remove(doc, path.trim()).map_err(|e| format!("--set {set:?}: {e}"))?;
+            continue;
+        }
         let (path, raw) = set
             .split_once('=')
             .ok_or_else(|| format!("--set {set:?}: expected PATH=VALUE, e.g. rollout.steps=20"))?;
@@ -58,6 +65,33 @@ pub fn apply_overrides(doc: &mut Value, sets: &[String]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Removes the field or array element `path` names.
+fn remove(doc: &mut Value, path: &str) -> Result<(), String> {
+    let keys = parse_path(path)?;
+    let (last, parents) = keys.split_last().ok_or("empty path")?;
+    let mut at = &mut *doc;
+    for (i, k) in parents.iter().enumerate() {
+        let next = match k {
+            Key::Field(f) => at.get_mut(f.as_str()),
+            Key::Index(n) => at.get_mut(*n),
+        };
+        at = next.ok_or_else(|| format!("{} is not in the spec", show(&keys[..=i])))?;
+    }
+    let gone = match (last, at) {
+        (Key::Field(f), Value::Object(m)) => m.remove(f.as_str()).is_some(),
+        (Key::Index(n), Value::Array(a)) if *n < a.len() => {
+            a.remove(*n);
+            true
+        }
+        _ => false,
+    };
+    if gone {
+        Ok(())
+    } else {
+        Err(format!("{} is not in the spec", show(&keys)))
+    }
 }
 
 #[derive(Debug, PartialEq)]
@@ -157,6 +191,33 @@ mod tests {
             ("rollout[0]=1", "rollout is not an array"),
             ("steps", "expected PATH=VALUE"),
             ("tasks[x].a=1", "is not an index"),
+        ] {
+            let e = apply_overrides(&mut doc, &[set.into()]).unwrap_err();
+            assert!(e.contains(want), "{set}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_tilde_removes_a_field_or_an_element_that_exists() {
+        let mut doc = serde_json::json!({
+            "tasks": [{"domain": "a"}, {"domain": "b"}],
+            "trainer": {"kind": "builtin", "aggregation": "token_mean"}
+        });
+        apply_overrides(
+            &mut doc,
+            &[
+                "trainer.kind=external".into(),
+                "~trainer.aggregation".into(),
+                " ~ tasks[0]".into(),
+            ],
+        )
+        .unwrap();
+        assert_eq!(doc["trainer"], serde_json::json!({"kind": "external"}));
+        assert_eq!(doc["tasks"], serde_json::json!([{"domain": "b"}]));
+        for (set, want) in [
+            ("~trainer.agregation", "trainer.agregation is not in the spec"),
+            ("~tasks[3]", "tasks[3] is not in the spec"),
+            ("~rollout.steps", "rollout is not in the spec"),
         ] {
             let e = apply_overrides(&mut doc, &[set.into()]).unwrap_err();
             assert!(e.contains(want), "{set}: {e}");
