@@ -25,6 +25,15 @@ pub(crate) enum WatchError {
     BadToken,
 }
 
+/// How long the first step may take before [`FIRST_STEP_NOTE`] is shown.
+const FIRST_STEP_NOTE_AFTER: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// Why a first step can be slow, shown once when it is.
+const FIRST_STEP_NOTE: &str = "still waiting for step 1: the first step waits for the \
+    environments' first resets, and bridges and external programs start once (Python imports \
+    its packages, reasoning-gym builds its dataset), which can take tens of seconds on a busy \
+    machine; later steps do not pay it";
+
 /// The job's bar: `steps` long, its state as the prefix, its progress as the message.
 fn bar(steps: u64) -> ProgressBar {
     let pb = ProgressBar::new(steps);
@@ -82,8 +91,26 @@ pub(crate) async fn watch_events_with(
     let Some(mut rx) = rx else {
         return first;
     };
+    let mut told = false;
     loop {
-        match rx.recv().await {
+        // A first step that takes long is most often the environments' start: say so once.
+        let next = if pb.is_none() && !told {
+            match tokio::time::timeout(FIRST_STEP_NOTE_AFTER, rx.recv()).await {
+                Ok(r) => r,
+                Err(_) => {
+                    told = true;
+                    if tty {
+                        let _ = mp.println(FIRST_STEP_NOTE);
+                    } else {
+                        println!("{FIRST_STEP_NOTE}");
+                    }
+                    continue;
+                }
+            }
+        } else {
+            rx.recv().await
+        };
+        match next {
             Ok(e) => {
                 match &e {
                     JobEvent::Progress {
