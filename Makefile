@@ -5,7 +5,7 @@ JOBS ?= 2
 export CARGO_BUILD_JOBS := $(JOBS)
 export CARGO_TERM_COLOR := never
 
-.PHONY: run-agent sim-to-real run run-llm test test-deps sdk-test deploy-check ui-test bench bench-setup bench-sim learn learn-external plan lint lint-scripts check toolchain fmt-check clippy ci build cuda-check setup sim chaos fuzz-api device-check
+.PHONY: readme-test run-agent sim-to-real run run-llm test test-deps sdk-test deploy-check ui-test bench bench-setup bench-sim learn learn-external plan lint lint-scripts check toolchain fmt-check clippy ci build cuda-check setup sim chaos fuzz-api device-check
 
 GYMNASIUM_VERSION := 1.0.0
 SCHEMATHESIS_VERSION := 4.32.5
@@ -206,18 +206,25 @@ LINTED = RUSTC_WORKSPACE_WRAPPER=$(CLIPPY_DRIVER) CLIPPY_ARGS=-Dwarnings__CLIPPY
 TEST_FEATURES = --features actors/cuda
 
 ## Everything: set-up, the lints (clippy while building, the cuda feature included), every test
-## class (the external class starts the binaries built first), the API fuzz pass, the SDK's
+## class (the external class starts the binaries built first), the README's examples, the API fuzz pass, the SDK's
 ## tests, the manifests and the dashboard in Chromium.
 test: setup test-deps toolchain fmt-check lint-scripts
 	@test -x "$(CLIPPY_DRIVER)" || { echo "clippy-driver not found (rustup component add clippy)"; exit 1; }
 	@mkdir -p target && date +%s > target/.test-started
 	$(LINTED) $(CARGO) build --workspace --all-targets $(TEST_FEATURES)
 	$(LINTED) $(CARGO) nextest run --workspace --no-fail-fast $(TEST_FEATURES)
+	python3 tests/docs/readme_examples.py
 	ST=$(ST) tests/fuzz-api.sh
 	$(MAKE) --no-print-directory sdk-test
 	$(MAKE) --no-print-directory deploy-check
 	python3 tests/ui/dashboard_test.py
 	python3 tools/check-orphans.py target/.test-started
+
+## Every example block of the README, run as written from a fresh working directory (each
+## block is marked: `ci` blocks run here and in `make test`; the others name their target).
+readme-test: setup
+	$(CARGO) build -p engine --bin rollarc
+	python3 tests/docs/readme_examples.py
 
 ## The web dashboard in headless Chromium (Debian package) against a real `rollarc serve`
 ## running the quickstart: token prompt, job list, live curves, timeline drill-down, functions,
