@@ -18,6 +18,7 @@ mod pool;
 mod reward;
 mod rollout;
 mod sim;
+mod tags;
 mod task;
 mod trainer;
 
@@ -29,6 +30,7 @@ pub use pool::*;
 pub use reward::*;
 pub use rollout::*;
 pub use sim::*;
+pub use tags::{MAX_TAGS, valid_tag};
 pub use task::*;
 pub use trainer::*;
 
@@ -465,32 +467,9 @@ impl Problems {
 }
 
 /// Semantic checks, section by section; every problem with its path.
-/// Most tags a job may carry.
-pub const MAX_TAGS: usize = 16;
-
-/// Whether `t` may be a tag: 1 to 64 characters of letters, digits and `_ . : / = + -`.
-pub fn valid_tag(t: &str) -> bool {
-    (1..=64).contains(&t.len())
-        && t.chars()
-            .all(|c| c.is_ascii_alphanumeric() || "_.:/=+-".contains(c))
-}
-
 pub fn validate(spec: &JobSpec) -> Vec<FieldError> {
     let mut problems = Problems::default();
-    if spec.tags.len() > MAX_TAGS {
-        problems.push(
-            "tags".into(),
-            format!("{} tags, at most {MAX_TAGS}", spec.tags.len()),
-        );
-    }
-    for (i, t) in spec.tags.iter().enumerate() {
-        if !valid_tag(t) {
-            problems.push(
-                format!("tags[{i}]"),
-                format!("{t:?}: a tag is 1 to 64 characters of letters, digits and _ . : / = + -"),
-            );
-        }
-    }
+    tags::check(&spec.tags, &mut problems);
     if spec.tasks.is_empty() {
         problems.push("tasks".into(), "at least one task is required".into());
     }

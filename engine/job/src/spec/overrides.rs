@@ -215,7 +215,10 @@ mod tests {
         assert_eq!(doc["trainer"], serde_json::json!({"kind": "external"}));
         assert_eq!(doc["tasks"], serde_json::json!([{"domain": "b"}]));
         for (set, want) in [
-            ("~trainer.agregation", "trainer.agregation is not in the spec"),
+            (
+                "~trainer.agregation",
+                "trainer.agregation is not in the spec",
+            ),
             ("~tasks[3]", "tasks[3] is not in the spec"),
             ("~rollout.steps", "rollout is not in the spec"),
         ] {
