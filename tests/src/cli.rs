@@ -516,3 +516,57 @@ fn a_real_job_profiles_into_a_spec_the_simulator_runs() {
         "{out:?}"
     );
 }
+
+/// A dataset named relative to the job file is found there, wherever `rollarc run` and
+/// `rollarc submit` are started from (they used to resolve it against the working directory,
+/// or the server's, and say nothing of it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dataset_path_resolves_against_the_job_files_directory() {
+    let jobs = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let rows: Vec<String> = (0..4)
+        .map(|i| format!("{{\"prompt\": \"q{i}\", \"answer\": \"{i}\"}}"))
+        .collect();
+    std::fs::write(jobs.path().join("rows.jsonl"), rows.join("\n")).unwrap();
+    let job = jobs.path().join("job.toml");
+    std::fs::write(
+        &job,
+        "[[tasks]]\ndomain = \"rows\"\ngroup_size = 2\nmax_turns = 1\nenv = { kind = \"prompt\" }\ndataset = { path = \"rows.jsonl\" }\n[[pools]]\nname = \"h800\"\ndevice = \"H800\"\nbackend = { kind = \"sim\", model = \"qwen3-8b\" }\n[rollout]\nbatch_size = 2\nsteps = 1\n",
+    )
+    .unwrap();
+    let out = Command::new(tests::rollarc_bin())
+        .current_dir(elsewhere.path())
+        .arg("run")
+        .arg(&job)
+        .args(["--data-dir", "data", "--report", "report"])
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    // Against a running service, whose working directory is a third place.
+    let server = tests::server::ServerProcess::start(&elsewhere.path().join("served"));
+    let out = Command::new(tests::rollarc_bin())
+        .current_dir(elsewhere.path())
+        .args(["--server", &server.base, "submit"])
+        .arg(&job)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("job-1"),
+        "{out:?}"
+    );
+    // Without the job file's directory the same relative path is not found, and the error
+    // names the field.
+    let text = std::fs::read_to_string(&job).unwrap();
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/jobs", server.base))
+        .header("content-type", "application/toml")
+        .body(text)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(r.text().await.unwrap().contains("tasks[0].dataset.path"));
+}
