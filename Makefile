@@ -205,6 +205,9 @@ CLIPPY_DRIVER = $(shell rustup which clippy-driver 2>/dev/null || command -v cli
 LINTED = RUSTC_WORKSPACE_WRAPPER=$(CLIPPY_DRIVER) CLIPPY_ARGS=-Dwarnings__CLIPPY_HACKERY__
 TEST_FEATURES = --features actors/cuda
 
+## The tests run with one rayon thread each: the SmolLM2 tests' small matrices gain nothing
+## from a second (a LoRA test: 34 s either way, 53 CPU-s with two threads against 33 with one),
+## and the cycles spun away slowed the tests beside them.
 ## Everything: set-up, the lints (clippy while building, the cuda feature included), every test
 ## class (the external class starts the binaries built first), the README's examples, the API fuzz pass, the SDK's
 ## tests, the manifests and the dashboard in Chromium.
@@ -212,7 +215,7 @@ test: setup test-deps toolchain fmt-check lint-scripts
 	@test -x "$(CLIPPY_DRIVER)" || { echo "clippy-driver not found (rustup component add clippy)"; exit 1; }
 	@mkdir -p target && date +%s > target/.test-started
 	$(LINTED) $(CARGO) build --workspace --all-targets $(TEST_FEATURES)
-	$(LINTED) $(CARGO) nextest run --workspace --no-fail-fast $(TEST_FEATURES)
+	RAYON_NUM_THREADS=1 $(LINTED) $(CARGO) nextest run --workspace --no-fail-fast $(TEST_FEATURES)
 	python3 tests/docs/readme_examples.py
 	ST=$(ST) tests/fuzz-api.sh
 	$(MAKE) --no-print-directory sdk-test
