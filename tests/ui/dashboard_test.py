@@ -10,6 +10,14 @@ WebSocket client needed, only the standard library). The test asserts that:
 - the utilisation timeline has per-pool rows that expand into their members;
 - the trajectory viewer shows a trajectory's turns as decoded text;
 - cancelling from the page cancels the job (the API agrees);
+- the learning-rate axis has distinct, significant tick labels; no chart has fractional steps;
+- the spec shows as submitted, and resolved without nulls;
+- the trajectory filters narrow the list to exactly what the API returns for them;
+- a trajectory's detail shows its reference, final answer and reward verdict, and a per-token
+  log-probability heat map (one span per response token);
+- the group view lists the group's members with their rewards and advantages (as the API);
+- two jobs (the quickstart and a short, tagged variant) overlay on the comparison page, whose
+  spec-difference table lists the paths that differ;
 - the page threw no script error.
 
 Screenshots go to report/ui/. Usage: dashboard_test.py [--binary target/debug/rollarc]
@@ -171,6 +179,22 @@ def http(base: str, path: str, method: str = "GET", body: bytes | None = None, c
         return json.loads(r.read())
 
 
+def ndjson(base: str, path: str) -> list[dict]:
+    req = urllib.request.Request(base + path)
+    req.add_header("Authorization", f"Bearer {TOKEN}")
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return [json.loads(line) for line in r.read().decode().splitlines() if line.strip()]
+
+
+def close(ui: str, api: float) -> bool:
+    """A number as the page shows it (fmt: 3 decimals, or 3 significant digits) vs the API's."""
+    try:
+        v = float(ui)
+    except ValueError:
+        return False
+    return abs(v - api) <= max(5e-4, 5e-3 * abs(api)) + 1e-12
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--binary", default=str(ROOT / "target" / "debug" / "rollarc"))
@@ -206,6 +230,12 @@ def main() -> int:
         spec = (ROOT / "examples" / "quickstart.toml").read_text()
         job = http(base, "/v1/jobs", "POST", spec.encode(), "application/toml")["id"]
         print(f"submitted {job}", flush=True)
+        # A short, tagged variant to compare it with (4 steps, another learning rate).
+        short_spec = (spec.replace('name = "quickstart"', 'name = "quickstart-short"\ntags = ["ui-test", "short"]', 1)
+                      .replace("steps = 200", "steps = 4", 1).replace("lr = 0.005", "lr = 0.003", 1))
+        check(short_spec.count("steps = 4") == 1 and "lr = 0.003" in short_spec, "the short variant's spec is edited")
+        short = http(base, "/v1/jobs", "POST", short_spec.encode(), "application/toml")["id"]
+        print(f"submitted {short} (short)", flush=True)
 
         browser = Browser(args.chromium, str(work / "profile"))
         browser.call("Page.navigate", {"url": base + "/"})
@@ -218,8 +248,11 @@ def main() -> int:
                      "return r && r.querySelector('[data-state=running]') !== null; })()",
                      "the job list shows the job running")
         browser.wait(f"(() => {{ const r = document.querySelector('#jobs tr[data-job={json.dumps(job)}]');"
-                     "return r && !/^0 \\//.test(r.children[4].textContent); })()",
+                     "return r && !/^0 \\//.test(r.querySelector('td.steps').textContent); })()",
                      "the job list shows its progress", timeout=300)
+        tags = browser.js(f"[...document.querySelectorAll('#jobs tr[data-job={json.dumps(short)}] .tag')].map(t => t.textContent)")
+        check(tags == ["ui-test", "short"], f"the job list shows the short job's tags ({tags})")
+        check(browser.js("document.querySelector('#compare').disabled"), "Compare is disabled with no job ticked")
         browser.screenshot(out / "jobs.png")
 
         browser.js(f"document.querySelector('#jobs tr[data-job={json.dumps(job)}]').click(); true")
@@ -268,6 +301,13 @@ def main() -> int:
         check(http(base, f"/v1/jobs/{job}")["state"] == "cancelled", "the API says the job is cancelled")
         check(browser.js("document.querySelector('#cancel').disabled"), "cancel is disabled afterwards")
         browser.screenshot(out / "cancelled.png")
+
+        check_lr_axis(browser, base, job)
+        check_spec(browser, spec)
+        check_filters(browser, base, job, out)
+        check_detail_and_group(browser, base, job, out)
+        check_compare(browser, base, job, short, out)
+
         errors = browser.exceptions()
         check(not errors, f"no script errors ({errors})")
         print("dashboard test passed", flush=True)
@@ -292,6 +332,169 @@ def main() -> int:
             serve.kill()
         log.close()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def check_lr_axis(browser: Browser, base: str, job: str) -> None:
+    """The learning rate (0.005, cosine-decayed) reads with significant digits."""
+    lrs = [s["metrics"]["trainer"]["lr"] for s in http(base, f"/v1/jobs/{job}/steps?limit=1000")["steps"]]
+    browser.wait("(() => { const g = document.querySelector('[data-chart=\"Learning rate\"] g[data-series=lr]');"
+                 f"return g && +g.dataset.points === {len(lrs)}; }})()",
+                 f"the learning-rate chart has all {len(lrs)} steps")
+    labels = browser.js("[...document.querySelectorAll('[data-chart=\"Learning rate\"] text.ytick')].map(t => t.textContent)")
+    values = [float(x) for x in labels]
+    check(len(values) >= 2 and len(set(values)) == len(values) and len(set(labels)) == len(labels),
+          f"the learning-rate ticks are distinct numbers ({labels})")
+    ylo = float(browser.js("document.querySelector('[data-chart=\"Learning rate\"] svg').dataset.ylo"))
+    check(all(v != 0 for v in values) or ylo <= 0, "no learning-rate tick reads 0 unless the axis reaches 0")
+    check(min(values) <= min(lrs) * (1 + 1e-9) and max(values) >= max(lrs) * (1 - 1e-9),
+          f"the ticks bracket the learning rates [{min(lrs):.6g}, {max(lrs):.6g}]")
+    xt = browser.js("[...document.querySelectorAll('#main svg text.xtick')].map(t => t.textContent)")
+    check(xt and all(re.fullmatch(r"\d+", x) for x in xt), f"every step axis has integer ticks only ({len(xt)} ticks)")
+
+
+def check_spec(browser: Browser, submitted: str) -> None:
+    pre = "document.querySelector('#spec-text')"
+    check(browser.js(f"{pre}.dataset.form") == "submitted"
+          and browser.js(f"{pre}.textContent") == submitted, "the spec shows the TOML exactly as submitted")
+    browser.js("document.querySelector('#spec-resolved').click(); true")
+    resolved = json.loads(browser.js(f"{pre}.textContent"))
+    check(browser.js(f"{pre}.dataset.form") == "resolved" and "null" not in json.dumps(resolved)
+          and resolved["name"] == "quickstart", "the resolved spec shows without null values")
+    browser.js("document.querySelector('#spec-submitted').click(); true")
+
+
+def set_filter(browser: Browser, fid: str, value: str) -> None:
+    browser.js(f"(() => {{ const e = document.querySelector('#{fid}'); e.value = {json.dumps(value)};"
+               "e.dispatchEvent(new Event('change')); return true; })()")
+
+
+LISTED = "[...document.querySelectorAll('#traj-table tr[data-traj]')]"
+
+
+def check_filters(browser: Browser, base: str, job: str, out: Path) -> None:
+    """Filters are query parameters: the list shows what the API returns for them."""
+    browser.js("document.querySelector('#trajectories').scrollIntoView(); true")
+    everything = ndjson(base, f"/v1/jobs/{job}/trajectories?newest=true&limit=50")
+    browser.wait(f"{LISTED}.length === {len(everything)}", "the unfiltered list shows the newest page")
+    check(not browser.js("/cursor/.test(document.querySelector('#traj-info').textContent)")
+          and "newest" in browser.js("document.querySelector('#traj-info').textContent"),
+          "the list says which rows it shows, without global cursors")
+    for fid, value, query, attr in [("f-task", "arithmetic", "task=arithmetic", ("task", "arithmetic")),
+                                    ("f-success", "true", "task=arithmetic&success=true", ("success", "true"))]:
+        set_filter(browser, fid, value)
+        api = ndjson(base, f"/v1/jobs/{job}/trajectories?newest=true&limit=50&{query}")
+        want = sorted(r["trajectory"]["id"] for r in api)
+        browser.wait(f"(() => {{ const r = {LISTED}; return r.length === {len(api)} && "
+                     f"r.every(x => x.dataset.{attr[0]} === {json.dumps(attr[1])}); }})()",
+                     f"filtering by {query}: {len(api)} rows, all with {attr[0]} {attr[1]}")
+        got = sorted(browser.js(f"{LISTED}.map(r => r.dataset.traj)"))
+        check(got == want and len(got) <= len(everything), f"the list is exactly the API's rows for {query}")
+    check(any(r["trajectory"]["task"] != "arithmetic" for r in everything) or len(everything) < 50,
+          "the unfiltered page held other tasks (the filter narrowed it)")
+    browser.screenshot(out / "filters.png")
+    set_filter(browser, "f-min-reward", "1000")
+    check(ndjson(base, f"/v1/jobs/{job}/trajectories?min_reward=1000&limit=5") == [], "the API has no row of reward ≥ 1000")
+    browser.wait("!!document.querySelector('#traj-empty') && /No trajectory matches/.test(document.querySelector('#traj-empty').textContent)",
+                 "an impossible filter shows 'no trajectory matches'")
+    set_filter(browser, "f-min-reward", "")
+    browser.wait(f"{LISTED}.length > 0", "clearing the reward filter lists the rows again")
+
+
+def check_heatmap(browser: Browser, row: dict) -> None:
+    t = row["trajectory"]
+    want = [len(u["response_tokens"]) for u in t["turns"]]
+    got = browser.wait(f"(() => {{ const b = [...document.querySelectorAll('#traj-detail .logprobs[data-turn]')];"
+                       f"return b.length === {len(want)} && b.every(x => x.querySelector('.tok')) && b.map(x => x.querySelectorAll('.tok').length); }})()",
+                       f"the heat map of {t['id']} is drawn")
+    check(got == want, f"one heat-map span per response token of each turn ({got})")
+    lps = browser.js("[...document.querySelectorAll('#traj-detail .logprobs[data-turn] .tok')].map(s => +s.dataset.logprob)")
+    api = [lp for u in t["turns"] for lp in u["logprobs"]]
+    check(len(lps) == len(api) and all(abs(a - b) < 1e-6 for a, b in zip(lps, api)),
+          "each span carries the token's behaviour log-prob")
+    titles = browser.js("[...document.querySelectorAll('#traj-detail .logprobs .tok')].map(s => s.title)")
+    check(all("logprob" in x for x in titles), "each span's tooltip gives its log-prob")
+
+
+def check_detail_and_group(browser: Browser, base: str, job: str, out: Path) -> None:
+    api = ndjson(base, f"/v1/jobs/{job}/trajectories?newest=true&limit=50&task=arithmetic&success=true")
+    first = browser.js(f"{LISTED}[0].dataset.traj")
+    row = next(r for r in api if r["trajectory"]["id"] == first)
+    t = row["trajectory"]
+    browser.js(f"{LISTED}[0].click(); true")
+    browser.wait(f"document.querySelector('#traj-detail h3') && document.querySelector('#traj-detail h3').textContent.startsWith({json.dumps(first)})",
+                 f"the detail of {first} opens")
+    ref = browser.js("document.querySelector('#traj-verdict [data-v=reference]').textContent")
+    check(f"answer {t['reference']['answer']}" in ref, f"the detail shows the reference ({ref!r})")
+    fin = browser.js("document.querySelector('#traj-verdict [data-v=final]').textContent")
+    check(t["final_text"] in fin, f"the detail shows the final answer the reward saw ({fin!r})")
+    fns = browser.js("[...document.querySelectorAll('#traj-verdict tr[data-fn]')].map(r => r.dataset.fn)")
+    check(fns == [f["name"] for f in t["verdict"]["functions"]], f"the detail lists the reward functions' verdicts ({fns})")
+    group = http(base, f"/v1/jobs/{job}/groups/{t['group_id']}")
+    me = next(m for m in group["members"] if m["cursor"] == row["cursor"])
+    browser.wait("document.querySelector('#traj-adv') && document.querySelector('#traj-adv').dataset.advantage !== undefined",
+                 "the detail shows the trajectory's advantage")
+    check(float(browser.js("document.querySelector('#traj-adv').dataset.advantage")) == me["advantage"],
+          f"its advantage is the group endpoint's ({me['advantage']})")
+    check_heatmap(browser, row)
+    browser.js("document.querySelector('#traj-detail').scrollTop = 0; document.querySelector('#trajectories').scrollIntoView(); true")
+    browser.screenshot(out / "logprobs.png")
+
+    browser.js("document.querySelector('#group-view').click(); true")
+    members = group["members"]
+    browser.wait(f"document.querySelectorAll('#group-table tr[data-group-member]').length === {len(members)}",
+                 f"the group view lists the group's {len(members)} members")
+    cells = browser.js("[...document.querySelectorAll('#group-table tr[data-group-member]')].map(r => ["
+                       "r.dataset.groupMember, r.querySelector('td.reward').textContent, r.querySelector('td.adv').textContent.trim(),"
+                       "r.querySelector('td.adv').dataset.advantage])")
+    check([c[0] for c in cells] == [m["trajectory_id"] for m in members], "the members are the group endpoint's")
+    for (tid, reward, adv, adv_exact), m in zip(cells, members):
+        if m["reward"] is None:
+            check(adv in ("–", ""), f"masked member {tid} has no advantage")
+            continue
+        check(close(reward, m["reward"]), f"member {tid}: reward {reward} (API {m['reward']})")
+        check(m["advantage"] is not None and close(adv, m["advantage"]) and float(adv_exact) == m["advantage"],
+              f"member {tid}: advantage {adv} (API {m['advantage']})")
+    head = browser.js("document.querySelector('#traj-group').textContent")
+    check(group["estimator"] in head and "reward mean" in head, f"the group view gives the estimator ({group['estimator']}) and the reward mean")
+    browser.js("document.querySelector('#traj-group').scrollIntoView(); true")
+    browser.screenshot(out / "group.png")
+
+    other = next((m for m in members if m["cursor"] != row["cursor"]), None)
+    if other is not None:
+        browser.js(f"document.querySelector('#group-table tr[data-group-member={json.dumps(other['trajectory_id'])}]').click(); true")
+        browser.wait(f"document.querySelector('#traj-detail h3').textContent.startsWith({json.dumps(other['trajectory_id'])})",
+                     f"clicking member {other['trajectory_id']} shows its detail")
+        rows = ndjson(base, f"/v1/jobs/{job}/trajectories?group={t['group_id']}&limit=1000")
+        check_heatmap(browser, next(r for r in rows if r["cursor"] == other["cursor"]))
+
+
+def check_compare(browser: Browser, base: str, job: str, short: str, out: Path) -> None:
+    browser.js("location.hash = '#/'; true")
+    browser.wait(f"!!document.querySelector('#jobs tr[data-job={json.dumps(short)}] [data-state=succeeded]')",
+                 "the short job succeeded", timeout=300)
+    for j in (job, short):
+        browser.js(f"document.querySelector('#jobs input[data-pick={json.dumps(j)}]').click(); true")
+    check(not browser.js("document.querySelector('#compare').disabled"), "Compare is enabled with two jobs ticked")
+    browser.js("document.querySelector('#compare').click(); true")
+    browser.wait(f"location.hash === '#/compare/{job},{short}'", "Compare opens the comparison page")
+    chart = "document.querySelector('[data-chart^=\"Success rate\"]')"
+    browser.wait(f"{chart} && !!{chart}.querySelector('g[data-job={json.dumps(job)}]')"
+                 f" && !!{chart}.querySelector('g[data-job={json.dumps(short)}]')",
+                 "one success chart overlays both jobs")
+    steps = {j: len(http(base, f"/v1/jobs/{j}/steps?limit=1000")["steps"]) for j in (job, short)}
+    pts = browser.js(f"Object.fromEntries([...{chart}.querySelectorAll('g[data-job]')]"
+                     ".filter(g => !g.dataset.series.endsWith('(raw)')).map(g => [g.dataset.job, +g.dataset.points]))")
+    check(pts == steps, f"each job's line has one point per step ({pts} vs {steps})")
+    legend = browser.js(f"{chart}.querySelector('.legend').textContent")
+    check(f"{job} quickstart" in legend and f"{short} quickstart-short" in legend, f"the legend names both jobs ({legend!r})")
+    diff = browser.wait("(() => { const r = [...document.querySelectorAll('#spec-diff tr[data-path]')];"
+                        "return r.length && r.map(x => [x.dataset.path, ...[...x.querySelectorAll('td[data-job]')].map(c => c.textContent)]); })()",
+                        "the comparison lists the spec differences")
+    paths = {d[0]: d[1:] for d in diff}
+    check(paths.get("rollout.steps") == ["200", "4"] and paths.get("trainer.lr") == ["0.005", "0.003"],
+          f"the spec differences include rollout.steps and trainer.lr ({sorted(paths)})")
+    check("tasks[0].group_size" not in paths, "paths that agree are left out")
+    browser.screenshot(out / "compare.png", full=True)
 
 
 if __name__ == "__main__":
