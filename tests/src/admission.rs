@@ -117,3 +117,30 @@ fn a_recovered_job_over_a_shrunk_budget_is_failed_not_resumed() {
     );
     assert!(error.contains("max_memory"), "{error}");
 }
+
+/// The production-scale scenario's job (`examples/sim/production.toml`): its simulated
+/// trajectories count at twice their mean length, so `rollarc run` admits it under the
+/// default budget (the longest-trajectory bound asked for 1.5 TiB), and the estimate stays
+/// above what the run holds (20 of its steps through `rollarc run`: 0.36 GB peak RSS).
+#[test]
+fn a_simulated_production_week_is_admitted_at_its_mean_trajectory_length() {
+    let path = tests::repo().join("examples/sim/production.toml");
+    let sc = lab::scenario::Scenario::load(&path).unwrap();
+    let spec = lab::scenario::build_spec(&sc.base, &Default::default()).unwrap();
+    let e = estimate(&spec);
+    let total = e.total();
+    assert!(total < 8 << 30, "{total} {:?}", e.breakdown());
+    assert!(total > 400 << 20, "{total} {:?}", e.breakdown());
+    assert!(
+        total < service::admission::default_budget(),
+        "{total} over the default budget"
+    );
+    // A real environment's trajectories still count at their longest.
+    let mut real = spec.clone();
+    real.tasks[0].env = serde_json::from_value(serde_json::json!({"kind": "frozenlake"})).unwrap();
+    assert!(
+        estimate(&real).total() > 10 * total,
+        "{:?}",
+        estimate(&real).breakdown()
+    );
+}

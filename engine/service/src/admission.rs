@@ -7,7 +7,10 @@
 //! versions, every trajectory that can be in flight or buffered, the environments — plus a
 //! fixed base per job. It is deliberately pessimistic (the KV cache of every batch slot at
 //! `max_seq`, every trajectory at its longest); a simulated backend's modelled GPU memory is
-//! not host memory and is not counted.
+//! not host memory and is not counted. Trajectories of simulated environments are counted at
+//! twice their mean length, not their longest: their lengths are drawn from the spec's
+//! distributions, so thousands in flight sum to about their mean (a lognormal's six-sigma
+//! tail made the production-scale scenario ask for 1.5 TiB; it peaks at 0.34 GiB).
 
 use job::spec::{BackendSpec, EnvSpec, JobSpec};
 
@@ -25,6 +28,8 @@ pub const BUILTIN_ENV_BYTES: u64 = 256 << 10;
 /// Observation tokens assumed per turn where the spec does not say (external and built-in
 /// environments).
 pub const DEFAULT_OBSERVATION_TOKENS: u64 = 256;
+/// Margin over the mean length of a simulated environment's trajectories.
+pub const SIM_TRAJECTORY_MARGIN: f64 = 2.0;
 
 /// One component of the estimate, with the spec field that sizes it.
 #[derive(Clone, Debug, PartialEq)]
@@ -130,7 +135,7 @@ pub fn estimate(spec: &JobSpec) -> MemoryEstimate {
             bytes: state.saturating_add(act),
         });
     }
-    let per_traj = longest_trajectory_tokens(spec)
+    let per_traj = kept_trajectory_tokens(spec)
         .saturating_mul(TOKEN_BYTES)
         .saturating_add(TRAJECTORY_BASE_BYTES);
     parts.push(Part {
@@ -188,6 +193,39 @@ fn batch_tokens(spec: &JobSpec, knobs: &job::spec::Knobs) -> u64 {
         group,
         longest_trajectory_tokens(spec),
     ])
+}
+
+/// Tokens to count for each trajectory kept in flight or in the buffer: the longest one a
+/// task can produce, or for a simulated environment [`SIM_TRAJECTORY_MARGIN`] times its mean
+/// (never more than the longest).
+fn kept_trajectory_tokens(spec: &JobSpec) -> u64 {
+    let longest = longest_trajectory_tokens(spec);
+    spec.tasks
+        .iter()
+        .map(|t| match &t.env {
+            EnvSpec::Sim {
+                turns,
+                observation_tokens,
+                prompt_tokens,
+                response_tokens,
+                difficulty,
+                ..
+            } => {
+                let f = difficulty.as_ref().map_or(1.0, |d| d.mean().max(1.0));
+                let mean = |d: &Option<actors::dist::Dist>, default: f64| {
+                    d.as_ref().map_or(default, |d| d.mean().max(0.0))
+                };
+                let n = (mean(turns, f64::from(t.max_turns)) * f).min(f64::from(t.max_turns));
+                let obs = mean(observation_tokens, DEFAULT_OBSERVATION_TOKENS as f64);
+                let first = mean(prompt_tokens, obs);
+                let resp = mean(response_tokens, f64::from(t.max_tokens_per_turn)) * f;
+                let tokens = first + resp + (n - 1.0).max(0.0) * (obs + resp);
+                ((tokens * SIM_TRAJECTORY_MARGIN).ceil() as u64).min(longest)
+            }
+            _ => longest,
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// Tokens of the longest trajectory any task can produce.
