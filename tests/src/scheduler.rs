@@ -929,6 +929,56 @@ gpus = 1
     assert!(ro.rollout_s_mean >= 3.5);
 }
 
+/// A sim job whose episodes spend `reset_s` resetting and `step_s` per environment step
+/// (3 turns), on a fast engine.
+fn staged(reset_s: f64, step_s: f64) -> job::spec::JobSpec {
+    SpecBuilder::new()
+        .pool("h800", "H800", 2, "")
+        .extra(&format!(
+            "[[tasks]]\ndomain = \"agent\"\ngroup_size = 4\nmax_turns = 10\nmax_tokens_per_turn = 64\n[tasks.env]\nkind = \"sim\"\nreset_latency_s = {{ constant = {reset_s} }}\nstep_latency_s = {{ constant = {step_s} }}\nturns = {{ constant = 3 }}\nobservation_tokens = {{ constant = 20 }}\nresponse_tokens = {{ constant = 20 }}\n"
+        ))
+        .rollout("batch_size = 2")
+        .rollout("steps = 4")
+        .rollout("filter_all_equal = false")
+        .build()
+}
+
+/// The critical path of each step: the trajectory that ended the rollout span, its stages,
+/// and the one a constructed workload makes slowest; the summary carries it step by step.
+#[test]
+fn each_step_names_its_critical_trajectory_and_its_slowest_stage() {
+    for (reset_s, step_s, want) in [(30.0, 0.1, "reset"), (0.1, 20.0, "env_step")] {
+        let r = run_recorded(staged(reset_s, step_s));
+        for (m, b) in &r.batches {
+            let c = m.rollout.critical.as_ref().expect("a critical path");
+            assert_eq!(c.bottleneck, want, "{c:?}");
+            // It is the batch's last trajectory to end, with its own stage times.
+            let last = b
+                .trajectories()
+                .max_by(|x, y| x.timings.ended_at_s.total_cmp(&y.timings.ended_at_s))
+                .unwrap();
+            assert_eq!(c.trajectory, last.id);
+            assert!((c.stages.reset_s - last.timings.reset_s).abs() < 1e-12);
+            assert!((c.stages.env_step_s - last.timings.env_step_s).abs() < 1e-12);
+            let own: f64 = c.stages.named().iter().map(|(_, s)| s).sum();
+            assert!(own <= c.span_s + 1e-9, "{c:?}");
+        }
+        let steps: Vec<_> = r.batches.iter().map(|(m, _)| m.clone()).collect();
+        let sum = lab::report::summarise("j", "succeeded", &steps);
+        let ro = &sum.rollout;
+        assert_eq!(ro.critical_bottlenecks[want], steps.len() as u64);
+        assert_eq!(ro.series.step, [1, 2, 3, 4]);
+        assert_eq!(ro.series.critical_bottleneck, vec![want.to_string(); 4]);
+        let key = if want == "reset" { "reset" } else { "env_step" };
+        assert!(
+            ro.series.critical_shares[key]
+                .iter()
+                .all(|x| *x > 0.5 && *x <= 1.0)
+        );
+        assert_eq!(ro.series.rollout_s.len(), 4);
+    }
+}
+
 /// Over-provisioned waves: `batch_size + k` groups per wave, the first `batch_size` to finish
 /// train, the stragglers are cancelled and their work reported as wasted. Under a
 /// heavy-tailed environment the synchronous baseline's steps get shorter.

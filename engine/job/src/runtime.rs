@@ -34,7 +34,8 @@ use supervisor::SupervisorReport;
 
 pub use error::{JobError, ObserverError};
 pub use metrics::{
-    NoObserver, PoolMetrics, RolloutMetrics, StageSeconds, StepMetrics, StepObserver, TaskMetrics,
+    CriticalPath, NoObserver, PoolMetrics, RolloutMetrics, StageSeconds, StepMetrics, StepObserver,
+    TaskMetrics,
 };
 
 /// How long control calls to the job's actors may take (virtual or wall time).

@@ -42,6 +42,24 @@ pub struct RolloutMetrics {
     pub cancelled_env_s: f64,
     pub stale_aborted: u64,
     pub stale_evicted: u64,
+    /// The trajectory whose end closed the rollout span, and where its time went.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub critical: Option<CriticalPath>,
+}
+
+/// The critical path of a step's rollout: the batch's last trajectory to end (the step
+/// waited on it), its stages, and the one that took most of its time.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CriticalPath {
+    pub trajectory: String,
+    pub task: String,
+    /// From its start to its end.
+    pub span_s: f64,
+    /// Its own seconds in each stage.
+    pub stages: StageSeconds,
+    /// The stage with the most seconds: `reset`, `generate`, `env_step`, `reward` or `wait`.
+    pub bottleneck: String,
 }
 
 /// Mean seconds per trajectory in each stage of an episode.
@@ -61,6 +79,28 @@ pub struct StageSeconds {
 }
 
 impl StageSeconds {
+    /// The stages by name, in episode order.
+    pub fn named(&self) -> [(&'static str, f64); 5] {
+        [
+            ("reset", self.reset_s),
+            ("generate", self.generate_s),
+            ("env_step", self.env_step_s),
+            ("reward", self.reward_s),
+            ("wait", self.wait_s),
+        ]
+    }
+
+    /// The stage with the most seconds (the first of equals).
+    pub fn largest(&self) -> &'static str {
+        self.named()
+            .into_iter()
+            .fold(
+                ("reset", f64::NEG_INFINITY),
+                |a, b| if b.1 > a.1 { b } else { a },
+            )
+            .0
+    }
+
     /// The weighted mean of several (stage seconds, weight) pairs.
     pub fn weighted_mean(items: impl Iterator<Item = (StageSeconds, f64)>) -> Self {
         let mut s = Self::default();
@@ -377,6 +417,25 @@ fn batch_metrics(m: &mut StepMetrics, batch: &Batch) {
     } else {
         (last - first).max(0.0)
     };
+    m.rollout.critical = trajs
+        .iter()
+        .max_by(|a, b| a.timings.ended_at_s.total_cmp(&b.timings.ended_at_s))
+        .map(|t| {
+            let stages = StageSeconds {
+                reset_s: t.timings.reset_s,
+                generate_s: t.timings.generate_s,
+                env_step_s: t.timings.env_step_s,
+                reward_s: t.timings.reward_s,
+                wait_s: t.timings.wait_s,
+            };
+            CriticalPath {
+                trajectory: t.id.clone(),
+                task: t.task.clone(),
+                span_s: (t.timings.ended_at_s - t.timings.started_at_s).max(0.0),
+                bottleneck: stages.largest().to_string(),
+                stages,
+            }
+        });
     m.rollout.stages = StageSeconds::weighted_mean(trajs.iter().map(|t| {
         (
             StageSeconds {

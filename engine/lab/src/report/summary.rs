@@ -96,6 +96,49 @@ pub struct RolloutSummary {
     pub cancelled_env_s: f64,
     pub stale_aborted: u64,
     pub stale_evicted: u64,
+    /// How many steps each stage was the bottleneck of the critical path (the trajectory
+    /// the step's rollout waited on last).
+    #[serde(default)]
+    pub critical_bottlenecks: BTreeMap<String, u64>,
+    /// The same figures step by step.
+    #[serde(default)]
+    pub series: StepSeries,
+}
+
+/// Per-step series beside the means: one element per step, in order.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct StepSeries {
+    pub step: Vec<u64>,
+    pub step_s: Vec<f64>,
+    /// The trainer waiting for its batch.
+    pub wait_batch_s: Vec<f64>,
+    pub rollout_s: Vec<f64>,
+    /// The critical path's trajectory, its bottleneck stage, and each stage's share of its
+    /// span (`reset`, `generate`, `env_step`, `reward`, `wait`).
+    pub critical_trajectory: Vec<String>,
+    pub critical_bottleneck: Vec<String>,
+    pub critical_shares: BTreeMap<String, Vec<f64>>,
+}
+
+/// The series of `steps`.
+fn step_series(steps: &[&StepMetrics]) -> StepSeries {
+    let mut s = StepSeries::default();
+    for m in steps {
+        s.step.push(m.step);
+        s.step_s.push(m.step_s);
+        s.wait_batch_s.push(m.wait_batch_s);
+        s.rollout_s.push(m.rollout.rollout_s);
+        let c = m.rollout.critical.clone().unwrap_or_default();
+        s.critical_trajectory.push(c.trajectory);
+        s.critical_bottleneck.push(c.bottleneck);
+        for (name, secs) in c.stages.named() {
+            s.critical_shares
+                .entry(name.to_string())
+                .or_default()
+                .push(if c.span_s > 0.0 { secs / c.span_s } else { 0.0 });
+        }
+    }
+    s
 }
 
 /// The rollout figures of `steps`.
@@ -123,6 +166,14 @@ pub fn rollout_summary(steps: &[&StepMetrics]) -> RolloutSummary {
         cancelled_env_s: last.map_or(0.0, |m| m.rollout.cancelled_env_s),
         stale_aborted: last.map_or(0, |m| m.rollout.stale_aborted),
         stale_evicted: last.map_or(0, |m| m.rollout.stale_evicted),
+        critical_bottlenecks: steps
+            .iter()
+            .filter_map(|m| m.rollout.critical.as_ref())
+            .fold(BTreeMap::new(), |mut a, c| {
+                *a.entry(c.bottleneck.clone()).or_default() += 1;
+                a
+            }),
+        series: step_series(steps),
     }
 }
 
