@@ -147,6 +147,8 @@ class Browser:
                     if e.get("method") == "Runtime.exceptionThrown"]
 
     def screenshot(self, path: Path, full: bool = False) -> None:
+        # Two frames, so that what was just scrolled into view is painted.
+        self.js("new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => r(true))))")
         if full:
             h = int(self.js("document.documentElement.scrollHeight"))
             self.call("Emulation.setDeviceMetricsOverride",
@@ -336,7 +338,8 @@ def main() -> int:
 
 def check_lr_axis(browser: Browser, base: str, job: str) -> None:
     """The learning rate (0.005, cosine-decayed) reads with significant digits."""
-    lrs = [s["metrics"]["trainer"]["lr"] for s in http(base, f"/v1/jobs/{job}/steps?limit=1000")["steps"]]
+    lrs = [lr for s in http(base, f"/v1/jobs/{job}/steps?limit=1000")["steps"]
+           if (lr := (s["metrics"].get("trainer") or {}).get("lr")) is not None]
     browser.wait("(() => { const g = document.querySelector('[data-chart=\"Learning rate\"] g[data-series=lr]');"
                  f"return g && +g.dataset.points === {len(lrs)}; }})()",
                  f"the learning-rate chart has all {len(lrs)} steps")
@@ -481,7 +484,8 @@ def check_compare(browser: Browser, base: str, job: str, short: str, out: Path) 
     browser.wait(f"{chart} && !!{chart}.querySelector('g[data-job={json.dumps(job)}]')"
                  f" && !!{chart}.querySelector('g[data-job={json.dumps(short)}]')",
                  "one success chart overlays both jobs")
-    steps = {j: len(http(base, f"/v1/jobs/{j}/steps?limit=1000")["steps"]) for j in (job, short)}
+    steps = {j: sum(isinstance(s["metrics"].get("success_rate"), (int, float))
+                    for s in http(base, f"/v1/jobs/{j}/steps?limit=1000")["steps"]) for j in (job, short)}
     pts = browser.js(f"Object.fromEntries([...{chart}.querySelectorAll('g[data-job]')]"
                      ".filter(g => !g.dataset.series.endsWith('(raw)')).map(g => [g.dataset.job, +g.dataset.points]))")
     check(pts == steps, f"each job's line has one point per step ({pts} vs {steps})")

@@ -120,11 +120,12 @@ function decimals(step) {
   return 15;
 }
 // Tick labels with the digits their spacing needs, so that neighbours never read the same:
-// 0.25 apart → "0.25", "0.50"; tiny or huge values in exponent form ("4.925e-3", "1.2e6").
+// 0.25 apart → "0.25", "0.50"; 2.5e-5 apart → "0.004925"; tiny or huge values in exponent
+// form ("2.5e-4", "1.2e6").
 function tickLabels(ticks, step) {
   const big = Math.max(...ticks.map(Math.abs));
   const d = decimals(step);
-  if (big >= 1e6 || (big > 0 && big < 1e-3) || d > 5) {
+  if (big >= 1e6 || (big > 0 && big < 1e-3) || d > 8) {
     const m = Math.min(12, decimals(step / Math.pow(10, Math.floor(Math.log10(big)))));
     return ticks.map((t) => (t === 0 ? '0' : t.toExponential(m).replace('e+', 'e')));
   }
@@ -586,6 +587,12 @@ class JobPage {
   render() {
     this.renderHead();
     const tasks = this.tasks();
+    const pick = $('#f-task');
+    if (pick.options.length !== tasks.length + 1) { // tasks seen first in a step record
+      const v = pick.value;
+      pick.replaceChildren(el('option', { value: '' }, 'any'), tasks.map((t) => el('option', { value: t }, t)));
+      pick.value = v;
+    }
     // Learning curves: success with the random-policy baseline, reward, evaluation.
     const succ = this.smoothed(tasks.map((t) => [t, (m) => (m.tasks && m.tasks[t] && m.tasks[t].trajectories ? m.tasks[t].success_rate : undefined)]));
     tasks.forEach((t, i) => {
