@@ -113,6 +113,8 @@ async fn filters_groups_specs_as_sent_and_tags() {
     );
     let (status, _, body) = get(&s, &format!("/v1/jobs/{id}/trajectories?min_reward=x")).await;
     assert_eq!(status, 400, "{body}");
+    let err: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(err["error"]["fields"][0]["field"], "min_reward", "{body}");
 
     // A group: its members, rewards and the trainer's own advantages.
     let (status, _, body) = get(&s, &format!("/v1/jobs/{id}/groups/{g}")).await;

@@ -43,7 +43,7 @@ pub struct JobSpec {
     /// Labels to find and compare runs by (`["baseline", "lr=1e-5"]`): at most 16, each 1 to
     /// 64 characters of letters, digits and `_ . : / = + -`. `GET /v1/jobs?tag=T` lists the
     /// jobs that carry `T`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     pub tags: Vec<String>,
     /// Seed of every RNG of the job.
     #[serde(default)]

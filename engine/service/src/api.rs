@@ -202,3 +202,26 @@ async fn no_method(method: axum::http::Method, uri: axum::http::Uri) -> ApiError
         format!("{method} is not allowed on {}", uri.path()),
     )
 }
+
+/// A query string that does not parse: 400 naming the parameter where the parser says which
+/// (`min_reward: invalid float literal` → field `min_reward`).
+pub(super) fn query_error(e: axum::extract::rejection::QueryRejection) -> ApiError {
+    let text = e.body_text();
+    let detail = text
+        .split_once("query string: ")
+        .map_or(text.as_str(), |(_, d)| d);
+    let field = detail
+        .split_once(": ")
+        .map(|(f, m)| (f.trim(), m.trim()))
+        .filter(|(f, _)| !f.is_empty() && f.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
+    ApiError {
+        fields: field
+            .map(|(f, m)| FieldError {
+                field: f.to_string(),
+                message: m.to_string(),
+            })
+            .into_iter()
+            .collect(),
+        ..ApiError::new(StatusCode::BAD_REQUEST, "bad_request", text)
+    }
+}

@@ -179,8 +179,9 @@ fn spec_paths(original: &job::spec::JobSpec, staged: &job::spec::JobSpec) -> Vec
 #[into_params(parameter_in = Query)]
 pub(super) struct ListQuery {
     /// Each job's full latest record: with its per-resource timeline (`metrics.timeline`,
-    /// most of a record's size) and the scheduler's bookkeeping (`metrics.scheduler`, its
-    /// resume cursor). Off by default, as in the events.
+    /// most of a record's size), the scheduler's bookkeeping (`metrics.scheduler`, its
+    /// resume cursor), the buffer's counters, the critical path and each task's seeds. Off
+    /// by default (under 2 KB a job).
     #[serde(default)]
     timeline: bool,
     /// Only the jobs whose spec carries this tag (`tags`).
@@ -195,8 +196,7 @@ pub(super) async fn list_jobs(
     Extension(p): Extension<Principal>,
     q: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<JobList>, ApiError> {
-    let Query(q) =
-        q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
+    let Query(q) = q.map_err(super::query_error)?;
     let mut jobs = s.store.list()?;
     jobs.retain(|j| p.owns(j.owner.as_deref()));
     if let Some(t) = &q.tag {
@@ -204,13 +204,32 @@ pub(super) async fn list_jobs(
     }
     if !q.timeline {
         for j in &mut jobs {
-            if let Some(m) = j.metrics.as_object_mut() {
-                m.remove("timeline");
-                m.remove("scheduler");
-            }
+            compact(&mut j.metrics);
         }
     }
     Ok(Json(JobList { jobs }))
+}
+
+/// A list entry's metrics: without the per-resource timeline, the scheduler's bookkeeping,
+/// the buffer's counters, the step's critical path and the seeds each task trained (the
+/// job's own record and its step history keep them).
+fn compact(metrics: &mut serde_json::Value) {
+    let Some(m) = metrics.as_object_mut() else {
+        return;
+    };
+    for k in ["timeline", "scheduler", "buffer"] {
+        m.remove(k);
+    }
+    if let Some(r) = m.get_mut("rollout").and_then(|r| r.as_object_mut()) {
+        r.remove("critical");
+    }
+    if let Some(tasks) = m.get_mut("tasks").and_then(|t| t.as_object_mut()) {
+        for t in tasks.values_mut() {
+            if let Some(t) = t.as_object_mut() {
+                t.remove("seeds");
+            }
+        }
+    }
 }
 
 /// One job: state, step, steps, latest metrics.
@@ -244,8 +263,7 @@ pub(super) async fn get_job_spec(
     q: Result<Query<SpecQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
-    let Query(q) =
-        q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
+    let Query(q) = q.map_err(super::query_error)?;
     visible_job(&s, &p, &id)?;
     match q.form.as_deref() {
         None | Some("resolved") => {
@@ -356,8 +374,7 @@ pub(super) async fn job_steps(
     Path(id): Path<String>,
     q: Result<Query<StepsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<StepPage>, ApiError> {
-    let Query(q) =
-        q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
+    let Query(q) = q.map_err(super::query_error)?;
     let limit = page_limit(q.limit)?;
     visible_job(&s, &p, &id)?;
     // The id first: every step after the ones read here has its event after it.

@@ -94,8 +94,7 @@ pub(super) async fn next_batch(
     Path(id): Path<String>,
     q: Result<Query<NextQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let Query(q) =
-        q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
+    let Query(q) = q.map_err(super::query_error)?;
     let wait = q.wait_s.unwrap_or(0.0);
     if !(wait.is_finite() && (0.0..=MAX_WAIT_S).contains(&wait)) {
         return Err(ApiError {

@@ -54,8 +54,7 @@ pub(super) async fn trajectories(
     Path(id): Path<String>,
     q: Result<Query<PageQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let Query(q) =
-        q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
+    let Query(q) = q.map_err(super::query_error)?;
     let limit = page_limit(q.limit)?;
     let after = q.after.unwrap_or(0);
     if after < 0 {
