@@ -252,7 +252,8 @@ mod tests {
 }
 
 /// A job's TensorBoard run: `job-N`, or `job-N-<name>` for a named job (the name's
-/// characters other than letters, digits, `_`, `.` and `-` become `-`; at most 48 kept), so
+/// characters other than letters, digits, `_`, `.` and `-` become one `-` a run; at most 48
+/// kept), so
 /// runs are told apart by name in TensorBoard's run list.
 pub fn run_name(id: &str, name: Option<&str>) -> String {
     let clean: String = name
@@ -267,6 +268,11 @@ pub fn run_name(id: &str, name: Option<&str>) -> String {
         })
         .take(48)
         .collect();
+    // One `-` for each run of replaced characters.
+    let mut clean = clean;
+    while clean.contains("--") {
+        clean = clean.replace("--", "-");
+    }
     let clean = clean.trim_matches(['-', '.']);
     if clean.is_empty() {
         id.to_string()
@@ -281,10 +287,7 @@ mod run_name_tests {
     fn runs_are_named_by_job_and_name() {
         use super::run_name;
         assert_eq!(run_name("job-3", None), "job-3");
-        assert_eq!(
-            run_name("job-3", Some("lr 1e-5 / α=1")),
-            "job-3-lr-1e-5------1"
-        );
+        assert_eq!(run_name("job-3", Some("lr 1e-5 / α=1")), "job-3-lr-1e-5-1");
         assert_eq!(run_name("job-3", Some("../..")), "job-3");
         assert_eq!(
             run_name("job-3", Some(&"x".repeat(100))).len(),
