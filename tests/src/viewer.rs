@@ -132,6 +132,9 @@ async fn filters_groups_specs_as_sent_and_tags() {
     }
     let (status, _, _) = get(&s, &format!("/v1/jobs/{id}/groups/999999")).await;
     assert_eq!(status, 404);
+    let (status, _, body) = get(&s, &format!("/v1/jobs/{id}/groups/g7")).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("\"field\":\"group\""), "{body}");
 
     // The spec as sent (comment and all) beside the resolved form.
     let (status, ct, sent) = get(&s, &format!("/v1/jobs/{id}/spec?form=submitted")).await;

@@ -164,12 +164,19 @@ pub(super) struct GroupMember {
 
 /// A group's members (every attempt's rows of it) with their rewards and advantages: why do
 /// these differ?
-#[utoipa::path(get, path = "/v1/jobs/{id}/groups/{group}", params(("id" = String, Path, description = "job id"), ("group" = u64, Path, description = "group id")), responses((status = 200, body = GroupView), (status = 404, body = ErrorBody)))]
+#[utoipa::path(get, path = "/v1/jobs/{id}/groups/{group}", params(("id" = String, Path, description = "job id"), ("group" = u64, Path, description = "group id")), responses((status = 200, body = GroupView), (status = 400, description = "a group id that is not a number", body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub(super) async fn group(
     State(s): State<Arc<Service>>,
     Extension(p): Extension<Principal>,
-    Path((id, group)): Path<(String, u64)>,
+    path: Result<Path<(String, u64)>, axum::extract::rejection::PathRejection>,
 ) -> Result<axum::Json<GroupView>, ApiError> {
+    let Path((id, group)) = path.map_err(|e| ApiError {
+        fields: vec![FieldError {
+            field: "group".into(),
+            message: "must be a group id (a non-negative integer)".into(),
+        }],
+        ..ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text())
+    })?;
     visible_job(&s, &p, &id)?;
     let filter = RowFilter {
         group: Some(group),
