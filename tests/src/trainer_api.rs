@@ -11,7 +11,11 @@ use tests::{SpecBuilder, TestServer, wait_job};
 fn external_job(steps: u64) -> String {
     SpecBuilder::new()
         .pool("h800", "H800", 1, "")
-        .multi_turn("lake", "")
+        // Short environment steps: a step's batch is ready in a second or two of wall time
+        // (the multi-turn default's 2 s steps made each step ~10 s).
+        .raw_task(
+            "[[tasks]]\ndomain = \"lake\"\ngroup_size = 4\nmax_turns = 6\nmax_tokens_per_turn = 128\n[tasks.env]\nkind = \"sim\"\nreset_latency_s = { constant = 0.05 }\nstep_latency_s = { uniform = { low = 0.05, high = 0.3 } }\nturns = { uniform = { low = 2, high = 6 } }\nobservation_tokens = { constant = 64 }\nresponse_tokens = { uniform = { low = 16, high = 128 } }\nsuccess_rate = 0.5\n",
+        )
         .rollout("batch_size = 4")
         .rollout(&format!("steps = {steps}"))
         // No weights are announced here: the policy stays at version 0, so every step's
