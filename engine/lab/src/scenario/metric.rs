@@ -24,10 +24,24 @@ pub enum Metric {
     RewardGpuS,
     /// Busy share of the GPU-seconds those reward models held.
     RewardGpuUtil,
+    /// Mean rollout span: a step's first trajectory start to its last one's end.
+    RolloutS,
+    /// Share of the steps' time the trainer waited for its batch, and its largest share in
+    /// one step.
+    TrainerWaitShare,
+    TrainerWaitShareMax,
+    /// Mean share of the critical trajectory's span (the one each step's rollout waited on
+    /// last) spent resetting, generating, stepping the environment and scoring; and the
+    /// largest reset share of a step (a failure's re-reset shows there).
+    CriticalResetShare,
+    CriticalResetShareMax,
+    CriticalGenerateShare,
+    CriticalEnvStepShare,
+    CriticalRewardShare,
 }
 
 impl Metric {
-    pub const ALL: [Metric; 7] = [
+    pub const ALL: [Metric; 15] = [
         Metric::StepS,
         Metric::Throughput,
         Metric::Bubble,
@@ -35,6 +49,14 @@ impl Metric {
         Metric::ElapsedS,
         Metric::RewardGpuS,
         Metric::RewardGpuUtil,
+        Metric::RolloutS,
+        Metric::TrainerWaitShare,
+        Metric::TrainerWaitShareMax,
+        Metric::CriticalResetShare,
+        Metric::CriticalResetShareMax,
+        Metric::CriticalGenerateShare,
+        Metric::CriticalEnvStepShare,
+        Metric::CriticalRewardShare,
     ];
 
     pub fn name(self) -> &'static str {
@@ -46,6 +68,14 @@ impl Metric {
             Self::ElapsedS => "elapsed_s",
             Self::RewardGpuS => "reward_gpu_s",
             Self::RewardGpuUtil => "reward_gpu_util",
+            Self::RolloutS => "rollout_s",
+            Self::TrainerWaitShare => "trainer_wait_share",
+            Self::TrainerWaitShareMax => "trainer_wait_share_max",
+            Self::CriticalResetShare => "critical_reset_share",
+            Self::CriticalResetShareMax => "critical_reset_share_max",
+            Self::CriticalGenerateShare => "critical_generate_share",
+            Self::CriticalEnvStepShare => "critical_env_step_share",
+            Self::CriticalRewardShare => "critical_reward_share",
         }
     }
 
@@ -94,6 +124,42 @@ impl Metric {
             }
             Self::ElapsedS => s.elapsed_s,
             Self::RewardGpuS | Self::RewardGpuUtil => self.of_functions(&s.functions),
+            Self::RolloutS => steps.iter().map(|m| m.rollout.rollout_s).sum::<f64>() / n,
+            Self::TrainerWaitShare => {
+                steps.iter().map(|m| m.wait_batch_s).sum::<f64>()
+                    / steps.iter().map(|m| m.step_s).sum::<f64>().max(1e-9)
+            }
+            Self::TrainerWaitShareMax => steps
+                .iter()
+                .map(|m| m.wait_batch_s / m.step_s.max(1e-9))
+                .fold(0.0, f64::max),
+            Self::CriticalResetShare
+            | Self::CriticalGenerateShare
+            | Self::CriticalEnvStepShare
+            | Self::CriticalRewardShare => {
+                steps.iter().map(|m| self.critical_share(m)).sum::<f64>() / n
+            }
+            Self::CriticalResetShareMax => steps
+                .iter()
+                .map(|m| Self::CriticalResetShare.critical_share(m))
+                .fold(0.0, f64::max),
         }
+    }
+
+    /// The share of a step's critical trajectory's span this metric's stage took (0 for a
+    /// step without one).
+    fn critical_share(self, m: &job::runtime::StepMetrics) -> f64 {
+        let Some(c) = &m.rollout.critical else {
+            return 0.0;
+        };
+        let s = &c.stages;
+        let secs = match self {
+            Self::CriticalResetShare => s.reset_s,
+            Self::CriticalGenerateShare => s.generate_s,
+            Self::CriticalEnvStepShare => s.env_step_s,
+            Self::CriticalRewardShare => s.reward_s,
+            _ => 0.0,
+        };
+        if c.span_s > 0.0 { secs / c.span_s } else { 0.0 }
     }
 }
