@@ -976,6 +976,23 @@ fn each_step_names_its_critical_trajectory_and_its_slowest_stage() {
                 .all(|x| *x > 0.5 && *x <= 1.0)
         );
         assert_eq!(ro.series.rollout_s.len(), 4);
+        // Scenario checks read the same through their metrics.
+        use lab::scenario::Metric;
+        let m = |x: Metric| x.of(&r.summary, 0);
+        let (reset, env) = (
+            m(Metric::CriticalResetShare),
+            m(Metric::CriticalEnvStepShare),
+        );
+        if want == "reset" {
+            assert!(reset > 0.5 && env < reset, "{reset} {env}");
+            assert!(m(Metric::CriticalResetShareMax) >= reset);
+        } else {
+            assert!(env > 0.5 && reset < env, "{reset} {env}");
+        }
+        let mean_span = steps.iter().map(|x| x.rollout.rollout_s).sum::<f64>() / 4.0;
+        assert!((m(Metric::RolloutS) - mean_span).abs() < 1e-9);
+        let wait = m(Metric::TrainerWaitShare);
+        assert!((0.0..=1.0).contains(&wait) && m(Metric::TrainerWaitShareMax) >= wait);
     }
 }
 
