@@ -41,7 +41,7 @@ def measured(data_dir):
     """Mean step time and trajectories/s over the steps after the first, from the store."""
     db = sqlite3.connect(os.path.join(data_dir, "rollarc.db"))
     rows = [json.loads(m) for (m,) in db.execute("SELECT metrics FROM step_metrics ORDER BY step")]
-    after = [m for m in rows if m["step"] >= 1] or rows
+    after = [m for m in rows if m["step"] > 1] or rows  # steps count from 1
     step_s = sum(m["step_s"] for m in after) / len(after)
     traj_s = sum(m["trajectories"] for m in after) / sum(m["step_s"] for m in after)
     return step_s, traj_s

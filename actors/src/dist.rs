@@ -69,6 +69,20 @@ impl Dist {
         }
     }
 
+    /// E[max(X, floor)²], from 4,096 draws of a fixed-seed generator (deterministic).
+    pub fn mean_square_at_least(&self, floor: f64) -> f64 {
+        use rand::SeedableRng;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
+        let n = 4096;
+        (0..n)
+            .map(|_| {
+                let x = self.sample(&mut rng).max(floor);
+                x * x
+            })
+            .sum::<f64>()
+            / f64::from(n)
+    }
+
     /// A value the distribution rarely exceeds: the largest value it can take, or six
     /// standard deviations (in log space for a lognormal) above the centre.
     pub fn upper(&self) -> f64 {

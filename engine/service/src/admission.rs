@@ -196,10 +196,18 @@ fn batch_tokens(spec: &JobSpec, knobs: &job::spec::Knobs) -> u64 {
 }
 
 /// Tokens to count for each trajectory kept in flight or in the buffer: the longest one a
-/// task can produce, or for a simulated environment [`SIM_TRAJECTORY_MARGIN`] times its mean
-/// (never more than the longest).
+/// task can produce, or, when every pool is simulated, [`SIM_TRAJECTORY_MARGIN`] times a
+/// simulated environment's mean (never more than the longest).
 fn kept_trajectory_tokens(spec: &JobSpec) -> u64 {
     let longest = longest_trajectory_tokens(spec);
+    // A real engine may answer up to max_tokens_per_turn whatever the environment models.
+    let simulated = spec
+        .pools
+        .iter()
+        .all(|p| matches!(p.backend, BackendSpec::Sim { .. }));
+    if !simulated {
+        return longest;
+    }
     spec.tasks
         .iter()
         .map(|t| match &t.env {
@@ -211,7 +219,10 @@ fn kept_trajectory_tokens(spec: &JobSpec) -> u64 {
                 difficulty,
                 ..
             } => {
-                let f = difficulty.as_ref().map_or(1.0, |d| d.mean().max(1.0));
+                // A hard prompt scales both turns and answers: their product goes with f².
+                let f = difficulty
+                    .as_ref()
+                    .map_or(1.0, |d| d.mean_square_at_least(1.0).sqrt());
                 let mean = |d: &Option<actors::dist::Dist>, default: f64| {
                     d.as_ref().map_or(default, |d| d.mean().max(0.0))
                 };

@@ -63,10 +63,10 @@ fn user_program(
 /// Arguments that name an existing file or directory relative to `base` (the service's
 /// working directory), made absolute: the sandbox runs the program elsewhere (in a private
 /// `/tmp`) and binds only the directories of absolute paths. Arguments after the program
-/// that name an existing path are also resolved (symbolic links followed: the sandbox binds
+/// that name an existing path have their directories' links resolved (the sandbox binds
 /// the real directory, so `envs/` linked elsewhere or a script under `/tmp` is found
-/// there). The program itself keeps its name: a virtual environment's `bin/python` is a
-/// link whose target would leave the environment. As given without a base.
+/// there); a file keeps its own name (a virtual environment's `bin/python` is a link whose
+/// target would leave the environment). As given without a base.
 pub fn absolute_args(command: &[String], base: Option<&Path>) -> Vec<String> {
     match base {
         Some(d) => absolute_args_in(command, d),
@@ -102,11 +102,22 @@ fn resolved_arg(i: usize, a: &str, base: Option<&Path>) -> String {
         return a.to_string();
     }
     if i > 0
-        && let Ok(real) = std::fs::canonicalize(&abs)
+        && let Some(real) = real_dirs(&abs)
     {
         return real.to_string_lossy().into_owned();
     }
     abs.to_string_lossy().into_owned()
+}
+
+/// `path` with the links of its directories resolved: a directory whole, a file through its
+/// parent, keeping its own name (a virtual environment's `bin/python` or a cache's
+/// `snapshots/…/model.gguf` is itself a link whose target would lose its meaning).
+fn real_dirs(path: &Path) -> Option<PathBuf> {
+    if path.is_dir() {
+        return std::fs::canonicalize(path).ok();
+    }
+    let parent = std::fs::canonicalize(path.parent()?).ok()?;
+    Some(parent.join(path.file_name()?))
 }
 
 const REASONING_GYM_BRIDGE: &str = include_str!("../../../../envs/reasoning_gym_bridge.py");

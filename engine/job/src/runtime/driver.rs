@@ -148,7 +148,10 @@ impl<'a> Driver<'a> {
         self.job
             .observer
             .on_step(&m, &batch)
-            .map_err(|source| JobError::Record { step, source })?;
+            .map_err(|source| JobError::Record {
+                step: step + 1,
+                source,
+            })?;
         self.summary.steps_done = step + 1;
         self.summary.steps.push(m);
         Ok(())

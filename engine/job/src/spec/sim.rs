@@ -26,7 +26,8 @@ pub struct SimSpec {
     /// Default: virtual when every backend is simulated, real otherwise.
     #[serde(default)]
     pub clock: Option<Clock>,
-    /// Fault injection: the trainer panics at this step ...
+    /// Fault injection (test hook): the trainer panics at this step, counted from 0 (the
+    /// driver's index: 0 is the first training step) ...
     #[serde(default)]
     pub trainer_panic_at_step: Option<u64>,
     /// ... in the first this-many runs of the job (default 1; a restarted run is the next).

@@ -128,5 +128,77 @@ pub(super) fn migrate(conn: &Connection) -> Result<(), StoreError> {
         // The spec as the client sent it: `{"format": "toml" | "json", "text": …}`.
         conn.execute_batch("ALTER TABLE jobs ADD COLUMN submitted TEXT")?;
     }
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if version < 1 {
+        conn.execute_batch(STEPS_FROM_ONE)?;
+    }
     Ok(())
+}
+
+/// Version 1: steps count from 1 wherever they are stored, as everywhere they are shown.
+/// Earlier stores kept 0-based steps in each step record's `metrics.step` (its row key was
+/// already 1-based), in a job's latest `metrics.step`, and in the trainer API's batch rows
+/// (key and body). The batch keys move up in two passes: no key is taken twice on the way.
+const STEPS_FROM_ONE: &str = "
+BEGIN;
+UPDATE step_metrics SET metrics = json_set(metrics, '$.step', step) WHERE json_valid(metrics);
+UPDATE jobs SET metrics = json_set(metrics, '$.step', json_extract(metrics, '$.step') + 1)
+  WHERE json_valid(metrics) AND json_type(metrics, '$.step') = 'integer';
+UPDATE batches SET step = -(step + 1);
+UPDATE batches SET step = -step,
+  body = CASE WHEN json_valid(body) THEN json_set(body, '$.step', -step) ELSE body END;
+PRAGMA user_version = 1;
+COMMIT;
+";
+
+#[cfg(test)]
+mod tests {
+    /// A store written before steps counted from 1 is brought up to it once: step records,
+    /// the job's latest metrics and the batch rows; opening it again changes nothing.
+    #[test]
+    fn a_store_with_steps_from_zero_is_migrated_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rollarc.db");
+        {
+            let c = rusqlite::Connection::open(&path).unwrap();
+            c.execute_batch(super::SCHEMA).unwrap();
+            c.execute_batch(
+                "INSERT INTO jobs (id, spec, state, step, steps, metrics, created_at_ms, updated_at_ms)
+                   VALUES ('job-1', '{}', 'running', 2, 4, '{\"step\": 1, \"loss\": 0.5}', 0, 0);
+                 INSERT INTO step_metrics VALUES ('job-1', 1, '{\"step\": 0}'), ('job-1', 2, '{\"step\": 1}');
+                 INSERT INTO batches (job_id, step, body, state) VALUES
+                   ('job-1', 0, '{\"step\": 0, \"groups\": []}', 'acked'),
+                   ('job-1', 1, '{\"step\": 1, \"groups\": []}', 'acked'),
+                   ('job-1', 2, '{\"step\": 2, \"groups\": []}', 'ready');",
+            )
+            .unwrap();
+        }
+        for _ in 0..2 {
+            let s = crate::store::Store::open(&path).unwrap();
+            let steps = s.step_metrics("job-1").unwrap();
+            assert_eq!(
+                steps.iter().map(|m| m["step"].as_u64()).collect::<Vec<_>>(),
+                [Some(1), Some(2)]
+            );
+            let j = s.get("job-1").unwrap().unwrap();
+            assert_eq!(
+                (j.metrics["step"].as_u64(), j.metrics["loss"].as_f64()),
+                (Some(2), Some(0.5))
+            );
+            drop(s);
+            let c = rusqlite::Connection::open(&path).unwrap();
+            let rows: Vec<(i64, String)> = c
+                .prepare("SELECT step, body FROM batches ORDER BY step")
+                .unwrap()
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap();
+            assert_eq!(rows.iter().map(|r| r.0).collect::<Vec<_>>(), [1, 2, 3]);
+            for (step, body) in &rows {
+                let v: serde_json::Value = serde_json::from_str(body).unwrap();
+                assert_eq!(v["step"].as_i64(), Some(*step));
+            }
+        }
+    }
 }

@@ -139,7 +139,7 @@ pub(super) struct GroupView {
     /// them (a simulated trainer stands for GRPO); `null` when an external trainer's batches
     /// carry none (`advantage = "none"`).
     pub estimator: Option<String>,
-    /// Mean and sample standard deviation of the rewards of the members that have one.
+    /// Mean and sample standard deviation of the rewards of the unmasked members.
     pub reward_mean: Option<f64>,
     pub reward_std: Option<f64>,
     pub members: Vec<GroupMember>,
@@ -152,8 +152,9 @@ pub(super) struct GroupMember {
     pub trajectory_id: String,
     pub reward: Option<f64>,
     pub success: bool,
-    /// Its advantage among the members with a reward (masked members have none), by the
-    /// trainer's own formula ([`actors::rl::advantages`]).
+    /// Its advantage among the members without a failure (masked members have none), by the
+    /// trainer's own formula ([`actors::rl::advantages`]). Shown for every stored group,
+    /// also one the trainer left out (too few valid members, all rewards equal, stale).
     pub advantage: Option<f64>,
     /// Why it was masked (no reward, no advantage).
     pub failure: Option<String>,
@@ -201,7 +202,13 @@ pub(super) async fn group(
             Some((r, t))
         })
         .collect();
-    let rewards: Vec<f64> = members.iter().filter_map(|(_, t)| t.reward).collect();
+    // As the trainer does: a member with a failure is masked; the others count with their
+    // reward (0 where none was given).
+    let rewards: Vec<f64> = members
+        .iter()
+        .filter(|(_, t)| t.failure.is_none())
+        .map(|(_, t)| t.reward.unwrap_or(0.0))
+        .collect();
     let advantages = kind.map(|k| actors::rl::advantages(k, &rewards));
     let n = rewards.len() as f64;
     let mean = (n > 0.0).then(|| rewards.iter().sum::<f64>() / n);
@@ -209,15 +216,22 @@ pub(super) async fn group(
         .filter(|_| n > 1.0)
         .map(|m| (rewards.iter().map(|r| (r - m) * (r - m)).sum::<f64>() / (n - 1.0)).sqrt());
     let mut next = 0;
-    let task = members[0].1.task.clone();
+    let Some(task) = members.first().map(|(_, t)| t.task.clone()) else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("{id} has no readable trajectory of group {group}"),
+        ));
+    };
     let members = members
         .into_iter()
         .map(|(r, t)| {
-            let advantage = t.reward.and_then(|_| {
+            let advantage = t.failure.is_none().then(|| {
                 let a = advantages.as_ref().and_then(|a| a.get(next).copied());
                 next += 1;
                 a
             });
+            let advantage = advantage.flatten();
             GroupMember {
                 cursor: r.cursor,
                 trajectory_id: t.id.clone(),

@@ -17,7 +17,7 @@ pub(super) struct ServiceObserver {
     /// An external trainer's acknowledgement marks the rows it trained on (the stored
     /// batch, which after a restart is not the one the job assembled again).
     external: bool,
-    /// The job's TensorBoard events file (`DATA_DIR/tensorboard/JOB/`), opened at its first
+    /// The job's TensorBoard events file (`DATA_DIR/tensorboard/JOB-NAME/`, [`crate::tensorboard::run_name`]), opened at its first
     /// step; a resumed attempt starts a file of its own beside it.
     tensorboard: std::sync::Mutex<Option<crate::tensorboard::EventWriter>>,
 }

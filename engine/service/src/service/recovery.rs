@@ -107,16 +107,16 @@ impl Service {
         id: &str,
         start_step: u64,
     ) -> Option<runtime::scheduler::Cursor> {
+        // The record of the last completed step, by its row key (steps count from 1).
         let stored = (start_step > 0)
-            .then(|| self.store.step_metrics(id))
+            .then(|| self.store.step_page(id, start_step - 1, 1))
             .transpose()
             .map_err(|e| tracing::warn!(job = %id, error = %error_chain(&e), "no step metrics to resume from"))
             .ok()
             .flatten()
-            .and_then(|steps| {
-                let last = steps
-                    .iter()
-                    .rfind(|m| m["step"].as_u64() == Some(start_step))?;
+            .and_then(|page| {
+                let (step, last) = page.into_iter().next()?;
+                (step == start_step).then_some(())?;
                 serde_json::from_value::<runtime::scheduler::Cursor>(
                     last["scheduler"]["cursor"].clone(),
                 )
