@@ -234,7 +234,7 @@ def test_a_batch_loop_with_ack_nack_and_an_expired_lease(client: Client) -> None
     for batch in client.batches(job, wait_s=10):
         with batch:
             steps.append(batch.step)
-    assert steps == [1, 2]
+    assert steps == [2, 3]
     assert client.job(job)["state"] == "succeeded"
     st = client.staleness(job)
     assert st["batches_acked"] == 3 and st["batches_pending"] == 0 and st["alpha"] == 8
