@@ -146,6 +146,17 @@ impl Store {
         })
     }
 
+    /// The newest step whose batch was offered (0: none yet).
+    pub fn newest_batch_step(&self, job: &str) -> Result<u64, StoreError> {
+        self.with(|c| {
+            Ok(c.query_row(
+                "SELECT COALESCE(MAX(step), 0) FROM batches WHERE job_id = ?1",
+                [job],
+                |r| r.get::<_, i64>(0),
+            )? as u64)
+        })
+    }
+
     /// The trainer's stats of the batch of `step`, once acknowledged.
     pub fn batch_acked(&self, job: &str, step: u64) -> Result<Option<String>, StoreError> {
         self.with(|c| {
