@@ -89,8 +89,12 @@ pub struct EpisodeTask {
     pub max_tokens_per_turn: u32,
     /// Constrained decoding: the tokens the policy may sample.
     pub allowed_tokens: Option<Arc<[u32]>>,
-    /// The prompt is re-rendered every turn: no prefix survives between turns.
-    pub rewrite_context: bool,
+    /// The share of the previous turn's context (prompt and answer) that the next turn's
+    /// context keeps as its prefix, for the engines' prefix caches: 1 when the history only
+    /// grows (`append`), 0 when the prompt is re-rendered every turn (`rewrite`: the shard
+    /// forgets the session between turns), in between for partly rewritten histories (what a
+    /// simulated engine reuses; real engines match the real tokens).
+    pub context_keep: f64,
     /// The job's fault budgets; environment calls count against `environments of task …`.
     pub faults: Option<Arc<crate::fault::Faults>>,
     /// Tokens a trajectory's context may hold (prompt, observations and answers); a turn's
@@ -161,6 +165,9 @@ pub struct PrefillRoute {
     /// KV transfer bandwidth, bytes/s.
     pub bandwidth: f64,
     pub kv_bytes_per_token: f64,
+    /// After each turn the decode side hands the turn's KV back to the prefill side (over the
+    /// same link), so the next turn prefills only its new tokens there.
+    pub kv_return: bool,
 }
 
 /// Seconds since `since`.

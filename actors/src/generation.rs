@@ -80,6 +80,14 @@ pub struct GenRequest {
     /// Prefill/decode disaggregation: the context's KV was computed on a prefill shard and
     /// transferred here, so this engine only decodes.
     pub prefilled: bool,
+    /// How many leading tokens of `context` equal the session's previous request's context
+    /// (its prompt and answer): what a prefix cache may reuse. `None`: all of it (the context
+    /// extends the previous one). Simulators honour it (`context = { keep = f }`); real
+    /// engines match the real tokens.
+    pub reusable: Option<u64>,
+    /// KV of this many leading context tokens arrives with the request (the decode side of a
+    /// P/D pair handing a session's KV back to the prefill side): none of them is prefilled.
+    pub carried: u64,
 }
 
 /// Why a sequence stopped.
@@ -141,6 +149,11 @@ pub struct LoadReport {
     /// Requests the backend runs or queues for other clients (a shared inference server, as
     /// the server reports it); not counted in `running`/`waiting`.
     pub external: usize,
+    /// Context tokens of admitted requests that were looked up in the prefix cache, and those
+    /// found there (hit rate = hit / lookup), since start; engines without a modelled cache
+    /// report 0.
+    pub cache_lookup_tokens: u64,
+    pub cache_hit_tokens: u64,
 }
 
 /// A generation backend as seen by the engine loop. Implementations do not block on I/O in
@@ -151,6 +164,12 @@ pub trait GenerationEngine: Send + 'static {
     fn abort(&mut self, id: u64) -> bool;
     /// Forgets a session's prefix cache.
     fn release(&mut self, session: u64);
+
+    /// Leading context tokens of `session` whose KV this engine's prefix cache holds (0 for
+    /// engines without a modelled cache).
+    fn cached(&self, _session: u64) -> u64 {
+        0
+    }
     /// Installs weights of `version`; in-flight sequences follow `policy`. Returns the
     /// modelled duration of the swap (zero for real backends).
     fn install(
@@ -221,6 +240,8 @@ pub enum EngineCommand {
     Add(GenRequest, flume::Sender<Result<GenOutput, GenError>>),
     Abort(u64),
     Release(u64),
+    /// [`GenerationEngine::cached`].
+    Cached(u64, tokio::sync::oneshot::Sender<u64>),
     Suspend(tokio::sync::oneshot::Sender<()>),
     Install(
         PolicyVersion,
@@ -260,6 +281,19 @@ impl EngineHandle {
 
     pub fn release(&self, session: u64) {
         let _ = self.tx.send(EngineCommand::Release(session));
+    }
+
+    /// [`GenerationEngine::cached`] on this loop; a stopped loop holds nothing.
+    pub async fn cached(&self, session: u64) -> u64 {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.ask(EngineCommand::Cached(session, tx), rx).await
+    }
+
+    async fn ask(&self, cmd: EngineCommand, rx: tokio::sync::oneshot::Receiver<u64>) -> u64 {
+        if self.tx.send_async(cmd).await.is_err() {
+            return 0;
+        }
+        rx.await.unwrap_or(0)
     }
 
     pub(crate) fn send(&self, cmd: EngineCommand) -> bool {
@@ -352,6 +386,9 @@ impl LoopState {
                 }
             }
             EngineCommand::Release(s) => self.engine.release(s),
+            EngineCommand::Cached(s, reply) => {
+                let _ = reply.send(self.engine.cached(s));
+            }
             EngineCommand::Suspend(ack) => {
                 self.suspended = true;
                 self.engine.suspend();

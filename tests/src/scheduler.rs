@@ -583,6 +583,69 @@ fn disaggregated_pools_prefill_on_one_decode_on_the_other_and_pay_the_kv_transfe
     );
 }
 
+/// The prefill tokens of every turn after the first, per trajectory, with each turn's full
+/// context length (prompt 4,000; each turn adds a 32-token answer and a 1,000-token
+/// observation).
+fn later_turn_prefills(r: &tests::Recorded) -> Vec<(u32, u32)> {
+    r.committed
+        .iter()
+        .flat_map(|t| {
+            t.turns
+                .iter()
+                .enumerate()
+                .skip(1)
+                .map(|(k, turn)| (turn.prefill_tokens, 4_000 + 1_032 * k as u32))
+        })
+        .collect()
+}
+
+/// `kv_return`: before each later turn the decode side hands the session's KV (the last context
+/// and its answer) back to the prefill side, so the turn prefills its 1,000-token observation
+/// only, not the previous answer's 32 tokens too (1-token blocks make it exact); a turn after a
+/// weight update prefills its whole context (the update made every cached KV stale).
+#[test]
+fn kv_return_leaves_the_prefill_side_only_the_new_observation_to_prefill() {
+    let with = |kv_return: bool, gbps: f64| {
+        let mut b = disaggregated(gbps);
+        for p in &mut b.pools {
+            *p = p.replace("qwen3-8b\"", "qwen3-8b\", block_tokens = 1");
+        }
+        if kv_return {
+            b.pools[1] = b.pools[1].replace(" }\n", ", kv_return = true }\n");
+        }
+        run_recorded(b.build())
+    };
+    let (off, on) = (with(false, 100.0), with(true, 100.0));
+    for (r, incremental) in [(&off, 1_032), (&on, 1_000)] {
+        let turns = later_turn_prefills(r);
+        let hits = turns.iter().filter(|(p, _)| *p == incremental).count();
+        assert!(
+            turns.iter().all(|&(p, full)| p == incremental || p == full),
+            "each later turn prefills {incremental} tokens, or its whole context after an update: {turns:?}"
+        );
+        assert!(hits * 2 > turns.len(), "{hits} of {}", turns.len());
+        let m = r.summary.steps.last().expect("steps");
+        let (p, d) = (&m.pools["prefill"], &m.pools["decode"]);
+        assert!(p.prefix_hit_rate > 0.5, "{p:?}");
+        assert_eq!(
+            d.prefix_lookup_tokens, 0,
+            "decode requests arrive prefilled"
+        );
+    }
+    // Without a prefill pool there is nothing to return to: the field is named.
+    let bad = SpecBuilder::new()
+        .pool("p", "H800", 1, ", kv_return = true")
+        .multi_turn("a", "")
+        .toml();
+    let errs = job::spec::parse(&bad, job::spec::Format::Toml).expect_err("invalid");
+    assert!(
+        errs.0
+            .iter()
+            .any(|e| e.field == "pools[0].backend.kv_return"),
+        "{errs:?}"
+    );
+}
+
 #[test]
 fn a_job_whose_groups_are_all_filtered_fails_instead_of_spinning() {
     let task = r#"[[tasks]]

@@ -139,7 +139,7 @@ async fn play(
             b.turn().await;
             traj.timings.wait_s += secs(w);
         }
-        if task.rewrite_context && turn_no > 0 {
+        if task.context_keep <= 0.0 && turn_no > 0 {
             release(p);
         }
         let Some(turn) = answer(shared, p, &obs, turn_no, &mut context, traj, &turn_span).await

@@ -115,7 +115,10 @@ pub(super) async fn generate(
         let max_tokens = fit_budget(task, p, turn_no, observation_tokens.len(), context, traj)?;
         let base = context.tokens.len();
         Arc::make_mut(&mut context.tokens).extend_from_slice(&observation_tokens);
-        let req = request(shared, p, obs, turn_no, context.tokens.clone(), max_tokens);
+        let mut req = request(shared, p, obs, turn_no, context.tokens.clone(), max_tokens);
+        if task.context_keep < 1.0 {
+            req.reusable = Some((task.context_keep.max(0.0) * base as f64) as u64);
+        }
         let t = tokio::time::Instant::now();
         let started_at_s = t.duration_since(shared.started).as_secs_f64();
         let out = call_shard(p, req).await;
@@ -224,6 +227,8 @@ fn request(
         },
         sim_response_len: obs.sim_response_len,
         prefilled: false,
+        reusable: None,
+        carried: 0,
     }
 }
 
@@ -258,17 +263,35 @@ fn turn_end(turn_no: u32, e: GenError) -> TurnEnd {
 /// One turn on a disaggregated pool: the prefill shard computes the context's KV (a request
 /// with no tokens to generate), the KV travels to the decode shard at the link's bandwidth,
 /// and the decode shard generates from it. The prefill shard's count is the turn's.
+///
+/// With `kv_return` the decode side hands back the KV it holds of the session's shared prefix
+/// (the last context with its answer) with the prefill request, less what the prefill side's
+/// cache still holds: the prefill side needs no long-lived copy of every session (it would
+/// thrash) and prefills only the new tokens, as a colocated engine would.
 async fn disaggregated(
     route: &PrefillRoute,
     decode: &ShardHandle,
     req: GenRequest,
 ) -> Result<GenOutput, GenError> {
+    let transfer = |tokens: u64| {
+        crate::dist::seconds(tokens as f64 * route.kv_bytes_per_token / route.bandwidth.max(1.0))
+    };
     let mut pre = req.clone();
     pre.params.max_tokens = 0;
+    if route.kv_return {
+        // The decode side's KV of the shared prefix travels with the prefill request, less
+        // what the prefill side's cache still holds of it.
+        let shared = req.reusable.unwrap_or(u64::MAX);
+        let back = decode.cached(req.session).await.min(shared);
+        let held = route.shard.cached(req.session).await.min(shared);
+        if back > held {
+            tokio::time::sleep(transfer(back - held)).await;
+        }
+        pre.carried = back;
+    }
     let prefilled = route.shard.generate(pre).await?.prefill_tokens;
-    let bytes = prefilled as f64 * route.kv_bytes_per_token;
-    if bytes > 0.0 {
-        tokio::time::sleep(crate::dist::seconds(bytes / route.bandwidth.max(1.0))).await;
+    if prefilled > 0 {
+        tokio::time::sleep(transfer(u64::from(prefilled))).await;
     }
     let mut out = decode
         .generate(GenRequest {

@@ -28,6 +28,8 @@ pub fn request(id: u64, context: Vec<u32>, max_tokens: u32, seed: u64) -> GenReq
         },
         sim_response_len: Some(max_tokens),
         prefilled: false,
+        reusable: None,
+        carried: 0,
     }
 }
 

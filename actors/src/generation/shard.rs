@@ -40,6 +40,12 @@ impl ShardHandle {
         self.current().release(session);
     }
 
+    /// Leading context tokens of `session` the shard's prefix cache holds.
+    pub async fn cached(&self, session: u64) -> u64 {
+        let h = self.current();
+        h.cached(session).await
+    }
+
     /// Requests other clients run or queue on this shard's backend (a shared inference
     /// server), as its engine loop last saw them; 0 for engines only this job uses.
     pub fn external_load(&self) -> usize {
@@ -93,6 +99,8 @@ pub struct ShardState {
     /// Busy seconds of engine loops that were restarted (so utilisation stays monotonic).
     busy_before: f64,
     tokens_before: (u64, u64),
+    /// Prefix-cache lookups and hits of restarted loops.
+    cache_before: (u64, u64),
     last_load: LoadReport,
 }
 
@@ -138,6 +146,7 @@ impl Actor for ShardActor {
             stalled_since: None,
             busy_before: 0.0,
             tokens_before: (0, 0),
+            cache_before: (0, 0),
             last_load: LoadReport::default(),
         })
     }
@@ -196,6 +205,8 @@ impl Actor for ShardActor {
                 l.busy_s += st.busy_before;
                 l.prefill_tokens += st.tokens_before.0;
                 l.decode_tokens += st.tokens_before.1;
+                l.cache_lookup_tokens += st.cache_before.0;
+                l.cache_hit_tokens += st.cache_before.1;
                 let _ = reply.send(l);
             }
             ShardMsg::Watchdog => {
@@ -229,6 +240,8 @@ async fn restart_engine(st: &mut ShardState) {
     st.busy_before += st.last_load.busy_s;
     st.tokens_before.0 += st.last_load.prefill_tokens;
     st.tokens_before.1 += st.last_load.decode_tokens;
+    st.cache_before.0 += st.last_load.cache_lookup_tokens;
+    st.cache_before.1 += st.last_load.cache_hit_tokens;
     let (h, join) = spawn_engine((st.args.factory)(), st.args.placement);
     if let Some(w) = st.weights.clone() {
         let (tx, rx) = tokio::sync::oneshot::channel();

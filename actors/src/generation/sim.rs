@@ -1,6 +1,6 @@
 //! The roofline generation simulator: continuous batching with chunked prefill and decode,
-//! KV-cache reservation against the shard's memory, a prefix cache per session with LRU
-//! eviction, prefill-only requests (the prefill side of P/D disaggregation) and weight swaps
+//! KV-cache reservation against the shard's memory, a prefix cache per session in the memory
+//! left free (whole blocks, evicted least recently used first, a block at a time), prefill-only requests (the prefill side of P/D disaggregation) and weight swaps
 //! timed by the weight-sync model. Runs on the virtual clock.
 //!
 //! Between prefills and admissions, decode iterations are *fused*: the engine loop asks how
@@ -85,13 +85,14 @@ impl SimEngine {
             * cfg.kv_memory_fraction;
         let kv_capacity = (free / cfg.model.kv_bytes_per_token).max(1.0) as u64;
         let rng = SmallRng::seed_from_u64(cfg.seed);
+        let cfg_block = cfg.block_tokens;
         Self {
             cfg,
             version: 0,
             waiting: VecDeque::new(),
             running: Vec::new(),
             reserved: 0,
-            cache: PrefixCache::default(),
+            cache: PrefixCache::new(cfg_block),
             kv_capacity,
             rng,
             hung: false,
@@ -115,13 +116,23 @@ impl SimEngine {
         self.kv_capacity
     }
 
-    /// Prefix-cache hits (admissions that found some of their context cached) and evictions.
+    /// Prefix-cache hits (admissions that found some of their context cached) and entries
+    /// evicted whole.
     pub fn cache_counters(&self) -> (u64, u64) {
         (self.cache.hits, self.cache.evictions)
     }
 
+    /// Context tokens looked up in the prefix cache and found there, and blocks evicted.
+    pub fn cache_tokens(&self) -> (u64, u64, u64) {
+        (
+            self.cache.lookup_tokens,
+            self.cache.hit_tokens,
+            self.cache.evicted_blocks,
+        )
+    }
+
     /// Admits waiting sequences while the batch and the KV memory have room, evicting cached
-    /// prefixes (least recently used first) to make it; the head of the queue waits otherwise.
+    /// blocks (least recently used first) to make it; the head of the queue waits otherwise.
     fn admit(&mut self) {
         while self.running.len() < self.cfg.max_batch {
             let Some(front) = self.waiting.front() else {
@@ -130,9 +141,10 @@ impl SimEngine {
             let (session, need) = (front.req.session, front.reserved().min(self.kv_capacity));
             // The sequence's own cached prefix becomes part of its reservation.
             let own = self.cache.take(session);
-            while self.reserved + need + self.cache.tokens > self.kv_capacity
-                && self.cache.evict_oldest()
-            {}
+            let over = (self.reserved + need + self.cache.tokens).saturating_sub(self.kv_capacity);
+            if over > 0 {
+                self.cache.evict(over);
+            }
             if self.reserved + need > self.kv_capacity && !self.running.is_empty() {
                 if own > 0 {
                     self.cache.put(session, own);
@@ -142,16 +154,23 @@ impl SimEngine {
             let Some(mut s) = self.waiting.pop_front() else {
                 break;
             };
-            // A disaggregated request arrives with its KV: nothing to prefill here.
+            let len = s.req.context.len() as u64;
+            // A disaggregated request arrives with its KV: nothing to prefill here. Otherwise
+            // the cache serves the whole blocks of the prefix this context shares with the
+            // session's last one (all of it when the context extends it), or the request
+            // carries the KV of a prefix (handed back by a decode side), whichever is longer.
             let cached = if s.req.prefilled {
-                s.req.context.len() as u64
+                len
             } else {
-                own.min(s.req.context.len() as u64)
+                let shared = s.req.reusable.unwrap_or(u64::MAX).min(len);
+                let hit = self
+                    .cache
+                    .whole_blocks(own.min(shared))
+                    .max(s.req.carried.min(len));
+                self.cache.record(len, hit);
+                hit
             };
-            if cached > 0 {
-                self.cache.hits += 1;
-            }
-            s.to_prefill = s.req.context.len() as u64 - cached;
+            s.to_prefill = len - cached;
             self.reserved += need;
             self.running.push(s);
         }
@@ -302,6 +321,10 @@ impl GenerationEngine for SimEngine {
         self.cache.take(session);
     }
 
+    fn cached(&self, session: u64) -> u64 {
+        self.cache.entries.get(&session).map_or(0, |e| e.0)
+    }
+
     fn install(
         &mut self,
         version: PolicyVersion,
@@ -448,6 +471,8 @@ impl GenerationEngine for SimEngine {
             version: self.version,
             prefill_tokens: self.prefill_total,
             decode_tokens: self.decode_total,
+            cache_lookup_tokens: self.cache.lookup_tokens,
+            cache_hit_tokens: self.cache.hit_tokens,
             ..LoadReport::default()
         }
     }

@@ -255,6 +255,8 @@ fn req(id: u64, context: Vec<u32>, max_tokens: u32, seed: u64, temperature: f32)
         },
         sim_response_len: None,
         prefilled: false,
+        reusable: None,
+        carried: 0,
     }
 }
 

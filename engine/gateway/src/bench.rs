@@ -201,6 +201,8 @@ async fn overhead(
                     },
                     sim_response_len: None,
                     prefilled: false,
+                    reusable: None,
+                    carried: 0,
                 })
                 .await
                 .map_err(|e| GatewayBenchError::Call(e.to_string()))?;

@@ -350,6 +350,8 @@ impl Episode {
             },
             sim_response_len: None,
             prefilled: false,
+            reusable: None,
+            carried: 0,
         };
         let out = self.generate(req, &st.session).await?;
         st.calls += 1;

@@ -14,6 +14,8 @@ pub struct PrefillLink {
     /// KV transfer bandwidth, bytes/s.
     pub bandwidth: f64,
     pub kv_bytes_per_token: f64,
+    /// The decode side hands each turn's KV back to the prefill side.
+    pub kv_return: bool,
 }
 
 /// Largest number of task → pool assignments the split search scores.

@@ -19,6 +19,8 @@ pub struct SimEngineConfig {
     pub prefill_chunk: u64,
     /// Fraction of device memory left for KV after weights.
     pub kv_memory_fraction: f64,
+    /// Tokens per KV block: the prefix cache holds, hits and evicts whole blocks.
+    pub block_tokens: u64,
     /// How new weights reach this shard.
     pub weight_sync: WeightSync,
     /// Probability that an engine iteration hangs (frozen shard), for fault injection.
@@ -57,6 +59,7 @@ impl SimEngineConfig {
             max_batch: 256,
             prefill_chunk: 16_384,
             kv_memory_fraction: 0.9,
+            block_tokens: 16,
             weight_sync: WeightSync::default(),
             hang_probability: 0.0,
             seed: 0,

@@ -24,6 +24,8 @@ fn req(id: u64, session: u64, context: usize, answer: u32) -> GenRequest {
         },
         sim_response_len: Some(answer),
         prefilled: false,
+        reusable: None,
+        carried: 0,
     }
 }
 
@@ -140,6 +142,7 @@ fn a_fused_step_is_cut_at_the_iteration_boundary_after_a_command() {
 fn the_prefix_cache_serves_the_next_turn_and_evicts_least_recently_used_sessions() {
     let mut c = cfg("qwen3-8b", "H800");
     c.max_fused_iterations = 1;
+    c.block_tokens = 1;
     let mut e = SimEngine::new(c);
     let cap = e.kv_capacity();
     let drain = |e: &mut SimEngine| {
@@ -180,6 +183,92 @@ fn the_prefix_cache_serves_the_next_turn_and_evicts_least_recently_used_sessions
     );
     // Never more KV than the memory holds.
     assert!(e.load().kv_tokens <= cap);
+}
+
+/// Runs `e` until it has no work; returns each finished request's prefilled tokens.
+fn drain_prefills(e: &mut SimEngine) -> Vec<(u64, u32)> {
+    let mut out = Vec::new();
+    while e.has_work() {
+        for (id, r) in e.step().finished {
+            out.push((id, r.unwrap().prefill_tokens));
+        }
+    }
+    out
+}
+
+/// A hand-computed workload on a 1,000-token cache of 16-token blocks: whole blocks are
+/// cached and hit, eviction takes blocks from the end of the least recently used session (which
+/// keeps its leading blocks), and a partly kept context (`reusable`) hits only its kept blocks.
+#[test]
+fn the_prefix_cache_holds_hits_and_evicts_whole_blocks_least_recently_used_first() {
+    let mut c = cfg("qwen3-8b", "H800");
+    c.max_fused_iterations = 1;
+    assert_eq!(c.block_tokens, 16, "the default block");
+    let mut e = SimEngine::new(c);
+    e.kv_capacity = 1_000;
+    let turn = |e: &mut SimEngine, id: u64, session: u64, context: usize, answer: u32| {
+        e.add(req(id, session, context, answer));
+        drain_prefills(e)[0].1
+    };
+    // A, turn 1: 320 + 10 tokens; the cache keeps 320 (20 whole blocks of 330).
+    assert_eq!(turn(&mut e, 1, 1, 320, 10), 320);
+    assert_eq!(e.cached(1), 320);
+    // A, turn 2: 370 tokens; 320 hit, 50 prefilled; 368 of 380 cached after.
+    assert_eq!(turn(&mut e, 2, 1, 370, 10), 50);
+    assert_eq!(e.cached(1), 368);
+    // B: 500 + 10 reserved beside A's 368 (878 ≤ 1,000): nothing evicted; 496 cached.
+    assert_eq!(turn(&mut e, 3, 2, 500, 10), 500);
+    assert_eq!((e.cached(1), e.cached(2)), (368, 496));
+    // C: 408 reserved + 864 cached is 272 over: 17 blocks leave the end of A (the least
+    // recently used), which keeps 96 tokens.
+    assert_eq!(turn(&mut e, 4, 3, 400, 8), 400);
+    assert_eq!(e.cached(1), 96);
+    assert_eq!(e.cache_tokens().2, 17);
+    assert_eq!(e.cache_counters().1, 0, "no session was evicted whole");
+    // A, turn 3 (400 tokens): only its 96 surviving tokens hit.
+    assert_eq!(turn(&mut e, 5, 1, 400, 10), 304);
+    // D keeps half of its last context (176 tokens): 88 shared, 80 of them in whole blocks.
+    assert_eq!(turn(&mut e, 6, 4, 160, 16), 160);
+    assert_eq!(e.cached(4), 176);
+    let mut r = req(7, 4, 200, 16);
+    r.reusable = Some(88);
+    e.add(r);
+    assert_eq!(drain_prefills(&mut e)[0].1, 120);
+    let (lookup, hit, _) = e.cache_tokens();
+    assert_eq!(lookup, 320 + 370 + 500 + 400 + 400 + 160 + 200);
+    assert_eq!(hit, 320 + 96 + 80);
+    let l = e.load();
+    assert_eq!((l.cache_lookup_tokens, l.cache_hit_tokens), (lookup, hit));
+    assert!(l.kv_tokens <= 1_000);
+}
+
+/// The decode side of a P/D pair hands a session's KV back with the next prefill request: the
+/// carried prefix is not prefilled, and counts as served; the cache's own prefix serves when it
+/// is the longer one.
+#[test]
+fn carried_kv_is_not_prefilled() {
+    let mut c = cfg("qwen3-8b", "H800");
+    c.block_tokens = 1;
+    let mut e = SimEngine::new(c);
+    let prefill_only = |id: u64, context: usize, carried: u64| {
+        let mut r = req(id, 9, context, 0);
+        r.params.max_tokens = 0;
+        r.carried = carried;
+        r
+    };
+    e.add(prefill_only(1, 1_000, 0));
+    assert_eq!(drain_prefills(&mut e), vec![(1, 1_000)]);
+    assert_eq!(e.cached(9), 1_000);
+    e.add(prefill_only(2, 1_300, 1_250));
+    assert_eq!(drain_prefills(&mut e), vec![(2, 50)]);
+    e.add(prefill_only(3, 1_400, 200));
+    assert_eq!(
+        drain_prefills(&mut e),
+        vec![(3, 100)],
+        "the cached 1,300 are longer"
+    );
+    let (lookup, hit, _) = e.cache_tokens();
+    assert_eq!((lookup, hit), (3_700, 2_550));
 }
 
 #[test]

@@ -44,6 +44,7 @@ fn disaggregated_prefill_costs_the_prefill_pool_plus_the_kv_transfer() {
         pool: 1,
         bandwidth: 1e9,
         kv_bytes_per_token: 1e5,
+        kv_return: false,
     });
     let mut p = pool("H800", 1);
     p.prefill_only = true;

@@ -210,6 +210,11 @@ pub struct PoolMetrics {
     pub groups: u64,
     /// Engine steps taken (a fused simulator step counts once), since the start.
     pub engine_steps: u64,
+    /// Context tokens the pool's prefix caches were asked for, and served, since the start
+    /// (simulated engines; 0 elsewhere), and their ratio.
+    pub prefix_lookup_tokens: u64,
+    pub prefix_hit_tokens: u64,
+    pub prefix_hit_rate: f64,
 }
 
 /// Receives each completed step (the service stores it and streams it).
@@ -346,6 +351,14 @@ impl MetricSources<'_> {
                     .copied()
                     .unwrap_or(0),
                 engine_steps: loads.iter().map(|l| l.steps).sum(),
+                prefix_lookup_tokens: loads.iter().map(|l| l.cache_lookup_tokens).sum(),
+                prefix_hit_tokens: loads.iter().map(|l| l.cache_hit_tokens).sum(),
+                prefix_hit_rate: 0.0,
+            };
+            let pm = PoolMetrics {
+                prefix_hit_rate: pm.prefix_hit_tokens as f64
+                    / pm.prefix_lookup_tokens.max(1) as f64,
+                ..pm
             };
             m.prefill_tokens += pm.prefill_tokens;
             m.decode_tokens += pm.decode_tokens;

@@ -90,6 +90,15 @@ pub enum BackendSpec {
         prefill_pool: Option<String>,
         #[serde(default)]
         kv_transfer_gbps: Option<f64>,
+        /// With `prefill_pool`: after each turn the decode side hands the turn's KV back to
+        /// the prefill side over the same link (only what its cache lacks travels), so the
+        /// next turn prefills only its new tokens there.
+        #[serde(default)]
+        kv_return: bool,
+        /// Tokens per KV block of the prefix cache (default 16): it holds, hits and evicts
+        /// whole blocks.
+        #[serde(default)]
+        block_tokens: Option<u64>,
         /// Step costs measured on a real engine (what `rollarc profile` writes): seconds per
         /// engine step, per prefilled token and per decoded token, replacing the roofline.
         #[serde(default)]

@@ -50,8 +50,11 @@ pub struct TaskSpec {
     #[serde(default)]
     pub inject_latency: Option<InjectLatency>,
     /// How the agent's context evolves between turns: `append` (the history grows and the
-    /// engine's prefix cache serves it) or `rewrite` (the framework re-renders the prompt each
-    /// turn — compacted or truncated history — so the whole context is prefilled every turn).
+    /// engine's prefix cache serves it), `rewrite` (the framework re-renders the prompt each
+    /// turn — compacted or truncated history — so the whole context is prefilled every turn),
+    /// or `{ keep = f }` in between: each turn's context keeps the first share `f` of the
+    /// previous one as its prefix (what a simulated engine's cache may reuse; `append` is
+    /// `keep = 1`, `rewrite` is `keep = 0`).
     #[serde(default)]
     pub context: ContextMode,
     /// Prompts from a dataset file (one row per group) instead of seeds.
@@ -178,12 +181,25 @@ impl DatasetSpec {
     }
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ContextMode {
     #[default]
     Append,
     Rewrite,
+    /// The share of the previous turn's context kept as the next one's prefix, in [0, 1].
+    Keep(f64),
+}
+
+impl ContextMode {
+    /// The share of the previous turn's context the next turn keeps as its prefix.
+    pub fn keep(self) -> f64 {
+        match self {
+            Self::Append => 1.0,
+            Self::Rewrite => 0.0,
+            Self::Keep(f) => f,
+        }
+    }
 }
 
 /// Latency added after an environment call, in seconds (negative samples count as 0).
@@ -404,6 +420,14 @@ impl TaskSpec {
         TASK_ENVS.check_at(p, t.envs, problems);
         TASK_MAX_CONTEXT_TOKENS.check_at(p, t.max_context_tokens, problems);
         TASK_WEIGHT.check_at(p, Some(t.weight), problems);
+        if let ContextMode::Keep(f) = t.context
+            && !(0.0..=1.0).contains(&f)
+        {
+            problems.push(
+                format!("{p}.context.keep"),
+                format!("{f} must be a share in [0, 1] (1: append, 0: rewrite)"),
+            );
+        }
         if t.reward.is_empty() {
             problems.push(
                 format!("{p}.reward"),

@@ -293,14 +293,14 @@ fn cluster_simulation_fields_are_checked_with_their_paths() {
     let body = r#"
 [[tasks]]
 domain = "lake"
-context = "rewrite"
+context = { keep = 1.5 }
 [tasks.env]
 kind = "sim"
 prompt_tokens = { normal = { mean = 10.0, std = -1.0 } }
 [[pools]]
 name = "p"
 device = "B200"
-backend = { kind = "sim", model = "moe", gpus_per_shard = 0, prefill_pool = "nope" }
+backend = { kind = "sim", model = "moe", gpus_per_shard = 0, prefill_pool = "nope", block_tokens = 0 }
 [trainer]
 kind = "sim"
 device = "H900"
@@ -315,6 +315,8 @@ weight_sync = { mode = "direct", bucket_gb = 0 }
     let fields: Vec<&str> = errs.0.iter().map(|e| e.field.as_str()).collect();
     for f in [
         "tasks[0].env.prompt_tokens",
+        "tasks[0].context.keep",
+        "pools[0].backend.block_tokens",
         "pools[0].backend.gpus_per_shard",
         "pools[0].backend.prefill_pool",
         "trainer.device",
@@ -333,6 +335,19 @@ weight_sync = { mode = "direct", bucket_gb = 0 }
         !fields.contains(&"pools[0].device") && !fields.contains(&"pools[0].backend.model"),
         "{fields:?}"
     );
+}
+
+/// `append` and `rewrite` are the two ends of one kept share; a share in between parses.
+#[test]
+fn a_context_keeps_a_share_of_the_previous_turn() {
+    use crate::spec::ContextMode;
+    let with = |c: &str| {
+        let body = minimal().replacen("[[tasks]]\n", &format!("[[tasks]]\ncontext = {c}\n"), 1);
+        parse(&body, Format::Toml).unwrap().tasks[0].context
+    };
+    assert_eq!(with("\"append\"").keep(), 1.0);
+    assert_eq!(with("\"rewrite\"").keep(), 0.0);
+    assert_eq!(with("{ keep = 0.25 }"), ContextMode::Keep(0.25));
 }
 
 #[test]

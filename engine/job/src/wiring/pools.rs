@@ -131,6 +131,7 @@ pub(super) fn plan(
                 gpus_per_shard,
                 tp_efficiency,
                 measured,
+                block_tokens,
                 ..
             } => {
                 let device = base.group(*gpus_per_shard, tp_efficiency.unwrap_or(0.9));
@@ -152,6 +153,9 @@ pub(super) fn plan(
                 }
                 cfg.hang_probability = *hang_probability;
                 cfg.measured = *measured;
+                if let Some(b) = block_tokens {
+                    cfg.block_tokens = (*b).max(1);
+                }
                 let faults = spec
                     .sim
                     .faults
@@ -254,6 +258,7 @@ fn link_disaggregated(spec: &JobSpec, out: &mut [PoolPlan]) {
         if let BackendSpec::Sim {
             prefill_pool: Some(pp),
             kv_transfer_gbps,
+            kv_return,
             ..
         } = &p.backend
             && let Some(qi) = spec.pools.iter().position(|q| &q.name == pp)
@@ -262,6 +267,7 @@ fn link_disaggregated(spec: &JobSpec, out: &mut [PoolPlan]) {
                 pool: qi,
                 bandwidth: kv_transfer_gbps.unwrap_or(50.0) * 1e9,
                 kv_bytes_per_token: out[pi].model.kv_bytes_per_token,
+                kv_return: *kv_return,
             });
             out[qi].prefill_only = true;
         }

@@ -11,7 +11,7 @@ use crate::resolve::TaskInputs;
 
 use super::TaskView;
 use super::envs::{EnvLimits, factory};
-use crate::spec::{ContextMode, EnvSandbox, EnvSpec, JobSpec, Knobs, TaskSpec, TruncationPolicy};
+use crate::spec::{EnvSandbox, EnvSpec, JobSpec, Knobs, TaskSpec, TruncationPolicy};
 
 /// One task of a job.
 pub struct TaskPlan {
@@ -28,8 +28,8 @@ pub struct TaskPlan {
     pub max_tokens_per_turn: u32,
     /// Constrained decoding: the tokens the policy may sample.
     pub allowed_tokens: Option<Arc<[u32]>>,
-    /// The prompt is re-rendered every turn: no prefix survives between turns.
-    pub rewrite_context: bool,
+    /// The share of a turn's context the next turn keeps as its prefix (1: append, 0: rewrite).
+    pub context_keep: f64,
     /// The trajectory's context budget, and whether truncated trajectories train.
     pub max_context: Option<usize>,
     pub train_truncated: bool,
@@ -128,7 +128,7 @@ pub(super) fn plan(
                 max_turns: t.max_turns,
                 max_tokens_per_turn: t.max_tokens_per_turn,
                 allowed_tokens: t.allowed_tokens().map(Arc::from),
-                rewrite_context: t.context == ContextMode::Rewrite,
+                context_keep: t.context.keep(),
                 max_context: t.max_context_tokens.map(|m| m as usize),
                 train_truncated: t.train_truncated,
                 truncation: match t.truncation {
@@ -183,13 +183,13 @@ pub fn prior_tokens(t: &TaskSpec) -> Tokens {
             // Turn k's answer attends to the prompt, k turns of history, and itself so far,
             // whichever way the context was prefilled.
             let context = prompt + (turns - 1.0) / 2.0 * (obs + resp) + resp / 2.0;
-            let prefill = if t.context == ContextMode::Rewrite {
-                // The whole context every turn: the prompt, then the grown history.
-                turns * prompt + (obs + resp) * turns * (turns - 1.0) / 2.0
-            } else {
-                // Prefill the prompt, then each later turn's observation (the history is cached).
-                prompt + (turns - 1.0) * obs
-            };
+            // `append`: the prompt, then each later turn's observation (the history is
+            // cached). `rewrite`: the whole context every turn (the prompt, then the grown
+            // history). A kept share `f` re-prefills the rest, (1 − f) of the history.
+            let rewrite = turns * prompt + (obs + resp) * turns * (turns - 1.0) / 2.0;
+            let append = prompt + (turns - 1.0) * obs;
+            let f = t.context.keep();
+            let prefill = f * append + (1.0 - f) * rewrite;
             Tokens {
                 prefill,
                 decode: turns * resp,

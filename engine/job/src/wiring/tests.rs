@@ -207,7 +207,7 @@ fn a_rewrite_prior_prefills_the_history_every_turn_but_decodes_at_its_context() 
 domain = "swe"
 max_turns = 30
 max_tokens_per_turn = 1024
-context = "{context}"
+context = {context}
 [tasks.env]
 kind = "sim"
 turns = {{ constant = 10 }}
@@ -225,8 +225,8 @@ backend = {{ kind = "sim" }}
         .remove(0)
     };
     let (append, rewrite) = (
-        prior_tokens(&task("append")),
-        prior_tokens(&task("rewrite")),
+        prior_tokens(&task("\"append\"")),
+        prior_tokens(&task("\"rewrite\"")),
     );
     // Prompt then nine observations, against ten whole contexts.
     assert_eq!(append.prefill, 3_000.0 + 9.0 * 300.0);
@@ -238,4 +238,9 @@ backend = {{ kind = "sim" }}
     assert_eq!(append.context, context);
     assert_eq!(rewrite.context, context);
     assert!(rewrite.prefill > 9.0 * rewrite.context);
+    // A kept share re-prefills the rest of each turn's history: a quarter kept, three
+    // quarters of the way from `append` to `rewrite`.
+    let kept = prior_tokens(&task("{ keep = 0.25 }"));
+    assert_eq!(kept.prefill, 0.25 * append.prefill + 0.75 * rewrite.prefill);
+    assert_eq!(kept.context, context);
 }

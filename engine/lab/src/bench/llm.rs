@@ -58,6 +58,8 @@ fn request(i: usize, context: Vec<u32>, new: u32) -> GenRequest {
         },
         sim_response_len: None,
         prefilled: false,
+        reusable: None,
+        carried: 0,
     }
 }
 

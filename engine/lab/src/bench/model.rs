@@ -102,6 +102,8 @@ fn request(id: u64, ctx_len: usize, max_tokens: u32) -> GenRequest {
         },
         sim_response_len: None,
         prefilled: false,
+        reusable: None,
+        carried: 0,
     }
 }
 

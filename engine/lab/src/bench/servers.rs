@@ -120,6 +120,8 @@ fn overhead(dir: &std::path::Path, python: &str) -> Result<(), ServersBenchError
                 params: params(999),
                 sim_response_len: None,
                 prefilled: false,
+                reusable: None,
+                carried: 0,
             })
             .await
             .map_err(|e| ServersBenchError::Server(infra::error_chain(&e)))?;
@@ -146,6 +148,8 @@ fn overhead(dir: &std::path::Path, python: &str) -> Result<(), ServersBenchError
                             params: params(2 * i + 1),
                             sim_response_len: None,
                             prefilled: false,
+                            reusable: None,
+                            carried: 0,
                         })
                         .await
                         .map_err(|e| ServersBenchError::Server(infra::error_chain(&e)))?;

@@ -38,10 +38,16 @@ pub enum Metric {
     CriticalGenerateShare,
     CriticalEnvStepShare,
     CriticalRewardShare,
+    /// Share of the looked-up context tokens the prefix caches served, over every pool after
+    /// the warm-up.
+    PrefixHitRate,
+    /// Tokens prefilled per token decoded after the warm-up (every pool: a P/D pair's prefill
+    /// side counts its prefills).
+    PrefillPerDecode,
 }
 
 impl Metric {
-    pub const ALL: [Metric; 15] = [
+    pub const ALL: [Metric; 17] = [
         Metric::StepS,
         Metric::Throughput,
         Metric::Bubble,
@@ -57,6 +63,8 @@ impl Metric {
         Metric::CriticalGenerateShare,
         Metric::CriticalEnvStepShare,
         Metric::CriticalRewardShare,
+        Metric::PrefixHitRate,
+        Metric::PrefillPerDecode,
     ];
 
     pub fn name(self) -> &'static str {
@@ -76,6 +84,8 @@ impl Metric {
             Self::CriticalGenerateShare => "critical_generate_share",
             Self::CriticalEnvStepShare => "critical_env_step_share",
             Self::CriticalRewardShare => "critical_reward_share",
+            Self::PrefixHitRate => "prefix_hit_rate",
+            Self::PrefillPerDecode => "prefill_per_decode",
         }
     }
 
@@ -143,6 +153,28 @@ impl Metric {
                 .iter()
                 .map(|m| Self::CriticalResetShare.critical_share(m))
                 .fold(0.0, f64::max),
+            Self::PrefixHitRate | Self::PrefillPerDecode => self.token_ratio(s, warmup),
+        }
+    }
+
+    /// A ratio of the pools' cumulative token counters between the end of the warm-up (the
+    /// last warm-up step's record) and the run's last record.
+    fn token_ratio(self, s: &JobSummary, warmup: u64) -> f64 {
+        let counts = |m: Option<&job::runtime::StepMetrics>| {
+            m.map_or((0, 0), |m| {
+                m.pools.values().fold((0u64, 0u64), |(a, b), p| match self {
+                    Self::PrefixHitRate => (a + p.prefix_hit_tokens, b + p.prefix_lookup_tokens),
+                    _ => (a + p.prefill_tokens, b + p.decode_tokens),
+                })
+            })
+        };
+        let start = counts(s.steps.iter().rfind(|m| m.step <= warmup));
+        let end = counts(s.steps.last());
+        let (num, den) = (end.0.saturating_sub(start.0), end.1.saturating_sub(start.1));
+        if den == 0 {
+            0.0
+        } else {
+            num as f64 / den as f64
         }
     }
 

@@ -268,6 +268,7 @@ impl SchedState {
                     shard: self.a.pools[p].shards[s].clone(),
                     bandwidth: link.bandwidth,
                     kv_bytes_per_token: link.kv_bytes_per_token,
+                    kv_return: link.kv_return,
                 },
             )
         });

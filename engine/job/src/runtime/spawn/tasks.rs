@@ -201,7 +201,7 @@ async fn spawn_task(
         max_turns: t.max_turns,
         max_tokens_per_turn: t.max_tokens_per_turn,
         allowed_tokens: t.allowed_tokens.clone(),
-        rewrite_context: t.rewrite_context,
+        context_keep: t.context_keep,
         faults: Some(faults.clone()),
         max_context: t.max_context,
         train_truncated: t.train_truncated,

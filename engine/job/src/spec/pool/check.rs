@@ -97,6 +97,8 @@ impl PoolSpec {
             hang_probability,
             prefill_pool,
             kv_transfer_gbps,
+            kv_return,
+            block_tokens,
             ..
         } = &pl.backend
         else {
@@ -118,6 +120,18 @@ impl PoolSpec {
                 ),
                 Some(_) => {}
             }
+        }
+        if *kv_return && prefill_pool.is_none() {
+            problems.push(
+                format!("{p}.backend.kv_return"),
+                "hands KV back to a prefill pool: set prefill_pool too".into(),
+            );
+        }
+        if *block_tokens == Some(0) {
+            problems.push(
+                format!("{p}.backend.block_tokens"),
+                "must be at least 1".into(),
+            );
         }
         if let Some(g) = kv_transfer_gbps
             && !(g.is_finite() && *g > 0.0)
