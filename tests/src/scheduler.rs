@@ -631,6 +631,21 @@ fn kv_return_leaves_the_prefill_side_only_the_new_observation_to_prefill() {
             d.prefix_lookup_tokens, 0,
             "decode requests arrive prefilled"
         );
+        // The summary's step series carries each step's own hit rate.
+        let steps: Vec<_> = r.batches.iter().map(|(m, _)| m.clone()).collect();
+        let series = lab::report::summarise("j", "succeeded", &steps)
+            .rollout
+            .series;
+        assert_eq!(series.prefix_hit_rate.len(), steps.len());
+        assert!(
+            series
+                .prefix_hit_rate
+                .iter()
+                .all(|h| (0.0..=1.0).contains(h))
+                && series.prefix_hit_rate.iter().any(|h| *h > 0.5),
+            "{:?}",
+            series.prefix_hit_rate
+        );
     }
     // Without a prefill pool there is nothing to return to: the field is named.
     let bad = SpecBuilder::new()

@@ -118,12 +118,29 @@ pub struct StepSeries {
     pub critical_trajectory: Vec<String>,
     pub critical_bottleneck: Vec<String>,
     pub critical_shares: BTreeMap<String, Vec<f64>>,
+    /// The share of the context tokens looked up in the step's prefix caches (every pool)
+    /// that they served (the first entry counts from the start of the run).
+    pub prefix_hit_rate: Vec<f64>,
 }
 
 /// The series of `steps`.
 fn step_series(steps: &[&StepMetrics]) -> StepSeries {
     let mut s = StepSeries::default();
+    let mut before = (0u64, 0u64);
     for m in steps {
+        let now = m.pools.values().fold((0, 0), |(h, l), p| {
+            (h + p.prefix_hit_tokens, l + p.prefix_lookup_tokens)
+        });
+        let (hit, lookup) = (
+            now.0.saturating_sub(before.0),
+            now.1.saturating_sub(before.1),
+        );
+        s.prefix_hit_rate.push(if lookup > 0 {
+            hit as f64 / lookup as f64
+        } else {
+            0.0
+        });
+        before = now;
         s.step.push(m.step);
         s.step_s.push(m.step_s);
         s.wait_batch_s.push(m.wait_batch_s);
