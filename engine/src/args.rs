@@ -180,14 +180,24 @@ pub(crate) enum Cmd {
         parallel: usize,
     },
     /// Capacity planner: search trainer size and rollout hardware mix under a cost budget
-    /// (H20 = 1) with the simulator, and recommend the fastest.
+    /// (H20 = 1), then α, environment slots, sandbox cores and reward replicas, with the
+    /// simulator; rank by cost per step and recommend the cheapest. FILE is a scenario (its
+    /// `[plan]` table) or a job spec (a `rollarc profile` of a real run; `--search` gives the
+    /// table).
     Plan {
         scenario: PathBuf,
+        /// GPU budget (H20 = 1); without it the spec's GPUs stay as they are.
         #[arg(long)]
-        budget: f64,
+        budget: Option<f64>,
+        /// A TOML file with the `[plan]` table, for a job spec (a scenario has its own).
+        #[arg(long)]
+        search: Option<PathBuf>,
         /// Write the candidates as JSON here.
         #[arg(long)]
         json_out: Option<PathBuf>,
+        /// Write the recommended configuration's job spec (JSON) here.
+        #[arg(long)]
+        spec_out: Option<PathBuf>,
     },
     /// Serve a built-in environment over the environment protocol on stdin/stdout, e.g.
     /// `rollarc env-serve '{"kind":"frozenlake","size":4}'`.

@@ -157,8 +157,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Plan {
             scenario,
             budget,
+            search,
             json_out,
-        } => simulate::plan(&scenario, budget, json_out),
+            spec_out,
+        } => simulate::plan(&scenario, budget, search.as_deref(), json_out, spec_out),
         Cmd::EnvServe { spec } => serve::env_serve(&spec),
         Cmd::Devices => {
             crate::cli::print_devices();

@@ -72,17 +72,56 @@ pub(crate) fn bench_sim(
     Ok(ExitCode::SUCCESS)
 }
 
-/// `rollarc plan`: the fastest trainer and rollout hardware under a cost budget.
+/// `rollarc plan`: the cheapest configuration per step: trainer and rollout hardware under a
+/// GPU budget (or the spec's own), then the other resources the `[plan]` table lists.
 pub(crate) fn plan(
-    scenario: &Path,
-    budget: f64,
+    file: &Path,
+    budget: Option<f64>,
+    search: Option<&Path>,
     json_out: Option<PathBuf>,
+    spec_out: Option<PathBuf>,
 ) -> anyhow::Result<ExitCode> {
-    if !(budget.is_finite() && budget > 0.0) {
-        bail!("--budget must be a positive cost (H20 = 1), got {budget}");
+    if let Some(b) = budget
+        && !(b.is_finite() && b > 0.0)
+    {
+        bail!("--budget must be a positive cost (H20 = 1), got {b}");
     }
-    let sc = lab::scenario::Scenario::load(scenario)?;
-    println!("planning {} under a budget of {budget:.0}", sc.name);
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let is_scenario = toml::from_str::<toml::Table>(&text)
+        .map(|t| t.contains_key("scenario"))
+        .unwrap_or(false);
+    let sc = if is_scenario {
+        if search.is_some() {
+            bail!("--search is for a job spec; a scenario has its own [plan] table");
+        }
+        lab::scenario::Scenario::load(file)?
+    } else {
+        let spec = read_spec(file, &[])?;
+        let table = match search {
+            Some(p) => {
+                let t: toml::Table = toml::from_str(
+                    &std::fs::read_to_string(p)
+                        .with_context(|| format!("cannot read {}", p.display()))?,
+                )
+                .with_context(|| format!("{} is not TOML", p.display()))?;
+                let plan = t
+                    .get("plan")
+                    .cloned()
+                    .ok_or_else(|| anyhow::anyhow!("{} has no [plan] table", p.display()))?;
+                Some(serde_json::to_value(plan)?)
+            }
+            None => None,
+        };
+        let name = file
+            .file_stem()
+            .map_or("spec".into(), |s| s.to_string_lossy().to_string());
+        lab::scenario::Scenario::of_spec(&name, spec, table)?
+    };
+    match budget {
+        Some(b) => println!("planning {} under a GPU budget of {b:.0}", sc.name),
+        None => println!("planning {} on its own GPUs", sc.name),
+    }
     let p = lab::plan::plan(&sc, budget, |c| {
         let roll: Vec<String> = c
             .rollout_gpus
@@ -90,17 +129,27 @@ pub(crate) fn plan(
             .map(|(d, g)| format!("{g} {d}"))
             .collect();
         println!(
-            "  trainer {:>5} + {:<24} cost {:>7.0}: step {:>8.1} s",
+            "  trainer {:>5} + {:<24} {:<28} step {:>8.2} s, {:.4} per step ({})",
             c.trainer_gpus,
             roll.join(" + "),
-            c.cost,
-            c.step_s
+            c.resources.label(),
+            c.step_s,
+            c.cost_per_step,
+            c.bottleneck
         );
     })?;
     print!("{}", lab::plan::render(&p));
     if let Some(out) = json_out {
         std::fs::write(&out, serde_json::to_string_pretty(&p)?)
             .with_context(|| format!("cannot write {}", out.display()))?;
+    }
+    if let Some(out) = spec_out {
+        std::fs::write(
+            &out,
+            serde_json::to_string_pretty(&lab::plan::recommended_spec(&sc, &p))?,
+        )
+        .with_context(|| format!("cannot write {}", out.display()))?;
+        println!("wrote the recommended spec to {}", out.display());
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -1151,3 +1151,72 @@ difficulty = { lognormal = { mu = 0.0, sigma = 0.5 } }
         "{errs:?}"
     );
 }
+
+/// A sandbox-bound task: 8 trajectories of 3 steps, each step computing 1 s on a core.
+fn sandboxed(sandbox: &str, reset_s: f64) -> job::spec::JobSpec {
+    SpecBuilder::new()
+        .pool("p", "H800", 1, "")
+        .raw_task(&format!(
+            r#"[[tasks]]
+domain = "swe"
+group_size = 4
+envs = 8
+max_turns = 3
+max_tokens_per_turn = 64
+[tasks.env]
+kind = "sim"
+turns = {{ constant = 3 }}
+reset_latency_s = {{ constant = {reset_s} }}
+{sandbox}
+"#
+        ))
+        .preset("sync")
+        .rollout("batch_size = 2")
+        .rollout("steps = 2")
+        .build()
+}
+
+/// `env.sandbox`: the task's sandboxes share `cores` (a call computing on one waits for a free
+/// one) and start `max_concurrent_starts` at a time; the step's critical path shows it.
+#[test]
+fn sandbox_cores_and_start_slots_bound_the_rollout() {
+    let span = |r: &tests::Recorded| {
+        r.summary
+            .steps
+            .iter()
+            .map(|m| m.rollout.rollout_s)
+            .fold(f64::INFINITY, f64::min)
+    };
+    let cpu = "sandbox = { cores = 2, step_cpu_s = { constant = 1.0 } }";
+    let two = run_recorded(sandboxed(cpu, 0.0));
+    let many = run_recorded(sandboxed(
+        "sandbox = { cores = 64, step_cpu_s = { constant = 1.0 } }",
+        0.0,
+    ));
+    // 8 × 3 core-seconds on 2 cores: at least 12 s; on enough cores, 3 s and generation.
+    assert!(span(&two) >= 12.0, "{}", span(&two));
+    assert!(span(&many) < 6.0, "{}", span(&many));
+    for m in &two.summary.steps {
+        let c = m.rollout.critical.as_ref().expect("a critical path");
+        assert_eq!(c.bottleneck, "env_step", "{c:?}");
+    }
+    // Resets of 2 s, two at a time: the eighth starts after 6 s.
+    let starts = run_recorded(sandboxed("sandbox = { max_concurrent_starts = 2 }", 2.0));
+    let free = run_recorded(sandboxed("", 2.0));
+    assert!(span(&starts) >= 8.0, "{}", span(&starts));
+    assert!(span(&free) < 5.0, "{}", span(&free));
+    // A machine without cores is refused, naming the field.
+    let bad = SpecBuilder::new()
+        .pool("p", "H800", 1, "")
+        .raw_task(
+            "[[tasks]]\ndomain = \"a\"\n[tasks.env]\nkind = \"sim\"\nsandbox = { cores = 0 }\n",
+        )
+        .toml();
+    let errs = job::spec::parse(&bad, job::spec::Format::Toml).expect_err("invalid");
+    assert!(
+        errs.0
+            .iter()
+            .any(|e| e.field == "tasks[0].env.sandbox.cores"),
+        "{errs:?}"
+    );
+}

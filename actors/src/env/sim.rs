@@ -34,6 +34,78 @@ pub struct SimEnvConfig {
     /// Correlated difficulty: a factor drawn from the reset seed alone (so shared by every
     /// episode of a group) scaling turns, response lengths and latencies. `None`: 1.
     pub difficulty: Option<Dist>,
+    /// The machine the task's sandboxes share: CPU cores their calls compute on, and how many
+    /// may start at once. `None`: calls only wait their latency.
+    pub sandboxes: Option<std::sync::Arc<SimSandboxes>>,
+}
+
+/// The simulated machine a task's sandboxes run on, shared by all of them: each reset and step
+/// computes `reset_cpu_s` / `step_cpu_s` seconds on one of `cores` (waiting its turn, first
+/// come first served, when every core is busy), after its latency (waiting on I/O holds no
+/// core); at most `max_concurrent_starts` resets run at once.
+#[derive(Debug)]
+pub struct SimSandboxes {
+    pub reset_cpu_s: Option<Dist>,
+    pub step_cpu_s: Option<Dist>,
+    cores: Option<tokio::sync::Semaphore>,
+    starts: Option<tokio::sync::Semaphore>,
+    pub core_count: Option<u32>,
+    /// Core-seconds computed, and seconds calls waited for a core or a start slot (ns).
+    busy_ns: std::sync::atomic::AtomicU64,
+    waited_ns: std::sync::atomic::AtomicU64,
+}
+
+impl SimSandboxes {
+    pub fn new(
+        cores: Option<u32>,
+        max_concurrent_starts: Option<u32>,
+        reset_cpu_s: Option<Dist>,
+        step_cpu_s: Option<Dist>,
+    ) -> Self {
+        let sem = |n: u32| tokio::sync::Semaphore::new(n.max(1) as usize);
+        Self {
+            reset_cpu_s,
+            step_cpu_s,
+            cores: cores.map(sem),
+            starts: max_concurrent_starts.map(sem),
+            core_count: cores,
+            busy_ns: Default::default(),
+            waited_ns: Default::default(),
+        }
+    }
+
+    /// Core-seconds computed so far.
+    pub fn busy_s(&self) -> f64 {
+        self.busy_ns.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e9
+    }
+
+    /// Seconds calls spent waiting for a core or a start slot so far.
+    pub fn waited_s(&self) -> f64 {
+        self.waited_ns.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e9
+    }
+
+    fn add(counter: &std::sync::atomic::AtomicU64, since: tokio::time::Instant) {
+        counter.fetch_add(
+            since.elapsed().as_nanos() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// Computes `secs` on one core, waiting for a free one first.
+    async fn compute(&self, secs: f64) {
+        if secs <= 0.0 {
+            return;
+        }
+        let t = tokio::time::Instant::now();
+        let _core = match &self.cores {
+            Some(c) => c.acquire().await.ok(),
+            None => None,
+        };
+        Self::add(&self.waited_ns, t);
+        let t = tokio::time::Instant::now();
+        tokio::time::sleep(crate::dist::seconds(secs.min(MAX_LATENCY_S))).await;
+        Self::add(&self.busy_ns, t);
+    }
 }
 
 impl Default for SimEnvConfig {
@@ -49,6 +121,7 @@ impl Default for SimEnvConfig {
             failure_probability: 0.0,
             hang_probability: 0.0,
             difficulty: None,
+            sandboxes: None,
         }
     }
 }
@@ -105,7 +178,7 @@ impl SimEnv {
         }
     }
 
-    async fn latency(&mut self, d: &Dist) -> Result<(), EnvError> {
+    async fn latency(&mut self, d: &Dist, cpu: Option<&Dist>) -> Result<(), EnvError> {
         if self.cfg.hang_probability > 0.0
             && self.rng.random_bool(self.cfg.hang_probability.min(1.0))
         {
@@ -115,6 +188,10 @@ impl SimEnv {
         if s > 0.0 {
             let s = s.min(MAX_LATENCY_S);
             tokio::time::sleep(crate::dist::seconds(s)).await;
+        }
+        if let (Some(m), Some(c)) = (&self.cfg.sandboxes, cpu) {
+            let secs = c.sample(&mut self.rng) * self.factor;
+            m.compute(secs).await;
         }
         if self.cfg.failure_probability > 0.0
             && self.rng.random_bool(self.cfg.failure_probability.min(1.0))
@@ -135,7 +212,18 @@ impl Environment for SimEnv {
         // The episode's own randomness follows its seed, so groups replay identically.
         self.rng = SmallRng::seed_from_u64(seed ^ self.rng.random::<u64>());
         let d = self.cfg.reset_latency.clone();
-        self.latency(&d).await?;
+        let machine = self.cfg.sandboxes.clone();
+        let cpu = machine.as_ref().and_then(|m| m.reset_cpu_s.clone());
+        // A start slot is held for the whole reset (the sandbox starting).
+        let t = tokio::time::Instant::now();
+        let _start = match machine.as_ref().and_then(|m| m.starts.as_ref()) {
+            Some(s) => s.acquire().await.ok(),
+            None => None,
+        };
+        if let Some(m) = &machine {
+            SimSandboxes::add(&m.waited_ns, t);
+        }
+        self.latency(&d, cpu.as_ref()).await?;
         self.turns_left = (self.cfg.turns.sample(&mut self.rng) * self.factor)
             .round()
             .clamp(1.0, f64::from(u32::MAX)) as u32;
@@ -145,7 +233,12 @@ impl Environment for SimEnv {
 
     async fn step(&mut self, _action: &str, _tokens: &[u32]) -> Result<StepOutcome, EnvError> {
         let d = self.cfg.step_latency.clone();
-        self.latency(&d).await?;
+        let cpu = self
+            .cfg
+            .sandboxes
+            .as_ref()
+            .and_then(|m| m.step_cpu_s.clone());
+        self.latency(&d, cpu.as_ref()).await?;
         self.turns_left = self.turns_left.saturating_sub(1);
         let terminated = self.turns_left == 0;
         let success = terminated && self.success;

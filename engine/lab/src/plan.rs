@@ -9,6 +9,19 @@
 //! `devices` (rollout device classes to mix; default: the base pools'), `trainer_device`,
 //! `gpus_per_shard` (per device class; default: the base pools'), `steps` (simulated per
 //! candidate, default 6), `trainer_fractions` (shares of the budget tried for training).
+//! Without a budget the spec's GPUs stay as they are (a `rollarc profile` of a real run).
+//!
+//! A second stage ([`resources`]) then searches, from the best GPU configuration and one
+//! dimension at a time, what else a job needs: `alpha` (values of α), `env_slots` (multiples
+//! of every task's environment slots), `env_cores` (cores of the tasks' simulated sandbox
+//! machines) and `reward_replicas` (per function), by cost per step under `prices` (per hour,
+//! H20 GPU-hours: device classes, `core`, `replica.FUNCTION`; defaults: the catalogue and
+//! [`resources::DEFAULT_CORE_PRICE`]). Every candidate is ranked by cost per step, with its
+//! predicted step time and bottleneck; the best one's spec is the recommendation.
+
+mod resources;
+
+pub use resources::{DEFAULT_CORE_PRICE, Prices, Resources, bottleneck};
 
 use std::collections::BTreeMap;
 
@@ -48,6 +61,16 @@ struct PlanTable {
     steps: Option<u64>,
     #[serde(default)]
     trainer_fractions: Vec<f64>,
+    #[serde(default)]
+    alpha: Vec<u64>,
+    #[serde(default)]
+    env_slots: Vec<f64>,
+    #[serde(default)]
+    env_cores: Vec<u32>,
+    #[serde(default)]
+    reward_replicas: BTreeMap<String, Vec<u32>>,
+    #[serde(default)]
+    prices: BTreeMap<String, Value>,
 }
 
 /// One configuration the planner simulated.
@@ -56,16 +79,28 @@ pub struct Candidate {
     pub trainer_gpus: u32,
     /// GPUs per rollout device class.
     pub rollout_gpus: BTreeMap<String, u32>,
+    /// The GPUs' cost (the budget's units).
     pub cost: f64,
     pub step_s: f64,
     pub trainer_busy: f64,
     pub pool_utilisation: BTreeMap<String, f64>,
+    /// What the second stage set besides the GPUs.
+    pub resources: Resources,
+    /// Everything's price an hour (GPUs, sandbox cores, reward replicas), and per step.
+    pub hourly: f64,
+    pub cost_per_step: f64,
+    /// Where its steps wait: `trainer`, `generation`, `environments`, `reward`, `staleness`.
+    pub bottleneck: String,
+    /// The candidate's job spec.
+    #[serde(skip)]
+    pub spec: Value,
 }
 
 /// The search's outcome.
 #[derive(Debug, Serialize)]
 pub struct Plan {
-    pub budget: f64,
+    /// The GPU budget searched under (none: the spec's GPUs as they are).
+    pub budget: Option<f64>,
     pub best: Candidate,
     pub candidates: Vec<Candidate>,
 }
@@ -76,6 +111,8 @@ struct Space {
     trainer_cost: f64,
     steps: u64,
     fractions: Vec<f64>,
+    dims: resources::Dimensions,
+    prices: BTreeMap<String, Value>,
 }
 
 fn space(sc: &Scenario, base: &JobSpec) -> Result<Space, PlanError> {
@@ -133,6 +170,13 @@ fn space(sc: &Scenario, base: &JobSpec) -> Result<Space, PlanError> {
         trainer_cost,
         steps: t.steps.unwrap_or(6).max(3),
         fractions,
+        dims: resources::Dimensions {
+            alpha: t.alpha,
+            env_slots: t.env_slots,
+            env_cores: t.env_cores,
+            reward_replicas: t.reward_replicas,
+        },
+        prices: t.prices,
     })
 }
 
@@ -178,9 +222,88 @@ fn candidate_spec(
     build_spec(base, &set)
 }
 
+/// `spec` as the planner simulates it: `steps` steps, no injected faults.
+fn prepared(spec: &Value, steps: u64) -> Value {
+    let mut v = spec.clone();
+    v["rollout"]["steps"] = Value::from(steps);
+    v["sim"]["faults"] = Value::Array(Vec::new());
+    v
+}
+
+/// Simulates `spec` (JSON) and measures it.
+fn measure(spec: Value, sp: &Space, prices: &Prices, resources: Resources) -> Option<Candidate> {
+    let job = job::spec::from_value(spec.clone()).ok()?;
+    let warmup = (sp.steps / 3).max(1);
+    let hourly = prices.hourly(&job);
+    let trainer_gpus = match &job.trainer {
+        TrainerSpec::Sim { gpus, .. } => *gpus,
+        TrainerSpec::Builtin(_) | TrainerSpec::External(_) => 0,
+    };
+    let mut rollout_gpus: BTreeMap<String, u32> = BTreeMap::new();
+    for p in &job.pools {
+        let per = match &p.backend {
+            BackendSpec::Sim { gpus_per_shard, .. } => *gpus_per_shard,
+            _ => 1,
+        };
+        *rollout_gpus.entry(p.device.clone()).or_default() += p.count as u32 * per;
+    }
+    let cost = f64::from(trainer_gpus) * sp.trainer_cost
+        + rollout_gpus
+            .iter()
+            .map(|(d, g)| {
+                f64::from(*g)
+                    * sp.devices
+                        .iter()
+                        .find(|x| &x.0 == d)
+                        .map_or_else(|| job.device_profile(d).map_or(1.0, |p| p.cost), |x| x.2)
+            })
+            .sum::<f64>();
+    let s = job::simrun::run_virtual(job).ok()?;
+    let step_s = Metric::StepS.of(&s, warmup);
+    Some(Candidate {
+        trainer_gpus,
+        rollout_gpus,
+        cost,
+        step_s,
+        trainer_busy: Metric::TrainerBusy.of(&s, warmup),
+        pool_utilisation: s
+            .pools
+            .iter()
+            .map(|(k, p)| (k.clone(), p.utilisation))
+            .collect(),
+        resources,
+        hourly,
+        cost_per_step: hourly * step_s / 3600.0,
+        bottleneck: bottleneck(&s, warmup),
+        spec,
+    })
+}
+
+/// Runs `f` on every job, two at a time (two cores; each simulation has its own runtime).
+fn two_at_a_time<T: Sync>(
+    jobs: &[T],
+    f: impl Fn(&T) -> Option<Candidate> + Sync,
+    progress: &mut impl FnMut(&Candidate),
+) -> Vec<Candidate> {
+    let mut out = Vec::new();
+    for chunk in jobs.chunks(2) {
+        let found: Vec<Option<Candidate>> = std::thread::scope(|s| {
+            let hs: Vec<_> = chunk.iter().map(|j| s.spawn(|| f(j))).collect();
+            hs.into_iter().map(|h| h.join().ok().flatten()).collect()
+        });
+        for c in found.into_iter().flatten() {
+            progress(&c);
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The GPU candidate with `trainer_gpus` and the rollout budget split by `shares`.
 fn simulate(
     base: &Value,
     sp: &Space,
+    prices: &Prices,
     trainer_gpus: u32,
     shares: &[f64],
     budget: f64,
@@ -203,30 +326,12 @@ fn simulate(
         return None;
     }
     let spec = candidate_spec(base, sp, trainer_gpus, &shards).ok()?;
-    let warmup = (sp.steps / 3).max(1);
-    let s = job::simrun::run_virtual(spec).ok()?;
-    let rollout_gpus: BTreeMap<String, u32> = shards
-        .iter()
-        .filter(|s| s.1 > 0)
-        .map(|&(i, n)| (sp.devices[i].0.clone(), n * sp.devices[i].1))
-        .collect();
-    let cost = trainer_gpus as f64 * sp.trainer_cost
-        + shards
-            .iter()
-            .map(|&(i, n)| n as f64 * sp.devices[i].1 as f64 * sp.devices[i].2)
-            .sum::<f64>();
-    Some(Candidate {
-        trainer_gpus,
-        rollout_gpus,
-        cost,
-        step_s: Metric::StepS.of(&s, warmup),
-        trainer_busy: Metric::TrainerBusy.of(&s, warmup),
-        pool_utilisation: s
-            .pools
-            .iter()
-            .map(|(k, p)| (k.clone(), p.utilisation))
-            .collect(),
-    })
+    measure(
+        serde_json::to_value(&spec).ok()?,
+        sp,
+        prices,
+        Resources::default(),
+    )
 }
 
 fn shares_grid(n: usize, step: f64) -> Vec<Vec<f64>> {
@@ -282,10 +387,56 @@ fn refine_jobs(sp: &Space, best: &Candidate) -> Vec<(u32, Vec<f64>)> {
     jobs
 }
 
-/// Searches trainer size × rollout mix under `budget` (cost units, H20 = 1).
+/// The GPU stage: trainer size × rollout mix under `budget` (a coarse grid, then refined
+/// around its fastest), or the spec's own GPUs without a budget.
+fn gpu_stage(
+    sc: &Scenario,
+    sp: &Space,
+    prices: &Prices,
+    budget: Option<f64>,
+    progress: &mut impl FnMut(&Candidate),
+) -> Result<Vec<Candidate>, PlanError> {
+    let base = &sc.base;
+    let Some(budget) = budget else {
+        let c = measure(prepared(base, sp.steps), sp, prices, Resources::default());
+        return Ok(c.into_iter().inspect(|c| progress(c)).collect());
+    };
+    let round8 = |g: f64| ((g / 8.0).round() as u32 * 8).max(8);
+    let mut tried: Vec<(u32, Vec<u64>)> = Vec::new();
+    let mut fresh = |jobs: Vec<(u32, Vec<f64>)>| -> Vec<(u32, Vec<f64>)> {
+        jobs.into_iter()
+            .filter(|(t, s)| {
+                let key = (*t, s.iter().map(|x| (x * 1000.0).round() as u64).collect());
+                !tried.contains(&key) && {
+                    tried.push(key);
+                    true
+                }
+            })
+            .collect()
+    };
+    let run = |(t, sh): &(u32, Vec<f64>)| simulate(base, sp, prices, *t, sh, budget);
+    let mut jobs = Vec::new();
+    for f in &sp.fractions {
+        for sh in shares_grid(sp.devices.len(), 0.25) {
+            jobs.push((round8(f * budget / sp.trainer_cost), sh));
+        }
+    }
+    let mut candidates = two_at_a_time(&fresh(jobs), run, progress);
+    let best = candidates
+        .iter()
+        .min_by(|a, b| a.step_s.total_cmp(&b.step_s))
+        .cloned()
+        .ok_or(PlanError::NoCandidate(budget))?;
+    let more = fresh(refine_jobs(sp, &best));
+    candidates.extend(two_at_a_time(&more, run, progress));
+    Ok(candidates)
+}
+
+/// Searches the GPUs (under `budget`, when given), then the other resources, and ranks every
+/// candidate by cost per step.
 pub fn plan(
     sc: &Scenario,
-    budget: f64,
+    budget: Option<f64>,
     mut progress: impl FnMut(&Candidate),
 ) -> Result<Plan, PlanError> {
     let base_spec = sc
@@ -294,66 +445,45 @@ pub fn plan(
         .map(|r| r.spec.clone())
         .ok_or(PlanError::NoRun)?;
     let sp = space(sc, &base_spec)?;
-    let base = &sc.base;
-    let round8 = |g: f64| ((g / 8.0).round() as u32 * 8).max(8);
-    let mut tried: Vec<(u32, Vec<u64>)> = Vec::new();
-    let mut candidates: Vec<Candidate> = Vec::new();
-    let mut run_batch = |jobs: Vec<(u32, Vec<f64>)>, candidates: &mut Vec<Candidate>| {
-        let jobs: Vec<(u32, Vec<f64>)> = jobs
-            .into_iter()
-            .filter(|(t, s)| {
-                let key = (
-                    *t,
-                    s.iter()
-                        .map(|x| (x * 1000.0).round() as u64)
-                        .collect::<Vec<_>>(),
-                );
-                if tried.contains(&key) {
-                    false
-                } else {
-                    tried.push(key);
-                    true
-                }
-            })
-            .collect();
-        // Two candidates at a time (two cores); each simulation has its own runtime.
-        for chunk in jobs.chunks(2) {
-            let found: Vec<Option<Candidate>> = std::thread::scope(|s| {
-                let hs: Vec<_> = chunk
-                    .iter()
-                    .map(|(t, sh)| s.spawn(|| simulate(base, &sp, *t, sh, budget)))
-                    .collect();
-                hs.into_iter().map(|h| h.join().ok().flatten()).collect()
-            });
-            for c in found.into_iter().flatten() {
-                progress(&c);
-                candidates.push(c);
-            }
-        }
-    };
-    // Coarse grid.
-    let mut jobs = Vec::new();
-    for f in &sp.fractions {
-        for sh in shares_grid(sp.devices.len(), 0.25) {
-            jobs.push((round8(f * budget / sp.trainer_cost), sh));
-        }
-    }
-    run_batch(jobs, &mut candidates);
-    let best = candidates
+    let prices = Prices::new(&base_spec, &sp.prices);
+    let mut candidates = gpu_stage(sc, &sp, &prices, budget, &mut progress)?;
+    let by_cost = |a: &Candidate, b: &Candidate| a.cost_per_step.total_cmp(&b.cost_per_step);
+    let gpus = candidates
         .iter()
-        .min_by(|a, b| a.step_s.total_cmp(&b.step_s))
+        .min_by(|a, b| by_cost(a, b))
         .cloned()
-        .ok_or(PlanError::NoCandidate(budget))?;
-    let jobs = refine_jobs(&sp, &best);
-    run_batch(jobs, &mut candidates);
-    candidates.sort_by(|a, b| a.step_s.total_cmp(&b.step_s));
+        .ok_or(PlanError::NoCandidate(budget.unwrap_or(0.0)))?;
+    // One dimension at a time, each from the best so far.
+    let mut cur = gpus.clone();
+    let dims = sp.dims.moves(&base_spec, &cur.resources).len();
+    for d in 0..dims {
+        let options: Vec<Resources> = sp.dims.moves(&base_spec, &cur.resources)[d]
+            .iter()
+            .filter(|r| **r != cur.resources)
+            .cloned()
+            .collect();
+        let run = |r: &Resources| {
+            let mut v = gpus.spec.clone();
+            r.apply(&mut v);
+            measure(v, &sp, &prices, r.clone())
+        };
+        let found = two_at_a_time(&options, run, &mut progress);
+        if let Some(b) = found.iter().min_by(|a, b| by_cost(a, b))
+            && b.cost_per_step < cur.cost_per_step
+        {
+            cur = b.clone();
+        }
+        candidates.extend(found);
+    }
+    candidates.sort_by(by_cost);
     // Shares that round to the same GPU counts are the same configuration.
     let mut seen = std::collections::BTreeSet::new();
-    candidates.retain(|c| seen.insert((c.trainer_gpus, c.rollout_gpus.clone())));
+    candidates
+        .retain(|c| seen.insert((c.trainer_gpus, c.rollout_gpus.clone(), c.resources.label())));
     let best = candidates
         .first()
         .cloned()
-        .ok_or(PlanError::NoCandidate(budget))?;
+        .ok_or(PlanError::NoCandidate(budget.unwrap_or(0.0)))?;
     Ok(Plan {
         budget,
         best,
@@ -361,19 +491,40 @@ pub fn plan(
     })
 }
 
+/// The recommended configuration's job spec: the best candidate's, with the base's own run
+/// length and injected faults (the planner simulates a few steps without faults).
+pub fn recommended_spec(sc: &Scenario, p: &Plan) -> Value {
+    let mut v = p.best.spec.clone();
+    for path in ["/rollout/steps", "/sim/faults"] {
+        let (parent, key) = path.rsplit_once('/').unwrap_or_default();
+        match (sc.base.pointer(path), v.pointer_mut(parent)) {
+            (Some(x), Some(Value::Object(o))) => {
+                o.insert(key.to_string(), x.clone());
+            }
+            (None, Some(Value::Object(o))) => {
+                o.remove(key);
+            }
+            _ => {}
+        }
+    }
+    v
+}
+
 /// The planner's report, as printed.
 pub fn render(p: &Plan) -> String {
     let mut out = String::new();
     out.push_str(&format!(
-        "{} candidates under a budget of {:.0} (H20 = 1), fastest first:\n",
+        "{} candidates{}, cheapest per step first (prices per hour, H20 GPU-hour = 1):\n",
         p.candidates.len(),
         p.budget
+            .map(|b| format!(" under a GPU budget of {b:.0}"))
+            .unwrap_or_default()
     ));
     out.push_str(&format!(
-        "  {:>8} {:<28} {:>8} {:>9} {:>8}  pool utilisation\n",
-        "trainer", "rollout GPUs", "cost", "step s", "trainer"
+        "  {:>7} {:<22} {:<30} {:>8} {:>9} {:>10}  {:<12} pool utilisation\n",
+        "trainer", "rollout GPUs", "resources", "per hour", "step s", "per step", "bottleneck"
     ));
-    for c in p.candidates.iter().take(12) {
+    for c in p.candidates.iter().take(16) {
         let roll: Vec<String> = c
             .rollout_gpus
             .iter()
@@ -384,13 +535,20 @@ pub fn render(p: &Plan) -> String {
             .iter()
             .map(|(k, u)| format!("{k} {:.0}%", u * 100.0))
             .collect();
+        let res = c.resources.label();
         out.push_str(&format!(
-            "  {:>8} {:<28} {:>8.0} {:>9.1} {:>7.0}%  {}\n",
+            "  {:>7} {:<22} {:<30} {:>8.1} {:>9.2} {:>10.4}  {:<12} {}\n",
             c.trainer_gpus,
             roll.join(" + "),
-            c.cost,
+            if res.is_empty() {
+                "as in the spec"
+            } else {
+                &res
+            },
+            c.hourly,
             c.step_s,
-            c.trainer_busy * 100.0,
+            c.cost_per_step,
+            c.bottleneck,
             util.join(", ")
         ));
     }
@@ -400,14 +558,17 @@ pub fn render(p: &Plan) -> String {
         .iter()
         .map(|(d, g)| format!("{g} × {d}"))
         .collect();
+    let res = b.resources.label();
     out.push_str(&format!(
-        "recommended: trainer {} GPUs, rollout {} (cost {:.0}): predicted step {:.1} s; the trainer trains {:.0}% of each step{}\n",
+        "recommended: trainer {} GPUs, rollout {}{} ({:.1} an hour): predicted step {:.2} s, {:.4} per step; the trainer trains {:.0}% of each step; bottleneck: {}\n",
         b.trainer_gpus,
         roll.join(" + "),
-        b.cost,
+        if res.is_empty() { String::new() } else { format!(", {res}") },
+        b.hourly,
         b.step_s,
+        b.cost_per_step,
         b.trainer_busy * 100.0,
-        if b.trainer_busy < 0.5 { " (it waits for data the rest: generation bounds the step)" } else { "" }
+        b.bottleneck,
     ));
     out
 }
@@ -449,15 +610,29 @@ steps = 5
 trainer_fractions = [0.1, 0.3, 0.6]
 "#;
         let sc = Scenario::parse("p.toml", body).unwrap();
-        let p = plan(&sc, 120.0, |_| {}).unwrap();
+        let p = plan(&sc, Some(120.0), |_| {}).unwrap();
         assert!(p.candidates.len() >= 9, "{}", p.candidates.len());
         assert!(
             p.candidates.iter().all(|c| c.cost <= 120.0 + 1e-9),
             "every candidate fits the budget"
         );
-        // Fastest first, and the recommendation is the fastest.
-        assert!(p.candidates.windows(2).all(|w| w[0].step_s <= w[1].step_s));
-        assert_eq!(p.best.step_s, p.candidates[0].step_s);
+        // Cheapest per step first, and the recommendation is the first; with GPUs only, the
+        // price an hour is the GPUs' cost.
+        assert!(
+            p.candidates
+                .windows(2)
+                .all(|w| w[0].cost_per_step <= w[1].cost_per_step)
+        );
+        assert_eq!(p.best.cost_per_step, p.candidates[0].cost_per_step);
+        for c in &p.candidates {
+            assert!(
+                (c.hourly - c.cost).abs() < 1e-9,
+                "{} vs {}",
+                c.hourly,
+                c.cost
+            );
+            assert!((c.cost_per_step - c.hourly * c.step_s / 3600.0).abs() < 1e-12);
+        }
         // The extremes lose: almost everything in training starves generation.
         let starved = p
             .candidates
@@ -470,7 +645,110 @@ trainer_fractions = [0.1, 0.3, 0.6]
             "best {} vs trainer-heavy {starved}",
             p.best.step_s
         );
+        assert!(
+            p.candidates
+                .iter()
+                .filter(|c| c.trainer_gpus >= 24)
+                .all(|c| c.bottleneck != "trainer"),
+            "a trainer-heavy split waits for generation"
+        );
         assert!(render(&p).contains("recommended: trainer"));
+    }
+
+    /// An agentic scenario whose sandboxes share 4 cores (each step computes 2 s on one):
+    /// the environments bound the step. Without a GPU budget the planner keeps the GPUs, tries
+    /// the cores the table lists, and recommends more of them at a core's default price; at a
+    /// price that makes cores dearer than the GPUs' waiting, it keeps few.
+    fn sandboxed(cores: &str, core_price: Option<f64>) -> Scenario {
+        let body = format!(
+            r#"
+[scenario]
+name = "sandboxes"
+title = "t"
+figure = "f"
+[base]
+seed = 3
+[[base.tasks]]
+domain = "swe"
+group_size = 4
+envs = 32
+max_turns = 8
+max_tokens_per_turn = 256
+env = {{ kind = "sim", turns = {{ constant = 6 }}, prompt_tokens = {{ constant = 2000 }}, observation_tokens = {{ constant = 300 }}, response_tokens = {{ constant = 128 }}, step_latency_s = {{ constant = 0.5 }}, sandbox = {{ cores = 4, step_cpu_s = {{ constant = 2.0 }} }} }}
+[[base.pools]]
+name = "h800"
+device = "H800"
+count = 4
+backend = {{ kind = "sim", model = "qwen3-8b" }}
+[base.rollout]
+batch_size = 8
+steps = 40
+[base.trainer]
+kind = "sim"
+device = "H800"
+gpus = 4
+[plan]
+steps = 5
+env_cores = {cores}
+{}
+"#,
+            core_price.map_or(String::new(), |p| format!("prices = {{ core = {p} }}"))
+        );
+        Scenario::parse("sandboxes.toml", &body).unwrap()
+    }
+
+    #[test]
+    fn the_planner_sizes_sandbox_cores_where_environments_bound_the_step() {
+        let p = plan(&sandboxed("[4, 16, 64]", None), None, |_| {}).unwrap();
+        let at = |cores: u32| {
+            p.candidates
+                .iter()
+                .find(|c| c.resources.env_cores.get("swe") == Some(&cores))
+                .or_else(|| {
+                    p.candidates
+                        .iter()
+                        .find(|c| cores == 4 && c.resources.env_cores.is_empty())
+                })
+                .unwrap_or_else(|| panic!("no candidate with {cores} cores"))
+        };
+        let (few, many) = (at(4), at(64));
+        assert_eq!(few.bottleneck, "environments", "{few:?}");
+        assert!(
+            many.step_s < few.step_s / 2.0,
+            "{} vs {}",
+            many.step_s,
+            few.step_s
+        );
+        // The GPUs stay as in the spec; cores are priced at the default.
+        assert!(p.candidates.iter().all(|c| c.trainer_gpus == 4));
+        assert!(
+            (many.hourly - few.hourly - 60.0 * DEFAULT_CORE_PRICE).abs() < 1e-9,
+            "{} vs {}",
+            many.hourly,
+            few.hourly
+        );
+        assert!(p.best.resources.env_cores["swe"] >= 16, "{:?}", p.best);
+        let spec = recommended_spec(&sandboxed("[4, 16, 64]", None), &p);
+        assert_eq!(
+            spec.pointer("/tasks/0/env/sandbox/cores"),
+            Some(&Value::from(p.best.resources.env_cores["swe"]))
+        );
+        assert_eq!(spec.pointer("/rollout/steps"), Some(&Value::from(40)));
+        assert!(render(&p).contains("cores swe"));
+        // Cores dearer than the waiting they save (16 times the price for less than 16 times
+        // the speed): few of them.
+        let dear = plan(&sandboxed("[4, 64]", Some(1000.0)), None, |_| {}).unwrap();
+        assert_eq!(
+            dear.best
+                .resources
+                .env_cores
+                .get("swe")
+                .copied()
+                .unwrap_or(4),
+            4,
+            "{:?}",
+            dear.best
+        );
     }
 
     #[test]
@@ -503,7 +781,7 @@ steps = 3
             );
             Scenario::parse("p.toml", &body).unwrap()
         };
-        let e = plan(&scenario("devices = [\"H999\"]"), 100.0, |_| {}).unwrap_err();
+        let e = plan(&scenario("devices = [\"H999\"]"), Some(100.0), |_| {}).unwrap_err();
         assert!(
             matches!(&e, PlanError::UnknownDevice(d) if d == "H999"),
             "{e:?}"
@@ -512,9 +790,14 @@ steps = 3
             e.to_string(),
             "[plan].devices: unknown device class \"H999\""
         );
-        let e = plan(&scenario("trainer_fractions = [0.5, 1.5]"), 100.0, |_| {}).unwrap_err();
+        let e = plan(
+            &scenario("trainer_fractions = [0.5, 1.5]"),
+            Some(100.0),
+            |_| {},
+        )
+        .unwrap_err();
         assert!(matches!(e, PlanError::Fractions), "{e:?}");
-        let e = plan(&scenario("gpus = 3"), 100.0, |_| {}).unwrap_err();
+        let e = plan(&scenario("gpus = 3"), Some(100.0), |_| {}).unwrap_err();
         assert!(matches!(e, PlanError::Table(_)), "{e:?}");
     }
 }

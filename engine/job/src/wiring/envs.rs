@@ -75,8 +75,18 @@ fn base_factory(
             failure_probability,
             hang_probability,
             difficulty,
+            sandbox,
         } => {
             let d = SimEnvConfig::default();
+            // One machine per task, shared by all its sandboxes.
+            let sandboxes = sandbox.as_ref().map(|s| {
+                Arc::new(actors::env::sim::SimSandboxes::new(
+                    s.cores,
+                    s.max_concurrent_starts,
+                    s.reset_cpu_s.clone(),
+                    s.step_cpu_s.clone(),
+                ))
+            });
             let cfg = SimEnvConfig {
                 reset_latency: reset_latency_s.clone().unwrap_or(d.reset_latency),
                 step_latency: step_latency_s.clone().unwrap_or(d.step_latency),
@@ -88,6 +98,7 @@ fn base_factory(
                 failure_probability: *failure_probability,
                 hang_probability: *hang_probability,
                 difficulty: difficulty.clone(),
+                sandboxes,
             };
             Arc::new(move |i| {
                 Box::new(SimEnv::new(

@@ -134,6 +134,32 @@ pub struct Scenario {
 }
 
 impl Scenario {
+    /// A job spec alone (a `rollarc profile` of a real run, say) as a scenario of one run, with
+    /// a `[plan]` table for the planner.
+    pub fn of_spec(name: &str, spec: JobSpec, plan: Option<Value>) -> Result<Self, ScenarioError> {
+        let base = serde_json::to_value(&spec).map_err(|source| ScenarioError::Base {
+            file: name.to_string(),
+            source,
+        })?;
+        Ok(Self {
+            name: name.to_string(),
+            title: name.to_string(),
+            figure: String::new(),
+            metric: Metric::StepS,
+            warmup_steps: 1,
+            notes: None,
+            base,
+            runs: vec![RunDef {
+                name: name.to_string(),
+                spec,
+                jobs: 1,
+                shared_functions: false,
+            }],
+            checks: Vec::new(),
+            plan,
+        })
+    }
+
     pub fn load(path: &Path) -> Result<Self, ScenarioError> {
         let file = path.display().to_string();
         let body = std::fs::read_to_string(path).map_err(|source| ScenarioError::Read {
