@@ -5,7 +5,7 @@ JOBS ?= 2
 export CARGO_BUILD_JOBS := $(JOBS)
 export CARGO_TERM_COLOR := never
 
-.PHONY: readme-test run-agent sim-to-real run run-llm test test-deps sdk-test deploy-check ui-test bench bench-setup bench-sim learn learn-external plan lint lint-scripts check toolchain fmt-check clippy ci build cuda-check setup sim chaos fuzz-api device-check
+.PHONY: plan-check readme-test run-agent sim-to-real run run-llm test test-deps sdk-test deploy-check ui-test bench bench-setup bench-sim learn learn-external plan lint lint-scripts check toolchain fmt-check clippy ci build cuda-check setup sim chaos fuzz-api device-check
 
 GYMNASIUM_VERSION := 1.0.0
 SCHEMATHESIS_VERSION := 4.32.5
@@ -141,16 +141,24 @@ bench-sim: setup
 	$(CARGO) build --release -p engine --bin rollarc
 	./target/release/rollarc bench-sim --out report/sim
 
-## Capacity planning example: trainer size × H800/H20 mix under a budget of 300 (H20 = 1).
 ## Sim-to-real: the quickstart for real at four settings, the simulator calibrated on the first
 ## (`rollarc profile`) predicting the other three; table in report/sim-to-real (≈ 10 min).
 sim-to-real: setup
 	$(CARGO) build --release --workspace --bins
 	python3 envs/sim_to_real.py --out report/sim-to-real
 
+## Capacity planning examples: trainer size × H800/H20 mix under a budget of 300 (H20 = 1);
+## sandbox cores for an SWE agent whose environments bound the step.
 plan: setup
 	$(CARGO) build --release -p engine --bin rollarc
 	./target/release/rollarc plan examples/sim/hardware.toml --budget 300
+	./target/release/rollarc plan examples/sim/sandboxes.toml
+
+## Planner check: the quickstart with injected environment latency and 4 environments per task,
+## profiled, planned at 2× and 4× the environments, and run for real at 2× (≈ 5 min).
+plan-check: setup
+	$(CARGO) build --release -p engine --bin rollarc
+	python3 envs/plan_check.py --out report/plan-check
 
 sim: setup
 	$(CARGO) run --release -p engine --bin rollarc -- sim examples/sim-sigma.toml --compare rollarc,sync_plus

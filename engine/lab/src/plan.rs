@@ -476,10 +476,10 @@ pub fn plan(
         candidates.extend(found);
     }
     candidates.sort_by(by_cost);
-    // Shares that round to the same GPU counts are the same configuration.
+    // Shares that round to the same GPU counts, or a resource set to the spec's own value,
+    // are the same configuration: the same spec.
     let mut seen = std::collections::BTreeSet::new();
-    candidates
-        .retain(|c| seen.insert((c.trainer_gpus, c.rollout_gpus.clone(), c.resources.label())));
+    candidates.retain(|c| seen.insert(c.spec.to_string()));
     let best = candidates
         .first()
         .cloned()
