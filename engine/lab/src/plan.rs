@@ -46,6 +46,8 @@ pub enum PlanError {
     NoRun,
     #[error("no candidate fits the budget {0}")]
     NoCandidate(f64),
+    #[error("[plan].rescale: the rescaled spec is not valid: {0}")]
+    Rescale(String),
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -71,6 +73,62 @@ struct PlanTable {
     reward_replicas: BTreeMap<String, Vec<u32>>,
     #[serde(default)]
     prices: BTreeMap<String, Value>,
+    #[serde(default)]
+    rescale: Option<Rescale>,
+}
+
+/// A profile of a real run rescaled to another model and cluster (`[plan.rescale]`): its
+/// environments, rewards, task mix and rollout knobs stay as measured; generation and training
+/// move to the device roofline of `model` on the named pools and trainer.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Rescale {
+    /// A built-in model profile (`qwen3-8b`, …) or one under `sim.models`.
+    model: String,
+    /// Rollout pools: device class and shards (one GPU each unless `gpus_per_shard`).
+    pools: Vec<RescalePool>,
+    trainer_device: String,
+    trainer_gpus: u32,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RescalePool {
+    device: String,
+    count: usize,
+    #[serde(default)]
+    gpus_per_shard: Option<u32>,
+}
+
+impl Rescale {
+    /// `spec` (JSON) on the roofline: the pools and trainer replaced, the measured costs gone.
+    fn apply(&self, spec: &mut Value) {
+        let pools: Vec<Value> = self
+            .pools
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                serde_json::json!({
+                    "name": format!("{}-{i}", p.device.to_ascii_lowercase()),
+                    "device": p.device,
+                    "count": p.count,
+                    "backend": {
+                        "kind": "sim",
+                        "model": self.model,
+                        "gpus_per_shard": p.gpus_per_shard.unwrap_or(1),
+                    },
+                })
+            })
+            .collect();
+        spec["pools"] = Value::Array(pools);
+        spec["mapping"] = serde_json::json!({ "mode": "cost_model" });
+        spec["trainer"] = serde_json::json!({
+            "kind": "sim",
+            "model": self.model,
+            "device": self.trainer_device,
+            "gpus": self.trainer_gpus,
+        });
+    }
 }
 
 /// One configuration the planner simulated.
@@ -115,11 +173,30 @@ struct Space {
     prices: BTreeMap<String, Value>,
 }
 
-fn space(sc: &Scenario, base: &JobSpec) -> Result<Space, PlanError> {
-    let t: PlanTable = match &sc.plan {
-        Some(v) => serde_json::from_value(v.clone()).map_err(PlanError::Table)?,
-        None => PlanTable::default(),
+fn table(sc: &Scenario) -> Result<PlanTable, PlanError> {
+    match &sc.plan {
+        Some(v) => serde_json::from_value(v.clone()).map_err(PlanError::Table),
+        None => Ok(PlanTable::default()),
+    }
+}
+
+/// The scenario's base (JSON and parsed), rescaled when the table asks.
+fn base_of(sc: &Scenario, t: &PlanTable) -> Result<(Value, JobSpec), PlanError> {
+    let first = sc
+        .runs
+        .first()
+        .map(|r| r.spec.clone())
+        .ok_or(PlanError::NoRun)?;
+    let Some(r) = &t.rescale else {
+        return Ok((sc.base.clone(), first));
     };
+    let mut v = sc.base.clone();
+    r.apply(&mut v);
+    let spec = job::spec::from_value(v.clone()).map_err(|e| PlanError::Rescale(e.to_string()))?;
+    Ok((v, spec))
+}
+
+fn space(t: PlanTable, base: &JobSpec) -> Result<Space, PlanError> {
     let mut names = t.devices.clone();
     if names.is_empty() {
         for p in &base.pools {
@@ -390,13 +467,12 @@ fn refine_jobs(sp: &Space, best: &Candidate) -> Vec<(u32, Vec<f64>)> {
 /// The GPU stage: trainer size × rollout mix under `budget` (a coarse grid, then refined
 /// around its fastest), or the spec's own GPUs without a budget.
 fn gpu_stage(
-    sc: &Scenario,
+    base: &Value,
     sp: &Space,
     prices: &Prices,
     budget: Option<f64>,
     progress: &mut impl FnMut(&Candidate),
 ) -> Result<Vec<Candidate>, PlanError> {
-    let base = &sc.base;
     let Some(budget) = budget else {
         let c = measure(prepared(base, sp.steps), sp, prices, Resources::default());
         return Ok(c.into_iter().inspect(|c| progress(c)).collect());
@@ -439,14 +515,11 @@ pub fn plan(
     budget: Option<f64>,
     mut progress: impl FnMut(&Candidate),
 ) -> Result<Plan, PlanError> {
-    let base_spec = sc
-        .runs
-        .first()
-        .map(|r| r.spec.clone())
-        .ok_or(PlanError::NoRun)?;
-    let sp = space(sc, &base_spec)?;
+    let t = table(sc)?;
+    let (base, base_spec) = base_of(sc, &t)?;
+    let sp = space(t, &base_spec)?;
     let prices = Prices::new(&base_spec, &sp.prices);
-    let mut candidates = gpu_stage(sc, &sp, &prices, budget, &mut progress)?;
+    let mut candidates = gpu_stage(&base, &sp, &prices, budget, &mut progress)?;
     let by_cost = |a: &Candidate, b: &Candidate| a.cost_per_step.total_cmp(&b.cost_per_step);
     let gpus = candidates
         .iter()
@@ -748,6 +821,77 @@ env_cores = {cores}
             4,
             "{:?}",
             dear.best
+        );
+    }
+
+    /// A profile (measured engine costs, a trainer fitted per token on shared cores) rescaled
+    /// to Qwen3-8B on 8 + 8 H800s: the environments and tasks stay, the engines and the
+    /// trainer move to the roofline, and the plan runs on the rescaled GPUs.
+    #[test]
+    fn a_profile_is_rescaled_to_a_model_and_cluster() {
+        let body = r#"
+[[tasks]]
+domain = "lake"
+group_size = 4
+max_turns = 4
+max_tokens_per_turn = 8
+env = { kind = "sim", turns = { constant = 3 }, step_latency_s = { constant = 0.2 } }
+[[pools]]
+name = "compute"
+device = "H800"
+count = 1
+backend = { kind = "sim", measured = { step_s = 0.002, prefill_s_per_token = 0.00001, decode_s_per_token = 0.00001 } }
+[rollout]
+batch_size = 4
+steps = 30
+[trainer]
+kind = "sim"
+seconds_per_token = 0.0005
+host_cores = 2
+"#;
+        let spec = job::spec::parse(body, job::spec::Format::Toml).unwrap();
+        let table = serde_json::json!({
+            "steps": 4,
+            "rescale": {
+                "model": "qwen3-8b",
+                "pools": [{ "device": "H800", "count": 8 }],
+                "trainer_device": "H800",
+                "trainer_gpus": 8,
+            },
+        });
+        let sc = Scenario::of_spec("profiled", spec.clone(), Some(table)).unwrap();
+        let p = plan(&sc, None, |_| {}).unwrap();
+        let b = &p.best;
+        assert_eq!((b.trainer_gpus, b.rollout_gpus.get("H800")), (8, Some(&8)));
+        let backend = &b.spec["pools"][0]["backend"];
+        assert_eq!(backend["model"], "qwen3-8b");
+        assert!(
+            backend.get("measured").is_none_or(Value::is_null),
+            "{backend}"
+        );
+        assert_eq!(b.spec["trainer"]["model"], "qwen3-8b");
+        assert!(
+            b.spec["trainer"]
+                .get("host_cores")
+                .is_none_or(Value::is_null)
+        );
+        // The environments are the profile's.
+        assert_eq!(b.spec["tasks"][0]["env"], sc.base["tasks"][0]["env"]);
+        // The same profile on its own engines predicts another step time.
+        let own = plan(
+            &Scenario::of_spec("profiled", spec, Some(serde_json::json!({ "steps": 4 }))).unwrap(),
+            None,
+            |_| {},
+        )
+        .unwrap();
+        assert!((own.best.step_s - b.step_s).abs() > 1e-6);
+        // A rescale to an unknown model names it.
+        let bad = serde_json::json!({ "rescale": { "model": "nope", "pools": [{ "device": "H800", "count": 1 }], "trainer_device": "H800", "trainer_gpus": 1 } });
+        let sc = Scenario::of_spec("profiled", sc.runs[0].spec.clone(), Some(bad)).unwrap();
+        let e = plan(&sc, None, |_| {}).unwrap_err();
+        assert!(
+            matches!(&e, PlanError::Rescale(m) if m.contains("nope")),
+            "{e}"
         );
     }
 
