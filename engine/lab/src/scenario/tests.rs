@@ -357,3 +357,20 @@ name = "dedicated"
         chain(&e)
     );
 }
+
+/// Every scenario `make bench-sim` runs parses, with its runs' specs and checks (a typo in one
+/// would otherwise surface only in the benchmark).
+#[test]
+fn every_example_scenario_parses() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/sim");
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let path = e.unwrap().path();
+        if path.extension().is_some_and(|x| x == "toml") {
+            let sc = Scenario::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert!(!sc.runs.is_empty() && !sc.checks.is_empty(), "{}", path.display());
+            n += 1;
+        }
+    }
+    assert!(n >= 9, "{n} scenarios");
+}
