@@ -44,10 +44,13 @@ pub enum Metric {
     /// Tokens prefilled per token decoded after the warm-up (every pool: a P/D pair's prefill
     /// side counts its prefills).
     PrefillPerDecode,
+    /// The largest share of a step's rollout span that its critical trajectory spent
+    /// resetting (RollArt's "reset is 78 % of the failure iteration's rollout").
+    ResetRolloutShareMax,
 }
 
 impl Metric {
-    pub const ALL: [Metric; 17] = [
+    pub const ALL: [Metric; 18] = [
         Metric::StepS,
         Metric::Throughput,
         Metric::Bubble,
@@ -65,6 +68,7 @@ impl Metric {
         Metric::CriticalRewardShare,
         Metric::PrefixHitRate,
         Metric::PrefillPerDecode,
+        Metric::ResetRolloutShareMax,
     ];
 
     pub fn name(self) -> &'static str {
@@ -86,6 +90,7 @@ impl Metric {
             Self::CriticalRewardShare => "critical_reward_share",
             Self::PrefixHitRate => "prefix_hit_rate",
             Self::PrefillPerDecode => "prefill_per_decode",
+            Self::ResetRolloutShareMax => "reset_rollout_share_max",
         }
     }
 
@@ -154,6 +159,14 @@ impl Metric {
                 .map(|m| Self::CriticalResetShare.critical_share(m))
                 .fold(0.0, f64::max),
             Self::PrefixHitRate | Self::PrefillPerDecode => self.token_ratio(s, warmup),
+            Self::ResetRolloutShareMax => steps
+                .iter()
+                .filter_map(|m| {
+                    let c = m.rollout.critical.as_ref()?;
+                    (m.rollout.rollout_s > 0.0)
+                        .then(|| (c.stages.reset_s / m.rollout.rollout_s).min(1.0))
+                })
+                .fold(0.0, f64::max),
         }
     }
 
