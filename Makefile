@@ -154,7 +154,7 @@ plan: setup
 	./target/release/rollarc plan examples/sim/hardware.toml --budget 300
 	./target/release/rollarc plan examples/sim/sandboxes.toml
 
-## Planner check: the quickstart with injected environment latency and 4 environments per task,
+## Planner check: the quickstart with injected environment latency and 8 environments per task,
 ## profiled, planned at 2× and 4× the environments, and run for real at 2× (≈ 5 min).
 plan-check: setup
 	$(CARGO) build --release -p engine --bin rollarc

@@ -54,8 +54,8 @@ def real_run(name, envs, steps, out):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=24)
-    ap.add_argument("--envs", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--envs", type=int, default=8)
     ap.add_argument("--out", default="report/plan-check")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)

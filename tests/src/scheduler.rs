@@ -1205,6 +1205,32 @@ fn sandbox_cores_and_start_slots_bound_the_rollout() {
     let free = run_recorded(sandboxed("", 2.0));
     assert!(span(&starts) >= 8.0, "{}", span(&starts));
     assert!(span(&free) < 5.0, "{}", span(&free));
+    // Eight sandboxes started ahead: the first eight resets take one each at no cost, and
+    // their replacements start in the background (two at a time).
+    let warm = run_recorded(sandboxed(
+        "sandbox = { max_concurrent_starts = 2, warm = 8 }",
+        2.0,
+    ));
+    let first = |r: &tests::Recorded| {
+        let mut t: Vec<_> = r.committed.iter().collect();
+        t.sort_by(|a, b| a.timings.started_at_s.total_cmp(&b.timings.started_at_s));
+        t.iter()
+            .take(8)
+            .map(|t| t.timings.reset_s)
+            .collect::<Vec<_>>()
+    };
+    assert!(first(&warm).iter().all(|r| *r == 0.0), "{:?}", first(&warm));
+    assert!(
+        first(&starts).iter().all(|r| *r >= 2.0),
+        "{:?}",
+        first(&starts)
+    );
+    assert!(
+        span(&warm) < span(&starts),
+        "{} vs {}",
+        span(&warm),
+        span(&starts)
+    );
     // A machine without cores is refused, naming the field.
     let bad = SpecBuilder::new()
         .pool("p", "H800", 1, "")

@@ -42,7 +42,9 @@ pub struct SimEnvConfig {
 /// The simulated machine a task's sandboxes run on, shared by all of them: each reset and step
 /// computes `reset_cpu_s` / `step_cpu_s` seconds on one of `cores` (waiting its turn, first
 /// come first served, when every core is busy), after its latency (waiting on I/O holds no
-/// core); at most `max_concurrent_starts` resets run at once.
+/// core); at most `max_concurrent_starts` resets run at once. A warm pool keeps `warm`
+/// sandboxes started ahead (ready when the job begins): a reset takes one at no cost, and a
+/// replacement starts in the background (its latency, a start slot and its reset's CPU).
 #[derive(Debug)]
 pub struct SimSandboxes {
     pub reset_cpu_s: Option<Dist>,
@@ -53,6 +55,9 @@ pub struct SimSandboxes {
     /// Core-seconds computed, and seconds calls waited for a core or a start slot (ns).
     busy_ns: std::sync::atomic::AtomicU64,
     waited_ns: std::sync::atomic::AtomicU64,
+    /// Started sandboxes ready for a reset, and resets served by one of them.
+    warm: std::sync::atomic::AtomicU32,
+    warm_hits: std::sync::atomic::AtomicU64,
 }
 
 impl SimSandboxes {
@@ -61,6 +66,7 @@ impl SimSandboxes {
         max_concurrent_starts: Option<u32>,
         reset_cpu_s: Option<Dist>,
         step_cpu_s: Option<Dist>,
+        warm: u32,
     ) -> Self {
         let sem = |n: u32| tokio::sync::Semaphore::new(n.max(1) as usize);
         Self {
@@ -71,7 +77,42 @@ impl SimSandboxes {
             core_count: cores,
             busy_ns: Default::default(),
             waited_ns: Default::default(),
+            warm: std::sync::atomic::AtomicU32::new(warm),
+            warm_hits: Default::default(),
         }
+    }
+
+    /// Resets a warm sandbox served.
+    pub fn warm_hits(&self) -> u64 {
+        self.warm_hits.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Takes a warm sandbox, if one is ready.
+    fn take_warm(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        let took = self
+            .warm
+            .fetch_update(Relaxed, Relaxed, |w| w.checked_sub(1))
+            .is_ok();
+        if took {
+            self.warm_hits.fetch_add(1, Relaxed);
+        }
+        took
+    }
+
+    /// Starts a sandbox for the warm pool: a start slot, `latency_s`, then `cpu_s` on a core.
+    fn refill(self: std::sync::Arc<Self>, latency_s: f64, cpu_s: f64) {
+        tokio::spawn(async move {
+            let _start = match &self.starts {
+                Some(s) => s.acquire().await.ok(),
+                None => None,
+            };
+            if latency_s > 0.0 {
+                tokio::time::sleep(crate::dist::seconds(latency_s.min(MAX_LATENCY_S))).await;
+            }
+            self.compute(cpu_s).await;
+            self.warm.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        });
     }
 
     /// Core-seconds computed so far.
@@ -202,6 +243,17 @@ impl SimEnv {
     }
 }
 
+impl SimEnv {
+    /// A started episode: its turns and outcome drawn, its prompt.
+    fn started(&mut self) -> Observation {
+        self.turns_left = (self.cfg.turns.sample(&mut self.rng) * self.factor)
+            .round()
+            .clamp(1.0, f64::from(u32::MAX)) as u32;
+        self.success = self.rng.random_bool(self.cfg.success_rate.clamp(0.0, 1.0));
+        self.observation(true)
+    }
+}
+
 impl Environment for SimEnv {
     async fn reset(&mut self, seed: u64) -> Result<Observation, EnvError> {
         // The prompt's difficulty follows the seed alone: every episode of the group shares it.
@@ -214,6 +266,13 @@ impl Environment for SimEnv {
         let d = self.cfg.reset_latency.clone();
         let machine = self.cfg.sandboxes.clone();
         let cpu = machine.as_ref().and_then(|m| m.reset_cpu_s.clone());
+        if let Some(m) = machine.as_ref().filter(|m| m.take_warm()) {
+            // A started sandbox: ready now; its replacement starts in the background.
+            let latency = d.sample(&mut self.rng) * self.factor;
+            let cpu_s = cpu.as_ref().map_or(0.0, |c| c.sample(&mut self.rng)) * self.factor;
+            m.clone().refill(latency, cpu_s);
+            return Ok(self.started());
+        }
         // A start slot is held for the whole reset (the sandbox starting).
         let t = tokio::time::Instant::now();
         let _start = match machine.as_ref().and_then(|m| m.starts.as_ref()) {
@@ -224,11 +283,7 @@ impl Environment for SimEnv {
             SimSandboxes::add(&m.waited_ns, t);
         }
         self.latency(&d, cpu.as_ref()).await?;
-        self.turns_left = (self.cfg.turns.sample(&mut self.rng) * self.factor)
-            .round()
-            .clamp(1.0, f64::from(u32::MAX)) as u32;
-        self.success = self.rng.random_bool(self.cfg.success_rate.clamp(0.0, 1.0));
-        Ok(self.observation(true))
+        Ok(self.started())
     }
 
     async fn step(&mut self, _action: &str, _tokens: &[u32]) -> Result<StepOutcome, EnvError> {

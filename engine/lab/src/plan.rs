@@ -14,13 +14,18 @@
 //! A second stage ([`resources`]) then searches, from the best GPU configuration and one
 //! dimension at a time, what else a job needs: `alpha` (values of α), `env_slots` (multiples
 //! of every task's environment slots), `env_cores` (cores of the tasks' simulated sandbox
-//! machines) and `reward_replicas` (per function), by cost per step under `prices` (per hour,
+//! machines), `env_warm` (sandboxes they keep started ahead) and `reward_replicas` (per
+//! function), by cost per step under `prices` (per hour,
 //! H20 GPU-hours: device classes, `core`, `replica.FUNCTION`; defaults: the catalogue and
 //! [`resources::DEFAULT_CORE_PRICE`]). Every candidate is ranked by cost per step, with its
 //! predicted step time and bottleneck; the best one's spec is the recommendation.
 
+mod report;
+mod rescale;
 mod resources;
 
+pub use report::{recommended_spec, render};
+use rescale::Rescale;
 pub use resources::{DEFAULT_CORE_PRICE, Prices, Resources, bottleneck};
 
 use std::collections::BTreeMap;
@@ -70,65 +75,13 @@ struct PlanTable {
     #[serde(default)]
     env_cores: Vec<u32>,
     #[serde(default)]
+    env_warm: Vec<u32>,
+    #[serde(default)]
     reward_replicas: BTreeMap<String, Vec<u32>>,
     #[serde(default)]
     prices: BTreeMap<String, Value>,
     #[serde(default)]
     rescale: Option<Rescale>,
-}
-
-/// A profile of a real run rescaled to another model and cluster (`[plan.rescale]`): its
-/// environments, rewards, task mix and rollout knobs stay as measured; generation and training
-/// move to the device roofline of `model` on the named pools and trainer.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Rescale {
-    /// A built-in model profile (`qwen3-8b`, …) or one under `sim.models`.
-    model: String,
-    /// Rollout pools: device class and shards (one GPU each unless `gpus_per_shard`).
-    pools: Vec<RescalePool>,
-    trainer_device: String,
-    trainer_gpus: u32,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RescalePool {
-    device: String,
-    count: usize,
-    #[serde(default)]
-    gpus_per_shard: Option<u32>,
-}
-
-impl Rescale {
-    /// `spec` (JSON) on the roofline: the pools and trainer replaced, the measured costs gone.
-    fn apply(&self, spec: &mut Value) {
-        let pools: Vec<Value> = self
-            .pools
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                serde_json::json!({
-                    "name": format!("{}-{i}", p.device.to_ascii_lowercase()),
-                    "device": p.device,
-                    "count": p.count,
-                    "backend": {
-                        "kind": "sim",
-                        "model": self.model,
-                        "gpus_per_shard": p.gpus_per_shard.unwrap_or(1),
-                    },
-                })
-            })
-            .collect();
-        spec["pools"] = Value::Array(pools);
-        spec["mapping"] = serde_json::json!({ "mode": "cost_model" });
-        spec["trainer"] = serde_json::json!({
-            "kind": "sim",
-            "model": self.model,
-            "device": self.trainer_device,
-            "gpus": self.trainer_gpus,
-        });
-    }
 }
 
 /// One configuration the planner simulated.
@@ -251,6 +204,7 @@ fn space(t: PlanTable, base: &JobSpec) -> Result<Space, PlanError> {
             alpha: t.alpha,
             env_slots: t.env_slots,
             env_cores: t.env_cores,
+            env_warm: t.env_warm,
             reward_replicas: t.reward_replicas,
         },
         prices: t.prices,
@@ -562,88 +516,6 @@ pub fn plan(
         best,
         candidates,
     })
-}
-
-/// The recommended configuration's job spec: the best candidate's, with the base's own run
-/// length and injected faults (the planner simulates a few steps without faults).
-pub fn recommended_spec(sc: &Scenario, p: &Plan) -> Value {
-    let mut v = p.best.spec.clone();
-    for path in ["/rollout/steps", "/sim/faults"] {
-        let (parent, key) = path.rsplit_once('/').unwrap_or_default();
-        match (sc.base.pointer(path), v.pointer_mut(parent)) {
-            (Some(x), Some(Value::Object(o))) => {
-                o.insert(key.to_string(), x.clone());
-            }
-            (None, Some(Value::Object(o))) => {
-                o.remove(key);
-            }
-            _ => {}
-        }
-    }
-    v
-}
-
-/// The planner's report, as printed.
-pub fn render(p: &Plan) -> String {
-    let mut out = String::new();
-    out.push_str(&format!(
-        "{} candidates{}, cheapest per step first (prices per hour, H20 GPU-hour = 1):\n",
-        p.candidates.len(),
-        p.budget
-            .map(|b| format!(" under a GPU budget of {b:.0}"))
-            .unwrap_or_default()
-    ));
-    out.push_str(&format!(
-        "  {:>7} {:<22} {:<30} {:>8} {:>9} {:>10}  {:<12} pool utilisation\n",
-        "trainer", "rollout GPUs", "resources", "per hour", "step s", "per step", "bottleneck"
-    ));
-    for c in p.candidates.iter().take(16) {
-        let roll: Vec<String> = c
-            .rollout_gpus
-            .iter()
-            .map(|(d, g)| format!("{g} {d}"))
-            .collect();
-        let util: Vec<String> = c
-            .pool_utilisation
-            .iter()
-            .map(|(k, u)| format!("{k} {:.0}%", u * 100.0))
-            .collect();
-        let res = c.resources.label();
-        out.push_str(&format!(
-            "  {:>7} {:<22} {:<30} {:>8.1} {:>9.2} {:>10.4}  {:<12} {}\n",
-            c.trainer_gpus,
-            roll.join(" + "),
-            if res.is_empty() {
-                "as in the spec"
-            } else {
-                &res
-            },
-            c.hourly,
-            c.step_s,
-            c.cost_per_step,
-            c.bottleneck,
-            util.join(", ")
-        ));
-    }
-    let b = &p.best;
-    let roll: Vec<String> = b
-        .rollout_gpus
-        .iter()
-        .map(|(d, g)| format!("{g} × {d}"))
-        .collect();
-    let res = b.resources.label();
-    out.push_str(&format!(
-        "recommended: trainer {} GPUs, rollout {}{} ({:.1} an hour): predicted step {:.2} s, {:.4} per step; the trainer trains {:.0}% of each step; bottleneck: {}\n",
-        b.trainer_gpus,
-        roll.join(" + "),
-        if res.is_empty() { String::new() } else { format!(", {res}") },
-        b.hourly,
-        b.step_s,
-        b.cost_per_step,
-        b.trainer_busy * 100.0,
-        b.bottleneck,
-    ));
-    out
 }
 
 #[cfg(test)]

@@ -59,7 +59,7 @@ impl SimEngineConfig {
             max_batch: 256,
             prefill_chunk: 16_384,
             kv_memory_fraction: 0.9,
-            block_tokens: 16,
+            block_tokens: 1,
             weight_sync: WeightSync::default(),
             hang_probability: 0.0,
             seed: 0,

@@ -85,6 +85,7 @@ fn base_factory(
                     s.max_concurrent_starts,
                     s.reset_cpu_s.clone(),
                     s.step_cpu_s.clone(),
+                    s.warm,
                 ))
             });
             let cfg = SimEnvConfig {

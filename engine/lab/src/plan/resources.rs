@@ -19,6 +19,8 @@ use crate::scenario::Metric;
 pub struct Prices {
     pub gpu: BTreeMap<String, f64>,
     pub core: f64,
+    /// A sandbox kept started ahead (default: a core's price; it holds its memory idle).
+    pub warm: Option<f64>,
     pub replica: BTreeMap<String, f64>,
 }
 
@@ -45,11 +47,13 @@ impl Prices {
         let mut p = Self {
             gpu,
             core: DEFAULT_CORE_PRICE,
+            warm: None,
             replica: BTreeMap::new(),
         };
         for (k, v) in table {
             match (k.as_str(), v) {
                 ("core", v) => p.core = v.as_f64().unwrap_or(p.core),
+                ("warm", v) => p.warm = v.as_f64(),
                 ("replica", Value::Object(o)) => {
                     for (f, x) in o {
                         if let Some(x) = x.as_f64() {
@@ -90,7 +94,8 @@ impl Prices {
                 sandbox: Some(s), ..
             } = &t.env
             {
-                h += f64::from(s.cores.unwrap_or(0)) * self.core;
+                h += f64::from(s.cores.unwrap_or(0)) * self.core
+                    + f64::from(s.warm) * self.warm.unwrap_or(self.core);
             }
         }
         for (name, f) in &spec.reward.functions {
@@ -164,6 +169,9 @@ pub struct Resources {
     /// Sandbox cores per task domain.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub env_cores: BTreeMap<String, u32>,
+    /// Sandboxes kept started ahead per task domain.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub env_warm: BTreeMap<String, u32>,
     /// Replicas per reward function.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub reward_replicas: BTreeMap<String, u32>,
@@ -185,6 +193,11 @@ impl Resources {
                     && t["env"]["sandbox"].is_object()
                 {
                     t["env"]["sandbox"]["cores"] = Value::from(*c);
+                }
+                if let Some(w) = self.env_warm.get(&domain)
+                    && t["env"]["sandbox"].is_object()
+                {
+                    t["env"]["sandbox"]["warm"] = Value::from(*w);
                 }
             }
         }
@@ -210,6 +223,9 @@ impl Resources {
         for (t, n) in &self.env_cores {
             parts.push(format!("cores {t} {n}"));
         }
+        for (t, n) in &self.env_warm {
+            parts.push(format!("warm {t} {n}"));
+        }
         for (f, n) in &self.reward_replicas {
             parts.push(format!("{f} ×{n}"));
         }
@@ -224,6 +240,8 @@ pub(super) struct Dimensions {
     pub(super) env_slots: Vec<f64>,
     /// Sandbox cores (every task with a simulated sandbox machine).
     pub(super) env_cores: Vec<u32>,
+    /// Sandboxes kept started ahead (every task with a simulated sandbox machine).
+    pub(super) env_warm: Vec<u32>,
     pub(super) reward_replicas: BTreeMap<String, Vec<u32>>,
 }
 
@@ -283,6 +301,20 @@ impl Dimensions {
                         let mut r = cur.clone();
                         for d in &sandboxed {
                             r.env_cores.insert(d.to_string(), c.max(1));
+                        }
+                        r
+                    })
+                    .collect(),
+            );
+        }
+        if !self.env_warm.is_empty() && !sandboxed.is_empty() {
+            dims.push(
+                self.env_warm
+                    .iter()
+                    .map(|&w| {
+                        let mut r = cur.clone();
+                        for d in &sandboxed {
+                            r.env_warm.insert(d.to_string(), w);
                         }
                         r
                     })

@@ -368,7 +368,11 @@ fn every_example_scenario_parses() {
         let path = e.unwrap().path();
         if path.extension().is_some_and(|x| x == "toml") {
             let sc = Scenario::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            assert!(!sc.runs.is_empty() && !sc.checks.is_empty(), "{}", path.display());
+            assert!(
+                !sc.runs.is_empty() && !sc.checks.is_empty(),
+                "{}",
+                path.display()
+            );
             n += 1;
         }
     }

@@ -23,6 +23,10 @@ pub struct SimSandboxSpec {
     /// Sandboxes that may start (reset) at once (default: unlimited).
     #[serde(default)]
     pub max_concurrent_starts: Option<u32>,
+    /// Sandboxes kept started ahead: a reset takes one at no cost while any is ready, and a
+    /// replacement starts in the background (default 0).
+    #[serde(default)]
+    pub warm: u32,
 }
 
 impl SimSandboxSpec {
