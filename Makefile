@@ -157,7 +157,7 @@ plan: setup
 ## Planner check: the quickstart with injected environment latency and 8 environments per task,
 ## profiled, planned at 2× and 4× the environments, and run for real at 2× (≈ 5 min).
 plan-check: setup
-	$(CARGO) build --release -p engine --bin rollarc
+	$(CARGO) build --release --workspace --bins
 	python3 envs/plan_check.py --out report/plan-check
 
 sim: setup

@@ -100,7 +100,7 @@ pub struct Candidate {
     /// Everything's price an hour (GPUs, sandbox cores, reward replicas), and per step.
     pub hourly: f64,
     pub cost_per_step: f64,
-    /// Where its steps wait: `trainer`, `generation`, `environments`, `reward`, `staleness`.
+    /// Where its steps wait: `trainer`, `generation`, `environments`, `reward`, `waits`.
     pub bottleneck: String,
     /// The candidate's job spec.
     #[serde(skip)]

@@ -134,8 +134,8 @@ fn replicas(f: &FunctionSpec) -> u32 {
 
 /// Where a configuration's steps wait: `trainer` when it trains most of each step, otherwise
 /// the stage the steps' critical trajectories spent most time in (`generation`,
-/// `environments`, `reward`, or `staleness` when they waited on α), the most frequent over
-/// the steps after the warm-up.
+/// `environments`, `reward`, or `waits` when they were held back: suspended for a weight
+/// update, at a barrier), the most frequent over the steps after the warm-up.
 pub fn bottleneck(s: &JobSummary, warmup: u64) -> String {
     if Metric::TrainerBusy.of(s, warmup) >= 0.85 {
         return "trainer".into();
@@ -146,7 +146,7 @@ pub fn bottleneck(s: &JobSummary, warmup: u64) -> String {
             let stage = match c.bottleneck.as_str() {
                 "reset" | "env_step" => "environments",
                 "reward" => "reward",
-                "wait" => "staleness",
+                "wait" => "waits",
                 _ => "generation",
             };
             *count.entry(stage).or_default() += 1;
