@@ -263,7 +263,9 @@ fn prepared(spec: &Value, steps: u64) -> Value {
 
 /// Simulates `spec` (JSON) and measures it.
 fn measure(spec: Value, sp: &Space, prices: &Prices, resources: Resources) -> Option<Candidate> {
-    let job = job::spec::from_value(spec.clone()).ok()?;
+    let job = job::spec::from_value(spec).ok()?;
+    // Defaults written out: a resource set to its default is the same configuration.
+    let spec = serde_json::to_value(&job).ok()?;
     let warmup = (sp.steps / 3).max(1);
     let hourly = prices.hourly(&job);
     let trainer_gpus = match &job.trainer {
