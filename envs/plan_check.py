@@ -15,9 +15,10 @@ Usage: python3 envs/plan_check.py [--steps N] [--envs K] [--out DIR]
 import argparse
 import json
 import os
-import sqlite3
 import subprocess
 import sys
+
+from sim_to_real import measured  # (mean step time, trajectories/s) after the first step
 
 ROLLARC = "./target/release/rollarc"
 TASKS = 3  # the quickstart's tasks
@@ -34,25 +35,17 @@ def sets(envs, steps):
     return out
 
 
-def measured(data_dir):
-    """Mean step time over the steps after the first, from the store."""
-    db = sqlite3.connect(os.path.join(data_dir, "rollarc.db"))
-    rows = [json.loads(m) for (m,) in db.execute("SELECT metrics FROM step_metrics ORDER BY step")]
-    after = [m for m in rows if m["step"] > 1] or rows  # steps count from 1
-    return sum(m["step_s"] for m in after) / len(after)
-
-
 def real_run(name, envs, steps, out, reuse=False):
     data = os.path.join(out, "data", name)
     if reuse and os.path.isfile(os.path.join(data, "rollarc.db")):
-        return data, measured(data)
+        return data, measured(data)[0]
     subprocess.run(["rm", "-rf", data], check=True)
     print(f"real run {name} ({envs} environments per task, {steps} steps) …", flush=True)
     subprocess.run(
         [ROLLARC, "run", "examples/quickstart.toml", *sets(envs, steps), "--data-dir", data],
         check=True, stdout=subprocess.DEVNULL,
     )
-    return data, measured(data)
+    return data, measured(data)[0]
 
 
 def main():

@@ -51,13 +51,8 @@ pub struct SimSandboxes {
     pub step_cpu_s: Option<Dist>,
     cores: Option<tokio::sync::Semaphore>,
     starts: Option<tokio::sync::Semaphore>,
-    pub core_count: Option<u32>,
-    /// Core-seconds computed, and seconds calls waited for a core or a start slot (ns).
-    busy_ns: std::sync::atomic::AtomicU64,
-    waited_ns: std::sync::atomic::AtomicU64,
-    /// Started sandboxes ready for a reset, and resets served by one of them.
+    /// Started sandboxes ready for a reset.
     warm: std::sync::atomic::AtomicU32,
-    warm_hits: std::sync::atomic::AtomicU64,
 }
 
 impl SimSandboxes {
@@ -74,30 +69,16 @@ impl SimSandboxes {
             step_cpu_s,
             cores: cores.map(sem),
             starts: max_concurrent_starts.map(sem),
-            core_count: cores,
-            busy_ns: Default::default(),
-            waited_ns: Default::default(),
             warm: std::sync::atomic::AtomicU32::new(warm),
-            warm_hits: Default::default(),
         }
-    }
-
-    /// Resets a warm sandbox served.
-    pub fn warm_hits(&self) -> u64 {
-        self.warm_hits.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Takes a warm sandbox, if one is ready.
     fn take_warm(&self) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
-        let took = self
-            .warm
+        self.warm
             .fetch_update(Relaxed, Relaxed, |w| w.checked_sub(1))
-            .is_ok();
-        if took {
-            self.warm_hits.fetch_add(1, Relaxed);
-        }
-        took
+            .is_ok()
     }
 
     /// Starts a sandbox for the warm pool: a start slot, `latency_s`, then `cpu_s` on a core.
@@ -115,37 +96,16 @@ impl SimSandboxes {
         });
     }
 
-    /// Core-seconds computed so far.
-    pub fn busy_s(&self) -> f64 {
-        self.busy_ns.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e9
-    }
-
-    /// Seconds calls spent waiting for a core or a start slot so far.
-    pub fn waited_s(&self) -> f64 {
-        self.waited_ns.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e9
-    }
-
-    fn add(counter: &std::sync::atomic::AtomicU64, since: tokio::time::Instant) {
-        counter.fetch_add(
-            since.elapsed().as_nanos() as u64,
-            std::sync::atomic::Ordering::Relaxed,
-        );
-    }
-
     /// Computes `secs` on one core, waiting for a free one first.
     async fn compute(&self, secs: f64) {
         if secs <= 0.0 {
             return;
         }
-        let t = tokio::time::Instant::now();
         let _core = match &self.cores {
             Some(c) => c.acquire().await.ok(),
             None => None,
         };
-        Self::add(&self.waited_ns, t);
-        let t = tokio::time::Instant::now();
         tokio::time::sleep(crate::dist::seconds(secs.min(MAX_LATENCY_S))).await;
-        Self::add(&self.busy_ns, t);
     }
 }
 
@@ -274,14 +234,10 @@ impl Environment for SimEnv {
             return Ok(self.started());
         }
         // A start slot is held for the whole reset (the sandbox starting).
-        let t = tokio::time::Instant::now();
         let _start = match machine.as_ref().and_then(|m| m.starts.as_ref()) {
             Some(s) => s.acquire().await.ok(),
             None => None,
         };
-        if let Some(m) = &machine {
-            SimSandboxes::add(&m.waited_ns, t);
-        }
         self.latency(&d, cpu.as_ref()).await?;
         Ok(self.started())
     }

@@ -293,33 +293,27 @@ impl Dimensions {
             })
             .map(|t| t.domain.as_str())
             .collect();
-        if !self.env_cores.is_empty() && !sandboxed.is_empty() {
-            dims.push(
-                self.env_cores
-                    .iter()
-                    .map(|&c| {
-                        let mut r = cur.clone();
-                        for d in &sandboxed {
-                            r.env_cores.insert(d.to_string(), c.max(1));
-                        }
-                        r
-                    })
-                    .collect(),
-            );
-        }
-        if !self.env_warm.is_empty() && !sandboxed.is_empty() {
-            dims.push(
-                self.env_warm
-                    .iter()
-                    .map(|&w| {
-                        let mut r = cur.clone();
-                        for d in &sandboxed {
-                            r.env_warm.insert(d.to_string(), w);
-                        }
-                        r
-                    })
-                    .collect(),
-            );
+        // One value for every sandboxed task: its cores, or its warm sandboxes.
+        let per_task = |vals: &[u32], warm: bool| -> Vec<Resources> {
+            vals.iter()
+                .map(|&v| {
+                    let mut r = cur.clone();
+                    let field = if warm {
+                        &mut r.env_warm
+                    } else {
+                        &mut r.env_cores
+                    };
+                    for d in &sandboxed {
+                        field.insert(d.to_string(), if warm { v } else { v.max(1) });
+                    }
+                    r
+                })
+                .collect()
+        };
+        for (vals, warm) in [(&self.env_cores, false), (&self.env_warm, true)] {
+            if !vals.is_empty() && !sandboxed.is_empty() {
+                dims.push(per_task(vals, warm));
+            }
         }
         for (f, vals) in &self.reward_replicas {
             dims.push(
