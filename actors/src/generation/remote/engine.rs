@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::health::{Health, probe, wait_ready};
+use super::health::{Health, probe, read_load, wait_ready};
 use super::{Completion, Progress, ServerClient, ServerError, ServerInfo};
 use crate::error::SharedError;
 use crate::generation::{
@@ -141,6 +141,11 @@ impl RemoteEngine {
         let probe = rt.spawn(async move {
             let ready = wait_ready(&*c, within).await;
             let ok = ready.is_ok();
+            if ok {
+                // The server's own load is known before the first placement that uses it: a
+                // shared server's other clients count from the start, not from the first beat.
+                read_load(&*c, &h, Duration::from_secs(5)).await;
+            }
             let _ = tx.send(Event::Ready(ready));
             w.notify_one();
             if ok {

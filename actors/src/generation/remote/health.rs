@@ -53,6 +53,20 @@ pub(super) async fn wait_ready(
     }
 }
 
+/// Asks the server for its own load (all clients' requests) within `within` and records it
+/// in `health`; a server without a load endpoint, or one that does not answer, leaves the
+/// last figure.
+pub(super) async fn read_load(client: &dyn ServerClient, health: &Health, within: Duration) {
+    if let Ok(Some(l)) = tokio::time::timeout(within, client.server_load()).await {
+        health
+            .server_running
+            .store(l.running as u64 + 1, Ordering::Relaxed);
+        health
+            .server_waiting
+            .store(l.waiting as u64 + 1, Ordering::Relaxed);
+    }
+}
+
 /// Checks the server's health every `every` until dropped, recording beats, outages and the
 /// server's load in `health` and waking the engine after each check.
 pub(super) async fn probe(
@@ -73,16 +87,7 @@ pub(super) async fn probe(
         if ok {
             health.down_since_ms.store(0, Ordering::Relaxed);
             health.up.store(true, Ordering::Relaxed);
-            if let Ok(Some(l)) =
-                tokio::time::timeout(every.max(Duration::from_secs(5)), client.server_load()).await
-            {
-                health
-                    .server_running
-                    .store(l.running as u64 + 1, Ordering::Relaxed);
-                health
-                    .server_waiting
-                    .store(l.waiting as u64 + 1, Ordering::Relaxed);
-            }
+            read_load(&*client, &health, every.max(Duration::from_secs(5))).await;
             health.beats.fetch_add(1, Ordering::Relaxed);
         } else if health.up.swap(false, Ordering::Relaxed) {
             let ms = started.elapsed().as_millis().max(1) as u64;
