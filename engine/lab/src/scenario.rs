@@ -47,4 +47,6 @@ pub use results::{CheckResult, RunResult, ScenarioResult, table};
 pub use run::{events_of, peak_rss_kib, peak_rss_mib, run, run_jobs, run_one};
 
 #[cfg(test)]
+mod golden;
+#[cfg(test)]
 mod tests;
