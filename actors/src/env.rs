@@ -20,7 +20,7 @@ pub struct Observation {
     pub text: String,
     /// Token ids, when the environment produces them itself (simulators); otherwise the
     /// episode encodes `text` with the policy's tokenizer.
-    pub tokens: Option<Vec<u32>>,
+    pub tokens: Option<crate::tokens::Tokens>,
     /// For simulators only: the length of the simulated policy's next answer.
     pub sim_response_len: Option<u32>,
     /// The task's reference (answer, tests) for reward functions; set at reset.
@@ -111,7 +111,7 @@ pub trait Environment: Send + 'static {
     fn step(
         &mut self,
         action: &str,
-        action_tokens: &[u32],
+        action_tokens: &crate::tokens::Tokens,
     ) -> impl Future<Output = Result<StepOutcome, EnvError>> + Send;
     fn close(&mut self) -> impl Future<Output = ()> + Send;
 }
@@ -126,7 +126,7 @@ pub trait DynEnvironment: Send + 'static {
     fn step_boxed<'a>(
         &'a mut self,
         action: &'a str,
-        tokens: &'a [u32],
+        tokens: &'a crate::tokens::Tokens,
     ) -> futures::future::BoxFuture<'a, Result<StepOutcome, EnvError>>;
     fn close_boxed(&mut self) -> futures::future::BoxFuture<'_, ()>;
 }
@@ -142,7 +142,7 @@ impl<E: Environment> DynEnvironment for E {
     fn step_boxed<'a>(
         &'a mut self,
         action: &'a str,
-        tokens: &'a [u32],
+        tokens: &'a crate::tokens::Tokens,
     ) -> futures::future::BoxFuture<'a, Result<StepOutcome, EnvError>> {
         Box::pin(self.step(action, tokens))
     }
@@ -162,7 +162,7 @@ pub enum EnvMsg {
     ),
     Step(
         String,
-        Vec<u32>,
+        crate::tokens::Tokens,
         RpcReplyPort<Result<StepOutcome, EnvError>>,
     ),
     Close,
@@ -402,7 +402,7 @@ impl EnvLease {
     pub async fn step(
         &mut self,
         action: String,
-        tokens: Vec<u32>,
+        tokens: crate::tokens::Tokens,
     ) -> Result<StepOutcome, EnvError> {
         let t = self.pool.call_timeout;
         let a = self.actor()?.clone();

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::types::{PolicyVersion, VersionSpan};
+use crate::types::{Logprobs, PolicyVersion, Tokens, VersionSpan};
 use crate::weights::Weights;
 
 /// What happens to sequences in flight when new weights are installed.
@@ -73,7 +73,7 @@ pub struct GenRequest {
     pub id: u64,
     /// Trajectory the request belongs to; the engine keeps its prefix cache between turns.
     pub session: u64,
-    pub context: Arc<Vec<u32>>,
+    pub context: Arc<Tokens>,
     pub params: SamplingParams,
     /// For simulators only: how many tokens the simulated policy answers with.
     pub sim_response_len: Option<u32>,
@@ -100,8 +100,8 @@ pub enum FinishReason {
 /// A finished generation.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GenOutput {
-    pub tokens: Vec<u32>,
-    pub logprobs: Vec<f32>,
+    pub tokens: Tokens,
+    pub logprobs: Logprobs,
     pub versions: Vec<VersionSpan>,
     pub finish: FinishReason,
     /// Context tokens that were prefilled (not served from the prefix cache).

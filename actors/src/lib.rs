@@ -6,6 +6,7 @@
 //! - [`chat`]: an agent's conversation (messages, tool calls, tools), whatever API carried it.
 //! - [`agent`]: agents' conversations as exact token contexts, tool calls, segments.
 //! - [`types`]: trajectories, turns, policy versions, failure reasons.
+//! - [`tokens`]: token and log-probability sequences, held or drawn (simulators).
 //! - [`dist`]: seeded latency / length distributions used by simulators.
 //! - [`device`]: device and model profiles, the roofline the mapper and the simulator share,
 //!   and GPU discovery behind the `cuda` feature.
@@ -47,6 +48,7 @@ pub mod model;
 pub mod reward;
 pub mod rl;
 pub mod supervisor;
+pub mod tokens;
 pub mod trainer;
 pub mod types;
 pub mod weights;

@@ -168,7 +168,7 @@ impl TrajectoryScorer for FunctionReward {
                 token_ids: traj
                     .turns
                     .last()
-                    .map(|t| t.response_tokens.clone())
+                    .map(|t| t.response_tokens.to_vec())
                     .unwrap_or_default(),
                 env_reward: traj.turns.iter().map(|t| t.env_reward).sum(),
                 transcript: traj
@@ -326,8 +326,8 @@ mod tests {
             let t = Trajectory::for_test(
                 "t",
                 crate::types::Turn {
-                    observation_tokens: vec![1; 3_000],
-                    response_tokens: vec![2; 1_000],
+                    observation_tokens: vec![1; 3_000].into(),
+                    response_tokens: vec![2; 1_000].into(),
                     env_reward: 1.0,
                     ..Default::default()
                 },

@@ -2,6 +2,8 @@
 //! and into the durable log.
 
 use serde::{Deserialize, Serialize};
+
+pub use crate::tokens::{Logprobs, Tokens};
 use utoipa::ToSchema;
 
 /// A policy version: 0 is the initial weights; training step `s` produces version `s + 1`.
@@ -82,11 +84,14 @@ pub struct VersionSpan {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Turn {
     /// Tokens appended to the context before generation (observation, prompt); loss mask 0.
-    pub observation_tokens: Vec<u32>,
+    #[schema(value_type = Vec<u32>)]
+    pub observation_tokens: Tokens,
     /// Tokens the policy generated this turn; loss mask 1.
-    pub response_tokens: Vec<u32>,
+    #[schema(value_type = Vec<u32>)]
+    pub response_tokens: Tokens,
     /// Behaviour log-probability of each response token, as sampled.
-    pub logprobs: Vec<f32>,
+    #[schema(value_type = Vec<f32>)]
+    pub logprobs: Logprobs,
     /// Which policy version produced which response tokens (a partial rollout spans updates).
     pub versions: Vec<VersionSpan>,
     /// Reward the environment gave for this step.
@@ -457,9 +462,9 @@ mod tests {
 
     fn turn(obs: &[u32], resp: u32, dropped: u32) -> Turn {
         Turn {
-            observation_tokens: obs.to_vec(),
-            response_tokens: vec![resp],
-            logprobs: vec![-(resp as f32) / 10.0],
+            observation_tokens: obs.to_vec().into(),
+            response_tokens: vec![resp].into(),
+            logprobs: vec![-(resp as f32) / 10.0].into(),
             dropped,
             ..Turn::default()
         }
@@ -555,7 +560,7 @@ mod tests {
         assert!((t.decode_context() - 4.4).abs() < 1e-12);
         // A longer answer: its tokens see the observation and the answer so far.
         let mut long = turn(&[1, 2], 3, 0);
-        long.response_tokens = vec![3, 4, 5];
+        long.response_tokens = vec![3, 4, 5].into();
         let t = Trajectory::for_test("b", long, None);
         assert_eq!(t.decode_context(), 3.0);
         assert_eq!(

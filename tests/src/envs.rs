@@ -41,8 +41,8 @@ async fn the_protocol_round_trips_a_builtin_game() {
     );
     for a in ["down", "down", "jump", "right", "right", "down", "right"] {
         let (r, l) = (
-            remote.step(a, &[]).await.unwrap(),
-            local.step_boxed(a, &[]).await.unwrap(),
+            remote.step(a, &Default::default()).await.unwrap(),
+            local.step_boxed(a, &Default::default()).await.unwrap(),
         );
         assert_eq!(
             (
@@ -186,7 +186,7 @@ async fn the_gymnasium_bridge_serves_four_real_environments() {
     assert!(e.reset(1).await.unwrap().text.starts_with("[S]FFF"));
     let mut last = None;
     for a in ["down", "down", "right", "right", "down", "right"] {
-        last = Some(e.step(a, &[]).await.unwrap());
+        last = Some(e.step(a, &Default::default()).await.unwrap());
     }
     let last = last.unwrap();
     assert!(last.terminated && last.success && last.reward == 1.0);
@@ -194,16 +194,24 @@ async fn the_gymnasium_bridge_serves_four_real_environments() {
     // Taxi: moves by name, invalid actions reported, never fatal.
     let mut e = bridge("Taxi-v3", None);
     assert!(e.reset(2).await.unwrap().text.contains("+---------+"));
-    let s = e.step("north", &[]).await.unwrap();
+    let s = e.step("north", &Default::default()).await.unwrap();
     assert!(!s.invalid_action && s.reward == -1.0);
-    assert!(e.step("teleport", &[]).await.unwrap().invalid_action);
+    assert!(
+        e.step("teleport", &Default::default())
+            .await
+            .unwrap()
+            .invalid_action
+    );
     e.close().await;
     // CliffWalking: stepping right from the start falls off the cliff (−100).
     let mut e = bridge("CliffWalking-v0", None);
     e.reset(0).await.unwrap();
-    assert_eq!(e.step("right", &[]).await.unwrap().reward, -100.0);
     assert_eq!(
-        e.step("1", &[]).await.unwrap().reward,
+        e.step("right", &Default::default()).await.unwrap().reward,
+        -100.0
+    );
+    assert_eq!(
+        e.step("1", &Default::default()).await.unwrap().reward,
         -100.0,
         "indices work too"
     );
@@ -211,7 +219,7 @@ async fn the_gymnasium_bridge_serves_four_real_environments() {
     // Blackjack (no text rendering: the raw observation), one decision ends it.
     let mut e = bridge("Blackjack-v1", None);
     assert!(e.reset(1).await.unwrap().text.starts_with("observation: "));
-    let s = e.step("stick", &[]).await.unwrap();
+    let s = e.step("stick", &Default::default()).await.unwrap();
     assert!(s.terminated);
     e.close().await;
 }

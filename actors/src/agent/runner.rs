@@ -75,7 +75,11 @@ impl Environment for AgentSlot {
         ))
     }
 
-    async fn step(&mut self, _action: &str, _tokens: &[u32]) -> Result<StepOutcome, EnvError> {
+    async fn step(
+        &mut self,
+        _action: &str,
+        _tokens: &crate::tokens::Tokens,
+    ) -> Result<StepOutcome, EnvError> {
         Err(EnvError::Reported(
             "an agent task's slot is not an environment".into(),
         ))

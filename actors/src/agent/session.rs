@@ -19,7 +19,7 @@ use crate::types::PolicyVersion;
 #[derive(Clone, Debug)]
 pub struct Prepared {
     /// The whole context to generate from.
-    pub context: Arc<Vec<u32>>,
+    pub context: Arc<crate::tokens::Tokens>,
     /// Ids this request adds to the session (the turn's observation): the new ids after the
     /// session's context, or the whole context for a new segment.
     pub observation: Vec<u32>,
@@ -91,7 +91,7 @@ impl Session {
             ids.clone()
         };
         Ok(Prepared {
-            context: Arc::new(ids),
+            context: Arc::new(ids.into()),
             observation,
             restart,
         })
@@ -123,7 +123,7 @@ impl Session {
         }
         self.generated.push(Generated {
             message,
-            ids: out.tokens.clone().into(),
+            ids: out.tokens[..].into(),
         });
     }
 }

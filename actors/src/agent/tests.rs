@@ -30,12 +30,12 @@ fn weather() -> ToolSpec {
 /// An answer as an engine returns it: `ids`, one logprob each, under version `v`.
 fn answer(ids: Vec<u32>, v: u64) -> GenOutput {
     GenOutput {
-        logprobs: vec![-0.5; ids.len()],
+        logprobs: vec![-0.5; ids.len()].into(),
         versions: vec![VersionSpan {
             version: v,
             tokens: ids.len() as u32,
         }],
-        tokens: ids,
+        tokens: ids.into(),
         finish: FinishReason::Stop,
         prefill_tokens: 0,
     }
@@ -118,7 +118,7 @@ fn generated_answers_keep_their_ids_and_the_context_only_grows() {
         let p = s.prepare(&conv).unwrap();
         assert!(!p.restart, "turn {turn}");
         if turn == 0 {
-            assert_eq!(p.observation, *p.context);
+            assert_eq!(p.observation, p.context[..]);
         } else {
             // Only the tool result and the generation prompt are new.
             let new = tok.decode(&p.observation).unwrap();
@@ -199,7 +199,8 @@ fn an_edited_history_starts_a_new_segment_that_still_holds_the_generated_ids() {
     let p = s.prepare(&conv).unwrap();
     assert!(p.restart);
     assert_eq!(
-        p.observation, *p.context,
+        p.observation,
+        p.context[..],
         "a new segment's observation is its whole context"
     );
     assert!(

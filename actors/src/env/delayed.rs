@@ -61,7 +61,11 @@ impl Environment for Delayed {
         r
     }
 
-    async fn step(&mut self, action: &str, action_tokens: &[u32]) -> Result<StepOutcome, EnvError> {
+    async fn step(
+        &mut self,
+        action: &str,
+        action_tokens: &crate::tokens::Tokens,
+    ) -> Result<StepOutcome, EnvError> {
         let r = self.inner.step_boxed(action, action_tokens).await;
         Self::delay(self.step.as_ref(), &mut self.rng).await;
         r

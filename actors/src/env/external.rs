@@ -257,7 +257,11 @@ impl Environment for ExternalEnv {
         })
     }
 
-    async fn step(&mut self, action: &str, _tokens: &[u32]) -> Result<StepOutcome, EnvError> {
+    async fn step(
+        &mut self,
+        action: &str,
+        _tokens: &crate::tokens::Tokens,
+    ) -> Result<StepOutcome, EnvError> {
         let r = self
             .call(&Request::Step {
                 v: self.cfg.protocol,

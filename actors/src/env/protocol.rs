@@ -21,6 +21,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::tokens::Tokens;
+
 pub const PROTOCOL_VERSION: u32 = 1;
 /// The newest version: dataset rows on reset, references on step.
 pub const PROTOCOL_V2: u32 = 2;
@@ -198,24 +200,26 @@ where
                         Err(e) => (fail(infra::error_chain(&e)), false),
                     }
                 }
-                Ok(Request::Step { action, .. }) => match env.step_boxed(&action, &[]).await {
-                    Ok(s) => (
-                        Response {
-                            v: version,
-                            ok: true,
-                            observation: Some(s.observation.text),
-                            reward: Some(s.reward),
-                            terminated: Some(s.terminated),
-                            truncated: Some(s.truncated),
-                            info: Some(
-                                serde_json::json!({ "success": s.success, "invalid_action": s.invalid_action }),
-                            ),
-                            error: None,
-                        },
-                        false,
-                    ),
-                    Err(e) => (fail(infra::error_chain(&e)), false),
-                },
+                Ok(Request::Step { action, .. }) => {
+                    match env.step_boxed(&action, &Tokens::new()).await {
+                        Ok(s) => (
+                            Response {
+                                v: version,
+                                ok: true,
+                                observation: Some(s.observation.text),
+                                reward: Some(s.reward),
+                                terminated: Some(s.terminated),
+                                truncated: Some(s.truncated),
+                                info: Some(
+                                    serde_json::json!({ "success": s.success, "invalid_action": s.invalid_action }),
+                                ),
+                                error: None,
+                            },
+                            false,
+                        ),
+                        Err(e) => (fail(infra::error_chain(&e)), false),
+                    }
+                }
                 Ok(Request::Close { .. }) => {
                     env.close_boxed().await;
                     (

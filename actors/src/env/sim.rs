@@ -7,6 +7,7 @@ use rand::{Rng, SeedableRng};
 
 use super::{EnvError, Environment, Observation, StepOutcome};
 use crate::dist::Dist;
+use crate::tokens::{Draw, Tokens};
 
 /// Largest sampled observation or response length (a heavy tail is cut here; specs are
 /// validated against the same bound).
@@ -156,17 +157,14 @@ impl SimEnv {
         } else {
             &self.cfg.observation_tokens
         };
-        let n = d.sample(&mut self.rng).round().clamp(1.0, MAX_TOKENS) as usize;
-        // Token values do not matter to the simulator: a cheap xorshift stream.
-        let mut x = self.rng.random::<u64>() | 1;
-        let tokens = (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                1 + (x % 31_999) as u32
-            })
-            .collect();
+        let n = d.sample(&mut self.rng).round().clamp(1.0, MAX_TOKENS) as u32;
+        // Token values do not matter to the simulator: a cheap xorshift stream, drawn (its
+        // values computed only if something reads them).
+        let tokens = Tokens::drawn(Draw {
+            seed: self.rng.random::<u64>() | 1,
+            len: n,
+            modulus: 31_999,
+        });
         let len = (self.cfg.response_tokens.sample(&mut self.rng) * self.factor)
             .round()
             .clamp(1.0, MAX_TOKENS) as u32;
@@ -242,7 +240,11 @@ impl Environment for SimEnv {
         Ok(self.started())
     }
 
-    async fn step(&mut self, _action: &str, _tokens: &[u32]) -> Result<StepOutcome, EnvError> {
+    async fn step(
+        &mut self,
+        _action: &str,
+        _tokens: &crate::tokens::Tokens,
+    ) -> Result<StepOutcome, EnvError> {
         let d = self.cfg.step_latency.clone();
         let cpu = self
             .cfg

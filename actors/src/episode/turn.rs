@@ -13,14 +13,14 @@ use super::{
 use crate::env::Observation;
 use crate::generation::shard::ShardHandle;
 use crate::generation::{GenError, GenOutput, GenRequest, SamplingParams};
-use crate::types::{FailureReason, Trajectory, Turn};
+use crate::types::{FailureReason, Tokens, Trajectory, Turn};
 
 /// The context the policy sees, and what was left out of it.
 #[derive(Default)]
 pub(super) struct Context {
     /// Shared with the engine while a request is in flight; appended in place once the
     /// engine has let go of it (no copy of the whole history per turn).
-    tokens: Arc<Vec<u32>>,
+    tokens: Arc<Tokens>,
     /// Turns after the first left out of it (`Truncation::DropOldestTurns`).
     dropped: u32,
     /// The model's own context limit, once an engine has named it.
@@ -46,10 +46,10 @@ impl Context {
             return false;
         }
         self.dropped = u32::try_from(d).unwrap_or(u32::MAX);
-        let mut v = Vec::with_capacity(len + extra);
+        let mut v = Tokens::new();
         for t in std::iter::once(&turns[0]).chain(&turns[1 + d..]) {
-            v.extend_from_slice(&t.observation_tokens);
-            v.extend_from_slice(&t.response_tokens);
+            v.extend_from(&t.observation_tokens);
+            v.extend_from(&t.response_tokens);
         }
         self.tokens = Arc::new(v);
         true
@@ -76,12 +76,14 @@ fn encode(
     obs: &Observation,
     framing: Option<&dyn Framing>,
     first: bool,
-    previous: &[u32],
-) -> Result<Vec<u32>, FramingError> {
+    previous: Option<&Tokens>,
+) -> Result<Tokens, FramingError> {
     Ok(match (framing, &obs.tokens) {
         (Some(f), _) => match &obs.messages {
-            Some(m) if first => f.prompt(m)?,
-            _ => f.observation(&obs.text, first, previous)?,
+            Some(m) if first => f.prompt(m)?.into(),
+            _ => f
+                .observation(&obs.text, first, previous.map_or(&[][..], |t| &t[..]))?
+                .into(),
         },
         (None, Some(t)) => t.clone(),
         (None, None) => obs.text.bytes().map(u32::from).collect(),
@@ -102,10 +104,7 @@ pub(super) async fn generate(
     traj: &mut Trajectory,
 ) -> Result<Turn, TurnEnd> {
     let task = &shared.tasks[p.task];
-    let previous = traj
-        .turns
-        .last()
-        .map_or(&[][..], |t| &t.response_tokens[..]);
+    let previous = traj.turns.last().map(|t| &t.response_tokens);
     let observation_tokens = encode(obs, shared.framing.as_deref(), turn_no == 0, previous)
         .map_err(|e| TurnEnd::Failed(FailureReason::EnvFailed(infra::error_chain(&e))))?;
     let dropping = task.truncation == Truncation::DropOldestTurns;
@@ -114,7 +113,7 @@ pub(super) async fn generate(
         attempt += 1;
         let max_tokens = fit_budget(task, p, turn_no, observation_tokens.len(), context, traj)?;
         let base = context.tokens.len();
-        Arc::make_mut(&mut context.tokens).extend_from_slice(&observation_tokens);
+        Arc::make_mut(&mut context.tokens).extend_from(&observation_tokens);
         let mut req = request(shared, p, obs, turn_no, context.tokens.clone(), max_tokens);
         if task.context_keep < 1.0 {
             req.reusable = Some((task.context_keep.max(0.0) * base as f64) as u64);
@@ -136,7 +135,7 @@ pub(super) async fn generate(
             }
             Err(e) => return Err(turn_end(turn_no, e)),
         };
-        Arc::make_mut(&mut context.tokens).extend_from_slice(&out.tokens);
+        Arc::make_mut(&mut context.tokens).extend_from(&out.tokens);
         return Ok(Turn {
             observation_tokens,
             response_tokens: out.tokens,
@@ -202,7 +201,7 @@ fn request(
     p: &EpisodeParams,
     obs: &Observation,
     turn_no: u32,
-    context: Arc<Vec<u32>>,
+    context: Arc<Tokens>,
     max_tokens: u32,
 ) -> GenRequest {
     let task = &shared.tasks[p.task];

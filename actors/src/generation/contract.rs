@@ -14,7 +14,7 @@ pub fn request(id: u64, context: Vec<u32>, max_tokens: u32, seed: u64) -> GenReq
     GenRequest {
         id,
         session: id,
-        context: Arc::new(context),
+        context: Arc::new(context.into()),
         params: SamplingParams {
             temperature: 1.0,
             top_p: 1.0,
@@ -251,9 +251,9 @@ mod tests {
     fn batch() -> Batch {
         let t = |r: f64, tok: u32| {
             let turn = crate::types::Turn {
-                observation_tokens: ctx(),
-                response_tokens: vec![tok, tok],
-                logprobs: vec![-5.0, -5.0],
+                observation_tokens: ctx().into(),
+                response_tokens: vec![tok, tok].into(),
+                logprobs: vec![-5.0, -5.0].into(),
                 ..Default::default()
             };
             crate::types::Trajectory::for_test(&format!("t{tok}"), turn, Some(r))

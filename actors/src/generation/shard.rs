@@ -33,11 +33,11 @@ impl ShardHandle {
     }
 
     pub fn abort(&self, id: u64) {
-        self.current().abort(id);
+        self.with_current(|h| h.abort(id));
     }
 
     pub fn release(&self, session: u64) {
-        self.current().release(session);
+        self.with_current(|h| h.release(session));
     }
 
     /// Leading context tokens of `session` the shard's prefix cache holds.
@@ -49,13 +49,19 @@ impl ShardHandle {
     /// Requests other clients run or queue on this shard's backend (a shared inference
     /// server), as its engine loop last saw them; 0 for engines only this job uses.
     pub fn external_load(&self) -> usize {
-        self.current().external_load()
+        // Read on every placement, for every shard of the pool: no clone of the handle.
+        self.with_current(EngineHandle::external_load)
     }
 
     fn current(&self) -> EngineHandle {
+        self.with_current(EngineHandle::clone)
+    }
+
+    /// `f` of the current loop's handle, under the read lock (never across an await).
+    fn with_current<R>(&self, f: impl FnOnce(&EngineHandle) -> R) -> R {
         match self.inner.read() {
-            Ok(g) => g.clone(),
-            Err(p) => p.into_inner().clone(),
+            Ok(g) => f(&g),
+            Err(p) => f(&p.into_inner()),
         }
     }
 }

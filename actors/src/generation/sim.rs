@@ -20,6 +20,7 @@ use super::{
     FinishReason, GenError, GenOutput, GenRequest, GenerationEngine, InFlightPolicy, LoadReport,
     StepReport,
 };
+use crate::tokens::{Draw, Logprobs, Tokens};
 use crate::types::{PolicyVersion, VersionSpan};
 use crate::weights::Weights;
 
@@ -33,8 +34,8 @@ use prefix_cache::PrefixCache;
 struct Seq {
     req: GenRequest,
     target: u32,
-    tokens: Vec<u32>,
-    logprobs: Vec<f32>,
+    tokens: Tokens,
+    logprobs: Logprobs,
     versions: Vec<VersionSpan>,
     /// Context tokens still to prefill before decoding.
     to_prefill: u64,
@@ -185,26 +186,15 @@ impl SimEngine {
             let before = s.tokens.len();
             if s.req.params.stop_tokens.is_empty() {
                 // The common case (no stop tokens): a cheap xorshift stream seeded from the
-                // request's RNG; a simulated week emits billions of tokens.
-                let mut x = s.rng.random::<u64>() | 1;
-                if s.tokens.capacity() == 0 {
-                    // The whole answer at once: growing by steps reallocated (and copied) each
-                    // answer several times, a fifth of a simulated week's run time.
-                    let whole = (s.target as usize).max(n as usize);
-                    s.tokens.reserve_exact(whole);
-                    s.logprobs.reserve_exact(whole);
-                } else {
-                    s.tokens.reserve(n as usize);
-                    s.logprobs.reserve(n as usize);
-                }
-                for _ in 0..n {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    s.tokens.push(1 + (x % u64::from(vocab - 1)) as u32);
-                    s.logprobs
-                        .push(-((x >> 40) as f32) * (3.0 / (1u64 << 24) as f32));
-                }
+                // request's RNG, drawn: a simulated week emits billions of tokens, which only
+                // count until something reads them.
+                let draw = Draw {
+                    seed: s.rng.random::<u64>() | 1,
+                    len: u32::try_from(n).unwrap_or(u32::MAX),
+                    modulus: vocab - 1,
+                };
+                s.tokens.push_draw(draw);
+                s.logprobs.push_draw(draw);
             } else {
                 for _ in 0..n {
                     let tok = s.rng.random_range(1..vocab);
@@ -232,10 +222,11 @@ impl SimEngine {
         let mut i = 0;
         while i < self.running.len() {
             let s = &self.running[i];
-            let stop = s
-                .tokens
-                .last()
-                .is_some_and(|t| s.req.params.stop_tokens.contains(t));
+            // (A drawn answer has no stop tokens: its values are not read.)
+            let stop = !s.req.params.stop_tokens.is_empty()
+                && s.tokens
+                    .last()
+                    .is_some_and(|t| s.req.params.stop_tokens.contains(t));
             // A prefill-only request (P/D: the decode shard generates) is done when its whole
             // context is prefilled, not after its first step (0 tokens ≥ a target of 0).
             let done = if s.target == 0 {
@@ -292,8 +283,8 @@ impl GenerationEngine for SimEngine {
         self.waiting.push_back(Seq {
             req,
             target,
-            tokens: Vec::new(),
-            logprobs: Vec::new(),
+            tokens: Tokens::new(),
+            logprobs: Logprobs::new(),
             versions: Vec::new(),
             to_prefill,
             prefilled_total: 0,

@@ -474,8 +474,8 @@ impl<D: Decoder> BuiltinEngine<D> {
                         report.finished.push((
                             s.req.id,
                             Ok(GenOutput {
-                                tokens: s.tokens,
-                                logprobs: s.logprobs,
+                                tokens: s.tokens.into(),
+                                logprobs: s.logprobs.into(),
                                 versions: s.versions,
                                 finish,
                                 prefill_tokens: s.prefilled,

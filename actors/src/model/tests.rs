@@ -33,9 +33,9 @@ fn traj(group: u64, obs: Vec<u32>, resp: Vec<u32>, lps: Vec<f32>, reward: f64) -
         pool: "p".into(),
         shard: 0,
         turns: vec![Turn {
-            observation_tokens: obs,
-            response_tokens: resp,
-            logprobs: lps,
+            observation_tokens: obs.into(),
+            response_tokens: resp.into(),
+            logprobs: lps.into(),
             versions: vec![],
             env_reward: reward,
             prefill_tokens: 0,
@@ -241,7 +241,7 @@ fn req(id: u64, context: Vec<u32>, max_tokens: u32, seed: u64, temperature: f32)
     GenRequest {
         id,
         session: id,
-        context: Arc::new(context),
+        context: Arc::new(context.into()),
         params: SamplingParams {
             temperature,
             top_p: 1.0,
@@ -331,8 +331,8 @@ fn generation_logprobs_equal_the_trainers_recomputed_ones() {
                 traj(
                     0,
                     contexts[*id as usize].clone(),
-                    o.tokens.clone(),
-                    o.logprobs.clone(),
+                    o.tokens.to_vec(),
+                    o.logprobs.to_vec(),
                     0.0,
                 )
             })
@@ -406,8 +406,8 @@ fn constrained_decoding_samples_only_allowed_tokens_and_the_trainer_agrees() {
             let mut t = traj(
                 0,
                 contexts[*id as usize].clone(),
-                o.tokens.clone(),
-                o.logprobs.clone(),
+                o.tokens.to_vec(),
+                o.logprobs.to_vec(),
                 0.0,
             );
             t.allowed_tokens = Some(allowed.to_vec());
@@ -619,7 +619,13 @@ fn the_policy_learns_to_answer_with_the_digit_shown() {
                     } else {
                         0.0
                     };
-                    traj(g as u64, prompt(d), o.tokens.clone(), o.logprobs.clone(), r)
+                    traj(
+                        g as u64,
+                        prompt(d),
+                        o.tokens.to_vec(),
+                        o.logprobs.to_vec(),
+                        r,
+                    )
                 })
                 .collect();
             groups.push(Group {

@@ -193,7 +193,7 @@ async fn overhead(
                 .generate(GenRequest {
                     id: (1 << 40) | (e * CALLS_PER_EPISODE + i) as u64,
                     session: (1 << 40) | e as u64,
-                    context: Arc::new(context),
+                    context: Arc::new(context.into()),
                     params: SamplingParams {
                         max_tokens: 24,
                         stop_tokens: tok_stops(opts),

@@ -370,7 +370,7 @@ impl Episode {
             ..call_record
         };
         st.turns.push(Turn {
-            observation_tokens: prepared.observation,
+            observation_tokens: prepared.observation.into(),
             response_tokens: out.tokens,
             logprobs: out.logprobs,
             versions: out.versions,

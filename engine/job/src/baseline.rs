@@ -42,7 +42,8 @@ pub fn random_policy_success(
                     }
                     for _ in 0..max_turns {
                         let a = alphabet[rng.random_range(0..alphabet.len())];
-                        let Ok(out) = env.step_boxed(&a.to_string(), &[a as u32]).await else {
+                        let Ok(out) = env.step_boxed(&a.to_string(), &vec![a as u32].into()).await
+                        else {
                             break;
                         };
                         if out.success {

@@ -156,7 +156,11 @@ impl Environment for DatasetEnv {
         })
     }
 
-    async fn step(&mut self, action: &str, _tokens: &[u32]) -> Result<StepOutcome, EnvError> {
+    async fn step(
+        &mut self,
+        action: &str,
+        _tokens: &crate::tokens::Tokens,
+    ) -> Result<StepOutcome, EnvError> {
         if self.done {
             return Err(EnvError::EpisodeOver);
         }
@@ -214,11 +218,14 @@ mod tests {
             assert_eq!(m.len(), 2);
             assert_eq!(m[0].role, "system");
             assert_eq!(obs.reference, Some(serde_json::json!({"answer": "42"})));
-            let s = env.step("so the answer is \\boxed{42}", &[]).await.unwrap();
+            let s = env
+                .step("so the answer is \\boxed{42}", &Default::default())
+                .await
+                .unwrap();
             assert!(s.terminated && s.success);
             assert_eq!(s.reward, 1.0);
             assert!(matches!(
-                env.step("again", &[]).await,
+                env.step("again", &Default::default()).await,
                 Err(EnvError::EpisodeOver)
             ));
             // A wrong answer, and a numeric ground truth.
@@ -231,7 +238,7 @@ mod tests {
             )
             .await
             .unwrap();
-            let s = env.step("3", &[]).await.unwrap();
+            let s = env.step("3", &Default::default()).await.unwrap();
             assert!(s.terminated && !s.success);
             assert_eq!(s.reward, 0.0);
         });
@@ -251,10 +258,10 @@ mod tests {
             ]);
             let obs = env.reset_with(0, record(msgs, "yes".into())).await.unwrap();
             assert_eq!(obs.messages.as_ref().map(Vec::len), Some(2));
-            let s = env.step("red", &[]).await.unwrap();
+            let s = env.step("red", &Default::default()).await.unwrap();
             assert!(!s.terminated);
             assert_eq!(s.observation.text, "Now say yes.");
-            let s = env.step(" yes ", &[]).await.unwrap();
+            let s = env.step(" yes ", &Default::default()).await.unwrap();
             assert!(s.terminated && s.success);
         });
     }

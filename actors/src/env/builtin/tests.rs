@@ -34,20 +34,23 @@ fn frozenlake_follows_the_rules() {
         let obs = e.reset(0).await.unwrap();
         assert_eq!(obs.text, "P F F F\nF H F H\nF F F H\nH F F G\n");
         // Walls hold the agent in place.
-        let s = e.step("up", &[]).await.unwrap();
+        let s = e.step("up", &Default::default()).await.unwrap();
         assert!(!s.terminated && s.observation.text.starts_with('P'));
         // down, down, right, right, down, right reaches G on the classic map.
         let mut last = None;
         for a in ["down", "down", "right", "right", "down", "right"] {
-            last = Some(e.step(a, &[]).await.unwrap());
+            last = Some(e.step(a, &Default::default()).await.unwrap());
         }
         let last = last.unwrap();
         assert!(last.terminated && last.success && last.reward == 1.0);
-        assert!(e.step("down", &[]).await.is_err(), "no step after the end");
+        assert!(
+            e.step("down", &Default::default()).await.is_err(),
+            "no step after the end"
+        );
         // Right from the start then down falls into the hole at (1,1).
         e.reset(0).await.unwrap();
-        e.step("right", &[]).await.unwrap();
-        let s = e.step("down", &[]).await.unwrap();
+        e.step("right", &Default::default()).await.unwrap();
+        let s = e.step("down", &Default::default()).await.unwrap();
         assert!(s.terminated && !s.success && s.reward == 0.0);
     });
 }
@@ -63,7 +66,7 @@ fn frozenlake_invalid_actions_cost_the_penalty_or_end_the_episode() {
             ..Default::default()
         });
         e.reset(1).await.unwrap();
-        let s = e.step("fly", &[]).await.unwrap();
+        let s = e.step("fly", &Default::default()).await.unwrap();
         assert!(s.invalid_action && s.reward == -0.5 && !s.terminated && !s.truncated);
         let mut e = FrozenLake::new(FrozenLakeConfig {
             invalid: InvalidAction {
@@ -73,7 +76,10 @@ fn frozenlake_invalid_actions_cost_the_penalty_or_end_the_episode() {
             ..Default::default()
         });
         e.reset(1).await.unwrap();
-        let s = e.step("\u{0}\u{1}garbage", &[]).await.unwrap();
+        let s = e
+            .step("\u{0}\u{1}garbage", &Default::default())
+            .await
+            .unwrap();
         assert!(s.invalid_action && s.truncated);
     });
 }
@@ -93,7 +99,7 @@ fn frozenlake_seeds_fix_random_maps_and_slips() {
                 let mut e = FrozenLake::new(cfg);
                 let mut texts = vec![e.reset(seed).await.unwrap().text];
                 for _ in 0..10 {
-                    let s = e.step("right", &[]).await.unwrap();
+                    let s = e.step("right", &Default::default()).await.unwrap();
                     texts.push(s.observation.text);
                     if s.terminated {
                         break;
@@ -117,7 +123,13 @@ fn frozenlake_seeds_fix_random_maps_and_slips() {
                 ..Default::default()
             });
             e.reset(seed).await.unwrap();
-            moved.insert(e.step("right", &[]).await.unwrap().observation.text);
+            moved.insert(
+                e.step("right", &Default::default())
+                    .await
+                    .unwrap()
+                    .observation
+                    .text,
+            );
         }
         assert!(moved.len() >= 2, "slippery ice never slipped");
     });
@@ -152,7 +164,7 @@ fn sokoban_rooms_are_solvable_and_pushing_works() {
         }
         let mut e = Sokoban::new(SokobanConfig::default());
         e.reset(0).await.unwrap();
-        let s = e.step("sideways", &[]).await.unwrap();
+        let s = e.step("sideways", &Default::default()).await.unwrap();
         assert!(s.invalid_action && s.reward < 0.0);
     });
 }
@@ -175,7 +187,7 @@ async fn solve(cfg: SokobanConfig, seed: u64) -> bool {
             e.reset(seed).await.unwrap();
             let mut last = None;
             for p in path.iter().chain(std::iter::once(&a)) {
-                last = Some(e.step(p, &[]).await.unwrap());
+                last = Some(e.step(p, &Default::default()).await.unwrap());
             }
             let s = last.unwrap();
             if s.success {
@@ -204,13 +216,24 @@ fn arithmetic_checks_the_answer() {
         let q = e.reset(5).await.unwrap().text;
         let ans = e.answer();
         assert!(q.ends_with('='));
-        let s = e.step(&format!(" {ans} "), &[]).await.unwrap();
+        let s = e
+            .step(&format!(" {ans} "), &Default::default())
+            .await
+            .unwrap();
         assert!(s.success && s.terminated && s.reward == 1.0);
         e.reset(5).await.unwrap();
-        let s = e.step(&format!("{}", ans + 1), &[]).await.unwrap();
+        let s = e
+            .step(&format!("{}", ans + 1), &Default::default())
+            .await
+            .unwrap();
         assert!(!s.success && s.reward == 0.0 && !s.invalid_action);
         e.reset(5).await.unwrap();
-        assert!(e.step("no idea", &[]).await.unwrap().invalid_action);
+        assert!(
+            e.step("no idea", &Default::default())
+                .await
+                .unwrap()
+                .invalid_action
+        );
     });
     for (text, want) in [
         ("12", Some(12)),
@@ -244,12 +267,12 @@ fn tictactoe_opponent_wins_blocks_and_takes_the_centre() {
     block(async {
         let mut e = TicTacToe::new(TicTacToeConfig::default());
         e.reset(0).await.unwrap();
-        let s = e.step("5", &[]).await.unwrap();
+        let s = e.step("5", &Default::default()).await.unwrap();
         assert_eq!(s.observation.text, "O . .\n. X .\n. . .\n");
-        let s = e.step("5", &[]).await.unwrap();
+        let s = e.step("5", &Default::default()).await.unwrap();
         assert!(s.invalid_action, "an occupied cell is invalid");
         // X plays 3 and 7: O must block at 7 first.
-        let s = e.step("3", &[]).await.unwrap();
+        let s = e.step("3", &Default::default()).await.unwrap();
         assert!(!s.terminated, "{}", s.observation.text);
         assert_eq!(
             s.observation.text, "O . X\n. X .\nO . .\n",

@@ -111,7 +111,11 @@ impl Environment for TicTacToe {
         Ok(self.obs())
     }
 
-    async fn step(&mut self, action: &str, _tokens: &[u32]) -> Result<StepOutcome, EnvError> {
+    async fn step(
+        &mut self,
+        action: &str,
+        _tokens: &crate::tokens::Tokens,
+    ) -> Result<StepOutcome, EnvError> {
         if self.done {
             return Err(EnvError::EpisodeOver);
         }

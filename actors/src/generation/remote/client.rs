@@ -46,7 +46,7 @@ pub struct Progress {
 pub struct ServerRequest {
     /// Request id on the server (unique per attempt, for servers that abort by id).
     pub rid: String,
-    pub context: Arc<Vec<u32>>,
+    pub context: Arc<crate::tokens::Tokens>,
     pub params: SamplingParams,
     /// The server slot that holds this session's prefix (servers with slots).
     pub slot: Option<u32>,

@@ -16,7 +16,7 @@ fn req(id: u64, session: u64, context: usize, answer: u32) -> GenRequest {
     GenRequest {
         id,
         session,
-        context: Arc::new(vec![7; context]),
+        context: Arc::new(vec![7; context].into()),
         params: SamplingParams {
             max_tokens: 4096,
             seed: id,

@@ -51,7 +51,7 @@ fn batch(outs: &[GenOutput], rewards: &[f64]) -> Batch {
         .enumerate()
         .map(|(i, ((p, o), r))| {
             let turn = Turn {
-                observation_tokens: p,
+                observation_tokens: p.into(),
                 response_tokens: o.tokens.clone(),
                 logprobs: o.logprobs.clone(),
                 ..Default::default()

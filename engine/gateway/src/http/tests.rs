@@ -47,7 +47,7 @@ impl Generator for Script {
             self.seen.lock().unwrap().push(req);
             let v = *self.version.lock().unwrap();
             Ok(GenOutput {
-                logprobs: vec![-0.1; ids.len()],
+                logprobs: vec![-0.1; ids.len()].into(),
                 versions: vec![VersionSpan {
                     version: v,
                     tokens: ids.len() as u32,
@@ -57,7 +57,7 @@ impl Generator for Script {
                 } else {
                     FinishReason::Stop
                 },
-                tokens: ids,
+                tokens: ids.into(),
                 prefill_tokens: 0,
             })
         })

@@ -296,7 +296,7 @@ mod tests {
             pool: String::new(),
             shard: 0,
             turns: vec![actors::types::Turn {
-                response_tokens: vec![1; tokens],
+                response_tokens: vec![1; tokens].into(),
                 ..Default::default()
             }],
             reward: Some(reward),

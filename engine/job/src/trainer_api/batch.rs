@@ -188,13 +188,14 @@ impl Sample {
                 }
             }
             turns.push(Turn {
-                observation_tokens: self.tokens[prev..start].to_vec(),
-                response_tokens: self.tokens[start..end].to_vec(),
+                observation_tokens: self.tokens[prev..start].to_vec().into(),
+                response_tokens: self.tokens[start..end].to_vec().into(),
                 logprobs: self
                     .behaviour_logprobs
                     .get(start..end)
                     .map(<[f32]>::to_vec)
-                    .unwrap_or_default(),
+                    .unwrap_or_default()
+                    .into(),
                 versions,
                 env_reward: self.per_turn_rewards.get(i).copied().unwrap_or(0.0),
                 dropped: self.dropped_turns.get(i).copied().unwrap_or(0),
@@ -307,8 +308,8 @@ mod tests {
                 .iter()
                 .enumerate()
                 .map(|(i, (obs, resp, v))| Turn {
-                    observation_tokens: ids(obs),
-                    response_tokens: ids(resp),
+                    observation_tokens: ids(obs).into(),
+                    response_tokens: ids(resp).into(),
                     logprobs: resp.iter().map(|&r| -0.1 * f32::from(r % 7 + 1)).collect(),
                     // A response split across two versions (a weight update mid-turn).
                     versions: if resp.len() > 1 {

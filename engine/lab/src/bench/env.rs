@@ -67,7 +67,11 @@ fn per_step_us(rt: &Runtime, factory: EnvFactory, n: usize) -> Result<f64, EnvBe
         let t = wall_now();
         for _ in 0..n {
             // "up" at the start keeps the agent in place: the episode never ends.
-            ractor::call_t!(a, |p| EnvMsg::Step("up".into(), Vec::new(), p), 30_000)??;
+            ractor::call_t!(
+                a,
+                |p| EnvMsg::Step("up".into(), Vec::new().into(), p),
+                30_000
+            )??;
         }
         let el = t.elapsed().as_secs_f64();
         a.stop(None);

@@ -49,7 +49,7 @@ fn request(i: usize, context: Vec<u32>, new: u32) -> GenRequest {
     GenRequest {
         id: i as u64,
         session: i as u64,
-        context: Arc::new(context),
+        context: Arc::new(context.into()),
         params: SamplingParams {
             max_tokens: new,
             seed: i as u64,
@@ -167,9 +167,9 @@ fn batch() -> actors::types::Batch {
         pool: "cpu".into(),
         shard: 0,
         turns: vec![actors::types::Turn {
-            observation_tokens: prompt(k as usize, 64),
-            response_tokens: prompt(k as usize + 100, 64),
-            logprobs: vec![-5.5; 64],
+            observation_tokens: prompt(k as usize, 64).into(),
+            response_tokens: prompt(k as usize + 100, 64).into(),
+            logprobs: vec![-5.5; 64].into(),
             ..Default::default()
         }],
         reward: Some((k % 3) as f64),

@@ -168,7 +168,7 @@ fn training_batch() -> actors::types::Batch {
         turns: vec![actors::types::Turn {
             observation_tokens: (0..64).map(|i| 97 + ((i + k) % 26) as u32).collect(),
             response_tokens: (0..64).map(|i| 97 + ((i * 7 + k) % 26) as u32).collect(),
-            logprobs: vec![-5.5; 64],
+            logprobs: vec![-5.5; 64].into(),
             ..Default::default()
         }],
         reward: Some((k % 3) as f64),

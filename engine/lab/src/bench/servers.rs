@@ -58,7 +58,7 @@ fn wall() -> std::time::Instant {
 async fn direct(http: &reqwest::Client, url: &str, i: usize) -> Result<usize, String> {
     let req = actors::generation::remote::ServerRequest {
         rid: String::new(),
-        context: Arc::new(prompt(i)),
+        context: Arc::new(prompt(i).into()),
         params: params(i),
         slot: Some(0),
         progress: Default::default(),
@@ -116,7 +116,7 @@ fn overhead(dir: &std::path::Path, python: &str) -> Result<(), ServersBenchError
             .generate(GenRequest {
                 id: 1_000_000,
                 session: 1_000_000,
-                context: Arc::new(prompt(999)),
+                context: Arc::new(prompt(999).into()),
                 params: params(999),
                 sim_response_len: None,
                 prefilled: false,
@@ -144,7 +144,7 @@ fn overhead(dir: &std::path::Path, python: &str) -> Result<(), ServersBenchError
                         .generate(GenRequest {
                             id: i as u64,
                             session: i as u64,
-                            context: Arc::new(prompt(2 * i + 1)),
+                            context: Arc::new(prompt(2 * i + 1).into()),
                             params: params(2 * i + 1),
                             sim_response_len: None,
                             prefilled: false,

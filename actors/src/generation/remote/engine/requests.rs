@@ -10,6 +10,7 @@ use super::{Event, Pending, RemoteEngine, Running, backend_error, push_span};
 use crate::error::SharedError;
 use crate::generation::remote::{Completion, Progress, ServerError, ServerRequest};
 use crate::generation::{FinishReason, GenError, GenOutput};
+use crate::tokens::Tokens;
 
 impl RemoteEngine {
     /// Starts waiting requests while slots are free.
@@ -42,13 +43,13 @@ impl RemoteEngine {
         let info = self
             .info
             .expect("slots are free only once the server is ready");
-        let context: Arc<Vec<u32>> = if p.kept.tokens.is_empty() {
+        let context: Arc<Tokens> = if p.kept.tokens.is_empty() {
             p.req.context.clone()
         } else {
             let mut c = Vec::with_capacity(p.req.context.len() + p.kept.tokens.len());
             c.extend_from_slice(&p.req.context);
             c.extend_from_slice(&p.kept.tokens);
-            Arc::new(c)
+            Arc::new(c.into())
         };
         if context.len() + 1 > info.context {
             self.ready.push((
@@ -152,8 +153,8 @@ impl RemoteEngine {
                 self.ready.push((
                     id,
                     Ok(GenOutput {
-                        tokens,
-                        logprobs,
+                        tokens: tokens.into(),
+                        logprobs: logprobs.into(),
                         versions,
                         finish,
                         prefill_tokens: c.prefill_tokens,
