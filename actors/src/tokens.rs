@@ -116,8 +116,11 @@ impl<T: Element> Seq<T> {
         }
         match &mut self.0 {
             Repr::Values(v) if v.is_empty() => {
+                // Room for a few fused steps' streams before the first reallocation.
+                let mut draws = Vec::with_capacity(8);
+                draws.push(draw);
                 self.0 = Repr::Drawn {
-                    draws: vec![draw],
+                    draws,
                     len: draw.len as usize,
                     values: OnceLock::new(),
                 };
