@@ -1,8 +1,9 @@
 //! The simulator's outputs pinned: every run of every example scenario, cut to its first
-//! steps, digested (a CRC-32 of every committed trajectory, its JSON and its token ids and
-//! log-probabilities, in commit order, and one of the job's whole summary). A change
-//! meant to make the simulator faster must leave every digest as it was; `ROLLARC_BLESS=1`
-//! re-pins them after a change meant to alter the outputs (say why in its commit).
+//! steps and to batches of at most 32 trajectories, digested (a CRC-32 of every committed
+//! trajectory, its JSON and its token ids and log-probabilities, in commit order, and one of
+//! the job's whole summary). A change meant to make the simulator faster must leave every
+//! digest as it was; `ROLLARC_BLESS=1` re-pins them after a change meant to alter the outputs
+//! (say why in its commit).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -19,6 +20,9 @@ use super::Scenario;
 /// Steps of each run kept: enough for a weight update, staleness and the second step's
 /// prefix-cache hits, few enough for a test.
 const STEPS: u64 = 2;
+
+/// Trajectories per step at most (of 32 to 128), for the same reason.
+const BATCH: usize = 32;
 
 /// Folds every committed trajectory (its JSON) into one CRC, in commit order.
 #[derive(Default)]
@@ -73,6 +77,7 @@ fn digests(sc: &Scenario) -> BTreeMap<String, RunDigest> {
     for r in &sc.runs {
         let mut spec = r.spec.clone();
         spec.rollout.steps = Some(spec.rollout.steps.map_or(STEPS, |s| s.min(STEPS)));
+        spec.rollout.batch_size = spec.rollout.batch_size.map(|b| b.min(BATCH));
         let sink = Arc::new(DigestSink::default());
         let rt = job::simrun::virtual_runtime().expect("virtual runtime");
         let summaries = rt.block_on(futures::future::join_all((0..r.jobs.max(1)).map(|i| {
