@@ -32,12 +32,13 @@ impl ShardHandle {
         h.generate(req).await
     }
 
+    // (A send may wait on a full command seam: never under the lock a restart takes.)
     pub fn abort(&self, id: u64) {
-        self.with_current(|h| h.abort(id));
+        self.current().abort(id);
     }
 
     pub fn release(&self, session: u64) {
-        self.with_current(|h| h.release(session));
+        self.current().release(session);
     }
 
     /// Leading context tokens of `session` the shard's prefix cache holds.
@@ -57,7 +58,8 @@ impl ShardHandle {
         self.with_current(EngineHandle::clone)
     }
 
-    /// `f` of the current loop's handle, under the read lock (never across an await).
+    /// `f` of the current loop's handle, under the read lock: `f` must not wait (no await, no
+    /// send on the command seam).
     fn with_current<R>(&self, f: impl FnOnce(&EngineHandle) -> R) -> R {
         match self.inner.read() {
             Ok(g) => f(&g),
