@@ -11,9 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use actors::buffer::{SinkError, TrajectorySink};
 use actors::types::{Logprobs, Tokens, Trajectory};
-use job::runtime::{JobRun, NoObserver};
 use serde::{Deserialize, Serialize};
-use tokio_util::sync::CancellationToken;
 
 use super::Scenario;
 
@@ -79,31 +77,11 @@ fn digests(sc: &Scenario) -> BTreeMap<String, RunDigest> {
         spec.rollout.steps = Some(spec.rollout.steps.map_or(STEPS, |s| s.min(STEPS)));
         spec.rollout.batch_size = spec.rollout.batch_size.map(|b| b.min(BATCH));
         let sink = Arc::new(DigestSink::default());
-        let rt = job::simrun::virtual_runtime().expect("virtual runtime");
-        let summaries = rt.block_on(futures::future::join_all((0..r.jobs.max(1)).map(|i| {
-            let mut spec = spec.clone();
-            spec.seed = spec.seed.wrapping_add(u64::from(i));
-            job::runtime::run(JobRun {
-                id: format!("sim-{i}"),
-                spec,
-                start_step: 0,
-                epoch: 0,
-                resume: None,
-                sink: sink.clone(),
-                observer: Arc::new(NoObserver),
-                cancel: CancellationToken::new(),
-                checkpoint_dir: None,
-                functions: None,
-                timeline: false,
-                batches: None,
-                shared_sim_functions: None,
-                agents: None,
-            })
-        })));
+        let (summaries, _) = super::run::simulate(spec, r.jobs, r.shared_functions, sink.clone())
+            .unwrap_or_else(|e| panic!("{}/{}: {e}", sc.name, r.name));
         let mut summary = crc32fast::Hasher::new();
         let (mut elapsed_s, mut steps) = (0.0_f64, 0);
         for s in summaries {
-            let s = s.unwrap_or_else(|e| panic!("{}/{}: {e}", sc.name, r.name));
             summary.update(&serde_json::to_vec(&s).expect("summary JSON"));
             elapsed_s = elapsed_s.max(s.elapsed_s);
             steps += s.steps_done;

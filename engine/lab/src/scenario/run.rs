@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use actors::buffer::CountingSink;
+use actors::buffer::{CountingSink, TrajectorySink};
 use actors::reward::FunctionUsage;
 use infra::clock::wall_now;
 use tokio_util::sync::CancellationToken;
@@ -40,38 +40,7 @@ pub fn run_jobs(
 ) -> Result<RunResult, JobError> {
     let preset = spec.preset.map(|p| p.name().to_string());
     let t = wall_now();
-    let rt = job::simrun::virtual_runtime().map_err(JobError::Runtime)?;
-    let registry = shared.then(|| Arc::new(SharedSimFunctions::default()));
-    let jobs = jobs.max(1);
-    let (done, shared_usage) = rt.block_on(async {
-        let runs = (0..jobs).map(|i| {
-            let mut spec = spec.clone();
-            spec.seed = spec.seed.wrapping_add(u64::from(i));
-            job::runtime::run(JobRun {
-                id: if jobs == 1 {
-                    "sim".into()
-                } else {
-                    format!("sim-{i}")
-                },
-                spec,
-                start_step: 0,
-                epoch: 0,
-                resume: None,
-                sink: Arc::new(CountingSink::default()),
-                observer: Arc::new(NoObserver),
-                cancel: CancellationToken::new(),
-                checkpoint_dir: None,
-                functions: None,
-                timeline: false,
-                batches: None,
-                shared_sim_functions: registry.clone(),
-                agents: None,
-            })
-        });
-        let done = futures::future::join_all(runs).await;
-        (done, registry.as_ref().map(|r| r.usage()))
-    });
-    let all: Vec<JobSummary> = done.into_iter().collect::<Result<_, _>>()?;
+    let (all, shared_usage) = simulate(spec, jobs, shared, Arc::new(CountingSink::default()))?;
     let wall_s = t.elapsed().as_secs_f64();
     let functions = shared_usage.unwrap_or_else(|| {
         let mut sum: BTreeMap<String, FunctionUsage> = BTreeMap::new();
@@ -130,6 +99,50 @@ pub fn run_jobs(
         jobs,
         functions,
     })
+}
+
+/// Runs `jobs` copies of a spec together on one virtual clock (copy `i` seeded `seed + i`),
+/// every trajectory committed to `sink`, each job with its own simulated function
+/// deployments or all sharing them (`shared`). Returns each job's summary and, when shared,
+/// the deployments' usage.
+pub(crate) fn simulate(
+    spec: JobSpec,
+    jobs: u32,
+    shared: bool,
+    sink: Arc<dyn TrajectorySink>,
+) -> Result<(Vec<JobSummary>, Option<BTreeMap<String, FunctionUsage>>), JobError> {
+    let rt = job::simrun::virtual_runtime().map_err(JobError::Runtime)?;
+    let registry = shared.then(|| Arc::new(SharedSimFunctions::default()));
+    let jobs = jobs.max(1);
+    let (done, shared_usage) = rt.block_on(async {
+        let runs = (0..jobs).map(|i| {
+            let mut spec = spec.clone();
+            spec.seed = spec.seed.wrapping_add(u64::from(i));
+            job::runtime::run(JobRun {
+                id: if jobs == 1 {
+                    "sim".into()
+                } else {
+                    format!("sim-{i}")
+                },
+                spec,
+                start_step: 0,
+                epoch: 0,
+                resume: None,
+                sink: sink.clone(),
+                observer: Arc::new(NoObserver),
+                cancel: CancellationToken::new(),
+                checkpoint_dir: None,
+                functions: None,
+                timeline: false,
+                batches: None,
+                shared_sim_functions: registry.clone(),
+                agents: None,
+            })
+        });
+        let done = futures::future::join_all(runs).await;
+        (done, registry.as_ref().map(|r| r.usage()))
+    });
+    Ok((done.into_iter().collect::<Result<_, _>>()?, shared_usage))
 }
 
 /// Peak resident memory of this process, MiB.
