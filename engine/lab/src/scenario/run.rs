@@ -101,6 +101,9 @@ pub fn run_jobs(
     })
 }
 
+/// Simulated function deployments' usage, by function name.
+type Usage = BTreeMap<String, FunctionUsage>;
+
 /// Runs `jobs` copies of a spec together on one virtual clock (copy `i` seeded `seed + i`),
 /// every trajectory committed to `sink`, each job with its own simulated function
 /// deployments or all sharing them (`shared`). Returns each job's summary and, when shared,
@@ -110,7 +113,7 @@ pub(crate) fn simulate(
     jobs: u32,
     shared: bool,
     sink: Arc<dyn TrajectorySink>,
-) -> Result<(Vec<JobSummary>, Option<BTreeMap<String, FunctionUsage>>), JobError> {
+) -> Result<(Vec<JobSummary>, Option<Usage>), JobError> {
     let rt = job::simrun::virtual_runtime().map_err(JobError::Runtime)?;
     let registry = shared.then(|| Arc::new(SharedSimFunctions::default()));
     let jobs = jobs.max(1);
