@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Serve any gymnasium environment through the rollarc environment protocol (v1 or v2).
+"""Serve any gymnasium environment through the rollarc environment protocol (v1, v2 or v3).
 
 Usage: gymnasium_bridge.py ENV [--kwargs JSON] [--path DIR]...
 
@@ -16,7 +16,11 @@ Errors are {"v":1,"ok":false,"error":TEXT}; the bridge never exits on bad input.
 
 Each observation is sent once: the environment's text rendering (render_mode "ansi", with
 highlighted cells shown as [x]) when it has one, else the raw observation as JSON. The
-bridge answers in the version of each request (1 or 2); a crash's traceback goes to stderr. Actions are a name (see ACTION_NAMES) or
+bridge answers in the version of each request; a crash's traceback goes to stderr. Version 3
+serves many episodes in this one process, each request naming its episode
+({"v":3,"op":"reset","episode":"4.1","seed":N}, replies carry the same "episode"): each open
+episode has an environment of its own, and a closed episode's environment is kept for the
+next one. Actions are a name (see ACTION_NAMES) or
 an index of a Discrete action space. An unknown action is reported as invalid and does not
 step the environment.
 """
@@ -28,7 +32,8 @@ import traceback
 
 import gymnasium as gym
 
-VERSIONS = (1, 2)
+VERSIONS = (1, 2, 3)
+MAX_OPEN = 4096
 MAX_LINE = 1 << 20
 PENALTY = -0.1
 
@@ -127,8 +132,10 @@ class Bridge:
                 "info": {"invalid_action": False, "success": success(self.env_id, float(reward), terminated)}}
 
 
-def reply(out, version, **fields):
+def reply(out, version, episode=None, **fields):
     msg = {"v": version}
+    if episode is not None:
+        msg["episode"] = episode
     msg.update(fields)
     out.write(json.dumps(msg) + "\n")
     out.flush()
@@ -154,44 +161,69 @@ def main(argv):
     sys.path[:0] = paths
     out = sys.stdout
     try:
-        bridge = Bridge(argv[1], kwargs)
+        first = Bridge(argv[1], kwargs)
         startup_error = None
     except Exception as e:  # noqa: BLE001
-        bridge = None
+        first = None
         startup_error = "cannot create %s: %s: %s" % (argv[1], type(e).__name__, e)
         traceback.print_exc(file=sys.stderr)
+    spare = [first] if first else []  # environments no open episode holds
+    single = None  # versions 1 and 2: one episode at a time
+    episodes = {}  # version 3: by id
+    last = 1
     for line in sys.stdin:
         if not line.strip():
             continue
         if len(line) > MAX_LINE:
-            reply(out, 1, ok=False, error="message of more than %d bytes (starts %r)" % (MAX_LINE, line[:200]))
+            reply(out, last, ok=False, error="message of more than %d bytes (starts %r)" % (MAX_LINE, line[:200]))
             continue
         try:
             req = json.loads(line)
         except ValueError as e:
-            reply(out, 1, ok=False, error="malformed message %r: %s" % (line[:200], e))
+            reply(out, last, ok=False, error="malformed message %r: %s" % (line[:200], e))
             continue
         version = req.get("v") if isinstance(req, dict) else None
         if version not in VERSIONS:
-            reply(out, 1, ok=False, error="protocol version must be 1 or 2 in %r" % (line[:200],))
+            reply(out, last, ok=False, error="protocol version must be 1, 2 or 3 in %r" % (line[:200],))
+            continue
+        last = version
+        episode = req.get("episode") if version == 3 else None
+        if version == 3 and not (isinstance(episode, str) and episode):
+            reply(out, 3, ok=False, error="a version-3 request needs an episode id: %r" % (line[:200],))
             continue
         op = req.get("op")
         if op == "close":
-            reply(out, version, ok=True)
-            return 0
-        if bridge is None:
-            reply(out, version, ok=False, error=startup_error)
+            reply(out, version, episode, ok=True)
+            if version < 3:
+                return 0
+            if episode in episodes:
+                spare.append(episodes.pop(episode))
+            continue
+        if startup_error is not None:
+            reply(out, version, episode, ok=False, error=startup_error)
             continue
         try:
-            if op == "reset":
-                reply(out, version, ok=True, **bridge.reset(req.get("seed", 0)))
-            elif op == "step":
-                reply(out, version, ok=True, **bridge.step(req.get("action", "")))
+            if version < 3:
+                single = single or (spare.pop() if spare else Bridge(argv[1], kwargs))
+                bridge = single
+            elif op == "reset" and episode not in episodes:
+                if len(episodes) >= MAX_OPEN:
+                    raise ValueError("%d episodes are open; close one first" % MAX_OPEN)
+                bridge = spare.pop() if spare else Bridge(argv[1], kwargs)
+                episodes[episode] = bridge
             else:
-                reply(out, version, ok=False, error="unknown op %r" % (op,))
+                bridge = episodes.get(episode)
+                if bridge is None:
+                    raise ValueError("episode %r is not open: reset it first" % (episode,))
+            if op == "reset":
+                reply(out, version, episode, ok=True, **bridge.reset(req.get("seed", 0)))
+            elif op == "step":
+                reply(out, version, episode, ok=True, **bridge.step(req.get("action", "")))
+            else:
+                reply(out, version, episode, ok=False, error="unknown op %r" % (op,))
         except Exception as e:  # noqa: BLE001
             traceback.print_exc(file=sys.stderr)
-            reply(out, version, ok=False, error="%s: %s" % (type(e).__name__, e))
+            reply(out, version, episode, ok=False, error="%s: %s" % (type(e).__name__, e))
     return 0
 
 

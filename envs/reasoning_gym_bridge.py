@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Serve a reasoning-gym dataset through the rollarc environment protocol (v1 or v2).
+"""Serve a reasoning-gym dataset through the rollarc environment protocol (v1, v2 or v3).
 
 Usage: reasoning_gym_bridge.py NAME [--config JSON] [--size N] [--seed S]
                                [--answer auto|tagged|plain] [--instruction TEXT]
@@ -16,14 +16,19 @@ sentence); `auto` (default) the last <answer> tag, else the last \\boxed{...}, e
 non-empty line. The instruction appended to each question says how to answer (default: put
 the final answer inside <answer></answer>).
 
-The bridge answers in the version of each request (1 or 2). Errors are {"ok":false,...}
-replies; a bad NAME or CONFIG is reported on every request (and on stderr).
+The bridge answers in the version of each request. Version 3 serves many episodes in this
+one process, each request naming its episode (see the protocol in docs/environments.md): the
+dataset is shared, and each episode holds only its problem. Problems are generated when an
+episode asks for them (reasoning-gym derives problem k from SEED and k alone), never up front.
+Errors are {"ok":false,...} replies; a bad NAME or CONFIG is reported on every request (and on
+stderr).
 """
 import json
 import re
 import sys
 
-VERSIONS = (1, 2)
+VERSIONS = (1, 2, 3)
+MAX_OPEN = 4096
 MAX_LINE = 1 << 20
 DEFAULT_INSTRUCTION = "Give only the final answer inside <answer></answer>."
 
@@ -66,7 +71,9 @@ def extract(response, mode):
     return lines[-1] if lines else ""
 
 
-class Bridge:
+class Problems:
+    """The dataset, shared by every episode of this process."""
+
     def __init__(self, name, config, size, seed, mode, instruction):
         import reasoning_gym
 
@@ -74,21 +81,29 @@ class Bridge:
         self.size = size
         self.mode = mode
         self.instruction = instruction
+
+
+class Episode:
+    """One episode: the problem it was reset on, until it is answered."""
+
+    def __init__(self, problems):
+        self.problems = problems
         self.entry = None
 
     def reset(self, seed):
-        self.entry = self.dataset[int(seed) % self.size]
+        p = self.problems
+        self.entry = p.dataset[int(seed) % p.size]
         question = self.entry["question"]
-        if self.instruction:
-            question = question.rstrip() + "\n" + self.instruction
+        if p.instruction:
+            question = question.rstrip() + "\n" + p.instruction
         return {"observation": question, "info": {"reference": {"answer": str(self.entry["answer"])}}}
 
     def step(self, action):
         if self.entry is None:
             raise ValueError("step after the episode ended; reset first")
         entry, self.entry = self.entry, None
-        answer = extract(action, self.mode)
-        score = float(self.dataset.score_answer(answer=answer or None, entry=entry) or 0.0)
+        answer = extract(action, self.problems.mode)
+        score = float(self.problems.dataset.score_answer(answer=answer or None, entry=entry) or 0.0)
         return {
             "observation": "",
             "reward": score,
@@ -103,8 +118,10 @@ class Bridge:
         }
 
 
-def reply(out, version, **fields):
+def reply(out, version, episode=None, **fields):
     msg = {"v": version}
+    if episode is not None:
+        msg["episode"] = episode
     msg.update(fields)
     out.write(json.dumps(msg) + "\n")
     out.flush()
@@ -134,44 +151,66 @@ def main(argv):
     name, config, size, seed, mode, instruction = parse_args(argv)
     out = sys.stdout
     try:
-        bridge = Bridge(name, config, size, seed, mode, instruction)
+        problems = Problems(name, config, size, seed, mode, instruction)
         startup_error = None
     except Exception as e:  # noqa: BLE001 - reported through the protocol
-        bridge = None
+        problems = None
         startup_error = "cannot create reasoning-gym dataset %r with %s: %s: %s" % (
             name, json.dumps(config), type(e).__name__, e)
         sys.stderr.write(startup_error + "\n")
+    single = None  # versions 1 and 2: one episode at a time
+    episodes = {}  # version 3: by id
+    last = 1
     for line in sys.stdin:
         if not line.strip():
             continue
         if len(line) > MAX_LINE:
-            reply(out, 1, ok=False, error="message of more than %d bytes (starts %r)" % (MAX_LINE, line[:200]))
+            reply(out, last, ok=False, error="message of more than %d bytes (starts %r)" % (MAX_LINE, line[:200]))
             continue
         try:
             req = json.loads(line)
         except ValueError as e:
-            reply(out, 1, ok=False, error="malformed message %r: %s" % (line[:200], e))
+            reply(out, last, ok=False, error="malformed message %r: %s" % (line[:200], e))
             continue
         version = req.get("v") if isinstance(req, dict) else None
         if version not in VERSIONS:
-            reply(out, 1, ok=False, error="protocol version must be 1 or 2 in %r" % (line[:200],))
+            reply(out, last, ok=False, error="protocol version must be 1, 2 or 3 in %r" % (line[:200],))
+            continue
+        last = version
+        episode = req.get("episode") if version == 3 else None
+        if version == 3 and not (isinstance(episode, str) and episode):
+            reply(out, 3, ok=False, error="a version-3 request needs an episode id: %r" % (line[:200],))
             continue
         op = req.get("op")
         if op == "close":
-            reply(out, version, ok=True)
-            return 0
-        if bridge is None:
-            reply(out, version, ok=False, error=startup_error)
+            reply(out, version, episode, ok=True)
+            if version < 3:
+                return 0
+            episodes.pop(episode, None)
+            continue
+        if problems is None:
+            reply(out, version, episode, ok=False, error=startup_error)
             continue
         try:
-            if op == "reset":
-                reply(out, version, ok=True, **bridge.reset(req.get("seed", 0)))
-            elif op == "step":
-                reply(out, version, ok=True, **bridge.step(req.get("action", "")))
+            if version < 3:
+                single = single or Episode(problems)
+                ep = single
+            elif op == "reset" and episode not in episodes:
+                if len(episodes) >= MAX_OPEN:
+                    raise ValueError("%d episodes are open; close one first" % MAX_OPEN)
+                ep = episodes[episode] = Episode(problems)
             else:
-                reply(out, version, ok=False, error="unknown op %r" % (op,))
+                ep = episodes.get(episode)
+                if ep is None:
+                    raise ValueError("episode %r is not open: reset it first" % (episode,))
+            if op == "reset":
+                reply(out, version, episode, ok=True, **ep.reset(req.get("seed", 0)))
+            elif op == "step":
+                reply(out, version, episode, ok=True, **ep.step(req.get("action", "")))
+            else:
+                reply(out, version, episode, ok=False, error="unknown op %r" % (op,))
         except Exception as e:  # noqa: BLE001
-            reply(out, version, ok=False, error="%s: %s" % (type(e).__name__, e))
+            reply(out, version, episode, ok=False, error="%s: %s" % (type(e).__name__, e))
     return 0
 
 

@@ -5,6 +5,7 @@
 pub mod builtin;
 pub mod delayed;
 pub mod external;
+pub mod mux;
 pub mod protocol;
 pub mod sim;
 
@@ -87,6 +88,9 @@ pub enum EnvError {
     Exited { status: Option<String> },
     #[error("environment is closed")]
     Closed,
+    /// The multiplexed program serving the episode stopped (why, with its stderr's tail).
+    #[error("the environment program serving this episode stopped: {0}")]
+    ProcessLost(String),
     /// A program's failure with the end of what it wrote to stderr.
     #[error("{error}; its stderr ends with:\n{stderr}")]
     WithStderr {

@@ -106,14 +106,18 @@ pub(crate) fn serve(
 pub(crate) fn env_serve(spec: &str) -> anyhow::Result<ExitCode> {
     let env: job::spec::EnvSpec = serde_json::from_str(spec)
         .context("the environment spec is not valid JSON for an env table")?;
-    let Some(mut env) = job::wiring::envs::builtin(&env) else {
+    if job::wiring::envs::builtin(&env).is_none() {
         bail!("only built-in games can be served (frozenlake, sokoban, arithmetic, tictactoe)")
+    }
+    // Checked above: every call builds the same built-in game.
+    let make = move || {
+        job::wiring::envs::builtin(&env).unwrap_or_else(|| unreachable!("checked built-in"))
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     rt.block_on(actors::env::protocol::serve(
-        env.as_mut(),
+        &make,
         tokio::io::BufReader::new(tokio::io::stdin()),
         tokio::io::stdout(),
     ))?;

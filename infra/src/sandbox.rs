@@ -4,13 +4,14 @@
 /// Resource limits of sandboxed environment programs (applied with `prlimit`; the process
 /// count is per uid, and every sandbox runs under its own uid, so it caps a fork bomb without
 /// starving the other sandboxes).
-pub const SANDBOX_LIMITS: [&str; 5] = [
+pub const SANDBOX_LIMITS: [&str; 4] = [
     "--nproc=512",
     "--as=4294967296",
-    "--cpu=600",
     "--fsize=104857600",
     "--nofile=256",
 ];
+/// CPU seconds a sandboxed program may use (`prlimit --cpu`), per environment it serves.
+pub const SANDBOX_CPU_S: u64 = 600;
 /// Sandboxes run as unprivileged uids (and gids) `SANDBOX_UID_BASE + k`, k cycling through
 /// `SANDBOX_UIDS` values: no account, no files on the host, one uid per live sandbox.
 pub const SANDBOX_UID_BASE: u32 = 2_000_000;
@@ -80,7 +81,15 @@ pub const SANDBOX_ENV: [(&str, &str); 4] = [
 /// install), killed with its parent; then the uid drops to an unprivileged one with no new
 /// privileges; rlimits on processes, address space, CPU time, file size and open files.
 pub fn sandboxed(command: &[String], readable: &[String]) -> Vec<String> {
-    wrapped(command, readable, true)
+    wrapped(command, readable, true, SANDBOX_CPU_S)
+}
+
+/// [`sandboxed`] for a program that serves `slots` environments at once (a multiplexed
+/// environment, protocol 3): its CPU-time limit is [`SANDBOX_CPU_S`] per slot, so it lasts
+/// as long as that many programs of their own would.
+pub fn sandboxed_shared(command: &[String], readable: &[String], slots: usize) -> Vec<String> {
+    let cpu = SANDBOX_CPU_S.saturating_mul(slots.max(1) as u64);
+    wrapped(command, readable, true, cpu)
 }
 
 /// [`sandboxed`], but the program inherits the environment of the process that runs this
@@ -89,12 +98,13 @@ pub fn sandboxed(command: &[String], readable: &[String]) -> Vec<String> {
 /// a command line is readable by every local user (`/proc/PID/cmdline`), an environment only
 /// by its owner.
 pub fn sandboxed_inheriting_env(command: &[String], readable: &[String]) -> Vec<String> {
-    wrapped(command, readable, false)
+    wrapped(command, readable, false, SANDBOX_CPU_S)
 }
 
-fn wrapped(command: &[String], readable: &[String], clear_env: bool) -> Vec<String> {
+fn wrapped(command: &[String], readable: &[String], clear_env: bool, cpu_s: u64) -> Vec<String> {
     let mut v: Vec<String> = vec!["prlimit".into()];
     v.extend(SANDBOX_LIMITS.iter().map(|s| s.to_string()));
+    v.push(format!("--cpu={cpu_s}"));
     v.push("--".into());
     // bubblewrap reads the seccomp filter from a descriptor: a shell opens the filter file as
     // descriptor 9 and becomes bubblewrap. (`check_sandbox` fails when the file cannot be

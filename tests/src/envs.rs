@@ -382,7 +382,7 @@ fn reply(text: &str) -> String {
     format!(r#"echo "{{\"v\":1,\"ok\":true,\"observation\":\"{text}\"}}""#)
 }
 
-fn processes_with(marker: &str) -> Vec<String> {
+pub(crate) fn processes_with(marker: &str) -> Vec<String> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let name = entry.file_name().to_string_lossy().to_string();

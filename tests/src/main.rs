@@ -19,6 +19,7 @@ mod eval;
 mod faults;
 mod gateway;
 mod llm;
+mod mux;
 mod otlp;
 mod persistence;
 mod prometheus;

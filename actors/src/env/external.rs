@@ -44,7 +44,7 @@ struct Running {
 }
 
 /// Keeps the tail of a program's stderr until it closes it.
-fn collect_stderr(
+pub(super) fn collect_stderr_tail(
     mut err: tokio::process::ChildStderr,
     tail: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<u8>>>,
 ) {
@@ -85,7 +85,7 @@ impl ExternalEnv {
             let stdout = BufReader::new(child.take_stdout().ok_or(EnvError::NoPipe("stdout"))?);
             let stderr = std::sync::Arc::default();
             if let Some(e) = child.take_stderr() {
-                collect_stderr(e, std::sync::Arc::clone(&stderr));
+                collect_stderr_tail(e, std::sync::Arc::clone(&stderr));
             }
             self.proc = Some(Running {
                 child,
@@ -169,8 +169,8 @@ impl ExternalEnv {
 }
 
 /// Reads one line of at most `limit` bytes; `None` at end of stream.
-async fn read_line_capped(
-    r: &mut BufReader<ChildStdout>,
+pub(super) async fn read_line_capped<R: tokio::io::AsyncBufRead + Unpin>(
+    r: &mut R,
     limit: usize,
 ) -> std::io::Result<Result<Option<String>, ProtocolError>> {
     let mut buf = Vec::new();
@@ -206,7 +206,7 @@ async fn read_line_capped(
     }
 }
 
-fn info_flag(r: &Response, key: &str) -> bool {
+pub(super) fn info_flag(r: &Response, key: &str) -> bool {
     r.info
         .as_ref()
         .and_then(|i| i.get(key))
@@ -216,7 +216,7 @@ fn info_flag(r: &Response, key: &str) -> bool {
 
 /// A step's `info` less what rollarc reads itself (`success`, `invalid_action`, `reference`),
 /// capped at 16 KiB of JSON; `None` when nothing is left.
-fn verdict_info(info: Option<&serde_json::Value>) -> Option<serde_json::Value> {
+pub(super) fn verdict_info(info: Option<&serde_json::Value>) -> Option<serde_json::Value> {
     let mut m = info?.as_object()?.clone();
     for k in ["success", "invalid_action", "reference"] {
         m.remove(k);
@@ -246,7 +246,14 @@ impl Environment for ExternalEnv {
         } else {
             None
         };
-        let r = self.call(&Request::Reset { v, seed, record }).await?;
+        let r = self
+            .call(&Request::Reset {
+                v,
+                episode: None,
+                seed,
+                record,
+            })
+            .await?;
         let reference = r.info.as_ref().and_then(|i| i.get("reference")).cloned();
         Ok(Observation {
             text: r.observation.unwrap_or_default(),
@@ -265,6 +272,7 @@ impl Environment for ExternalEnv {
         let r = self
             .call(&Request::Step {
                 v: self.cfg.protocol,
+                episode: None,
                 action: action.to_string(),
             })
             .await?;
@@ -296,6 +304,7 @@ impl Environment for ExternalEnv {
                 Duration::from_secs(1),
                 self.call(&Request::Close {
                     v: self.cfg.protocol,
+                    episode: None,
                 }),
             )
             .await;

@@ -18,14 +18,41 @@
 //!   with `index`, `epoch`, `position`, `messages`, `answer` and the raw `row`;
 //! - a `step` reply may carry `info.reference` too (a reference known only at the end);
 //! - every reply's `reward` is the reward of that turn (kept per turn in the trajectory).
+//!
+//! Version 3 (a task's `protocol = 3`, the default of the bridged environments) multiplexes:
+//! one program serves many episodes at once, so a task with 32 environment slots runs one
+//! process (or `processes = N`), not 32. On top of version 2:
+//! - every request carries an `episode` id (a string, unique for the program's lifetime) and
+//!   every reply repeats the id of the request it answers;
+//! - replies may come in any order (a program may serve episodes concurrently); rollarc sends
+//!   at most one request per episode at a time;
+//! - `reset` starts the episode (its state is created), `close` ends it (its state is freed)
+//!   and the program goes on; rollarc closes every episode it reset;
+//! - the program exits at the end of its input.
+//!
+//! ```text
+//! → {"v":3,"op":"reset","episode":"0.1","seed":7,"record":{…}}
+//! → {"v":3,"op":"reset","episode":"1.1","seed":8}
+//! ← {"v":3,"episode":"1.1","ok":true,"observation":"…"}
+//! ← {"v":3,"episode":"0.1","ok":true,"observation":"…"}
+//! → {"v":3,"op":"step","episode":"0.1","action":"right"}
+//! ← {"v":3,"episode":"0.1","ok":true,"observation":"…","reward":1.0,"terminated":true}
+//! → {"v":3,"op":"close","episode":"0.1"}
+//! ← {"v":3,"episode":"0.1","ok":true}
+//! ```
+//! A reply that cannot name its episode (the request was not JSON) says `"ok":false` without
+//! one; rollarc treats it, and any line that is not a reply, as a broken stream: the process
+//! is killed and the episodes it held fail (an environment failure, masked as usual).
 
 use serde::{Deserialize, Serialize};
 
 use crate::tokens::Tokens;
 
 pub const PROTOCOL_VERSION: u32 = 1;
-/// The newest version: dataset rows on reset, references on step.
+/// Dataset rows on reset, references on step.
 pub const PROTOCOL_V2: u32 = 2;
+/// The newest version: many episodes per program, an episode id on every message.
+pub const PROTOCOL_V3: u32 = 3;
 /// Default cap on one message line.
 pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
 
@@ -35,6 +62,9 @@ pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
 pub enum Request {
     Reset {
         v: u32,
+        /// Version 3: the episode this request belongs to.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        episode: Option<String>,
         seed: u64,
         /// Version 2: the task's dataset row.
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -42,10 +72,14 @@ pub enum Request {
     },
     Step {
         v: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        episode: Option<String>,
         action: String,
     },
     Close {
         v: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        episode: Option<String>,
     },
 }
 
@@ -54,6 +88,9 @@ pub enum Request {
 #[serde(deny_unknown_fields)]
 pub struct Response {
     pub v: u32,
+    /// Version 3: the episode of the request this answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub episode: Option<String>,
     pub ok: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observation: Option<String>,
@@ -82,6 +119,8 @@ pub enum ProtocolError {
     },
     #[error("protocol version {got} is not {want} in {line:?}")]
     Version { got: u32, want: u32, line: String },
+    #[error("{problem} in {line:?}")]
+    Episode { problem: &'static str, line: String },
 }
 
 /// Shortens a line for an error message.
@@ -116,17 +155,45 @@ pub fn parse_response_v(line: &str, want: u32) -> Result<Response, ProtocolError
             line: excerpt(line),
         });
     }
+    // A version-3 failure that could not name its episode (its request was not JSON) is
+    // still a reply; the caller decides what it means for the stream.
+    if !(want >= PROTOCOL_V3 && r.episode.is_none() && !r.ok) {
+        check_episode(want, r.episode.as_deref(), line)?;
+    }
     Ok(r)
 }
 
 /// The version a request speaks.
 pub fn request_version(r: &Request) -> u32 {
     match r {
-        Request::Reset { v, .. } | Request::Step { v, .. } | Request::Close { v } => *v,
+        Request::Reset { v, .. } | Request::Step { v, .. } | Request::Close { v, .. } => *v,
     }
 }
 
-/// Parses one request line (the serving side): version 1 or 2.
+/// The episode a request names (version 3).
+pub fn request_episode(r: &Request) -> Option<&str> {
+    match r {
+        Request::Reset { episode, .. }
+        | Request::Step { episode, .. }
+        | Request::Close { episode, .. } => episode.as_deref(),
+    }
+}
+
+/// Checks that a message of version `v` names an episode exactly when it must (version 3).
+fn check_episode(v: u32, episode: Option<&str>, line: &str) -> Result<(), ProtocolError> {
+    let problem = match (v >= PROTOCOL_V3, episode) {
+        (true, None) => "a version-3 message without an episode",
+        (true, Some("")) => "an empty episode id",
+        (false, Some(_)) => "an episode id in a version-1 or 2 message",
+        _ => return Ok(()),
+    };
+    Err(ProtocolError::Episode {
+        problem,
+        line: excerpt(line),
+    })
+}
+
+/// Parses one request line (the serving side): version 1, 2 or 3.
 pub fn parse_request(line: &str) -> Result<Request, ProtocolError> {
     let r: Request =
         serde_json::from_str(line.trim_end()).map_err(|source| ProtocolError::Malformed {
@@ -134,20 +201,27 @@ pub fn parse_request(line: &str) -> Result<Request, ProtocolError> {
             source,
         })?;
     let v = request_version(&r);
-    if v != PROTOCOL_VERSION && v != PROTOCOL_V2 {
+    if !(PROTOCOL_VERSION..=PROTOCOL_V3).contains(&v) {
         return Err(ProtocolError::Version {
             got: v,
-            want: PROTOCOL_V2,
+            want: PROTOCOL_V3,
             line: excerpt(line),
         });
     }
+    check_episode(v, request_episode(&r), line)?;
     Ok(r)
 }
 
-/// Serves `env` over the protocol on `input` / `output` until `close` or end of input. Used by
-/// `rollarc env-serve` to expose the built-in environments to any client (and by the tests).
+/// Most episodes a version-3 [`serve`] keeps open at once; a `reset` of one more is refused.
+pub const MAX_OPEN_EPISODES: usize = 4096;
+
+/// Serves environments made by `make` over the protocol on `input` / `output` until end of
+/// input (or a version-1/2 `close`). Versions 1 and 2 drive one environment; version 3 one per
+/// episode id, created at its `reset` (reusing a closed episode's environment) and freed at
+/// its `close`, answered in the order asked. Used by `rollarc env-serve` to expose the built-in
+/// environments to any client (and by the tests).
 pub async fn serve<R, W>(
-    env: &mut dyn super::DynEnvironment,
+    make: &(dyn Fn() -> Box<dyn super::DynEnvironment> + Sync),
     input: R,
     mut output: W,
 ) -> std::io::Result<()>
@@ -158,78 +232,35 @@ where
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
     let mut lines = input.lines();
     let mut version = PROTOCOL_VERSION;
+    let mut single: Option<Box<dyn super::DynEnvironment>> = None;
+    let mut episodes = Episodes {
+        make,
+        open: std::collections::HashMap::new(),
+        spare: Vec::new(),
+    };
     while let Some(line) = lines.next_line().await? {
         if line.trim().is_empty() {
             continue;
         }
-        if let Ok(r) = parse_request(&line) {
-            version = request_version(&r);
-        }
-        let fail = |e: String| Response {
-            v: version,
-            ok: false,
-            error: Some(e),
-            ..Response::default()
-        };
-        let (resp, stop) = if line.len() > MAX_MESSAGE_BYTES {
-            (
-                fail(
-                    ProtocolError::Oversized {
-                        limit: MAX_MESSAGE_BYTES,
-                        start: excerpt(&line),
-                    }
-                    .to_string(),
-                ),
-                false,
-            )
+        let parsed = if line.len() > MAX_MESSAGE_BYTES {
+            Err(ProtocolError::Oversized {
+                limit: MAX_MESSAGE_BYTES,
+                start: excerpt(&line),
+            })
         } else {
-            match parse_request(&line) {
-                Err(e) => (fail(infra::error_chain(&e)), false),
-                Ok(Request::Reset { seed, record, .. }) => {
-                    match env.reset_boxed(seed, record.map(std::sync::Arc::new)).await {
-                        Ok(o) => (
-                            Response {
-                                v: version,
-                                ok: true,
-                                observation: Some(o.text),
-                                info: o.reference.map(|r| serde_json::json!({ "reference": r })),
-                                ..Response::default()
-                            },
-                            false,
-                        ),
-                        Err(e) => (fail(infra::error_chain(&e)), false),
+            parse_request(&line)
+        };
+        let (resp, stop) = match parsed {
+            Err(e) => (unreadable(&line, &mut version, &e), false),
+            Ok(req) => {
+                version = request_version(&req);
+                match request_episode(&req).map(str::to_string) {
+                    None => {
+                        let stop = matches!(req, Request::Close { .. });
+                        let env = single.get_or_insert_with(make);
+                        (answer(env.as_mut(), req, version, None).await, stop)
                     }
-                }
-                Ok(Request::Step { action, .. }) => {
-                    match env.step_boxed(&action, &Tokens::new()).await {
-                        Ok(s) => (
-                            Response {
-                                v: version,
-                                ok: true,
-                                observation: Some(s.observation.text),
-                                reward: Some(s.reward),
-                                terminated: Some(s.terminated),
-                                truncated: Some(s.truncated),
-                                info: Some(
-                                    serde_json::json!({ "success": s.success, "invalid_action": s.invalid_action }),
-                                ),
-                                error: None,
-                            },
-                            false,
-                        ),
-                        Err(e) => (fail(infra::error_chain(&e)), false),
-                    }
-                }
-                Ok(Request::Close { .. }) => {
-                    env.close_boxed().await;
-                    (
-                        Response {
-                            v: version,
-                            ok: true,
-                            ..Response::default()
-                        },
-                        true,
-                    )
+                    Some(id) => (episodes.handle(id, req, version).await, false),
                 }
             }
         };
@@ -241,7 +272,134 @@ where
             break;
         }
     }
+    for (_, mut env) in episodes.open.drain() {
+        env.close_boxed().await;
+    }
     Ok(())
+}
+
+/// The reply to a request that could not be read: in the version (and, for version 3, the
+/// episode) the line claims, if it claims one.
+fn unreadable(line: &str, version: &mut u32, e: &ProtocolError) -> Response {
+    let loose: Option<serde_json::Value> = serde_json::from_str(line).ok();
+    let claimed = loose.as_ref().and_then(|l| l.get("v")?.as_u64());
+    if let Some(v) = claimed.filter(|v| (1..=3).contains(v)) {
+        *version = v as u32;
+    }
+    Response {
+        v: *version,
+        episode: loose
+            .as_ref()
+            .and_then(|l| Some(l.get("episode")?.as_str()?.to_string())),
+        ok: false,
+        error: Some(infra::error_chain(e)),
+        ..Response::default()
+    }
+}
+
+/// The open episodes of a version-3 [`serve`], by id, and environments to reuse.
+struct Episodes<'a> {
+    make: &'a (dyn Fn() -> Box<dyn super::DynEnvironment> + Sync),
+    open: std::collections::HashMap<String, Box<dyn super::DynEnvironment>>,
+    spare: Vec<Box<dyn super::DynEnvironment>>,
+}
+
+impl Episodes<'_> {
+    async fn handle(&mut self, id: String, req: Request, v: u32) -> Response {
+        let refuse = |id: String, error: String| Response {
+            v,
+            episode: Some(id),
+            ok: false,
+            error: Some(error),
+            ..Response::default()
+        };
+        match req {
+            Request::Close { .. } => {
+                if let Some(mut env) = self.open.remove(&id) {
+                    env.close_boxed().await;
+                    self.spare.push(env);
+                }
+                Response {
+                    v,
+                    episode: Some(id),
+                    ok: true,
+                    ..Response::default()
+                }
+            }
+            Request::Reset { .. }
+                if !self.open.contains_key(&id) && self.open.len() >= MAX_OPEN_EPISODES =>
+            {
+                refuse(
+                    id,
+                    format!("{MAX_OPEN_EPISODES} episodes are open; close one first"),
+                )
+            }
+            Request::Reset { .. } => {
+                let (spare, make) = (&mut self.spare, self.make);
+                let env = self
+                    .open
+                    .entry(id.clone())
+                    .or_insert_with(|| spare.pop().unwrap_or_else(make));
+                answer(env.as_mut(), req, v, Some(id)).await
+            }
+            Request::Step { .. } => match self.open.get_mut(&id) {
+                Some(env) => answer(env.as_mut(), req, v, Some(id)).await,
+                None => {
+                    let e = format!("episode {id:?} is not open: reset it first");
+                    refuse(id, e)
+                }
+            },
+        }
+    }
+}
+
+/// Runs one request on `env` and builds its reply.
+async fn answer(
+    env: &mut dyn super::DynEnvironment,
+    req: Request,
+    v: u32,
+    episode: Option<String>,
+) -> Response {
+    let base = Response {
+        v,
+        episode,
+        ok: true,
+        ..Response::default()
+    };
+    let fail = |base: Response, e: String| Response {
+        ok: false,
+        error: Some(e),
+        ..base
+    };
+    match req {
+        Request::Reset { seed, record, .. } => {
+            match env.reset_boxed(seed, record.map(std::sync::Arc::new)).await {
+                Ok(o) => Response {
+                    observation: Some(o.text),
+                    info: o.reference.map(|r| serde_json::json!({ "reference": r })),
+                    ..base
+                },
+                Err(e) => fail(base, infra::error_chain(&e)),
+            }
+        }
+        Request::Step { action, .. } => match env.step_boxed(&action, &Tokens::new()).await {
+            Ok(s) => Response {
+                observation: Some(s.observation.text),
+                reward: Some(s.reward),
+                terminated: Some(s.terminated),
+                truncated: Some(s.truncated),
+                info: Some(
+                    serde_json::json!({ "success": s.success, "invalid_action": s.invalid_action }),
+                ),
+                ..base
+            },
+            Err(e) => fail(base, infra::error_chain(&e)),
+        },
+        Request::Close { .. } => {
+            env.close_boxed().await;
+            base
+        }
+    }
 }
 
 #[cfg(test)]
@@ -252,6 +410,7 @@ mod tests {
     fn round_trip_and_malformed_lines() {
         let req = Request::Step {
             v: 1,
+            episode: None,
             action: "left".into(),
         };
         let line = serde_json::to_string(&req).unwrap();
@@ -277,6 +436,7 @@ mod tests {
         // Version 2: a reset with a record; a version-1 reset has none on the wire.
         let reset = Request::Reset {
             v: 2,
+            episode: None,
             seed: 4,
             record: Some(serde_json::json!({"index": 1})),
         };
@@ -288,6 +448,7 @@ mod tests {
         assert_eq!(parse_request(&line).unwrap(), reset);
         let v1 = Request::Reset {
             v: 1,
+            episode: None,
             seed: 4,
             record: None,
         };
@@ -297,5 +458,90 @@ mod tests {
         );
         assert!(parse_response_v(r#"{"v":2,"ok":true}"#, 2).is_ok());
         assert!(parse_response_v(r#"{"v":1,"ok":true}"#, 2).is_err());
+    }
+
+    #[test]
+    fn version_3_messages_name_their_episode() {
+        let step = r#"{"op":"step","v":3,"episode":"4.1","action":"left"}"#;
+        assert_eq!(request_episode(&parse_request(step).unwrap()), Some("4.1"));
+        for (line, want) in [
+            (
+                r#"{"op":"step","v":3,"action":"left"}"#,
+                "without an episode",
+            ),
+            (r#"{"op":"close","v":3,"episode":""}"#, "empty episode"),
+            (
+                r#"{"op":"close","v":2,"episode":"1"}"#,
+                "version-1 or 2 message",
+            ),
+        ] {
+            let e = infra::error_chain(&parse_request(line).unwrap_err());
+            assert!(e.contains(want) && e.contains("op"), "{line}: {e}");
+        }
+        let r = parse_response_v(r#"{"v":3,"episode":"a","ok":true}"#, 3).unwrap();
+        assert_eq!(r.episode.as_deref(), Some("a"));
+        assert!(parse_response_v(r#"{"v":3,"ok":true}"#, 3).is_err());
+        // A failure that cannot name its episode is still a reply (the caller judges it).
+        assert!(parse_response_v(r#"{"v":3,"ok":false,"error":"x"}"#, 3).is_ok());
+    }
+
+    #[tokio::test]
+    async fn serve_keeps_one_environment_per_open_episode() {
+        use crate::env::builtin::frozenlake::{FrozenLake, FrozenLakeConfig};
+        let make = || -> Box<dyn crate::env::DynEnvironment> {
+            Box::new(FrozenLake::new(FrozenLakeConfig::default()))
+        };
+        let input = [
+            r#"{"v":3,"op":"reset","episode":"a","seed":1}"#,
+            r#"{"v":3,"op":"reset","episode":"b","seed":2}"#,
+            r#"{"v":3,"op":"step","episode":"a","action":"down"}"#,
+            r#"{"v":3,"op":"close","episode":"a"}"#,
+            r#"{"v":3,"op":"step","episode":"a","action":"down"}"#,
+            r#"{"v":3,"op":"step","episode":"b","action":"right"}"#,
+            r#"{"v":3,"op":"step","action":"right"}"#,
+            r#"not json"#,
+        ]
+        .join("\n");
+        let mut out = Vec::new();
+        serve(&make, input.as_bytes(), &mut out).await.unwrap();
+        let replies: Vec<Response> = String::from_utf8(out)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let summary: Vec<(Option<&str>, bool)> = replies
+            .iter()
+            .map(|r| (r.episode.as_deref(), r.ok))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                (Some("a"), true),
+                (Some("b"), true),
+                (Some("a"), true),
+                (Some("a"), true),
+                (Some("a"), false),
+                (Some("b"), true),
+                (None, false),
+                (None, false),
+            ]
+        );
+        assert!(replies[4].error.as_deref().unwrap().contains("not open"));
+        assert!(
+            replies[6]
+                .error
+                .as_deref()
+                .unwrap()
+                .contains("without an episode")
+        );
+        assert!(replies.iter().all(|r| r.v == 3));
+        // Each episode moved its own player: b's first step is its first move.
+        let mut lake = make();
+        lake.reset_boxed(2, None).await.unwrap();
+        let b = lake.step_boxed("right", &Tokens::new()).await.unwrap();
+        assert_eq!(
+            replies[5].observation.as_deref(),
+            Some(b.observation.text.as_str())
+        );
     }
 }

@@ -206,6 +206,7 @@ fn bridge_command(spec: &EnvSpec, host: &Host<'_>) -> std::io::Result<EnvProgram
             python,
             sandbox,
             readable_paths,
+            processes: _,
         } => {
             let (mut cmd, readable) = script_command(
                 host,
@@ -241,6 +242,7 @@ fn bridge_command(spec: &EnvSpec, host: &Host<'_>) -> std::io::Result<EnvProgram
             python,
             sandbox,
             readable_paths,
+            processes: _,
         } => {
             let (mut cmd, mut readable) = script_command(
                 host,

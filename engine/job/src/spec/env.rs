@@ -103,6 +103,10 @@ pub enum EnvSpec {
         max_message_bytes: usize,
         #[serde(default = "default_protocol")]
         protocol: u32,
+        /// Protocol 3: programs serving the task's episodes (environment `i` uses program
+        /// `i mod processes`). Versions 1 and 2 run one program per environment.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        processes: Option<usize>,
         /// Each observation carries the state the agent needs (a board, a screen), so old
         /// turns may leave the context (`truncation = "drop_oldest_turns"`).
         #[serde(default)]
@@ -148,6 +152,9 @@ pub enum EnvSpec {
         sandbox: EnvSandbox,
         #[serde(default)]
         readable_paths: Vec<String>,
+        /// Bridge processes serving the task's episodes (protocol 3, many episodes each).
+        #[serde(default = "default_processes")]
+        processes: usize,
     },
     /// A gymnasium environment (`envs/gymnasium_bridge.py`, embedded in the binary, run by
     /// `python`): a registered id (`FrozenLake-v1`) or a class of your own (`module:Class`,
@@ -166,6 +173,9 @@ pub enum EnvSpec {
         sandbox: EnvSandbox,
         #[serde(default)]
         readable_paths: Vec<String>,
+        /// Bridge processes serving the task's episodes (protocol 3, many episodes each).
+        #[serde(default = "default_processes")]
+        processes: usize,
     },
     /// An agent program playing each episode through the gateway (OpenAI / Anthropic APIs):
     /// started by rollarc per episode in the sandbox, or run by an external harness that
@@ -298,11 +308,23 @@ fn default_success_rate() -> f64 {
 // Knobs of enum variants: `schema` names the variant as `EnvSpec.<kind>` (its `oneOf` entry).
 pub const EXTERNAL_PROTOCOL: Knob<u32> = knob(
     ("EnvSpec.external", "tasks[i].env", "protocol"),
-    (1, false, 2),
+    (1, false, 3),
     Some(1),
     "",
-    "Protocol version the program speaks: 1, or 2 (dataset rows on reset).",
+    "Protocol version the program speaks: 1, 2 (dataset rows on reset) or 3 (many episodes per program, an episode id on every message).",
 );
+/// Most programs one task's multiplexed environment may run.
+pub const MAX_ENV_PROCESSES: usize = 256;
+/// One knob for the three kinds that run multiplexed programs (`external` with protocol 3,
+/// `reasoning_gym`, `gymnasium`); the schema annotates the external one's field.
+pub const ENV_PROCESSES: Knob<usize> = knob(
+    ("EnvSpec.external", "tasks[i].env", "processes"),
+    (1, false, MAX_ENV_PROCESSES),
+    Some(1),
+    "",
+    "Programs serving the task's episodes, each serving many at once (protocol 3: `external` with protocol = 3, and the `reasoning_gym` and `gymnasium` bridges). Raise it for environments whose steps take CPU.",
+);
+
 pub const EXTERNAL_MAX_MESSAGE_BYTES: Knob<usize> = knob(
     ("EnvSpec.external", "tasks[i].env", "max_message_bytes"),
     (64, false, 64 << 20),
@@ -323,6 +345,7 @@ pub(super) fn knobs() -> Vec<KnobInfo> {
     vec![
         EXTERNAL_PROTOCOL.info(),
         EXTERNAL_MAX_MESSAGE_BYTES.info(),
+        ENV_PROCESSES.info(),
         REASONING_GYM_SIZE.info(),
     ]
 }
@@ -332,6 +355,9 @@ fn default_protocol() -> u32 {
 }
 fn default_rg_size() -> u64 {
     REASONING_GYM_SIZE.or_default(None)
+}
+fn default_processes() -> usize {
+    ENV_PROCESSES.or_default(None)
 }
 fn default_python() -> String {
     "python3".into()
@@ -438,6 +464,7 @@ impl EnvSpec {
                 dataset,
                 size,
                 python,
+                processes,
                 ..
             } => {
                 if dataset.trim().is_empty()
@@ -453,11 +480,18 @@ impl EnvSpec {
                     );
                 }
                 REASONING_GYM_SIZE.check_at(p, Some(*size), problems);
+                ENV_PROCESSES.check_at(p, Some(*processes), problems);
                 if python.trim().is_empty() {
                     problems.push(format!("{p}.python"), "name the Python interpreter".into());
                 }
             }
-            EnvSpec::Gymnasium { id, python, .. } => {
+            EnvSpec::Gymnasium {
+                id,
+                python,
+                processes,
+                ..
+            } => {
+                ENV_PROCESSES.check_at(p, Some(*processes), problems);
                 if id.trim().is_empty() {
                     problems.push(
                         format!("{p}.id"),
@@ -472,8 +506,18 @@ impl EnvSpec {
                 command,
                 max_message_bytes,
                 protocol,
+                processes,
                 ..
             } => {
+                ENV_PROCESSES.check_at(p, *processes, problems);
+                if processes.is_some() && *protocol < actors::env::protocol::PROTOCOL_V3 {
+                    problems.push(
+                        format!("{p}.processes"),
+                        format!(
+                            "needs protocol = 3 (one program serving many episodes); protocol {protocol} runs one program per environment"
+                        ),
+                    );
+                }
                 if command.is_empty() || command[0].trim().is_empty() {
                     problems.push(format!("{p}.command"), "name the program to run".into());
                 }

@@ -763,9 +763,30 @@ fn datasets_and_bridged_environments_are_checked_with_their_paths() {
             "module:Class",
         ),
         (
-            with("kind = \"external\"\ncommand = [\"x\"]\nprotocol = 3", ""),
+            with("kind = \"external\"\ncommand = [\"x\"]\nprotocol = 4", ""),
             "tasks[0].env.protocol",
-            "1..=2",
+            "1..=3",
+        ),
+        (
+            with("kind = \"external\"\ncommand = [\"x\"]\nprocesses = 2", ""),
+            "tasks[0].env.processes",
+            "needs protocol = 3",
+        ),
+        (
+            with(
+                "kind = \"external\"\ncommand = [\"x\"]\nprotocol = 3\nprocesses = 0",
+                "",
+            ),
+            "tasks[0].env.processes",
+            "1..=256",
+        ),
+        (
+            with(
+                "kind = \"reasoning_gym\"\ndataset = \"chain_sum\"\nprocesses = 300",
+                "",
+            ),
+            "tasks[0].env.processes",
+            "1..=256",
         ),
     ];
     for (text, field, msg) in cases {

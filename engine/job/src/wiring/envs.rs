@@ -12,6 +12,7 @@ use actors::env::builtin::sokoban::{Sokoban, SokobanConfig};
 use actors::env::builtin::tictactoe::{TicTacToe, TicTacToeConfig};
 use actors::env::delayed::Delayed;
 use actors::env::external::{ExternalConfig, ExternalEnv};
+use actors::env::mux::{MuxConfig, MuxGroup};
 use actors::env::sim::{SimEnv, SimEnvConfig};
 use actors::env::{DynEnvironment, EnvFactory};
 
@@ -19,7 +20,8 @@ use crate::resolve::EnvProgram;
 use crate::spec::{EnvSandbox, EnvSpec, InjectLatency, VerifierSpec};
 
 pub use infra::sandbox::{
-    SANDBOX_LIMITS, SANDBOX_UID_BASE, SANDBOX_UIDS, check_sandbox, sandboxed,
+    SANDBOX_CPU_S, SANDBOX_LIMITS, SANDBOX_UID_BASE, SANDBOX_UIDS, check_sandbox, sandboxed,
+    sandboxed_shared,
 };
 
 /// Limits every environment call of a job obeys.
@@ -31,15 +33,17 @@ pub struct EnvLimits {
 /// A factory of environments for one task; `seed_base` makes simulated ones differ per index.
 /// With `inject`, every environment sleeps a sampled extra latency inside each reset and step
 /// (so the environment is busy for it, as a slow one would be). External and bridged
-/// environments run their resolved `program`: `None` when they have none.
+/// environments run their resolved `program`: `None` when they have none. `slots` is the
+/// task's number of environments (what a multiplexed program's processes share).
 pub fn factory(
     spec: &EnvSpec,
     program: Option<&EnvProgram>,
     seed_base: u64,
     limits: &EnvLimits,
     inject: Option<&InjectLatency>,
+    slots: usize,
 ) -> Option<EnvFactory> {
-    let inner = base_factory(spec, program, seed_base, limits)?;
+    let inner = base_factory(spec, program, seed_base, limits, slots)?;
     Some(match inject {
         None => inner,
         Some(l) => {
@@ -62,6 +66,7 @@ fn base_factory(
     program: Option<&EnvProgram>,
     seed_base: u64,
     limits: &EnvLimits,
+    slots: usize,
 ) -> Option<EnvFactory> {
     Some(match spec {
         EnvSpec::Sim {
@@ -111,12 +116,20 @@ fn base_factory(
         EnvSpec::External {
             max_message_bytes,
             protocol,
+            processes,
             ..
-        } => external(program?, *max_message_bytes, *protocol, limits),
-        EnvSpec::ReasoningGym { .. } | EnvSpec::Gymnasium { .. } => external(
+        } => external(
+            program?,
+            *max_message_bytes,
+            *protocol,
+            (processes.unwrap_or(1), slots),
+            limits,
+        ),
+        EnvSpec::ReasoningGym { processes, .. } | EnvSpec::Gymnasium { processes, .. } => external(
             program?,
             actors::env::protocol::MAX_MESSAGE_BYTES,
-            actors::env::protocol::PROTOCOL_V2,
+            actors::env::protocol::PROTOCOL_V3,
+            (*processes, slots),
             limits,
         ),
         // An agent task's environment is only the slot its episode holds.
@@ -131,12 +144,35 @@ fn base_factory(
     })
 }
 
+/// Environments of a program: one process per environment (protocol 1 and 2), or
+/// `processes` shared by the task's `slots` environments (protocol 3, each serving many
+/// episodes; started on first use, each sandboxed once for the slots it serves).
 fn external(
     program: &EnvProgram,
     max_message_bytes: usize,
     protocol: u32,
+    (processes, slots): (usize, usize),
     limits: &EnvLimits,
 ) -> EnvFactory {
+    if protocol >= actors::env::protocol::PROTOCOL_V3 {
+        let processes = processes.clamp(1, slots.max(1));
+        let command = match program.sandbox {
+            EnvSandbox::None => program.command.clone(),
+            EnvSandbox::Bwrap => sandboxed_shared(
+                &program.command,
+                &program.readable,
+                slots.div_ceil(processes),
+            ),
+        };
+        let group = MuxGroup::new(MuxConfig {
+            command,
+            call_timeout: limits.call_timeout,
+            max_message_bytes,
+            workdir: None,
+            processes,
+        });
+        return Arc::new(move |i| Box::new(group.env(i)));
+    }
     let command = match program.sandbox {
         EnvSandbox::None => program.command.clone(),
         EnvSandbox::Bwrap => sandboxed(&program.command, &program.readable),

@@ -83,6 +83,7 @@ pub(super) fn plan(
                     .or(spec.mapping.fallback.as_ref())
                     .and_then(|name| spec.pools.iter().position(|p| &p.name == name)),
             };
+            let envs = t.envs.unwrap_or(knobs.max_concurrent_episodes).max(1);
             Ok(TaskPlan {
                 view,
                 env: factory(
@@ -91,9 +92,10 @@ pub(super) fn plan(
                     spec.seed ^ ((ti as u64) << 32),
                     &limits,
                     t.inject_latency.as_ref(),
+                    envs,
                 )
                 .ok_or(super::WiringError::Unresolved { task: ti })?,
-                envs: t.envs.unwrap_or(knobs.max_concurrent_episodes).max(1),
+                envs,
                 env_call_timeout: limits.call_timeout,
                 sandboxed: matches!(
                     t.env,

@@ -57,13 +57,17 @@ fn every_constant_default_is_in_range_and_is_what_a_spec_without_the_field_runs_
     };
     let gym: crate::spec::EnvSpec =
         toml::from_str("kind = \"reasoning_gym\"\ndataset = \"chain_sum\"").unwrap();
-    let crate::spec::EnvSpec::ReasoningGym { size, .. } = gym else {
+    let crate::spec::EnvSpec::ReasoningGym {
+        size, processes, ..
+    } = gym
+    else {
         panic!("a reasoning-gym environment");
     };
     let ran = ran.chain([
         ("tasks[i].env.protocol", f64::from(protocol)),
         ("tasks[i].env.max_message_bytes", max_message_bytes as f64),
         ("tasks[i].env.size", size as f64),
+        ("tasks[i].env.processes", processes as f64),
     ]);
     let ran: Vec<(&str, f64)> = ran.collect();
     for info in all() {
