@@ -248,6 +248,7 @@ ui-test: setup test-deps
 ## unknown field fails); the config they carry is started by a test (`cli::`).
 deploy-check: setup
 	$(KUBE_VALIDATE) --strict --quiet -k 1.33.0 infra/deploy/service/rollarc.yaml
+	$(KUBE_VALIDATE) --strict --quiet -k 1.33.0 infra/deploy/env-worker/env-worker.yaml
 
 ## The Python SDK: installed from clients/python into its test environment, then its pytest
 ## suite against a real `rollarc serve` (target/debug/rollarc).

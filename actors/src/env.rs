@@ -7,6 +7,7 @@ pub mod delayed;
 pub mod external;
 pub mod mux;
 pub mod protocol;
+pub mod remote;
 pub mod sim;
 
 use std::sync::Arc;
@@ -91,6 +92,9 @@ pub enum EnvError {
     /// The multiplexed program serving the episode stopped (why, with its stderr's tail).
     #[error("the environment program serving this episode stopped: {0}")]
     ProcessLost(String),
+    /// An env worker (`rollarc env-worker`) lost or could not take the episode.
+    #[error("{0}")]
+    Worker(String),
     /// A program's failure with the end of what it wrote to stderr.
     #[error("{error}; its stderr ends with:\n{stderr}")]
     WithStderr {
@@ -118,6 +122,12 @@ pub trait Environment: Send + 'static {
         action_tokens: &crate::tokens::Tokens,
     ) -> impl Future<Output = Result<StepOutcome, EnvError>> + Send;
     fn close(&mut self) -> impl Future<Output = ()> + Send;
+    /// The episode ended and the environment goes back to its pool (it stays open for the
+    /// next episode): one that holds resources per episode elsewhere (a multiplexed program's
+    /// state, an env worker's slot) frees them now rather than at the next reset.
+    fn release(&mut self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
 }
 
 /// Object-safe form of [`Environment`], so an actor can own any of them.
@@ -133,6 +143,7 @@ pub trait DynEnvironment: Send + 'static {
         tokens: &'a crate::tokens::Tokens,
     ) -> futures::future::BoxFuture<'a, Result<StepOutcome, EnvError>>;
     fn close_boxed(&mut self) -> futures::future::BoxFuture<'_, ()>;
+    fn release_boxed(&mut self) -> futures::future::BoxFuture<'_, ()>;
 }
 
 impl<E: Environment> DynEnvironment for E {
@@ -153,6 +164,9 @@ impl<E: Environment> DynEnvironment for E {
     fn close_boxed(&mut self) -> futures::future::BoxFuture<'_, ()> {
         Box::pin(self.close())
     }
+    fn release_boxed(&mut self) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(self.release())
+    }
 }
 
 /// Builds environments for a task (at start and after a restart).
@@ -169,6 +183,8 @@ pub enum EnvMsg {
         crate::tokens::Tokens,
         RpcReplyPort<Result<StepOutcome, EnvError>>,
     ),
+    /// The episode ended; the environment goes back to the pool.
+    Release,
     Close,
 }
 
@@ -289,6 +305,7 @@ impl Actor for EnvActor {
                 }
                 let _ = reply.send(r);
             }
+            EnvMsg::Release => st.env.release_boxed().await,
             EnvMsg::Close => me.stop(None),
         }
         Ok(())
@@ -447,6 +464,8 @@ impl Drop for EnvLease {
         let slot = self.slot;
         self.pool.counters.hold(slot, false);
         if !self.failed {
+            // Served before the next lease's reset: the mailbox is in order.
+            let _ = env.cast(EnvMsg::Release);
             let _ = self.pool.free_tx.try_send((slot, env));
             return;
         }

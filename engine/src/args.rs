@@ -202,6 +202,30 @@ pub(crate) enum Cmd {
     /// Serve a built-in environment over the environment protocol on stdin/stdout, e.g.
     /// `rollarc env-serve '{"kind":"frozenlake","size":4}'`.
     EnvServe { spec: String },
+    /// Host environment sandboxes for services on other machines: a job's `[[env_pools]]`
+    /// names this worker's URL, registers its tasks here and runs their episodes over HTTP/2
+    /// (see docs/environments.md). Drains on SIGTERM.
+    EnvWorker {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:7000")]
+        listen: String,
+        /// Episodes open at once over all tasks.
+        #[arg(long, default_value_t = 64)]
+        slots: usize,
+        /// A file holding the shared bearer token (else `ROLLARC_ENV_WORKER_TOKEN`).
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        /// Serve a non-loopback address without a token (anyone who reaches it can run
+        /// programs).
+        #[arg(long)]
+        allow_no_token: bool,
+        /// How long running episodes may go on after SIGTERM before they are stopped.
+        #[arg(long, default_value_t = 300.0)]
+        drain_timeout_s: f64,
+        /// Where the bridges' scripts are written (default: the temporary directory).
+        #[arg(long)]
+        scratch_dir: Option<PathBuf>,
+    },
     /// List GPUs with the profile the mapper would use.
     Devices,
     /// Benchmarks: scheduler overhead (zero-latency simulated backends) and the built-in model.

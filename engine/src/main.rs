@@ -37,7 +37,10 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// output is its result, so its terminal shows warnings unless asked for more.
 fn log_levels(cli: &Cli) -> infra::telemetry::LogLevels {
     use infra::telemetry::{DEBUG_LOG, DEFAULT_LOG, LogLevels, QUIET_LOG};
-    let service = matches!(cli.cmd, Cmd::Serve { .. } | Cmd::EnvServe { .. });
+    let service = matches!(
+        cli.cmd,
+        Cmd::Serve { .. } | Cmd::EnvServe { .. } | Cmd::EnvWorker { .. }
+    );
     let stderr = match (cli.verbose, service) {
         (0, false) => QUIET_LOG,
         (0, true) | (1, _) => DEFAULT_LOG,
@@ -172,6 +175,21 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             spec_out,
         } => simulate::plan(&scenario, budget, search.as_deref(), json_out, spec_out),
         Cmd::EnvServe { spec } => serve::env_serve(&spec),
+        Cmd::EnvWorker {
+            listen,
+            slots,
+            token_file,
+            allow_no_token,
+            drain_timeout_s,
+            scratch_dir,
+        } => serve::env_worker(
+            &listen,
+            slots,
+            token_file,
+            allow_no_token,
+            drain_timeout_s,
+            scratch_dir,
+        ),
         Cmd::Devices => {
             crate::cli::print_devices();
             Ok(ExitCode::SUCCESS)

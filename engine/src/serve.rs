@@ -123,3 +123,61 @@ pub(crate) fn env_serve(spec: &str) -> anyhow::Result<ExitCode> {
     ))?;
     Ok(ExitCode::SUCCESS)
 }
+
+/// `rollarc env-worker`: environment sandboxes served to services on other machines.
+pub(crate) fn env_worker(
+    listen: &str,
+    slots: usize,
+    token_file: Option<PathBuf>,
+    allow_no_token: bool,
+    drain_timeout_s: f64,
+    scratch_dir: Option<PathBuf>,
+) -> anyhow::Result<ExitCode> {
+    if !(1..=100_000).contains(&slots) {
+        bail!("--slots must be in 1..=100000, got {slots}");
+    }
+    if !(drain_timeout_s.is_finite() && (0.0..=job::spec::MAX_SECONDS).contains(&drain_timeout_s)) {
+        bail!(
+            "--drain-timeout-s must be a number of seconds in [0, {}], got {drain_timeout_s}",
+            job::spec::MAX_SECONDS
+        );
+    }
+    let token = match token_file {
+        Some(p) => Some(
+            read_token(&p)
+                .with_context(|| format!("cannot read the token file {}", p.display()))?,
+        ),
+        None => std::env::var("ROLLARC_ENV_WORKER_TOKEN").ok(),
+    }
+    .map(|t| t.trim().to_string())
+    .filter(|t| !t.is_empty());
+    let scratch = scratch_dir.unwrap_or_else(std::env::temp_dir);
+    let rt = runtime()?;
+    rt.block_on(service::env_worker::run(
+        listen,
+        service::env_worker::WorkerConfig {
+            slots,
+            token,
+            scratch,
+            drain_timeout: Duration::from_secs_f64(drain_timeout_s),
+        },
+        allow_no_token,
+        |addr| {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "rollarc env-worker listening on http://{addr}");
+            let _ = out.flush();
+        },
+    ))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The operator's token file (its first 4 KiB: a token is one line).
+fn read_token(path: &std::path::Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(4096)
+        .read_to_string(&mut text)?;
+    Ok(text)
+}

@@ -14,6 +14,7 @@ mod builtin;
 mod cli;
 mod code_judge;
 mod datasets;
+mod env_workers;
 mod envs;
 mod eval;
 mod faults;

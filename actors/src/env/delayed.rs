@@ -74,4 +74,8 @@ impl Environment for Delayed {
     async fn close(&mut self) {
         self.inner.close_boxed().await;
     }
+
+    async fn release(&mut self) {
+        self.inner.release_boxed().await;
+    }
 }

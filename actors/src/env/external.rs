@@ -142,8 +142,7 @@ impl ExternalEnv {
             }
         };
         match r {
-            Ok(resp) if resp.ok => Ok(resp),
-            Ok(resp) => Err(EnvError::Reported(resp.error.unwrap_or_default())),
+            Ok(resp) => reported(resp),
             Err(e) => {
                 // A crash usually says why on stderr (a traceback): give its end with the
                 // error. The program's last words may still be in flight after it exited.
@@ -206,7 +205,7 @@ pub(super) async fn read_line_capped<R: tokio::io::AsyncBufRead + Unpin>(
     }
 }
 
-pub(super) fn info_flag(r: &Response, key: &str) -> bool {
+fn info_flag(r: &Response, key: &str) -> bool {
     r.info
         .as_ref()
         .and_then(|i| i.get(key))
@@ -214,9 +213,53 @@ pub(super) fn info_flag(r: &Response, key: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// A reply that says `ok`, or the failure it reports.
+pub(super) fn reported(resp: Response) -> Result<Response, EnvError> {
+    if resp.ok {
+        Ok(resp)
+    } else {
+        Err(EnvError::Reported(resp.error.unwrap_or_default()))
+    }
+}
+
+/// The observation a reset's reply carries (and the task's reference, from its `info`).
+pub(super) fn reset_observation(r: Response) -> Observation {
+    Observation {
+        reference: r.info.as_ref().and_then(|i| i.get("reference")).cloned(),
+        text: r.observation.unwrap_or_default(),
+        tokens: None,
+        sim_response_len: None,
+        messages: None,
+    }
+}
+
+/// A step's outcome from its reply: reward (finite), flags, the observation (with a
+/// reference known only at the end) and the rest of `info`.
+pub(super) fn step_outcome(r: &Response) -> Result<StepOutcome, EnvError> {
+    let reward = r.reward.unwrap_or(0.0);
+    if !reward.is_finite() {
+        return Err(EnvError::NonFiniteReward(reward));
+    }
+    Ok(StepOutcome {
+        success: info_flag(r, "success"),
+        invalid_action: info_flag(r, "invalid_action"),
+        observation: Observation {
+            text: r.observation.clone().unwrap_or_default(),
+            tokens: None,
+            sim_response_len: None,
+            reference: r.info.as_ref().and_then(|i| i.get("reference")).cloned(),
+            messages: None,
+        },
+        reward,
+        terminated: r.terminated.unwrap_or(false),
+        truncated: r.truncated.unwrap_or(false),
+        info: verdict_info(r.info.as_ref()),
+    })
+}
+
 /// A step's `info` less what rollarc reads itself (`success`, `invalid_action`, `reference`),
 /// capped at 16 KiB of JSON; `None` when nothing is left.
-pub(super) fn verdict_info(info: Option<&serde_json::Value>) -> Option<serde_json::Value> {
+fn verdict_info(info: Option<&serde_json::Value>) -> Option<serde_json::Value> {
     let mut m = info?.as_object()?.clone();
     for k in ["success", "invalid_action", "reference"] {
         m.remove(k);
@@ -254,14 +297,7 @@ impl Environment for ExternalEnv {
                 record,
             })
             .await?;
-        let reference = r.info.as_ref().and_then(|i| i.get("reference")).cloned();
-        Ok(Observation {
-            text: r.observation.unwrap_or_default(),
-            tokens: None,
-            sim_response_len: None,
-            reference,
-            messages: None,
-        })
+        Ok(reset_observation(r))
     }
 
     async fn step(
@@ -276,26 +312,7 @@ impl Environment for ExternalEnv {
                 action: action.to_string(),
             })
             .await?;
-        let reward = r.reward.unwrap_or(0.0);
-        if !reward.is_finite() {
-            return Err(EnvError::NonFiniteReward(reward));
-        }
-        Ok(StepOutcome {
-            success: info_flag(&r, "success"),
-            invalid_action: info_flag(&r, "invalid_action"),
-            observation: Observation {
-                text: r.observation.clone().unwrap_or_default(),
-                tokens: None,
-                sim_response_len: None,
-                // Version 2: a reference known only now (kept for the reward functions).
-                reference: r.info.as_ref().and_then(|i| i.get("reference")).cloned(),
-                messages: None,
-            },
-            reward,
-            terminated: r.terminated.unwrap_or(false),
-            truncated: r.truncated.unwrap_or(false),
-            info: verdict_info(r.info.as_ref()),
-        })
+        step_outcome(&r)
     }
 
     async fn close(&mut self) {

@@ -25,7 +25,7 @@ use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::process::{ChildStdin, ChildStdout};
 use tokio::sync::oneshot;
 
-use super::external::{collect_stderr_tail, info_flag, read_line_capped, verdict_info};
+use super::external::{collect_stderr_tail, read_line_capped};
 use super::protocol::{self, PROTOCOL_V3, Request, Response};
 use super::{EnvError, Environment, Observation, Record, StepOutcome};
 
@@ -345,14 +345,6 @@ impl MuxEnv {
             }
         });
     }
-
-    fn check(resp: Response) -> Result<Response, EnvError> {
-        if resp.ok {
-            Ok(resp)
-        } else {
-            Err(EnvError::Reported(resp.error.unwrap_or_default()))
-        }
-    }
 }
 
 impl Drop for MuxEnv {
@@ -385,14 +377,8 @@ impl Environment for MuxEnv {
         let r = Self::call(&inc, &req, self.group.cfg.call_timeout).await;
         // Even a failed reset may have created state in the program: close it later.
         self.current = Some((episode, inc));
-        let r = Self::check(r?)?;
-        Ok(Observation {
-            text: r.observation.unwrap_or_default(),
-            tokens: None,
-            sim_response_len: None,
-            reference: r.info.as_ref().and_then(|i| i.get("reference")).cloned(),
-            messages: None,
-        })
+        let r = super::external::reported(r?)?;
+        Ok(super::external::reset_observation(r))
     }
 
     async fn step(
@@ -408,26 +394,13 @@ impl Environment for MuxEnv {
             episode: Some(episode),
             action: action.to_string(),
         };
-        let r = Self::check(Self::call(&inc, &req, self.group.cfg.call_timeout).await?)?;
-        let reward = r.reward.unwrap_or(0.0);
-        if !reward.is_finite() {
-            return Err(EnvError::NonFiniteReward(reward));
-        }
-        Ok(StepOutcome {
-            success: info_flag(&r, "success"),
-            invalid_action: info_flag(&r, "invalid_action"),
-            observation: Observation {
-                text: r.observation.clone().unwrap_or_default(),
-                tokens: None,
-                sim_response_len: None,
-                reference: r.info.as_ref().and_then(|i| i.get("reference")).cloned(),
-                messages: None,
-            },
-            reward,
-            terminated: r.terminated.unwrap_or(false),
-            truncated: r.truncated.unwrap_or(false),
-            info: verdict_info(r.info.as_ref()),
-        })
+        let r =
+            super::external::reported(Self::call(&inc, &req, self.group.cfg.call_timeout).await?)?;
+        super::external::step_outcome(&r)
+    }
+
+    async fn release(&mut self) {
+        self.close_in_background();
     }
 
     async fn close(&mut self) {

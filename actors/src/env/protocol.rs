@@ -353,8 +353,10 @@ impl Episodes<'_> {
     }
 }
 
-/// Runs one request on `env` and builds its reply.
-async fn answer(
+/// Runs one request on `env` and builds its reply: what an environment program would say
+/// (a step's `info` carries the flags, a reference known only at the end, and the rest of
+/// what the environment said). Used by [`serve`] and by `rollarc env-worker`.
+pub async fn answer(
     env: &mut dyn super::DynEnvironment,
     req: Request,
     v: u32,
@@ -383,16 +385,25 @@ async fn answer(
             }
         }
         Request::Step { action, .. } => match env.step_boxed(&action, &Tokens::new()).await {
-            Ok(s) => Response {
-                observation: Some(s.observation.text),
-                reward: Some(s.reward),
-                terminated: Some(s.terminated),
-                truncated: Some(s.truncated),
-                info: Some(
-                    serde_json::json!({ "success": s.success, "invalid_action": s.invalid_action }),
-                ),
-                ..base
-            },
+            Ok(s) => {
+                let mut info = match s.info {
+                    Some(serde_json::Value::Object(m)) => m,
+                    _ => serde_json::Map::new(),
+                };
+                info.insert("success".into(), s.success.into());
+                info.insert("invalid_action".into(), s.invalid_action.into());
+                if let Some(r) = s.observation.reference {
+                    info.insert("reference".into(), r);
+                }
+                Response {
+                    observation: Some(s.observation.text),
+                    reward: Some(s.reward),
+                    terminated: Some(s.terminated),
+                    truncated: Some(s.truncated),
+                    info: Some(serde_json::Value::Object(info)),
+                    ..base
+                }
+            }
             Err(e) => fail(base, infra::error_chain(&e)),
         },
         Request::Close { .. } => {

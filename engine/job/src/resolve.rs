@@ -23,6 +23,15 @@ use crate::spec::{EnvSandbox, FieldError, Format, JobSpec, ModelShape, SpecError
 
 pub use programs::{absolute_args, absolute_args_in};
 
+/// The program of one environment (external or bridged; `None` for the others) as a job's
+/// resolve step makes it: what `rollarc env-worker` runs for a task registered on it.
+pub fn env_program(
+    env: &crate::spec::EnvSpec,
+    host: &Host<'_>,
+) -> std::io::Result<Option<EnvProgram>> {
+    programs::program(env, host)
+}
+
 /// What the resolve step reads of the process it runs in; tests hand in their own.
 pub struct Host<'a> {
     /// Environment variables (`ROLLARC_XLLAMACPP_PYTHON`, `HOME`).

@@ -11,6 +11,7 @@ use utoipa::ToSchema;
 mod agent;
 pub mod catalogue;
 mod env;
+mod env_pool;
 mod eval;
 pub mod knob;
 mod overrides;
@@ -18,12 +19,14 @@ mod pool;
 mod reward;
 mod rollout;
 mod sim;
+mod suggest;
 mod tags;
 mod task;
 mod trainer;
 
 pub use agent::*;
 pub use env::*;
+pub use env_pool::*;
 pub use eval::*;
 pub use overrides::apply_overrides;
 pub use pool::*;
@@ -55,6 +58,9 @@ pub struct JobSpec {
     pub tasks: Vec<TaskSpec>,
     #[schema(min_items = 1)]
     pub pools: Vec<PoolSpec>,
+    /// Env workers hosting tasks' environments on other machines (`tasks[i].env_pool`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env_pools: Vec<EnvPoolSpec>,
     #[serde(default)]
     pub mapping: MappingSpec,
     #[serde(default)]
@@ -187,9 +193,20 @@ pub fn from_value(value: serde_json::Value) -> Result<JobSpec, SpecErrors> {
     let serde_json::Value::Object(mut obj) = value else {
         return Err(one("", "a job spec must be a table / object".into()));
     };
-    const KNOWN: [&str; 12] = [
-        "name", "tags", "seed", "preset", "tasks", "pools", "mapping", "rollout", "reward",
-        "trainer", "sim", "eval",
+    const KNOWN: [&str; 13] = [
+        "name",
+        "tags",
+        "seed",
+        "preset",
+        "tasks",
+        "pools",
+        "env_pools",
+        "mapping",
+        "rollout",
+        "reward",
+        "trainer",
+        "sim",
+        "eval",
     ];
     for k in obj.keys() {
         if !KNOWN.contains(&k.as_str()) {
@@ -214,6 +231,11 @@ pub fn from_value(value: serde_json::Value) -> Result<JobSpec, SpecErrors> {
     }
     let tasks = list::<TaskSpec>(&mut obj, "tasks", &mut errs);
     let pools = list::<PoolSpec>(&mut obj, "pools", &mut errs);
+    let env_pools = if obj.contains_key("env_pools") {
+        list::<EnvPoolSpec>(&mut obj, "env_pools", &mut errs)
+    } else {
+        Some(Vec::new())
+    };
     let mapping = section::<MappingSpec>(&mut obj, "mapping", &mut errs).unwrap_or_default();
     let rollout = section::<RolloutSpec>(&mut obj, "rollout", &mut errs).unwrap_or_default();
     let reward = section::<RewardSpec>(&mut obj, "reward", &mut errs).unwrap_or_default();
@@ -227,6 +249,7 @@ pub fn from_value(value: serde_json::Value) -> Result<JobSpec, SpecErrors> {
         preset,
         tasks: tasks.unwrap_or_default(),
         pools: pools.unwrap_or_default(),
+        env_pools: env_pools.unwrap_or_default(),
         mapping,
         rollout,
         reward,
@@ -296,53 +319,11 @@ fn de_at<T: DeserializeOwned>(
             };
             errs.push(FieldError {
                 field,
-                message: with_suggestion(e.into_inner().to_string()),
+                message: suggest::with_suggestion(e.into_inner().to_string()),
             });
             None
         }
     }
-}
-
-/// serde's "unknown field `x`, expected one of `a`, `b`" (or "unknown variant …") with the
-/// closest expected name suggested, when one is close enough to be a typo.
-fn with_suggestion(message: String) -> String {
-    let Some(rest) = message
-        .strip_prefix("unknown field `")
-        .or_else(|| message.strip_prefix("unknown variant `"))
-    else {
-        return message;
-    };
-    let Some((given, expected)) = rest.split_once('`') else {
-        return message;
-    };
-    let best = expected
-        .split('`')
-        .skip(1)
-        .step_by(2)
-        .map(|cand| (edit_distance(given, cand), cand))
-        .min();
-    match best {
-        Some((d, cand)) if d <= 2.max(given.len() / 3) && d < given.len() => {
-            format!("{message}; did you mean `{cand}`?")
-        }
-        _ => message,
-    }
-}
-
-/// Levenshtein distance, by characters.
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut prev = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let cur = row[j + 1];
-            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
-            prev = cur;
-        }
-    }
-    row[b.len()]
 }
 
 fn section<T: DeserializeOwned + Default>(
@@ -505,6 +486,7 @@ pub fn validate(spec: &JobSpec) -> Vec<FieldError> {
         }
         pl.check(&p, spec, &mut problems);
     }
+    env_pool::check_pools(spec, &mut problems);
     spec.mapping.check(spec, &mut problems);
     spec.rollout.check(spec, &mut problems);
     spec.sim.check(spec, &mut problems);

@@ -123,6 +123,8 @@ pub enum WiringError {
     Unresolved { task: usize },
     #[error("pools[{pool}].backend.model: its shape was not resolved")]
     UnresolvedModel { pool: usize },
+    #[error("env pool {name:?}: {why}")]
+    EnvPool { name: String, why: String },
 }
 
 /// Derives the whole wiring of a job from its (validated) spec and its resolved outside

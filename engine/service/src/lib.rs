@@ -24,6 +24,7 @@ pub mod access;
 pub mod admission;
 pub mod api;
 pub mod bench_batches;
+pub mod env_worker;
 pub mod server;
 pub mod service;
 pub mod telemetry;

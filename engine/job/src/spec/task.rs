@@ -37,6 +37,10 @@ pub struct TaskSpec {
     pub seeds: Option<SeedRange>,
     #[serde(default)]
     pub envs: Option<usize>,
+    /// The env pool (`env_pools[].name`) whose workers host this task's environments;
+    /// default: the service's own machine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env_pool: Option<String>,
     /// Constrained decoding (built-in model): the policy samples only the environment's
     /// action alphabet (`LDRU` for the grid games, digits and `-` for arithmetic, `1`–`9` for
     /// tic-tac-toe), plus end-of-turn when a turn may be longer than one token.

@@ -44,7 +44,32 @@ pub fn factory(
     slots: usize,
 ) -> Option<EnvFactory> {
     let inner = base_factory(spec, program, seed_base, limits, slots)?;
-    Some(match inject {
+    Some(with_latency(inner, seed_base, inject))
+}
+
+/// A factory of environments hosted by `pool`'s env workers for the task `key` (unique to
+/// this run of the task), with injected latency as [`factory`].
+pub fn remote_factory(
+    pool: Arc<actors::env::remote::WorkerPool>,
+    key: String,
+    spec: &EnvSpec,
+    (seed_base, slots): (u64, usize),
+    limits: &EnvLimits,
+    inject: Option<&InjectLatency>,
+) -> EnvFactory {
+    let registration = serde_json::json!({
+        "env": spec,
+        "call_timeout_s": limits.call_timeout.as_secs_f64(),
+        "slots": slots,
+    });
+    let task = actors::env::remote::RemoteTask::new(pool, key, registration, limits.call_timeout);
+    let inner: EnvFactory = Arc::new(move |i| Box::new(task.env(i)));
+    with_latency(inner, seed_base, inject)
+}
+
+/// `inner`, each environment sleeping a sampled extra latency in each reset and step.
+fn with_latency(inner: EnvFactory, seed_base: u64, inject: Option<&InjectLatency>) -> EnvFactory {
+    match inject {
         None => inner,
         Some(l) => {
             let l = l.clone();
@@ -58,7 +83,7 @@ pub fn factory(
                 ))
             })
         }
-    })
+    }
 }
 
 fn base_factory(

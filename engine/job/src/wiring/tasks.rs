@@ -10,7 +10,7 @@ use crate::cost::Tokens;
 use crate::resolve::TaskInputs;
 
 use super::TaskView;
-use super::envs::{EnvLimits, factory};
+use super::envs::{EnvLimits, factory, remote_factory};
 use crate::spec::{EnvSandbox, EnvSpec, JobSpec, Knobs, TaskSpec, TruncationPolicy};
 
 /// One task of a job.
@@ -56,6 +56,14 @@ pub(super) fn plan(
     let limits = EnvLimits {
         call_timeout: Duration::from_secs_f64(knobs.env_call_timeout_s),
     };
+    let remote = remote_pools(spec)?;
+    // Task keys on env workers: unique to this run of these tasks.
+    let run_key = infra::secret::new_token("")
+        .map(|t| t[..16].to_string())
+        .map_err(|_| super::WiringError::EnvPool {
+            name: String::new(),
+            why: "no system randomness for the task keys".into(),
+        })?;
     spec.tasks
         .iter()
         .enumerate()
@@ -84,34 +92,20 @@ pub(super) fn plan(
                     .and_then(|name| spec.pools.iter().position(|p| &p.name == name)),
             };
             let envs = t.envs.unwrap_or(knobs.max_concurrent_episodes).max(1);
+            let env = task_env(
+                t,
+                (ti, envs),
+                input,
+                spec.seed ^ ((ti as u64) << 32),
+                &limits,
+                (&remote, &run_key),
+            )?;
             Ok(TaskPlan {
                 view,
-                env: factory(
-                    &t.env,
-                    input.program.as_ref(),
-                    spec.seed ^ ((ti as u64) << 32),
-                    &limits,
-                    t.inject_latency.as_ref(),
-                    envs,
-                )
-                .ok_or(super::WiringError::Unresolved { task: ti })?,
+                env,
                 envs,
                 env_call_timeout: limits.call_timeout,
-                sandboxed: matches!(
-                    t.env,
-                    EnvSpec::External {
-                        sandbox: EnvSandbox::Bwrap,
-                        ..
-                    } | EnvSpec::ReasoningGym {
-                        sandbox: EnvSandbox::Bwrap,
-                        ..
-                    } | EnvSpec::Gymnasium {
-                        sandbox: EnvSandbox::Bwrap,
-                        ..
-                    }
-                ) || matches!(&t.env, EnvSpec::Agent(a)
-                        if a.mode == crate::spec::AgentMode::Managed
-                            && a.sandbox == EnvSandbox::Bwrap),
+                sandboxed: sandboxed(t),
                 agent: match &t.env {
                     EnvSpec::Agent(a) => Some(crate::agents::AgentPlan {
                         spec: a.clone(),
@@ -199,4 +193,87 @@ pub fn prior_tokens(t: &TaskSpec) -> Tokens {
             }
         }
     }
+}
+
+/// The job's env pools by name, each reaching its workers with the token in the service's
+/// environment variable the pool names (none when it is unset).
+fn remote_pools(
+    spec: &JobSpec,
+) -> Result<
+    std::collections::BTreeMap<String, Arc<actors::env::remote::WorkerPool>>,
+    super::WiringError,
+> {
+    spec.env_pools
+        .iter()
+        .map(|p| {
+            let crate::spec::WorkersSpec::Urls(urls) = &p.workers;
+            let token = std::env::var(&p.token_env).ok().filter(|t| !t.is_empty());
+            let pool =
+                actors::env::remote::WorkerPool::new(actors::env::remote::WorkerPoolConfig {
+                    name: p.name.clone(),
+                    urls: urls.clone(),
+                    token,
+                })
+                .map_err(|e| super::WiringError::EnvPool {
+                    name: p.name.clone(),
+                    why: e.to_string(),
+                })?;
+            Ok((p.name.clone(), pool))
+        })
+        .collect()
+}
+
+/// The environment factory of task `ti`: its env pool's workers, or this machine.
+fn task_env(
+    t: &TaskSpec,
+    (ti, envs): (usize, usize),
+    input: &TaskInputs,
+    seed_base: u64,
+    limits: &EnvLimits,
+    (remote, run_key): (
+        &std::collections::BTreeMap<String, Arc<actors::env::remote::WorkerPool>>,
+        &str,
+    ),
+) -> Result<EnvFactory, super::WiringError> {
+    Ok(match t.env_pool.as_ref().and_then(|n| remote.get(n)) {
+        Some(pool) => remote_factory(
+            Arc::clone(pool),
+            format!("{run_key}-{ti}"),
+            &t.env,
+            (seed_base, envs),
+            limits,
+            t.inject_latency.as_ref(),
+        ),
+        None => factory(
+            &t.env,
+            input.program.as_ref(),
+            seed_base,
+            limits,
+            t.inject_latency.as_ref(),
+            envs,
+        )
+        .ok_or(super::WiringError::Unresolved { task: ti })?,
+    })
+}
+
+/// Whether the task's environment runs in this machine's sandbox (checked before the job
+/// starts); a worker checks its own.
+fn sandboxed(t: &TaskSpec) -> bool {
+    if t.env_pool.is_some() {
+        return false;
+    }
+    matches!(
+        t.env,
+        EnvSpec::External {
+            sandbox: EnvSandbox::Bwrap,
+            ..
+        } | EnvSpec::ReasoningGym {
+            sandbox: EnvSandbox::Bwrap,
+            ..
+        } | EnvSpec::Gymnasium {
+            sandbox: EnvSandbox::Bwrap,
+            ..
+        }
+    ) || matches!(&t.env, EnvSpec::Agent(a)
+            if a.mode == crate::spec::AgentMode::Managed && a.sandbox == EnvSandbox::Bwrap)
 }

@@ -1,0 +1,331 @@
+//! A job's env pool: its workers, what a probe each second learns of them, and the HTTP/2
+//! calls to them.
+
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::Duration;
+
+use super::super::EnvError;
+use super::super::protocol::{Request, Response};
+use super::PROBE_EVERY;
+
+/// How to reach a pool's workers.
+#[derive(Clone, Debug)]
+pub struct WorkerPoolConfig {
+    /// The pool's name (in errors and metrics).
+    pub name: String,
+    /// Base URLs of the workers (`http://10.0.0.7:7000`).
+    pub urls: Vec<String>,
+    /// The workers' shared bearer token.
+    pub token: Option<String>,
+}
+
+/// A job's env pool: its workers and what it knows of them.
+pub struct WorkerPool {
+    pub(super) name: String,
+    token: Option<String>,
+    client: reqwest::Client,
+    workers: RwLock<Vec<Arc<Worker>>>,
+    prober: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Set once the first probe of every worker has answered or failed.
+    first_probe: tokio::sync::OnceCell<()>,
+    /// Woken when a probe ends or an episode closes: a slot may have opened.
+    pub(super) changed: tokio::sync::Notify,
+}
+
+/// One worker as the pool sees it.
+pub(super) struct Worker {
+    pub(super) url: String,
+    pub(super) st: Mutex<WorkerState>,
+}
+
+/// What a probe or a call last learnt of a worker.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WorkerState {
+    /// It answered its last probe or call.
+    pub up: bool,
+    /// It has answered at least once.
+    pub seen: bool,
+    pub draining: bool,
+    pub slots: usize,
+    /// Episodes open on it, all clients together (as of the last probe).
+    pub open: usize,
+    /// Episodes this pool placed on it since that probe.
+    pub placed_since_probe: usize,
+    pub last_error: Option<String>,
+}
+
+impl WorkerState {
+    fn load(&self) -> usize {
+        self.open + self.placed_since_probe
+    }
+
+    fn takes_episodes(&self) -> bool {
+        self.up && !self.draining && self.load() < self.slots
+    }
+}
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What a worker answered a call with, when it was not a protocol reply.
+#[derive(Debug)]
+pub(super) enum CallError {
+    /// Not reached, or the connection broke.
+    Unreachable(String),
+    /// 503: draining or full.
+    Refused(String),
+    /// 404: the task is not registered there (the worker restarted).
+    UnknownTask,
+    /// 404: the episode is not open there.
+    UnknownEpisode(String),
+    Timeout,
+    /// Anything else (a 4xx naming what was wrong).
+    Other(String),
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unreachable(e) => write!(f, "unreachable: {e}"),
+            Self::Refused(e) => write!(f, "refused: {e}"),
+            Self::UnknownTask => write!(f, "does not know the task"),
+            Self::UnknownEpisode(e) => write!(f, "{e}"),
+            Self::Timeout => write!(f, "no answer in time"),
+            Self::Other(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl WorkerPool {
+    pub fn new(cfg: WorkerPoolConfig) -> Result<Arc<Self>, EnvError> {
+        let client = reqwest::Client::builder()
+            .http2_prior_knowledge()
+            .connect_timeout(Duration::from_secs(3))
+            .build()
+            .map_err(|e| EnvError::Worker(format!("env pool {}: HTTP client: {e}", cfg.name)))?;
+        let pool = Arc::new(Self {
+            name: cfg.name,
+            token: cfg.token,
+            client,
+            workers: RwLock::new(Vec::new()),
+            prober: Mutex::new(None),
+            first_probe: tokio::sync::OnceCell::new(),
+            changed: tokio::sync::Notify::new(),
+        });
+        pool.set_members(&cfg.urls);
+        Ok(pool)
+    }
+
+    /// The pool's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Makes `urls` the pool's workers: new ones are added (unprobed until the next probe),
+    /// those not listed leave (their open episodes finish there; no new ones go there).
+    pub fn set_members(&self, urls: &[String]) {
+        let mut ws = self.workers.write().unwrap_or_else(|p| p.into_inner());
+        let want: Vec<String> = urls
+            .iter()
+            .map(|u| u.trim_end_matches('/').to_string())
+            .collect();
+        ws.retain(|w| want.contains(&w.url));
+        for u in want {
+            if !ws.iter().any(|w| w.url == u) {
+                ws.push(Arc::new(Worker {
+                    url: u,
+                    st: Mutex::new(WorkerState::default()),
+                }));
+            }
+        }
+    }
+
+    /// Each worker's URL and state, in membership order.
+    pub fn snapshot(&self) -> Vec<(String, WorkerState)> {
+        self.members()
+            .iter()
+            .map(|w| (w.url.clone(), lock(&w.st).clone()))
+            .collect()
+    }
+
+    fn members(&self) -> Vec<Arc<Worker>> {
+        self.workers
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub(super) fn request(&self, method: reqwest::Method, url: String) -> reqwest::RequestBuilder {
+        let r = self.client.request(method, url);
+        match &self.token {
+            Some(t) => r.bearer_auth(t),
+            None => r,
+        }
+    }
+
+    /// Asks every worker for its state once (at most `timeout` each, concurrently).
+    pub async fn probe(&self, timeout: Duration) {
+        let probes = self.members().into_iter().map(|w| async move {
+            let r = self
+                .request(reqwest::Method::GET, format!("{}/v1/worker", w.url))
+                .timeout(timeout)
+                .send()
+                .await;
+            let got = match r {
+                Ok(resp) if resp.status().is_success() => resp
+                    .json::<serde_json::Value>()
+                    .await
+                    .map_err(|e| format!("unreadable state: {e}")),
+                Ok(resp) => Err(format!("answered {}", resp.status())),
+                Err(e) => Err(infra::error_chain(&e)),
+            };
+            let mut st = lock(&w.st);
+            match got {
+                Ok(v) => {
+                    st.up = true;
+                    st.seen = true;
+                    st.draining = v["draining"].as_bool().unwrap_or(false);
+                    st.slots = v["slots"].as_u64().unwrap_or(0) as usize;
+                    st.open = v["open"].as_u64().unwrap_or(0) as usize;
+                    st.placed_since_probe = 0;
+                    st.last_error = None;
+                }
+                Err(e) => {
+                    st.up = false;
+                    st.last_error = Some(e);
+                }
+            }
+        });
+        futures::future::join_all(probes).await;
+        self.changed.notify_waiters();
+    }
+
+    /// Starts the probe loop once (it ends when the pool is dropped); every caller waits for
+    /// the first probe of every worker, so the first placements know their slots and load.
+    pub(super) async fn started(self: &Arc<Self>) {
+        self.first_probe
+            .get_or_init(|| async {
+                let weak: Weak<Self> = Arc::downgrade(self);
+                *lock(&self.prober) = Some(tokio::spawn(async move {
+                    let mut tick = tokio::time::interval(PROBE_EVERY);
+                    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    // The first tick is now: the first probe below is it.
+                    tick.tick().await;
+                    loop {
+                        tick.tick().await;
+                        let Some(pool) = weak.upgrade() else { return };
+                        pool.probe(Duration::from_secs(2)).await;
+                    }
+                }));
+                self.probe(Duration::from_secs(2)).await;
+            })
+            .await;
+    }
+
+    /// An episode placed on `w` closed: its slot is free before the next probe says so.
+    pub(super) fn closed_on(&self, w: &Worker) {
+        {
+            let mut st = lock(&w.st);
+            if st.placed_since_probe > 0 {
+                st.placed_since_probe -= 1;
+            } else {
+                st.open = st.open.saturating_sub(1);
+            }
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// Whether any worker answered its last probe or call (full or draining ones count: a
+    /// slot will open there).
+    pub(super) fn any_up(&self) -> bool {
+        self.members().iter().any(|w| lock(&w.st).up)
+    }
+
+    /// Each worker's state in words, for an error.
+    pub(super) fn describe(&self) -> String {
+        let states: Vec<String> = self
+            .snapshot()
+            .into_iter()
+            .map(|(u, st)| match (st.up, st.draining, &st.last_error) {
+                (false, _, Some(e)) => format!("{u}: down ({e})"),
+                (false, _, None) => format!("{u}: not reached"),
+                (true, true, _) => format!("{u}: draining"),
+                (true, false, _) => format!("{u}: all {} slots taken", st.slots),
+            })
+            .collect();
+        if states.is_empty() {
+            "it has no workers".into()
+        } else {
+            states.join("; ")
+        }
+    }
+
+    /// Workers that take episodes now, least loaded (open / slots) first.
+    pub(super) fn candidates(&self) -> Vec<Arc<Worker>> {
+        let mut c: Vec<(f64, usize, Arc<Worker>)> = self
+            .members()
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, w)| {
+                let st = lock(&w.st);
+                st.takes_episodes()
+                    .then(|| (st.load() as f64 / st.slots.max(1) as f64, i, Arc::clone(&w)))
+            })
+            .collect();
+        c.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        c.into_iter().map(|(_, _, w)| w).collect()
+    }
+
+    pub(super) async fn call(
+        &self,
+        w: &Worker,
+        key: &str,
+        req: &Request,
+        timeout: Duration,
+    ) -> Result<Response, CallError> {
+        let r = self
+            .request(
+                reqwest::Method::POST,
+                format!("{}/v1/tasks/{key}/call", w.url),
+            )
+            .json(req)
+            .timeout(timeout)
+            .send()
+            .await;
+        let resp = match r {
+            Ok(r) => r,
+            Err(e) if e.is_timeout() => return Err(CallError::Timeout),
+            Err(e) => return Err(CallError::Unreachable(infra::error_chain(&e))),
+        };
+        let status = resp.status();
+        if status.is_success() {
+            return resp
+                .json::<Response>()
+                .await
+                .map_err(|e| CallError::Other(format!("an unreadable reply: {e}")));
+        }
+        let body: serde_json::Value = resp.json().await.unwrap_or_default();
+        let msg = body["error"].as_str().unwrap_or("").to_string();
+        Err(match (status.as_u16(), body["code"].as_str()) {
+            (503, _) => CallError::Refused(msg),
+            (404, Some("unknown_task")) => CallError::UnknownTask,
+            (404, _) => CallError::UnknownEpisode(msg),
+            (s, _) => CallError::Other(format!("answered {s}: {msg}")),
+        })
+    }
+
+    pub(super) fn mark_down(&self, w: &Worker, why: &str) {
+        let mut st = lock(&w.st);
+        st.up = false;
+        st.last_error = Some(why.to_string());
+    }
+}
+
+impl Drop for WorkerPool {
+    fn drop(&mut self) {
+        if let Some(p) = lock(&self.prober).take() {
+            p.abort();
+        }
+    }
+}
