@@ -56,7 +56,7 @@ toolchain:
 
 ## Installs what the project needs (idempotent): the pinned toolchain's components,
 ## cargo-nextest, gymnasium and reasoning-gym (for their bridges and tests), bubblewrap (the sandbox),
-## mold (the linker, see tools/cc-link),
+## mold (the linker, see tools/cc-link), dnsmasq (a real DNS server for the env-pool discovery test),
 ## schemathesis (the API fuzzer, in its own virtual environment), xllamacpp (llama.cpp's
 ## server, likewise), the SDK's test dependencies (likewise), the OpenAI and Anthropic SDKs
 ## (likewise) and the SmolLM2 checkpoint
@@ -69,8 +69,9 @@ setup: toolchain
 	@missing=""; command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
 		command -v mold >/dev/null || missing="$$missing mold"; \
 		command -v socat >/dev/null || missing="$$missing socat"; \
+		{ command -v dnsmasq || test -x /usr/sbin/dnsmasq; } >/dev/null || missing="$$missing dnsmasq-base"; \
 		test -z "$$missing" || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; } || \
-		echo "warning: could not install$$missing (without bubblewrap external environments need sandbox = \"none\"; without socat so do managed agents; without mold linking uses the default linker)"
+		echo "warning: could not install$$missing (without bubblewrap external environments need sandbox = \"none\"; without socat so do managed agents; without mold linking uses the default linker; without dnsmasq the DNS discovery test cannot run)"
 	@test -f $(SDK_VENV)/.ready || { python3 -m venv $(SDK_VENV) && \
 		$(SDK_VENV)/bin/pip install --quiet --disable-pip-version-check $(SDK_DEPS) && \
 		$(SDK_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps "tensorboard==$(TENSORBOARD_VERSION)" && \

@@ -15,6 +15,7 @@
 )]
 
 pub mod clock;
+pub mod dns;
 pub mod env;
 pub mod faas;
 pub mod files;

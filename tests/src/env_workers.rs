@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use actors::env::remote::{RemoteTask, WorkerPool, WorkerPoolConfig};
+use actors::env::remote::{Membership, RemoteTask, WorkerPool, WorkerPoolConfig};
 use actors::env::{EnvError, Environment};
 use tests::rollarc_bin;
 
@@ -27,8 +27,13 @@ impl Drop for WorkerProc {
 /// Starts `rollarc env-worker` on a free loopback port with `token` (through the
 /// environment, as an operator would set it) and waits for its address.
 fn start_worker(slots: usize, token: Option<&str>) -> WorkerProc {
+    start_worker_on("127.0.0.1:0", slots, token)
+}
+
+/// [`start_worker`] on `listen`.
+fn start_worker_on(listen: &str, slots: usize, token: Option<&str>) -> WorkerProc {
     let mut cmd = Command::new(rollarc_bin());
-    cmd.args(["env-worker", "--listen", "127.0.0.1:0", "--slots"])
+    cmd.args(["env-worker", "--listen", listen, "--slots"])
         .arg(slots.to_string())
         .args(["--drain-timeout-s", "30"])
         .env_remove("ROLLARC_ENV_WORKER_TOKEN")
@@ -53,7 +58,7 @@ fn start_worker(slots: usize, token: Option<&str>) -> WorkerProc {
 fn pool(urls: &[&str], token: Option<&str>) -> Arc<WorkerPool> {
     WorkerPool::new(WorkerPoolConfig {
         name: "fleet".into(),
-        urls: urls.iter().map(|u| u.to_string()).collect(),
+        membership: Membership::Urls(urls.iter().map(|u| u.to_string()).collect()),
         token: token.map(str::to_string),
     })
     .unwrap()
@@ -191,7 +196,7 @@ async fn worker_state(url: &str, token: &str) -> serde_json::Value {
         .unwrap()
 }
 
-/// A version-3 program whose steps take 0.2 s (each request on a thread of its own); an
+/// A version-3 program whose steps take 0.1 s (each request on a thread of its own); an
 /// episode ends after two steps with reward 1.
 const SLOW: &str = r#"
 import json, sys, threading, time
@@ -208,7 +213,7 @@ def handle(req):
     if op == "close":
         steps.pop(ep, None)
         return reply({"v": 3, "episode": ep, "ok": True})
-    time.sleep(0.2)
+    time.sleep(0.1)
     steps[ep] = steps.get(ep, 0) + 1
     done = steps[ep] >= 2
     reply({"v": 3, "episode": ep, "ok": True, "observation": "go", "reward": 1.0 if done else 0.0,
@@ -217,13 +222,196 @@ for line in sys.stdin:
     threading.Thread(target=handle, args=(json.loads(line),)).start()
 "#;
 
+/// dnsmasq serving one name from a hosts file the test rewrites; killed when dropped.
+struct Dns {
+    child: Child,
+    hosts: std::path::PathBuf,
+    addr: std::net::SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Dns {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const NAME: &str = "envs.rollarc.test";
+
+impl Dns {
+    /// Starts dnsmasq answering `NAME` with `ips` (nothing else, no upstream).
+    fn start(ips: &[&str]) -> Dns {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        // dnsmasq drops to an unprivileged user: it must still read the file on SIGHUP.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let hosts = dir.path().join("hosts");
+        let port = std::net::UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let bin = ["/usr/sbin/dnsmasq", "/usr/bin/dnsmasq"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())
+            .expect("dnsmasq is installed (make setup)");
+        let mut dns = Dns {
+            child: Command::new("true").spawn().unwrap(),
+            hosts,
+            addr: ([127, 0, 0, 1], port).into(),
+            _dir: dir,
+        };
+        dns.set(ips, false);
+        dns.child = Command::new(bin)
+            .args([
+                "--keep-in-foreground",
+                "--no-hosts",
+                "--no-resolv",
+                "--bind-interfaces",
+                "--listen-address=127.0.0.1",
+                "--local-ttl=0",
+                // Authoritative for the test domain: a name it has no address for is
+                // NXDOMAIN, not refused.
+                "--local=/rollarc.test/",
+                "--log-facility=/dev/null",
+                "--pid-file=",
+            ])
+            .arg(format!("--port={port}"))
+            .arg(format!("--addn-hosts={}", dns.hosts.display()))
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("dnsmasq starts");
+        // On a thread of its own: the caller may be inside a runtime.
+        let (addr, want) = (dns.addr, ips.len());
+        let ready = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                for _ in 0..100 {
+                    if infra::dns::lookup(addr, NAME, Duration::from_millis(200))
+                        .await
+                        .is_ok_and(|a| a.len() == want)
+                    {
+                        return true;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                false
+            })
+        })
+        .join()
+        .unwrap();
+        assert!(ready, "dnsmasq answers");
+        dns
+    }
+
+    /// Makes `NAME` resolve to `ips` (dnsmasq reads the file again on SIGHUP).
+    fn set(&self, ips: &[&str], reload: bool) {
+        let text: String = ips.iter().map(|ip| format!("{ip} {NAME}\n")).collect();
+        std::fs::write(&self.hosts, text).unwrap();
+        if reload {
+            let hup = Command::new("kill")
+                .args(["-HUP", &self.child.id().to_string()])
+                .status()
+                .unwrap();
+            assert!(hup.success());
+        }
+    }
+}
+
+/// A free TCP port on 127.0.0.2 (the workers of the DNS tests listen on 127.0.0.2–5, the
+/// same port each: a name resolves to addresses, not ports).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.2:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test]
+async fn a_dns_pool_follows_removals_and_an_open_episode_stays_on_its_worker() {
+    let port = free_port();
+    let ws: Vec<WorkerProc> = ["127.0.0.2", "127.0.0.3"]
+        .iter()
+        .map(|ip| start_worker_on(&format!("{ip}:{port}"), 4, None))
+        .collect();
+    let dns = Dns::start(&["127.0.0.2", "127.0.0.3"]);
+    let p = WorkerPool::new(WorkerPoolConfig {
+        name: "fleet".into(),
+        membership: Membership::Dns {
+            host: NAME.into(),
+            port,
+            nameserver: Some(dns.addr),
+            every: Duration::from_millis(500),
+        },
+        token: None,
+    })
+    .unwrap();
+    let t = task(&p, "t1", serde_json::json!({"kind": "frozenlake"}), 5);
+    let mut envs: Vec<_> = (0..4).map(|i| t.env(i)).collect();
+    for (i, e) in envs.iter_mut().enumerate() {
+        e.reset(i as u64).await.unwrap();
+    }
+    let urls: Vec<String> = p.snapshot().into_iter().map(|(u, _)| u).collect();
+    assert_eq!(urls, [ws[0].url.clone(), ws[1].url.clone()], "both found");
+    assert!(
+        p.snapshot().iter().all(|(_, st)| st.load() == 2),
+        "least loaded first: {:?}",
+        p.snapshot()
+    );
+    // The second worker leaves the name: within a few lookups it is no longer a member, and
+    // the episodes open on it go on there.
+    dns.set(&["127.0.0.2"], true);
+    let mut gone = false;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if p.snapshot().len() == 1 {
+            gone = true;
+            break;
+        }
+    }
+    assert!(gone, "{:?}", p.snapshot());
+    for e in &mut envs {
+        e.step("down", &Default::default()).await.unwrap();
+    }
+    // A name with no address left: a reset fails at once, naming the pool and the lookup.
+    dns.set(&[], true);
+    for e in &mut envs {
+        e.close().await;
+    }
+    let mut empty = false;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if p.snapshot().is_empty() {
+            empty = true;
+            break;
+        }
+    }
+    assert!(empty, "{:?}", p.snapshot());
+    let e = envs[0].reset(9).await.unwrap_err().to_string();
+    assert!(
+        e.contains("env pool fleet") && e.contains("no workers"),
+        "{e}"
+    );
+}
+
 #[test]
-fn a_job_runs_over_three_workers_through_a_kill_and_a_drain() {
+fn a_job_runs_over_dns_discovered_workers_through_a_kill_a_drain_and_a_join() {
     // The job reads the workers' token from the variable its pool names: HOME is set in
     // every test process, so the workers are given its value.
     let token = std::env::var("HOME").unwrap();
-    let mut ws: Vec<WorkerProc> = (0..3).map(|_| start_worker(8, Some(&token))).collect();
-    let urls: Vec<String> = ws.iter().map(|w| format!("{:?}", w.url)).collect();
+    let port = free_port();
+    let ips = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"];
+    let mut ws: Vec<WorkerProc> = ips[..3]
+        .iter()
+        .map(|ip| start_worker_on(&format!("{ip}:{port}"), 8, Some(&token)))
+        .collect();
+    // The pool follows the name's addresses, as it would a headless Service.
+    let dns = Dns::start(&ips[..3]);
     let script = SLOW
         .replace('\\', "\\\\")
         .replace('"', "\\\"")
@@ -234,11 +422,11 @@ fn a_job_runs_over_three_workers_through_a_kill_and_a_drain() {
             "[[tasks]]\ndomain = \"slow\"\ngroup_size = 4\nmax_turns = 3\nenvs = 12\nenv_pool = \"fleet\"\nenv = {{ kind = \"external\", sandbox = \"none\", protocol = 3, command = [\"python3\", \"-c\", \"{script}\"] }}\n"
         ))
         .rollout("batch_size = 2")
-        .rollout("steps = 8")
+        .rollout("steps = 14")
         .rollout("max_retries_per_group = 8")
         .extra(&format!(
-            "[[env_pools]]\nname = \"fleet\"\nworkers = {{ urls = [{}] }}\ntoken_env = \"HOME\"",
-            urls.join(", ")
+            "[[env_pools]]\nname = \"fleet\"\nworkers = {{ dns = \"{NAME}:{port}\", nameserver = \"{}\", refresh_s = 1 }}\ntoken_env = \"HOME\"",
+            dns.addr
         ))
         .extra("[sim]\nclock = \"real\"")
         .build();
@@ -285,8 +473,34 @@ fn a_job_runs_over_three_workers_through_a_kill_and_a_drain() {
         exited = ws[1].child.try_wait().unwrap();
         exited.is_some()
     });
+    // A fourth worker joins the name while the job runs: it gets episodes within 5 s.
+    ws.push(start_worker_on(
+        &format!("{}:{port}", ips[3]),
+        8,
+        Some(&token),
+    ));
+    dns.set(&ips, true);
+    let joined = tokio::time::Instant::now();
+    let calls_on = |w: &WorkerProc| {
+        rt.block_on(worker_state(&w.url, &token))["calls"]
+            .as_u64()
+            .unwrap()
+    };
+    wait_for(&rt, "episodes on the fourth worker", &mut || {
+        calls_on(&ws[3]) > 0
+    });
+    let took = joined.elapsed();
+    eprintln!("the fourth worker got its first episode {took:?} after it joined the name");
+    assert!(
+        !job.is_finished(),
+        "the job ended before the fourth worker could join"
+    );
     let s = job.join().unwrap().expect("the job completes");
-    assert_eq!(s.steps_done, 8);
+    assert_eq!(s.steps_done, 14);
+    assert!(
+        took < Duration::from_secs(5),
+        "the fourth worker got its first episode after {took:?}"
+    );
     assert!(exited.unwrap().success(), "the drain ends cleanly");
     let trajectories = sink.log.lock().unwrap();
     let failures: Vec<String> = trajectories

@@ -22,7 +22,9 @@ use std::time::Duration;
 use super::protocol::{PROTOCOL_V3, Request, Response};
 use super::{EnvError, Environment, Observation, Record, StepOutcome};
 
+mod discovery;
 mod pool;
+pub use discovery::{Membership, RESOLVE_TIMEOUT};
 use pool::{CallError, Worker, lock};
 pub use pool::{WorkerPool, WorkerPoolConfig, WorkerState};
 
@@ -234,18 +236,21 @@ impl Environment for RemoteEnv {
         loop {
             let changed = pool.changed.notified();
             let mut said = Vec::new();
-            for w in pool.candidates() {
-                match self.place(&w, &req).await {
+            while let Some(w) = pool.reserve() {
+                let placed = self.place(&w, &req).await;
+                if !matches!(placed, Ok(_) | Err(CallError::Timeout)) {
+                    let mut st = lock(&w.st);
+                    st.mine = st.mine.saturating_sub(1);
+                }
+                match placed {
                     Ok(resp) => {
-                        lock(&w.st).placed_since_probe += 1;
                         self.current = Some((episode, Arc::clone(&w)));
                         let r = super::external::reported(resp)?;
                         return Ok(super::external::reset_observation(r));
                     }
                     Err(CallError::Refused(why)) => {
                         // Draining or full: the next probe says which; skip it until then.
-                        let mut st = lock(&w.st);
-                        st.placed_since_probe = st.slots;
+                        lock(&w.st).refused = true;
                         said.push(format!("{}: refused ({why})", w.url));
                     }
                     Err(CallError::Unreachable(why)) => {

@@ -7,14 +7,15 @@ use std::time::Duration;
 use super::super::EnvError;
 use super::super::protocol::{Request, Response};
 use super::PROBE_EVERY;
+use super::discovery::Membership;
 
 /// How to reach a pool's workers.
 #[derive(Clone, Debug)]
 pub struct WorkerPoolConfig {
     /// The pool's name (in errors and metrics).
     pub name: String,
-    /// Base URLs of the workers (`http://10.0.0.7:7000`).
-    pub urls: Vec<String>,
+    /// Where its workers come from.
+    pub membership: Membership,
     /// The workers' shared bearer token.
     pub token: Option<String>,
 }
@@ -30,6 +31,9 @@ pub struct WorkerPool {
     first_probe: tokio::sync::OnceCell<()>,
     /// Woken when a probe ends or an episode closes: a slot may have opened.
     pub(super) changed: tokio::sync::Notify,
+    membership: Membership,
+    /// Why the last look for members failed (the members found before stay).
+    discovery_error: Mutex<Option<String>>,
 }
 
 /// One worker as the pool sees it.
@@ -49,18 +53,23 @@ pub struct WorkerState {
     pub slots: usize,
     /// Episodes open on it, all clients together (as of the last probe).
     pub open: usize,
-    /// Episodes this pool placed on it since that probe.
-    pub placed_since_probe: usize,
+    /// Episodes this pool has open on it now (counted as it places and closes them).
+    pub mine: usize,
+    /// What `mine` was when the last probe read `open`.
+    pub mine_at_probe: usize,
+    /// It refused an episode (full, draining) since the last probe: skipped until the next.
+    pub refused: bool,
     pub last_error: Option<String>,
 }
 
 impl WorkerState {
-    fn load(&self) -> usize {
-        self.open + self.placed_since_probe
+    /// Episodes open on it now: other clients' as of the last probe, and this pool's own.
+    pub fn load(&self) -> usize {
+        self.open.saturating_sub(self.mine_at_probe) + self.mine
     }
 
     fn takes_episodes(&self) -> bool {
-        self.up && !self.draining && self.load() < self.slots
+        self.up && !self.draining && !self.refused && self.load() < self.slots
     }
 }
 
@@ -112,8 +121,12 @@ impl WorkerPool {
             prober: Mutex::new(None),
             first_probe: tokio::sync::OnceCell::new(),
             changed: tokio::sync::Notify::new(),
+            membership: cfg.membership.clone(),
+            discovery_error: Mutex::new(None),
         });
-        pool.set_members(&cfg.urls);
+        if let Membership::Urls(urls) = &cfg.membership {
+            pool.set_members(urls);
+        }
         Ok(pool)
     }
 
@@ -188,7 +201,8 @@ impl WorkerPool {
                     st.draining = v["draining"].as_bool().unwrap_or(false);
                     st.slots = v["slots"].as_u64().unwrap_or(0) as usize;
                     st.open = v["open"].as_u64().unwrap_or(0) as usize;
-                    st.placed_since_probe = 0;
+                    st.mine_at_probe = st.mine;
+                    st.refused = false;
                     st.last_error = None;
                 }
                 Err(e) => {
@@ -201,23 +215,47 @@ impl WorkerPool {
         self.changed.notify_waiters();
     }
 
-    /// Starts the probe loop once (it ends when the pool is dropped); every caller waits for
-    /// the first probe of every worker, so the first placements know their slots and load.
+    /// Looks for the pool's members again (DNS); on failure the members found before stay.
+    pub async fn discover(&self) {
+        match self.membership.resolve().await {
+            Ok(urls) => {
+                self.set_members(&urls);
+                *lock(&self.discovery_error) = None;
+            }
+            Err(e) => {
+                tracing::warn!(pool = %self.name, error = %e, "cannot look up the env pool's workers");
+                *lock(&self.discovery_error) = Some(e);
+            }
+        }
+    }
+
+    /// Starts the probe loop once (it ends when the pool is dropped): a probe of every worker
+    /// each [`PROBE_EVERY`], and a look for members each `every` of a DNS membership. Every
+    /// caller waits for the first of both, so the first placements know the workers.
     pub(super) async fn started(self: &Arc<Self>) {
         self.first_probe
             .get_or_init(|| async {
                 let weak: Weak<Self> = Arc::downgrade(self);
+                let every = self.membership.every();
                 *lock(&self.prober) = Some(tokio::spawn(async move {
                     let mut tick = tokio::time::interval(PROBE_EVERY);
                     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                     // The first tick is now: the first probe below is it.
                     tick.tick().await;
+                    let mut looked = tokio::time::Instant::now();
                     loop {
                         tick.tick().await;
                         let Some(pool) = weak.upgrade() else { return };
+                        if every.is_some_and(|e| looked.elapsed() >= e) {
+                            looked = tokio::time::Instant::now();
+                            pool.discover().await;
+                        }
                         pool.probe(Duration::from_secs(2)).await;
                     }
                 }));
+                if every.is_some() {
+                    self.discover().await;
+                }
                 self.probe(Duration::from_secs(2)).await;
             })
             .await;
@@ -227,11 +265,7 @@ impl WorkerPool {
     pub(super) fn closed_on(&self, w: &Worker) {
         {
             let mut st = lock(&w.st);
-            if st.placed_since_probe > 0 {
-                st.placed_since_probe -= 1;
-            } else {
-                st.open = st.open.saturating_sub(1);
-            }
+            st.mine = st.mine.saturating_sub(1);
         }
         self.changed.notify_waiters();
     }
@@ -255,26 +289,35 @@ impl WorkerPool {
             })
             .collect();
         if states.is_empty() {
-            "it has no workers".into()
+            match lock(&self.discovery_error).as_ref() {
+                Some(e) => format!("it has no workers ({e})"),
+                None => format!("it has no workers ({})", self.membership.describe()),
+            }
         } else {
             states.join("; ")
         }
     }
 
-    /// Workers that take episodes now, least loaded (open / slots) first.
-    pub(super) fn candidates(&self) -> Vec<Arc<Worker>> {
-        let mut c: Vec<(f64, usize, Arc<Worker>)> = self
-            .members()
-            .into_iter()
-            .enumerate()
-            .filter_map(|(i, w)| {
-                let st = lock(&w.st);
-                st.takes_episodes()
-                    .then(|| (st.load() as f64 / st.slots.max(1) as f64, i, Arc::clone(&w)))
-            })
-            .collect();
-        c.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-        c.into_iter().map(|(_, _, w)| w).collect()
+    /// The least-loaded worker (open ÷ slots) that takes episodes now, with a slot reserved
+    /// on it for the episode being placed (`mine` counted now, before the call, so that
+    /// concurrent resets spread instead of all choosing the same worker); the caller gives
+    /// the slot back if the placement fails.
+    pub(super) fn reserve(&self) -> Option<Arc<Worker>> {
+        let members = self.members();
+        let mut best: Option<(f64, std::sync::MutexGuard<'_, WorkerState>, &Arc<Worker>)> = None;
+        let guards: Vec<_> = members.iter().map(|w| (lock(&w.st), w)).collect();
+        for (st, w) in guards {
+            if !st.takes_episodes() {
+                continue;
+            }
+            let ratio = st.load() as f64 / st.slots.max(1) as f64;
+            if best.as_ref().is_none_or(|(r, _, _)| ratio < *r) {
+                best = Some((ratio, st, w));
+            }
+        }
+        let (_, mut st, w) = best?;
+        st.mine += 1;
+        Some(Arc::clone(w))
     }
 
     pub(super) async fn call(

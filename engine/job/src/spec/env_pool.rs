@@ -26,12 +26,35 @@ pub struct EnvPoolSpec {
     pub token_env: String,
 }
 
-/// A pool's workers.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum WorkersSpec {
-    /// A fixed list of base URLs (`http://10.0.0.7:7000`).
-    Urls(Vec<String>),
+/// A pool's workers: a fixed list (`urls`), or every address a DNS name resolves to (`dns`,
+/// a headless Service), looked up again every `refresh_s`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WorkersSpec {
+    /// Base URLs (`http://10.0.0.7:7000`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub urls: Vec<String>,
+    /// `host:port`: every A and AAAA record of `host` is a worker at `port`
+    /// (`rollarc-env-worker.ns.svc:7000`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns: Option<String>,
+    /// With `dns`: the name server to ask (`ip:port`); default: the service's resolver.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nameserver: Option<String>,
+    /// With `dns`: seconds between lookups (default 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refresh_s: Option<f64>,
+}
+
+/// Seconds between DNS lookups of a pool's workers, unless it says.
+pub const DEFAULT_REFRESH_S: f64 = 2.0;
+
+impl WorkersSpec {
+    /// `dns`'s host and port (checked: call after validation).
+    pub fn dns_target(&self) -> Option<(String, u16)> {
+        let (host, port) = self.dns.as_deref()?.rsplit_once(':')?;
+        Some((host.to_string(), port.parse().ok()?))
+    }
 }
 
 fn default_token_env() -> String {
@@ -40,17 +63,68 @@ fn default_token_env() -> String {
 
 impl EnvPoolSpec {
     pub(super) fn check(&self, p: &str, problems: &mut Problems) {
-        let WorkersSpec::Urls(urls) = &self.workers;
-        if urls.is_empty() || urls.len() > MAX_POOL_WORKERS {
+        let w = &self.workers;
+        match (w.urls.is_empty(), &w.dns) {
+            (true, None) | (false, Some(_)) => problems.push(
+                format!("{p}.workers"),
+                "give either urls = [...] or dns = \"host:port\"".into(),
+            ),
+            (false, None) => {
+                if w.urls.len() > MAX_POOL_WORKERS {
+                    problems.push(
+                        format!("{p}.workers.urls"),
+                        format!("at most {MAX_POOL_WORKERS} workers, got {}", w.urls.len()),
+                    );
+                }
+                for (i, u) in w.urls.iter().enumerate() {
+                    if let Err(why) = check_url(u) {
+                        problems.push(format!("{p}.workers.urls[{i}]"), why);
+                    }
+                }
+            }
+            (true, Some(d)) => {
+                let host_ok = |h: &str| {
+                    !h.is_empty()
+                        && h.len() <= 253
+                        && h.split('.').all(|l| {
+                            !l.is_empty()
+                                && l.len() <= 63
+                                && l.chars()
+                                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+                        })
+                };
+                if !w
+                    .dns_target()
+                    .is_some_and(|(h, port)| host_ok(h.trim_end_matches('.')) && port > 0)
+                {
+                    problems.push(
+                        format!("{p}.workers.dns"),
+                        format!("{d:?} is not host:port (a DNS name and a port 1-65535)"),
+                    );
+                }
+            }
+        }
+        if let Some(ns) = &w.nameserver
+            && ns.parse::<std::net::SocketAddr>().is_err()
+        {
             problems.push(
-                format!("{p}.workers.urls"),
-                format!("list 1 to {MAX_POOL_WORKERS} workers, got {}", urls.len()),
+                format!("{p}.workers.nameserver"),
+                format!("{ns:?} is not ip:port"),
             );
         }
-        for (i, u) in urls.iter().enumerate() {
-            if let Err(why) = check_url(u) {
-                problems.push(format!("{p}.workers.urls[{i}]"), why);
-            }
+        if let Some(r) = w.refresh_s
+            && !(r.is_finite() && r > 0.0 && r <= 3600.0)
+        {
+            problems.push(
+                format!("{p}.workers.refresh_s"),
+                format!("must be a number of seconds in (0, 3600], got {r}"),
+            );
+        }
+        if w.dns.is_none() && (w.nameserver.is_some() || w.refresh_s.is_some()) {
+            problems.push(
+                format!("{p}.workers"),
+                "nameserver and refresh_s go with dns".into(),
+            );
         }
         let t = &self.token_env;
         if t.is_empty()

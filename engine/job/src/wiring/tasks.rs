@@ -206,12 +206,23 @@ fn remote_pools(
     spec.env_pools
         .iter()
         .map(|p| {
-            let crate::spec::WorkersSpec::Urls(urls) = &p.workers;
             let token = std::env::var(&p.token_env).ok().filter(|t| !t.is_empty());
+            let w = &p.workers;
+            let membership = match w.dns_target() {
+                Some((host, port)) => actors::env::remote::Membership::Dns {
+                    host,
+                    port,
+                    nameserver: w.nameserver.as_deref().and_then(|n| n.parse().ok()),
+                    every: Duration::from_secs_f64(
+                        w.refresh_s.unwrap_or(crate::spec::DEFAULT_REFRESH_S),
+                    ),
+                },
+                None => actors::env::remote::Membership::Urls(w.urls.clone()),
+            };
             let pool =
                 actors::env::remote::WorkerPool::new(actors::env::remote::WorkerPoolConfig {
                     name: p.name.clone(),
-                    urls: urls.clone(),
+                    membership,
                     token,
                 })
                 .map_err(|e| super::WiringError::EnvPool {

@@ -205,15 +205,7 @@ impl Worker {
         raw: serde_json::Value,
     ) -> Response {
         if let Some(t) = self.task(key) {
-            return if t.spec == raw {
-                (StatusCode::OK, Json(json!({"registered": key}))).into_response()
-            } else {
-                error(
-                    StatusCode::CONFLICT,
-                    "conflict",
-                    format!("task {key} is registered with another spec"),
-                )
-            };
+            return Self::registered(key, &t, &raw);
         }
         let (factory, idle) = match check_registration(key, &reg).and_then(|idle| {
             let f = self.build(&reg)?;
@@ -223,6 +215,11 @@ impl Worker {
             Err((status, code, msg)) => return error(status, code, msg),
         };
         let mut tasks = lock(&self.tasks);
+        // Registered meanwhile by a concurrent request (a client's resets race to register
+        // on a new worker): the first one stays, with the episodes it already holds.
+        if let Some(t) = tasks.get(key) {
+            return Self::registered(key, t, &raw);
+        }
         if tasks.len() >= MAX_TASKS {
             return error(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -243,6 +240,20 @@ impl Worker {
             }),
         );
         (StatusCode::CREATED, Json(json!({"registered": key}))).into_response()
+    }
+
+    /// The answer to registering `key` again: fine with the same spec, a conflict with
+    /// another.
+    fn registered(key: &str, t: &HostedTask, raw: &serde_json::Value) -> Response {
+        if t.spec == *raw {
+            (StatusCode::OK, Json(json!({"registered": key}))).into_response()
+        } else {
+            error(
+                StatusCode::CONFLICT,
+                "conflict",
+                format!("task {key} is registered with another spec"),
+            )
+        }
     }
 
     /// The factory of a registered task's environments: its program resolved and sandboxed
