@@ -43,8 +43,55 @@ struct Running {
     stderr: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<u8>>>,
 }
 
+/// An environment program started with piped stdio.
+pub(super) struct Piped {
+    pub(super) child: Spawned,
+    pub(super) stdin: ChildStdin,
+    pub(super) stdout: ChildStdout,
+    /// The last [`STDERR_TAIL_BYTES`] it wrote to stderr (read in the background).
+    pub(super) stderr: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<u8>>>,
+}
+
+/// Starts `command` (in `workdir`) in its own process group, so that a kill reaches every
+/// process it started, with its stdin and stdout piped and its stderr's tail kept.
+pub(super) fn spawn_piped(
+    command: &[String],
+    workdir: Option<&std::path::Path>,
+) -> Result<Piped, EnvError> {
+    let Ok(mut cmd) = infra::process::command(command) else {
+        return Err(EnvError::EmptyCommand);
+    };
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(d) = workdir {
+        cmd.current_dir(d);
+    }
+    let mut child = infra::process::spawn(cmd).map_err(EnvError::Spawn)?;
+    let stdin = child.take_stdin().ok_or(EnvError::NoPipe("stdin"))?;
+    let stdout = child.take_stdout().ok_or(EnvError::NoPipe("stdout"))?;
+    let stderr = std::sync::Arc::default();
+    if let Some(e) = child.take_stderr() {
+        collect_stderr_tail(e, std::sync::Arc::clone(&stderr));
+    }
+    Ok(Piped {
+        child,
+        stdin,
+        stdout,
+        stderr,
+    })
+}
+
+/// A kept stderr tail as text (lossy UTF-8, trimmed), if the program wrote any.
+pub(super) fn tail_text(tail: &std::sync::Mutex<std::collections::VecDeque<u8>>) -> Option<String> {
+    let t = tail.lock().unwrap_or_else(|p| p.into_inner());
+    let (a, b) = t.as_slices();
+    let text = String::from_utf8_lossy(&[a, b].concat()).trim().to_string();
+    (!text.is_empty()).then_some(text)
+}
+
 /// Keeps the tail of a program's stderr until it closes it.
-pub(super) fn collect_stderr_tail(
+fn collect_stderr_tail(
     mut err: tokio::process::ChildStderr,
     tail: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<u8>>>,
 ) {
@@ -70,28 +117,12 @@ impl ExternalEnv {
 
     fn start(&mut self) -> Result<&mut Running, EnvError> {
         if self.proc.is_none() {
-            let Ok(mut cmd) = infra::process::command(&self.cfg.command) else {
-                return Err(EnvError::EmptyCommand);
-            };
-            cmd.stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
-            if let Some(d) = &self.cfg.workdir {
-                cmd.current_dir(d);
-            }
-            // Its own process group, so a kill reaches every process it started.
-            let mut child = infra::process::spawn(cmd).map_err(EnvError::Spawn)?;
-            let stdin = child.take_stdin().ok_or(EnvError::NoPipe("stdin"))?;
-            let stdout = BufReader::new(child.take_stdout().ok_or(EnvError::NoPipe("stdout"))?);
-            let stderr = std::sync::Arc::default();
-            if let Some(e) = child.take_stderr() {
-                collect_stderr_tail(e, std::sync::Arc::clone(&stderr));
-            }
+            let p = spawn_piped(&self.cfg.command, self.cfg.workdir.as_deref())?;
             self.proc = Some(Running {
-                child,
-                stdin,
-                stdout,
-                stderr,
+                child: p.child,
+                stdin: p.stdin,
+                stdout: BufReader::new(p.stdout),
+                stderr: p.stderr,
             });
         }
         self.proc.as_mut().ok_or(EnvError::Closed)
@@ -104,13 +135,9 @@ impl ExternalEnv {
         }
     }
 
-    /// The tail of the program's stderr so far (lossy UTF-8, trimmed), if it wrote any.
+    /// The tail of the program's stderr so far, if it wrote any.
     fn stderr_tail(&self) -> Option<String> {
-        let p = self.proc.as_ref()?;
-        let t = p.stderr.lock().unwrap_or_else(|p| p.into_inner());
-        let (a, b) = t.as_slices();
-        let text = String::from_utf8_lossy(&[a, b].concat()).trim().to_string();
-        (!text.is_empty()).then_some(text)
+        tail_text(&self.proc.as_ref()?.stderr)
     }
 
     async fn call(&mut self, req: &Request) -> Result<Response, EnvError> {

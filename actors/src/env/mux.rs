@@ -15,7 +15,6 @@
 //!   sent without waiting) is dropped.
 
 use std::collections::{HashMap, VecDeque};
-use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -25,7 +24,7 @@ use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::process::{ChildStdin, ChildStdout};
 use tokio::sync::oneshot;
 
-use super::external::{collect_stderr_tail, read_line_capped};
+use super::external::{read_line_capped, spawn_piped, tail_text};
 use super::protocol::{self, PROTOCOL_V3, Request, Response};
 use super::{EnvError, Environment, Observation, Record, StepOutcome};
 
@@ -74,10 +73,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Incarnation {
     fn stderr_tail(&self) -> Option<String> {
-        let t = lock(&self.stderr);
-        let (a, b) = t.as_slices();
-        let text = String::from_utf8_lossy(&[a, b].concat()).trim().to_string();
-        (!text.is_empty()).then_some(text)
+        tail_text(&self.stderr)
     }
 
     fn is_dead(&self) -> bool {
@@ -205,23 +201,8 @@ impl MuxGroup {
     }
 
     fn start(&self) -> Result<Arc<Incarnation>, EnvError> {
-        let Ok(mut cmd) = infra::process::command(&self.cfg.command) else {
-            return Err(EnvError::EmptyCommand);
-        };
-        cmd.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        if let Some(d) = &self.cfg.workdir {
-            cmd.current_dir(d);
-        }
-        // Its own process group, so a kill reaches every process it started.
-        let mut child = infra::process::spawn(cmd).map_err(EnvError::Spawn)?;
-        let stdin = child.take_stdin().ok_or(EnvError::NoPipe("stdin"))?;
-        let stdout = child.take_stdout().ok_or(EnvError::NoPipe("stdout"))?;
-        let stderr: Arc<Mutex<VecDeque<u8>>> = Arc::default();
-        if let Some(e) = child.take_stderr() {
-            collect_stderr_tail(e, Arc::clone(&stderr));
-        }
+        let p = spawn_piped(&self.cfg.command, self.cfg.workdir.as_deref())?;
+        let (child, stdin, stdout, stderr) = (p.child, p.stdin, p.stdout, p.stderr);
         self.started.fetch_add(1, Ordering::Relaxed);
         let inc = Arc::new(Incarnation {
             stdin: tokio::sync::Mutex::new(stdin),
