@@ -5,7 +5,7 @@ JOBS ?= 2
 export CARGO_BUILD_JOBS := $(JOBS)
 export CARGO_TERM_COLOR := never
 
-.PHONY: plan-check readme-test run-agent sim-to-real run run-llm test test-deps sdk-test deploy-check ui-test bench bench-setup bench-sim learn learn-external plan lint lint-scripts check toolchain fmt-check clippy ci build cuda-check setup sim chaos fuzz-api device-check
+.PHONY: plan-check readme-test run-agent sim-to-real run run-llm test test-deps sdk-test deploy-check ui-test bench bench-setup bench-sim learn learn-external plan lint lint-scripts check toolchain fmt-check clippy ci build cuda-check setup sim chaos fuzz-api device-check after-rust-tests readme-check fuzz-check ui-check
 
 GYMNASIUM_VERSION := 1.0.0
 SCHEMATHESIS_VERSION := 4.32.5
@@ -225,12 +225,19 @@ test: setup test-deps toolchain fmt-check lint-scripts
 	@mkdir -p target && date +%s > target/.test-started
 	$(LINTED) $(CARGO) build --workspace --all-targets $(TEST_FEATURES)
 	RAYON_NUM_THREADS=1 $(LINTED) $(CARGO) nextest run --workspace --no-fail-fast $(TEST_FEATURES)
-	python3 tests/docs/readme_examples.py
-	ST=$(ST) tests/fuzz-api.sh
-	$(MAKE) --no-print-directory sdk-test
-	$(MAKE) --no-print-directory deploy-check
-	python3 tests/ui/dashboard_test.py
+	$(MAKE) --no-print-directory -j4 --output-sync=target after-rust-tests
 	python3 tools/check-orphans.py target/.test-started
+
+# The checks that follow the Rust tests, run side by side by `make test` (each mostly waits
+# on its service or uses one core: 100 s one after another, about 45 s together); each
+# check's output is printed whole when it ends. They use the binaries `make test` built.
+after-rust-tests: readme-check fuzz-check sdk-test deploy-check ui-check
+readme-check:
+	python3 tests/docs/readme_examples.py
+fuzz-check:
+	ST=$(ST) tests/fuzz-api.sh
+ui-check:
+	python3 tests/ui/dashboard_test.py
 
 ## Every example block of the README, run as written from a fresh working directory (each
 ## block is marked: `ci` blocks run here and in `make test`; the others name their target).

@@ -21,7 +21,7 @@ fn spec(steps: u64) -> job::spec::JobSpec {
         .raw_task(
             "[[tasks]]\ndomain = \"lake\"\ngroup_size = 2\nmax_turns = 2\nmax_tokens_per_turn = 10\nenv = { kind = \"frozenlake\", size = 4 }\n",
         )
-        .rollout("batch_size = 2")
+        .rollout("batch_size = 1")
         .rollout(&format!("steps = {steps}"))
         .extra(&format!(
             "[[pools]]\nname = \"cpu\"\ndevice = \"CPU\"\ncount = 1\nbackend = {{ kind = \"builtin\", max_batch = 4, model = {{ path = {:?}, max_seq = 1024 }} }}",
@@ -37,7 +37,8 @@ fn a_smollm2_job_generates_free_text_trains_lora_and_resumes() {
     let sink = Arc::new(MemorySink::default());
     let log = Arc::new(BatchLog::default());
     // One step, then a resumed run for a second: enough to train, checkpoint, resume and
-    // export (each SmolLM2 step costs ~25 s of the CI's serial real-model time).
+    // export. One group of two per step: the trainer's forward and backward over each
+    // trajectory are most of this test's time (81 s with two groups, 46 s with one).
     let s = job::simrun::run_blocking(
         spec(1),
         0,
@@ -196,7 +197,7 @@ fn a_smollm2_job_on_two_managed_llamacpp_shards_installs_every_version_and_survi
         .raw_task(
             "[[tasks]]\ndomain = \"lake\"\ngroup_size = 2\nmax_turns = 2\nmax_tokens_per_turn = 10\nenv = { kind = \"frozenlake\", size = 4 }\n",
         )
-        .rollout("batch_size = 2")
+        .rollout("batch_size = 1")
         .rollout("steps = 3")
         .extra(&format!(
             "[[pools]]\nname = \"llama\"\ndevice = \"CPU\"\ncount = 2\nbackend = {{ kind = \"llamacpp\", slots = 2, model = {{ path = {:?}, max_seq = 1024 }} }}",

@@ -218,6 +218,27 @@ async fn a_crashed_program_fails_its_episodes_with_its_stderr_and_is_restarted()
 }
 
 #[tokio::test]
+async fn a_request_to_a_closed_pipe_reports_the_exit_and_stderr_not_the_pipe() {
+    // The program answers the reset, closes its input, says why on stderr and exits 0.3 s
+    // later: the step meets a closed pipe, and the episode fails with the exit status and
+    // the stderr line rather than "broken pipe".
+    let script = r#"read l; echo '{"v":3,"episode":"0.1","ok":true,"observation":"hi"}'; exec 0<&-; echo 'closing up: no more input' >&2; sleep 0.3; exit 3"#;
+    let g = group(vec!["sh".into(), "-c".into(), script.into()], 10_000, 1);
+    let mut e = g.env(0);
+    assert_eq!(e.reset(0).await.unwrap().text, "hi");
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let err = step(&mut e, "anything").await.unwrap_err();
+    let why = infra::error_chain(&err);
+    assert!(
+        matches!(err, EnvError::ProcessLost(_))
+            && why.contains("exit status 3")
+            && why.contains("closing up: no more input")
+            && !why.contains("Broken pipe"),
+        "{why}"
+    );
+}
+
+#[tokio::test]
 async fn a_broken_stream_kills_the_program_and_names_the_line() {
     // Answers its first request with a line that is not a reply.
     let g = group(

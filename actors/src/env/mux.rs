@@ -28,6 +28,10 @@ use super::external::{read_line_capped, spawn_piped, tail_text};
 use super::protocol::{self, PROTOCOL_V3, Request, Response};
 use super::{EnvError, Environment, Observation, Record, StepOutcome};
 
+/// How long a call whose request could not be written waits for the reader to report why
+/// the program stopped, before failing it with the write error.
+const WRITE_FAILURE_GRACE: Duration = Duration::from_secs(2);
+
 /// How to start and bound a task's multiplexed programs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MuxConfig {
@@ -141,12 +145,20 @@ async fn read_replies(inc: Arc<Incarnation>, stdout: ChildStdout, limit: usize) 
                 }
             }
             Ok(Ok(None)) => {
-                // Give the exit status a moment to be known, and stderr its last words.
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                let status = lock(&inc.child)
-                    .as_mut()
-                    .and_then(|c| c.try_wait().ok().flatten())
-                    .map(|s| describe_status(&s));
+                // Give the exit status a moment (up to a second) to be known, and stderr
+                // its last words.
+                let mut status = None;
+                for _ in 0..50 {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    let mut child = lock(&inc.child);
+                    let Some(c) = child.as_mut() else {
+                        break; // already killed and handed to the reaper
+                    };
+                    status = c.try_wait().ok().flatten().map(|s| describe_status(&s));
+                    if status.is_some() {
+                        break;
+                    }
+                }
                 break format!(
                     "the program exited ({})",
                     status.as_deref().unwrap_or("status not yet known")
@@ -262,18 +274,36 @@ impl MuxEnv {
             st.replies
         };
         let io = async {
-            {
+            let written = {
                 let mut w = inc.stdin.lock().await;
-                if let Err(e) = async {
+                async {
                     w.write_all(line.as_bytes()).await?;
                     w.flush().await
                 }
                 .await
-                {
-                    inc.fail_all(format!("writing to the program: {e}"));
+            };
+            match written {
+                Ok(()) => rx.await,
+                Err(e) => {
+                    // A closed pipe usually means the program is exiting: give the reader a
+                    // moment to see its output end and report the exit status and stderr,
+                    // which say more than the broken pipe does.
+                    let mut rx = rx;
+                    match tokio::time::timeout(WRITE_FAILURE_GRACE, &mut rx).await {
+                        Ok(r) => r,
+                        Err(_) => {
+                            let why = match inc.stderr_tail() {
+                                Some(t) => format!(
+                                    "writing to the program: {e}; its stderr ends with:\n{t}"
+                                ),
+                                None => format!("writing to the program: {e}"),
+                            };
+                            inc.fail_all(why);
+                            rx.await
+                        }
+                    }
                 }
             }
-            rx.await
         };
         match tokio::time::timeout(timeout, io).await {
             Ok(Ok(r)) => r,
