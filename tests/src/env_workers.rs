@@ -12,9 +12,9 @@ use actors::env::{EnvError, Environment};
 use tests::rollarc_bin;
 
 /// A worker process; killed when dropped.
-struct WorkerProc {
+pub(crate) struct WorkerProc {
     child: Child,
-    url: String,
+    pub(crate) url: String,
 }
 
 impl Drop for WorkerProc {
@@ -31,7 +31,7 @@ fn start_worker(slots: usize, token: Option<&str>) -> WorkerProc {
 }
 
 /// [`start_worker`] on `listen`.
-fn start_worker_on(listen: &str, slots: usize, token: Option<&str>) -> WorkerProc {
+pub(crate) fn start_worker_on(listen: &str, slots: usize, token: Option<&str>) -> WorkerProc {
     let mut cmd = Command::new(rollarc_bin());
     cmd.args(["env-worker", "--listen", listen, "--slots"])
         .arg(slots.to_string())
@@ -64,7 +64,7 @@ fn pool(urls: &[&str], token: Option<&str>) -> Arc<WorkerPool> {
     .unwrap()
 }
 
-fn task(
+pub(crate) fn task(
     pool: &Arc<WorkerPool>,
     key: &str,
     env: serde_json::Value,
@@ -324,7 +324,7 @@ impl Dns {
 
 /// A free TCP port on 127.0.0.2 (the workers of the DNS tests listen on 127.0.0.2–5, the
 /// same port each: a name resolves to addresses, not ports).
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.2:0")
         .unwrap()
         .local_addr()

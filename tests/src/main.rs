@@ -19,6 +19,7 @@ mod envs;
 mod eval;
 mod faults;
 mod gateway;
+mod kube_discovery;
 mod llm;
 mod mux;
 mod otlp;

@@ -23,8 +23,10 @@ use super::protocol::{PROTOCOL_V3, Request, Response};
 use super::{EnvError, Environment, Observation, Record, StepOutcome};
 
 mod discovery;
+mod kube;
 mod pool;
 pub use discovery::{Membership, RESOLVE_TIMEOUT};
+pub use kube::KubeTarget;
 use pool::{CallError, Worker, lock};
 pub use pool::{WorkerPool, WorkerPoolConfig, WorkerState};
 
@@ -230,8 +232,9 @@ impl Environment for RemoteEnv {
             seed,
             record: record.map(|r| (*r).clone()),
         };
-        // Wait for a free slot while some worker is up (full or draining: slots will open),
-        // at most the call timeout; with every worker down, fail now.
+        // Wait for a free slot while some worker is up (full or draining: slots will open) or
+        // a new member awaits its first probe, at most the call timeout; with every worker
+        // down, fail now.
         let deadline = tokio::time::Instant::now() + self.task.call_timeout;
         loop {
             let changed = pool.changed.notified();
@@ -266,7 +269,7 @@ impl Environment for RemoteEnv {
                 }
             }
             let now = tokio::time::Instant::now();
-            if !pool.any_up() || now >= deadline {
+            if !pool.any_hope() || now >= deadline {
                 let mut why = pool.describe();
                 if !said.is_empty() {
                     why = format!("{} (then: {why})", said.join("; "));

@@ -1,5 +1,6 @@
-//! Where a pool's workers come from: a fixed list, or every address a DNS name resolves to
-//! (a headless Service's ready pods), re-resolved while the job runs.
+//! Where a pool's workers come from: a fixed list, every address a DNS name resolves to (a
+//! headless Service's ready pods), re-resolved while the job runs, or the ready endpoints of
+//! Kubernetes EndpointSlices, followed by list and watch ([`super::kube`]).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -21,13 +22,16 @@ pub enum Membership {
         nameserver: Option<SocketAddr>,
         every: Duration,
     },
+    /// The ready endpoints of the EndpointSlices a label selector picks, followed live.
+    Kubernetes(super::kube::KubeTarget),
 }
 
 impl Membership {
     /// How often membership changes are looked for (`None`: a fixed list).
     pub fn every(&self) -> Option<Duration> {
         match self {
-            Self::Urls(_) => None,
+            // Kubernetes membership is followed by a watch, not looked up again.
+            Self::Urls(_) | Self::Kubernetes(_) => None,
             Self::Dns { every, .. } => Some(*every),
         }
     }
@@ -36,6 +40,7 @@ impl Membership {
     pub async fn resolve(&self) -> Result<Vec<String>, String> {
         let (host, port, nameserver) = match self {
             Self::Urls(u) => return Ok(u.clone()),
+            Self::Kubernetes(k) => return k.resolve().await,
             Self::Dns {
                 host,
                 port,
@@ -81,6 +86,7 @@ impl Membership {
                 ..
             } => format!("dns {host}:{port} (asking {ns})"),
             Self::Dns { host, port, .. } => format!("dns {host}:{port}"),
+            Self::Kubernetes(k) => k.describe(),
         }
     }
 }

@@ -9,6 +9,9 @@ use super::super::protocol::{Request, Response};
 use super::PROBE_EVERY;
 use super::discovery::Membership;
 
+/// How long the first placements wait for a Kubernetes membership's first list.
+const FIRST_LIST_WAIT: Duration = Duration::from_secs(12);
+
 /// How to reach a pool's workers.
 #[derive(Clone, Debug)]
 pub struct WorkerPoolConfig {
@@ -27,6 +30,8 @@ pub struct WorkerPool {
     client: reqwest::Client,
     workers: RwLock<Vec<Arc<Worker>>>,
     prober: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The watch of a Kubernetes membership.
+    follower: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Set once the first probe of every worker has answered or failed.
     first_probe: tokio::sync::OnceCell<()>,
     /// Woken when a probe ends or an episode closes: a slot may have opened.
@@ -119,6 +124,7 @@ impl WorkerPool {
             client,
             workers: RwLock::new(Vec::new()),
             prober: Mutex::new(None),
+            follower: Mutex::new(None),
             first_probe: tokio::sync::OnceCell::new(),
             changed: tokio::sync::Notify::new(),
             membership: cfg.membership.clone(),
@@ -256,9 +262,46 @@ impl WorkerPool {
                 if every.is_some() {
                     self.discover().await;
                 }
+                if let Membership::Kubernetes(k) = &self.membership {
+                    self.follow(k.clone()).await;
+                }
                 self.probe(Duration::from_secs(2)).await;
             })
             .await;
+    }
+
+    /// Starts following a Kubernetes membership (list, then watch) and waits for the first
+    /// list's answer or failure (at most [`FIRST_LIST_WAIT`]).
+    async fn follow(self: &Arc<Self>, target: super::kube::KubeTarget) {
+        let weak: Weak<Self> = Arc::downgrade(self);
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let mut first = Some(tx);
+        let task = tokio::spawn(async move {
+            target
+                .follow(|found| {
+                    let Some(pool) = weak.upgrade() else {
+                        return false;
+                    };
+                    match found {
+                        Ok(urls) => {
+                            pool.set_members(&urls);
+                            *lock(&pool.discovery_error) = None;
+                        }
+                        Err(e) => {
+                            tracing::warn!(pool = %pool.name, error = %e, "cannot follow the env pool's workers");
+                            *lock(&pool.discovery_error) = Some(e);
+                        }
+                    }
+                    pool.changed.notify_waiters();
+                    if let Some(tx) = first.take() {
+                        let _ = tx.send(());
+                    }
+                    true
+                })
+                .await
+        });
+        *lock(&self.follower) = Some(task);
+        let _ = tokio::time::timeout(FIRST_LIST_WAIT, rx).await;
     }
 
     /// An episode placed on `w` closed: its slot is free before the next probe says so.
@@ -270,10 +313,14 @@ impl WorkerPool {
         self.changed.notify_waiters();
     }
 
-    /// Whether any worker answered its last probe or call (full or draining ones count: a
-    /// slot will open there).
-    pub(super) fn any_up(&self) -> bool {
-        self.members().iter().any(|w| lock(&w.st).up)
+    /// Whether a slot may open soon: a worker answered its last probe or call (full or
+    /// draining ones count: a slot will open there), or one just discovered awaits its first
+    /// probe.
+    pub(super) fn any_hope(&self) -> bool {
+        self.members().iter().any(|w| {
+            let st = lock(&w.st);
+            st.up || (!st.seen && st.last_error.is_none())
+        })
     }
 
     /// Each worker's state in words, for an error.
@@ -369,6 +416,9 @@ impl Drop for WorkerPool {
     fn drop(&mut self) {
         if let Some(p) = lock(&self.prober).take() {
             p.abort();
+        }
+        if let Some(f) = lock(&self.follower).take() {
+            f.abort();
         }
     }
 }

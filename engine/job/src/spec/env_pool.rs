@@ -26,8 +26,9 @@ pub struct EnvPoolSpec {
     pub token_env: String,
 }
 
-/// A pool's workers: a fixed list (`urls`), or every address a DNS name resolves to (`dns`,
-/// a headless Service), looked up again every `refresh_s`.
+/// A pool's workers: a fixed list (`urls`), every address a DNS name resolves to (`dns`, a
+/// headless Service), looked up again every `refresh_s`, or the ready endpoints of the
+/// EndpointSlices a label selector picks (`kubernetes`), followed by list and watch.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WorkersSpec {
@@ -44,6 +45,32 @@ pub struct WorkersSpec {
     /// With `dns`: seconds between lookups (default 2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refresh_s: Option<f64>,
+    /// The ready endpoints of Kubernetes EndpointSlices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<KubernetesWorkers>,
+}
+
+/// Workers found through the Kubernetes API: every ready endpoint of the EndpointSlices that
+/// `label_selector` picks in `namespace`, at `port`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesWorkers {
+    pub namespace: String,
+    /// Which slices: `kubernetes.io/service-name=rollarc-env-worker` picks a Service's.
+    pub label_selector: String,
+    /// The workers' port.
+    pub port: u16,
+    /// The API's base URL, plain http: a `kubectl proxy` beside the service (the default,
+    /// `http://127.0.0.1:8001`), which authenticates with the pod's service account.
+    #[serde(default = "default_kube_api")]
+    pub api: String,
+}
+
+/// Where `kubectl proxy` listens unless told otherwise.
+pub const DEFAULT_KUBE_API: &str = "http://127.0.0.1:8001";
+
+fn default_kube_api() -> String {
+    DEFAULT_KUBE_API.into()
 }
 
 /// Seconds between DNS lookups of a pool's workers, unless it says.
@@ -64,11 +91,20 @@ fn default_token_env() -> String {
 impl EnvPoolSpec {
     pub(super) fn check(&self, p: &str, problems: &mut Problems) {
         let w = &self.workers;
-        match (w.urls.is_empty(), &w.dns) {
-            (true, None) | (false, Some(_)) => problems.push(
+        let given = [!w.urls.is_empty(), w.dns.is_some(), w.kubernetes.is_some()];
+        if given.iter().filter(|&&g| g).count() != 1 {
+            problems.push(
                 format!("{p}.workers"),
-                "give either urls = [...] or dns = \"host:port\"".into(),
-            ),
+                "give one of urls = [...], dns = \"host:port\" or kubernetes = { namespace, \
+                 label_selector, port }"
+                    .into(),
+            );
+        }
+        if let Some(k) = &w.kubernetes {
+            check_kubernetes(&format!("{p}.workers.kubernetes"), k, problems);
+        }
+        match (w.urls.is_empty(), &w.dns) {
+            (true, None) | (false, Some(_)) => {}
             (false, None) => {
                 if w.urls.len() > MAX_POOL_WORKERS {
                     problems.push(
@@ -137,6 +173,39 @@ impl EnvPoolSpec {
                 format!("{t:?} is not an environment variable name (letters, digits, _)"),
             );
         }
+    }
+}
+
+fn check_kubernetes(p: &str, k: &KubernetesWorkers, problems: &mut Problems) {
+    // A namespace is a DNS-1123 label.
+    let ns = &k.namespace;
+    if ns.is_empty()
+        || ns.len() > 63
+        || ns.starts_with('-')
+        || ns.ends_with('-')
+        || !ns
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    {
+        problems.push(
+            format!("{p}.namespace"),
+            format!("{ns:?} is not a namespace name (lowercase letters, digits and -, at most 63)"),
+        );
+    }
+    let sel = &k.label_selector;
+    if sel.trim().is_empty() || sel.len() > 1024 || sel.chars().any(char::is_control) {
+        problems.push(
+            format!("{p}.label_selector"),
+            format!(
+                "{sel:?} is not a label selector (such as kubernetes.io/service-name=rollarc-env-worker)"
+            ),
+        );
+    }
+    if k.port == 0 {
+        problems.push(format!("{p}.port"), "must be a port 1-65535".into());
+    }
+    if let Err(why) = check_url(&k.api) {
+        problems.push(format!("{p}.api"), why);
     }
 }
 

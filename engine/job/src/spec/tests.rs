@@ -947,3 +947,50 @@ bucket_gb = 1.0
     assert!(bad.is_empty(), "{bad:#?}");
     assert!(ran > 0);
 }
+
+#[test]
+fn env_pool_problems_name_their_fields() {
+    let body = format!(
+        "{}\n{}",
+        minimal(),
+        r#"
+[[env_pools]]
+name = "both"
+workers = { urls = ["http://a:7000"], kubernetes = { namespace = "rl", label_selector = "app=w", port = 7000 } }
+[[env_pools]]
+name = "k"
+workers = { kubernetes = { namespace = "Bad_NS", label_selector = " ", port = 0, api = "https://kubernetes.default.svc" } }
+[[env_pools]]
+name = "d"
+workers = { dns = "nohost", refresh_s = 0 }
+"#
+    );
+    let errs = parse(&body, Format::Toml).unwrap_err();
+    let fields: Vec<&str> = errs.0.iter().map(|e| e.field.as_str()).collect();
+    for f in [
+        "env_pools[0].workers",
+        "env_pools[1].workers.kubernetes.namespace",
+        "env_pools[1].workers.kubernetes.label_selector",
+        "env_pools[1].workers.kubernetes.port",
+        "env_pools[1].workers.kubernetes.api",
+        "env_pools[2].workers.dns",
+        "env_pools[2].workers.refresh_s",
+    ] {
+        assert!(fields.contains(&f), "{f} missing from {fields:?}");
+    }
+    let api = errs
+        .0
+        .iter()
+        .find(|e| e.field == "env_pools[1].workers.kubernetes.api")
+        .unwrap();
+    assert!(api.message.contains("http"), "{}", api.message);
+    // A well-formed Kubernetes pool passes, with kubectl proxy's address as its API.
+    let ok = format!(
+        "{}\n{}",
+        minimal(),
+        "[[env_pools]]\nname = \"k\"\nworkers = { kubernetes = { namespace = \"rl\", label_selector = \"kubernetes.io/service-name=rollarc-env-worker\", port = 7000 } }\n"
+    );
+    let s = parse(&ok, Format::Toml).unwrap();
+    let k = s.env_pools[0].workers.kubernetes.as_ref().unwrap();
+    assert_eq!(k.api, DEFAULT_KUBE_API);
+}

@@ -208,8 +208,16 @@ fn remote_pools(
         .map(|p| {
             let token = std::env::var(&p.token_env).ok().filter(|t| !t.is_empty());
             let w = &p.workers;
-            let membership = match w.dns_target() {
-                Some((host, port)) => actors::env::remote::Membership::Dns {
+            let membership = match (&w.kubernetes, w.dns_target()) {
+                (Some(k), _) => {
+                    actors::env::remote::Membership::Kubernetes(actors::env::remote::KubeTarget {
+                        api: k.api.clone(),
+                        namespace: k.namespace.clone(),
+                        label_selector: k.label_selector.clone(),
+                        port: k.port,
+                    })
+                }
+                (None, Some((host, port))) => actors::env::remote::Membership::Dns {
                     host,
                     port,
                     nameserver: w.nameserver.as_deref().and_then(|n| n.parse().ok()),
@@ -217,7 +225,7 @@ fn remote_pools(
                         w.refresh_s.unwrap_or(crate::spec::DEFAULT_REFRESH_S),
                     ),
                 },
-                None => actors::env::remote::Membership::Urls(w.urls.clone()),
+                (None, None) => actors::env::remote::Membership::Urls(w.urls.clone()),
             };
             let pool =
                 actors::env::remote::WorkerPool::new(actors::env::remote::WorkerPoolConfig {
