@@ -5,6 +5,8 @@
 //! - `llm`: SmolLM2 on the built-in engine and trainer, against the roofline and llama.cpp;
 //! - `servers`: SmolLM2 on llama.cpp shards: rollarc's overhead per turn, 1 vs 2 shards;
 //! - `env`: environment steps through an actor, built-in and external (bare, sandboxed);
+//! - `env-workers`: 10,000 concurrent episodes over four env workers on loopback against the
+//!   same in this process (cost per step, memory per episode on a worker, resets per second);
 //! - `functions`: the function router and runtime on real `rollarc-fn` processes;
 //! - `presets`: the quickstart job under each scheduling preset;
 //! - `batches`: the trainer API's batch fetch, JSON vs MessagePack, and weight announce →
@@ -16,6 +18,7 @@
 //! hands them in ([`run`]'s `service`).
 
 mod env;
+mod env_workers;
 mod functions;
 mod llm;
 mod model;
@@ -26,6 +29,7 @@ mod servers;
 use std::path::Path;
 
 pub use env::{EnvBenchError, bench_env};
+pub use env_workers::{EnvWorkersBenchError, bench_env_workers};
 pub use functions::{FunctionsBenchError, bench_functions};
 pub use llm::{LlmBenchError, bench_llm};
 pub use model::{ModelBenchError, bench_model};
@@ -41,6 +45,7 @@ pub enum Benchmark {
     Llm,
     Servers,
     Env,
+    EnvWorkers,
     Functions,
     Presets,
     Batches,
@@ -49,12 +54,13 @@ pub enum Benchmark {
 
 impl Benchmark {
     /// Every benchmark, in the order `all` runs them.
-    pub const ALL: [Benchmark; 9] = [
+    pub const ALL: [Benchmark; 10] = [
         Benchmark::Scheduler,
         Benchmark::Model,
         Benchmark::Llm,
         Benchmark::Servers,
         Benchmark::Env,
+        Benchmark::EnvWorkers,
         Benchmark::Functions,
         Benchmark::Presets,
         Benchmark::Batches,
@@ -68,6 +74,7 @@ impl Benchmark {
             Self::Llm => "llm",
             Self::Servers => "servers",
             Self::Env => "env",
+            Self::EnvWorkers => "env-workers",
             Self::Functions => "functions",
             Self::Presets => "presets",
             Self::Batches => "batches",
@@ -103,7 +110,7 @@ pub struct BenchOptions<'a> {
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
     #[error(
-        "unknown benchmark {0:?}: scheduler, model, llm, servers, env, functions, presets, batches, gateway or all"
+        "unknown benchmark {0:?}: scheduler, model, llm, servers, env, env-workers, functions, presets, batches, gateway or all"
     )]
     Unknown(String),
     #[error(transparent)]
@@ -116,6 +123,8 @@ pub enum BenchError {
     Servers(#[from] ServersBenchError),
     #[error(transparent)]
     Env(#[from] EnvBenchError),
+    #[error(transparent)]
+    EnvWorkers(#[from] EnvWorkersBenchError),
     #[error(transparent)]
     Functions(#[from] FunctionsBenchError),
     #[error(transparent)]
@@ -141,6 +150,7 @@ pub fn run(
             Benchmark::Llm => bench_llm()?,
             Benchmark::Servers => bench_servers()?,
             Benchmark::Env => bench_env()?,
+            Benchmark::EnvWorkers => bench_env_workers(10_000, 4, 20)?,
             Benchmark::Functions => bench_functions()?,
             Benchmark::Presets => bench_presets(opts.preset_file, opts.preset_steps)?,
             Benchmark::Batches | Benchmark::Gateway => service(b).map_err(BenchError::Service)?,
@@ -164,7 +174,7 @@ mod tests {
         assert!(matches!(&e, BenchError::Unknown(w) if w == "gpu"), "{e:?}");
         assert_eq!(
             e.to_string(),
-            "unknown benchmark \"gpu\": scheduler, model, llm, servers, env, functions, presets, batches, gateway or all"
+            "unknown benchmark \"gpu\": scheduler, model, llm, servers, env, env-workers, functions, presets, batches, gateway or all"
         );
     }
 }

@@ -1,0 +1,284 @@
+//! `rollarc bench --what env-workers`: many concurrent episodes of a zero-latency game
+//! (FrozenLake 4×4, built in) over env workers on loopback — separate `rollarc env-worker`
+//! processes reached over HTTP/2, as a job's env pool reaches them — against the same
+//! episodes on environments in this process, in one run:
+//!
+//! - the cost per step, remote and local: each path's CPU time (this process and, remote, the
+//!   workers) over its steps, and its wall time over its steps;
+//! - the memory per open episode on a worker (its RSS with every episode open, less its RSS
+//!   before the first);
+//! - resets per second (an episode's start: a slot reserved, the episode opened on a worker).
+//!
+//! Every episode goes through an environment actor, as in a job.
+
+use std::io::BufRead;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use actors::env::remote::{Membership, RemoteTask, WorkerPool, WorkerPoolConfig};
+use actors::env::{EnvActor, EnvArgs, EnvCounters, EnvError, EnvFactory, EnvMsg};
+use infra::clock::wall_now;
+use ractor::{Actor, ActorRef, RactorErr, SpawnErr};
+
+use job::wiring::envs::builtin;
+
+const FROZENLAKE: &str = r#"{"kind":"frozenlake","size":4}"#;
+
+/// Why the env-workers benchmark stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum EnvWorkersBenchError {
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Spec(#[from] serde_json::Error),
+    #[error(transparent)]
+    Spawn(#[from] SpawnErr),
+    #[error(transparent)]
+    Call(#[from] RactorErr<EnvMsg>),
+    #[error(transparent)]
+    Env(#[from] EnvError),
+    #[error("env worker: {0}")]
+    Worker(String),
+}
+
+/// A worker process, killed when dropped.
+struct WorkerProc {
+    child: Child,
+    url: String,
+}
+
+impl Drop for WorkerProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_worker(exe: &str, slots: usize) -> Result<WorkerProc, EnvWorkersBenchError> {
+    let mut child = Command::new(exe)
+        .args(["env-worker", "--listen", "127.0.0.1:0", "--slots"])
+        .arg(slots.to_string())
+        .env_remove("ROLLARC_ENV_WORKER_TOKEN")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let mut line = String::new();
+    let out = child
+        .stdout
+        .take()
+        .ok_or_else(|| EnvWorkersBenchError::Worker("no stdout".into()))?;
+    std::io::BufReader::new(out).read_line(&mut line)?;
+    let url = line
+        .trim()
+        .strip_prefix("rollarc env-worker listening on ")
+        .ok_or_else(|| EnvWorkersBenchError::Worker(format!("first line {line:?}")))?
+        .to_string();
+    Ok(WorkerProc { child, url })
+}
+
+/// Resident memory of process `pid` in bytes (0 when it cannot be read).
+fn rss(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// CPU seconds (user + system) of process `pid` (`self` for this one).
+fn cpu_s(pid: &str) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // The fields after the command name (which may hold spaces) start after its ')'.
+    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+        return 0.0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = [11, 12]
+        .iter()
+        .filter_map(|&i| f.get(i)?.parse::<f64>().ok())
+        .sum();
+    // USER_HZ is 100 on Linux.
+    ticks / 100.0
+}
+
+/// What one path measured.
+struct PathFigures {
+    reset_s: f64,
+    step_wall_s: f64,
+    step_cpu_s: f64,
+    /// Of `step_cpu_s`, this process's (the rest is the workers').
+    step_cpu_here_s: f64,
+}
+
+/// Opens `episodes` episodes through actors (all at once), then steps each `steps` times.
+async fn run_path(
+    factory: EnvFactory,
+    episodes: usize,
+    steps: usize,
+    pids: &[u32],
+) -> Result<(PathFigures, Vec<ActorRef<EnvMsg>>), EnvWorkersBenchError> {
+    let cpu = || cpu_s("self") + pids.iter().map(|p| cpu_s(&p.to_string())).sum::<f64>();
+    let counters = Arc::new(EnvCounters::default());
+    let mut actors = Vec::with_capacity(episodes);
+    for i in 0..episodes {
+        let args = EnvArgs {
+            task: "bench".into(),
+            index: i as u64,
+            slot: i,
+            factory: factory.clone(),
+            counters: counters.clone(),
+        };
+        actors.push(Actor::spawn(None, EnvActor, args).await?.0);
+    }
+    let t = wall_now();
+    let resets = actors.iter().enumerate().map(|(i, a)| {
+        let a = a.clone();
+        tokio::spawn(
+            async move { ractor::call_t!(a, |p| EnvMsg::Reset(i as u64, None, p), 120_000) },
+        )
+    });
+    for r in futures::future::join_all(resets).await {
+        r.map_err(|e| EnvWorkersBenchError::Worker(e.to_string()))???;
+    }
+    let reset_s = t.elapsed().as_secs_f64();
+    let (t, c, here) = (wall_now(), cpu(), cpu_s("self"));
+    let walks = actors.iter().map(|a| {
+        let a = a.clone();
+        tokio::spawn(async move {
+            for _ in 0..steps {
+                // "up" from the start keeps the agent in place: the episode never ends.
+                ractor::call_t!(
+                    a,
+                    |p| EnvMsg::Step("up".into(), Vec::new().into(), p),
+                    120_000
+                )??;
+            }
+            Ok::<(), EnvWorkersBenchError>(())
+        })
+    });
+    for r in futures::future::join_all(walks).await {
+        r.map_err(|e| EnvWorkersBenchError::Worker(e.to_string()))??;
+    }
+    let figures = PathFigures {
+        reset_s,
+        step_wall_s: t.elapsed().as_secs_f64(),
+        step_cpu_s: cpu() - c,
+        step_cpu_here_s: cpu_s("self") - here,
+    };
+    Ok((figures, actors))
+}
+
+/// The env-workers benchmark: `episodes` concurrent episodes over `workers` env workers on
+/// loopback against the same in this process, `steps` steps each.
+pub fn bench_env_workers(
+    episodes: usize,
+    workers: usize,
+    steps: usize,
+) -> Result<(), EnvWorkersBenchError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let exe = std::env::current_exe()?.display().to_string();
+    let per_worker = episodes.div_ceil(workers);
+    let procs = (0..workers)
+        .map(|_| start_worker(&exe, per_worker))
+        .collect::<Result<Vec<_>, _>>()?;
+    let pids: Vec<u32> = procs.iter().map(|p| p.child.id()).collect();
+    let spec: job::spec::EnvSpec = serde_json::from_str(FROZENLAKE)?;
+    println!(
+        "env-workers benchmark: {episodes} concurrent FrozenLake episodes, {steps} steps each, \
+         through environment actors"
+    );
+    rt.block_on(async {
+        // Local: each episode's game in this process.
+        let local: EnvFactory = {
+            let spec = spec.clone();
+            Arc::new(move |_| {
+                builtin(&spec).unwrap_or_else(|| {
+                    Box::new(actors::env::builtin::frozenlake::FrozenLake::new(
+                        Default::default(),
+                    ))
+                })
+            })
+        };
+        let (l, actors) = run_path(local, episodes, steps, &[]).await?;
+        for a in actors {
+            a.stop(None);
+        }
+        // Remote: the same episodes on the workers.
+        let pool = WorkerPool::new(WorkerPoolConfig {
+            name: "bench".into(),
+            membership: Membership::Urls(procs.iter().map(|p| p.url.clone()).collect()),
+            token: None,
+        })?;
+        let registration = serde_json::json!({ "env": spec, "call_timeout_s": 120.0 });
+        let task = RemoteTask::new(
+            pool.clone(),
+            "bench".into(),
+            registration,
+            Duration::from_secs(120),
+        );
+        let remote: EnvFactory = Arc::new(move |i| Box::new(task.env(i)));
+        let idle: u64 = pids.iter().map(|&p| rss(p)).sum();
+        let (r, actors) = run_path(remote, episodes, steps, &pids).await?;
+        let open: u64 = pids.iter().map(|&p| rss(p)).sum();
+        let spread: Vec<usize> = pool.snapshot().iter().map(|(_, st)| st.mine).collect();
+        for a in actors {
+            a.stop(None);
+        }
+        let total = (episodes * steps) as f64;
+        println!(
+            "  {:28} {:>12} {:>12} {:>14}",
+            "", "local", "remote", "remote/local"
+        );
+        let row = |name: &str, lv: f64, rv: f64, unit: &str| {
+            println!(
+                "  {name:28} {:>9.1} {unit:2} {:>9.1} {unit:2} {:>13.1}×",
+                lv,
+                rv,
+                rv / lv
+            );
+        };
+        row(
+            "CPU per step",
+            l.step_cpu_s * 1e6 / total,
+            r.step_cpu_s * 1e6 / total,
+            "µs",
+        );
+        row(
+            "wall time per step",
+            l.step_wall_s * 1e6 / total,
+            r.step_wall_s * 1e6 / total,
+            "µs",
+        );
+        println!(
+            "  {:28} {:>12} {:>9.1} µs",
+            "  of which in this process",
+            "",
+            r.step_cpu_here_s * 1e6 / total
+        );
+        println!(
+            "  {:28} {:>9.0} /s {:>9.0} /s",
+            "resets",
+            episodes as f64 / l.reset_s,
+            episodes as f64 / r.reset_s
+        );
+        println!(
+            "  memory per open episode on a worker: {:.1} KiB ({} workers: {:.0} MB idle, {:.0} MB \
+             with every episode open); episodes per worker: {spread:?}",
+            open.saturating_sub(idle) as f64 / 1024.0 / episodes as f64,
+            workers,
+            idle as f64 / 1e6,
+            open as f64 / 1e6
+        );
+        Ok(())
+    })
+}
