@@ -34,3 +34,4 @@ mod train_cli;
 mod trainer_api;
 mod truncation;
 mod viewer;
+mod worker_sandbox;
