@@ -5,7 +5,7 @@ JOBS ?= 2
 export CARGO_BUILD_JOBS := $(JOBS)
 export CARGO_TERM_COLOR := never
 
-.PHONY: plan-check readme-test run-agent sim-to-real run run-llm test test-deps sdk-test deploy-check ui-test bench bench-setup bench-sim learn learn-external plan lint lint-scripts check toolchain fmt-check clippy ci build cuda-check setup sim chaos fuzz-api device-check after-rust-tests readme-check fuzz-check ui-check
+.PHONY: plan-check readme-test run-agent sim-to-real run run-llm test test-deps sdk-test deploy-check ui-test bench bench-setup bench-sim learn learn-external plan lint lint-scripts check toolchain fmt-check clippy ci build cuda-check setup sim chaos fuzz-api device-check after-rust-tests readme-check fuzz-check ui-check sdk-check manifest-check
 
 GYMNASIUM_VERSION := 1.0.0
 SCHEMATHESIS_VERSION := 4.32.5
@@ -229,9 +229,10 @@ test: setup test-deps toolchain fmt-check lint-scripts
 	python3 tools/check-orphans.py target/.test-started
 
 # The checks that follow the Rust tests, run side by side by `make test` (each mostly waits
-# on its service or uses one core: 100 s one after another, about 45 s together); each
-# check's output is printed whole when it ends. They use the binaries `make test` built.
-after-rust-tests: readme-check fuzz-check sdk-test deploy-check ui-check
+# on its service or uses one core: 100 s one after another, 54 s together); each check's
+# output is printed whole when it ends. They use the binaries and the set-up `make test`
+# made (none of them runs `setup` again beside the others).
+after-rust-tests: readme-check fuzz-check sdk-check manifest-check ui-check
 readme-check:
 	python3 tests/docs/readme_examples.py
 fuzz-check:
@@ -255,12 +256,16 @@ ui-test: setup test-deps
 ## The service's Kubernetes manifests against the Kubernetes 1.33 API schemas (strict: an
 ## unknown field fails); the config they carry is started by a test (`cli::`).
 deploy-check: setup
+	$(MAKE) --no-print-directory manifest-check
+manifest-check:
 	$(KUBE_VALIDATE) --strict --quiet -k 1.33.0 infra/deploy/service/rollarc.yaml
 	$(KUBE_VALIDATE) --strict --quiet -k 1.33.0 infra/deploy/env-worker/env-worker.yaml
 
 ## The Python SDK: installed from clients/python into its test environment, then its pytest
 ## suite against a real `rollarc serve` (target/debug/rollarc).
 sdk-test: setup
+	$(MAKE) --no-print-directory sdk-check
+sdk-check:
 	$(SDK_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation ./clients/python
 	rm -rf clients/python/build
 	cd clients/python && $(SDK_VENV)/bin/python -m pytest -q -p no:cacheprovider tests

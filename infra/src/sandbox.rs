@@ -13,7 +13,8 @@ pub const SANDBOX_LIMITS: [&str; 4] = [
 /// CPU seconds a sandboxed program may use (`prlimit --cpu`), per environment it serves.
 pub const SANDBOX_CPU_S: u64 = 600;
 /// Sandboxes run as unprivileged uids (and gids) `SANDBOX_UID_BASE + k`, k cycling through
-/// `SANDBOX_UIDS` values: no account, no files on the host, one uid per live sandbox.
+/// `SANDBOX_UIDS` values from a per-process offset: no account, no files on the host, one uid
+/// per live sandbox.
 pub const SANDBOX_UID_BASE: u32 = 2_000_000;
 pub const SANDBOX_UIDS: u32 = 65_536;
 static NEXT_SANDBOX: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
@@ -250,8 +251,13 @@ fn traversable_dirs(binds: &[String]) -> Vec<String> {
 /// The `setpriv` part of the command line: the next sandbox uid (and gid), no supplementary
 /// groups, no new privileges.
 fn setpriv_args() -> Vec<String> {
-    let uid = SANDBOX_UID_BASE
-        + NEXT_SANDBOX.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % SANDBOX_UIDS;
+    // Each process starts its cycle at its own offset, so that the sandboxes of several
+    // processes on one host (a service and its env workers, tests side by side) do not share
+    // uids, and with them one process-count limit.
+    static OFFSET: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    let offset = *OFFSET.get_or_init(|| std::process::id().wrapping_mul(4099) % SANDBOX_UIDS);
+    let k = NEXT_SANDBOX.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let uid = SANDBOX_UID_BASE + offset.wrapping_add(k) % SANDBOX_UIDS;
     [
         "setpriv",
         &format!("--reuid={uid}"),

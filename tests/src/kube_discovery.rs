@@ -26,6 +26,10 @@ struct Api {
     watchers: Vec<mpsc::UnboundedSender<String>>,
     /// Every request's query.
     requests: Vec<HashMap<String, String>>,
+    /// Answer the next watch with HTTP 410.
+    gone_at_open: bool,
+    /// Answer everything with a plain-text 403.
+    forbid: bool,
 }
 
 type Shared = Arc<Mutex<Api>>;
@@ -55,7 +59,15 @@ async fn endpointslices(
     if q.get("labelSelector").map(String::as_str) != Some(SELECTOR) {
         return (axum::http::StatusCode::BAD_REQUEST, "wrong selector").into_response();
     }
+    if a.forbid {
+        return (axum::http::StatusCode::FORBIDDEN, "Forbidden").into_response();
+    }
     if q.get("watch").map(String::as_str) == Some("1") {
+        if std::mem::take(&mut a.gone_at_open) {
+            let gone = json!({"kind": "Status", "code": 410, "reason": "Expired",
+                "message": "too old resource version"});
+            return (axum::http::StatusCode::GONE, axum::Json(gone)).into_response();
+        }
         let (tx, rx) = mpsc::unbounded_channel::<String>();
         a.watchers.push(tx);
         let body = futures::stream::unfold(rx, |mut rx| async move {
@@ -234,6 +246,11 @@ async fn a_kubernetes_pool_follows_endpointslices_through_list_watch_and_expiry(
     });
     members(&p, &[&ws[2].url]).await;
     assert_eq!(lists(&api.requests()), 2);
+    // A 410 when a watch opens (HTTP status, not event) also makes a new list.
+    api.api.lock().unwrap().gone_at_open = true;
+    api.close_watches();
+    api.watching(1).await;
+    assert_eq!(lists(&api.requests()), 3, "{:?}", api.requests());
     // New episodes go to the member left.
     let mut second = t.env(1);
     second.reset(2).await.unwrap();
@@ -264,6 +281,29 @@ async fn a_kubernetes_pool_whose_api_cannot_be_reached_names_the_pool_and_the_ap
     let e = t.env(0).reset(1).await.unwrap_err().to_string();
     assert!(
         e.contains("env pool fleet") && e.contains("endpointslices") && e.contains(&url),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn a_refused_list_names_the_role_the_account_needs() {
+    let api = FakeApi::start().await;
+    api.api.lock().unwrap().forbid = true;
+    let p = WorkerPool::new(WorkerPoolConfig {
+        name: "fleet".into(),
+        membership: Membership::Kubernetes(KubeTarget {
+            api: api.url.clone(),
+            namespace: "rl".into(),
+            label_selector: SELECTOR.into(),
+            port: 7000,
+        }),
+        token: None,
+    })
+    .unwrap();
+    let t = task(&p, "t1", json!({"kind": "frozenlake"}), 5);
+    let e = t.env(0).reset(1).await.unwrap_err().to_string();
+    assert!(
+        e.contains("env pool fleet") && e.contains("403: Forbidden") && e.contains("Role"),
         "{e}"
     );
 }

@@ -289,7 +289,9 @@ impl MuxEnv {
                     // moment to see its output end and report the exit status and stderr,
                     // which say more than the broken pipe does.
                     let mut rx = rx;
-                    match tokio::time::timeout(WRITE_FAILURE_GRACE, &mut rx).await {
+                    // Within the call's own timeout, which would otherwise fire first.
+                    let grace = WRITE_FAILURE_GRACE.min(timeout / 2);
+                    match tokio::time::timeout(grace, &mut rx).await {
                         Ok(r) => r,
                         Err(_) => {
                             let why = match inc.stderr_tail() {

@@ -105,19 +105,26 @@ impl KubeTarget {
     /// One list: every slice and the collection's version.
     async fn list(&self, client: &reqwest::Client) -> Result<(Slices, String), String> {
         let url = self.collection();
-        let resp = tokio::time::timeout(LIST_TIMEOUT, client.get(self.with_query(&[])?).send())
-            .await
-            .map_err(|_| format!("listing {url}: no answer within {LIST_TIMEOUT:?}"))?
-            .map_err(|e| format!("listing {url}: {}", infra::error_chain(&e)))?;
-        let status = resp.status();
-        let body = read_capped(resp)
-            .await
-            .map_err(|e| format!("listing {url}: {e}"))?;
+        let query = self.with_query(&[])?;
+        // One bound over the request and its body: a proxy that sends headers and then
+        // stalls must not freeze the membership.
+        let (status, body) = tokio::time::timeout(LIST_TIMEOUT, async {
+            let resp = client
+                .get(query)
+                .send()
+                .await
+                .map_err(|e| infra::error_chain(&e))?;
+            let status = resp.status();
+            Ok::<_, String>((status, read_capped(resp).await?))
+        })
+        .await
+        .map_err(|_| format!("listing {url}: no whole answer within {LIST_TIMEOUT:?}"))?
+        .map_err(|e| format!("listing {url}: {e}"))?;
+        if !status.is_success() {
+            return Err(api_error(&url, status.as_u16(), &body));
+        }
         let v: Value = serde_json::from_slice(&body)
             .map_err(|e| format!("listing {url}: not JSON ({status}): {e}"))?;
-        if !status.is_success() {
-            return Err(api_error(&url, status.as_u16(), &v));
-        }
         let rv = v["metadata"]["resourceVersion"]
             .as_str()
             .ok_or_else(|| format!("listing {url}: the list has no metadata.resourceVersion"))?
@@ -171,10 +178,18 @@ impl KubeTarget {
                 return;
             }
             loop {
-                match self
+                let opened = tokio::time::Instant::now();
+                let end = self
                     .watch(&client, &mut slices, &rv, &mut sent, &mut report)
-                    .await
+                    .await;
+                // A watch that ends at once, again and again (a proxy that cuts it), must not
+                // turn into a busy loop of requests.
+                if matches!(end, WatchEnd::Closed(_) | WatchEnd::Gone)
+                    && opened.elapsed() < Duration::from_secs(1)
                 {
+                    tokio::time::sleep(RETRY).await;
+                }
+                match end {
                     WatchEnd::Closed(v) => rv = v,
                     WatchEnd::Gone => break,
                     WatchEnd::Failed(e) => {
@@ -229,9 +244,12 @@ impl KubeTarget {
             return WatchEnd::Gone;
         }
         if !status.is_success() {
-            let body = read_capped(resp).await.unwrap_or_default();
-            let v = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            return WatchEnd::Failed(api_error(&url, status.as_u16(), &v));
+            let body = tokio::time::timeout(LIST_TIMEOUT, read_capped(resp))
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or_default();
+            return WatchEnd::Failed(api_error(&url, status.as_u16(), &body));
         }
         let mut rv = rv.to_string();
         let mut stream = resp.bytes_stream();
@@ -241,15 +259,25 @@ impl KubeTarget {
                 Err(_) => {
                     return WatchEnd::Failed(format!("watching {url}: nothing for {WATCH_IDLE:?}"));
                 }
-                Ok(None) => return WatchEnd::Closed(rv),
+                Ok(None) if buf.iter().all(u8::is_ascii_whitespace) => {
+                    return WatchEnd::Closed(rv);
+                }
+                Ok(None) => {
+                    return WatchEnd::Failed(format!(
+                        "watching {url}: the stream ended inside an event"
+                    ));
+                }
                 Ok(Some(Err(e))) => {
                     return WatchEnd::Failed(format!("watching {url}: {}", infra::error_chain(&e)));
                 }
                 Ok(Some(Ok(c))) => c,
             };
+            // Only the new bytes can hold the next line's end.
+            let mut from = buf.len();
             buf.extend_from_slice(&chunk);
-            while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = buf.drain(..=nl).collect();
+            while let Some(nl) = buf[from..].iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=from + nl).collect();
+                from = 0;
                 if line.iter().all(u8::is_ascii_whitespace) {
                     continue;
                 }
@@ -299,7 +327,7 @@ fn apply_event(url: &str, slices: &mut Slices, rv: &mut String, line: &[u8]) -> 
         "ERROR" if obj["code"].as_u64() == Some(410) => return Some(WatchEnd::Gone),
         "ERROR" => {
             let code = obj["code"].as_u64().unwrap_or(0) as u16;
-            return Some(WatchEnd::Failed(api_error(url, code, obj)));
+            return Some(WatchEnd::Failed(status_error(url, code, obj)));
         }
         other => {
             return Some(WatchEnd::Failed(format!(
@@ -333,8 +361,19 @@ fn ready_addresses(slice: &Value) -> Vec<IpAddr> {
         .collect()
 }
 
-/// An API error in words: its Status message, and what a 401/403 usually means.
-fn api_error(url: &str, code: u16, status: &Value) -> String {
+/// An API error in words, from its body: a Status object's message, else the body's start.
+fn api_error(url: &str, code: u16, body: &[u8]) -> String {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(v) if v["message"].is_string() => status_error(url, code, &v),
+        _ => {
+            let text = String::from_utf8_lossy(&body[..body.len().min(200)]);
+            status_error(url, code, &serde_json::json!({ "message": text.trim() }))
+        }
+    }
+}
+
+/// A Status object in words, and what a 401/403 usually means.
+fn status_error(url: &str, code: u16, status: &Value) -> String {
     let msg = status["message"].as_str().unwrap_or("no message");
     let hint = match code {
         401 | 403 => {

@@ -9,6 +9,10 @@ use super::super::protocol::{Request, Response};
 use super::PROBE_EVERY;
 use super::discovery::Membership;
 
+/// Most workers a pool follows (what discovery finds beyond them is left out, with a
+/// warning): the bound of a listed pool too.
+pub(super) const MAX_MEMBERS: usize = 256;
+
 /// How long the first placements wait for a Kubernetes membership's first list.
 const FIRST_LIST_WAIT: Duration = Duration::from_secs(12);
 
@@ -145,10 +149,14 @@ impl WorkerPool {
     /// those not listed leave (their open episodes finish there; no new ones go there).
     pub fn set_members(&self, urls: &[String]) {
         let mut ws = self.workers.write().unwrap_or_else(|p| p.into_inner());
-        let want: Vec<String> = urls
+        let mut want: Vec<String> = urls
             .iter()
             .map(|u| u.trim_end_matches('/').to_string())
             .collect();
+        if want.len() > MAX_MEMBERS {
+            tracing::warn!(pool = %self.name, found = want.len(), "an env pool follows its first {MAX_MEMBERS} workers only");
+            want.truncate(MAX_MEMBERS);
+        }
         ws.retain(|w| want.contains(&w.url));
         for u in want {
             if !ws.iter().any(|w| w.url == u) {
@@ -243,7 +251,9 @@ impl WorkerPool {
             .get_or_init(|| async {
                 let weak: Weak<Self> = Arc::downgrade(self);
                 let every = self.membership.every();
-                *lock(&self.prober) = Some(tokio::spawn(async move {
+                // A first call dropped while it waited leaves the cell empty: the next one
+                // starts again, and the loops the dropped one started stop here.
+                let prober = tokio::spawn(async move {
                     let mut tick = tokio::time::interval(PROBE_EVERY);
                     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                     // The first tick is now: the first probe below is it.
@@ -258,7 +268,10 @@ impl WorkerPool {
                         }
                         pool.probe(Duration::from_secs(2)).await;
                     }
-                }));
+                });
+                if let Some(old) = lock(&self.prober).replace(prober) {
+                    old.abort();
+                }
                 if every.is_some() {
                     self.discover().await;
                 }
@@ -300,7 +313,9 @@ impl WorkerPool {
                 })
                 .await
         });
-        *lock(&self.follower) = Some(task);
+        if let Some(old) = lock(&self.follower).replace(task) {
+            old.abort();
+        }
         let _ = tokio::time::timeout(FIRST_LIST_WAIT, rx).await;
     }
 

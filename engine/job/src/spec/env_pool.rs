@@ -204,8 +204,20 @@ fn check_kubernetes(p: &str, k: &KubernetesWorkers, problems: &mut Problems) {
     if k.port == 0 {
         problems.push(format!("{p}.port"), "must be a port 1-65535".into());
     }
-    if let Err(why) = check_url(&k.api) {
-        problems.push(format!("{p}.api"), why);
+    match reqwest::Url::parse(&k.api) {
+        Ok(u) if u.scheme() == "https" => problems.push(
+            format!("{p}.api"),
+            format!(
+                "{:?}: the API is reached over plain http (no TLS client is built in): run \
+                 kubectl proxy beside the service and give its address (the default, {DEFAULT_KUBE_API})",
+                k.api
+            ),
+        ),
+        _ => {
+            if let Err(why) = check_url(&k.api) {
+                problems.push(format!("{p}.api"), why);
+            }
+        }
     }
 }
 

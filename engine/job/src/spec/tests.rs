@@ -983,7 +983,7 @@ workers = { dns = "nohost", refresh_s = 0 }
         .iter()
         .find(|e| e.field == "env_pools[1].workers.kubernetes.api")
         .unwrap();
-    assert!(api.message.contains("http"), "{}", api.message);
+    assert!(api.message.contains("kubectl proxy"), "{}", api.message);
     // A well-formed Kubernetes pool passes, with kubectl proxy's address as its API.
     let ok = format!(
         "{}\n{}",

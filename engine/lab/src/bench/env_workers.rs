@@ -56,7 +56,7 @@ impl Drop for WorkerProc {
 }
 
 fn start_worker(exe: &str, slots: usize) -> Result<WorkerProc, EnvWorkersBenchError> {
-    let mut child = Command::new(exe)
+    let child = Command::new(exe)
         .args(["env-worker", "--listen", "127.0.0.1:0", "--slots"])
         .arg(slots.to_string())
         .env_remove("ROLLARC_ENV_WORKER_TOKEN")
@@ -64,18 +64,24 @@ fn start_worker(exe: &str, slots: usize) -> Result<WorkerProc, EnvWorkersBenchEr
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()?;
-    let mut line = String::new();
-    let out = child
+    // Killed when dropped, on the errors below too.
+    let mut w = WorkerProc {
+        child,
+        url: String::new(),
+    };
+    let out = w
+        .child
         .stdout
         .take()
         .ok_or_else(|| EnvWorkersBenchError::Worker("no stdout".into()))?;
+    let mut line = String::new();
     std::io::BufReader::new(out).read_line(&mut line)?;
-    let url = line
+    w.url = line
         .trim()
         .strip_prefix("rollarc env-worker listening on ")
         .ok_or_else(|| EnvWorkersBenchError::Worker(format!("first line {line:?}")))?
         .to_string();
-    Ok(WorkerProc { child, url })
+    Ok(w)
 }
 
 /// Resident memory of process `pid` in bytes (0 when it cannot be read).
