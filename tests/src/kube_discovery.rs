@@ -156,6 +156,21 @@ impl FakeApi {
     }
 }
 
+/// A pool following the fake API's slices, its workers at `port`.
+fn kube_pool(api: &str, port: u16) -> Arc<WorkerPool> {
+    WorkerPool::new(WorkerPoolConfig {
+        name: "fleet".into(),
+        membership: Membership::Kubernetes(KubeTarget {
+            api: api.into(),
+            namespace: "rl".into(),
+            label_selector: SELECTOR.into(),
+            port,
+        }),
+        token: None,
+    })
+    .unwrap()
+}
+
 /// Waits until the pool's members are `want`.
 async fn members(p: &WorkerPool, want: &[&String]) {
     let want: Vec<String> = want.iter().map(|s| s.to_string()).collect();
@@ -178,17 +193,7 @@ async fn a_kubernetes_pool_follows_endpointslices_through_list_watch_and_expiry(
         .collect();
     let api = FakeApi::start().await;
     api.apply("ADDED", slice("w-a", &[("127.0.0.2", true)]));
-    let p = WorkerPool::new(WorkerPoolConfig {
-        name: "fleet".into(),
-        membership: Membership::Kubernetes(KubeTarget {
-            api: api.url.clone(),
-            namespace: "rl".into(),
-            label_selector: SELECTOR.into(),
-            port,
-        }),
-        token: None,
-    })
-    .unwrap();
+    let p = kube_pool(&api.url, port);
     // The first placement waits for the list: the one listed worker gets the episode.
     let t = task(&p, "t1", json!({"kind": "frozenlake"}), 5);
     let mut first = t.env(0);
@@ -266,17 +271,7 @@ async fn a_kubernetes_pool_whose_api_cannot_be_reached_names_the_pool_and_the_ap
     let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", dead.local_addr().unwrap());
     drop(dead);
-    let p = WorkerPool::new(WorkerPoolConfig {
-        name: "fleet".into(),
-        membership: Membership::Kubernetes(KubeTarget {
-            api: url.clone(),
-            namespace: "rl".into(),
-            label_selector: SELECTOR.into(),
-            port: 7000,
-        }),
-        token: None,
-    })
-    .unwrap();
+    let p = kube_pool(&url, 7000);
     let t = task(&p, "t1", json!({"kind": "frozenlake"}), 5);
     let e = t.env(0).reset(1).await.unwrap_err().to_string();
     assert!(
@@ -289,17 +284,7 @@ async fn a_kubernetes_pool_whose_api_cannot_be_reached_names_the_pool_and_the_ap
 async fn a_refused_list_names_the_role_the_account_needs() {
     let api = FakeApi::start().await;
     api.api.lock().unwrap().forbid = true;
-    let p = WorkerPool::new(WorkerPoolConfig {
-        name: "fleet".into(),
-        membership: Membership::Kubernetes(KubeTarget {
-            api: api.url.clone(),
-            namespace: "rl".into(),
-            label_selector: SELECTOR.into(),
-            port: 7000,
-        }),
-        token: None,
-    })
-    .unwrap();
+    let p = kube_pool(&api.url, 7000);
     let t = task(&p, "t1", json!({"kind": "frozenlake"}), 5);
     let e = t.env(0).reset(1).await.unwrap_err().to_string();
     assert!(

@@ -124,12 +124,7 @@ pub fn accept(body: &str, format: Format) -> Result<JobSpec, SpecErrors> {
 /// row and each checkpoint's header. Every problem, with its field path.
 pub fn check(spec: &JobSpec) -> Vec<FieldError> {
     let mut out = Vec::new();
-    let eval = spec
-        .eval
-        .as_ref()
-        .map(|e| e.tasks.as_slice())
-        .unwrap_or(&[]);
-    for (prefix, tasks) in [("tasks", spec.tasks.as_slice()), ("eval.tasks", eval)] {
+    for (prefix, tasks) in spec.task_lists() {
         for (i, t) in tasks.iter().enumerate() {
             if let Some(d) = t.dataset.as_ref().filter(|d| !d.path.trim().is_empty())
                 && let Err(e) = crate::dataset::check_first_row(d)

@@ -375,6 +375,17 @@ fn list<T: DeserializeOwned>(
 }
 
 impl JobSpec {
+    /// The training tasks and the held-out ones, each list with its field path
+    /// (`tasks`, `eval.tasks`).
+    pub fn task_lists(&self) -> [(&'static str, &[TaskSpec]); 2] {
+        let eval = self
+            .eval
+            .as_ref()
+            .map(|e| e.tasks.as_slice())
+            .unwrap_or(&[]);
+        [("tasks", self.tasks.as_slice()), ("eval.tasks", eval)]
+    }
+
     /// Whether the job trains with the built-in trainer.
     pub fn trains_builtin(&self) -> bool {
         matches!(self.trainer, TrainerSpec::Builtin(_))

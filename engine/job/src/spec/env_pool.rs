@@ -258,12 +258,7 @@ pub(super) fn check_pools(spec: &JobSpec, problems: &mut Problems) {
         }
         pl.check(&p, problems);
     }
-    let eval = spec
-        .eval
-        .as_ref()
-        .map(|e| e.tasks.as_slice())
-        .unwrap_or(&[]);
-    for (prefix, tasks) in [("tasks", spec.tasks.as_slice()), ("eval.tasks", eval)] {
+    for (prefix, tasks) in spec.task_lists() {
         for (i, t) in tasks.iter().enumerate() {
             let Some(name) = &t.env_pool else { continue };
             let p = format!("{prefix}[{i}].env_pool");
