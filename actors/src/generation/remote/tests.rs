@@ -237,8 +237,12 @@ fn launch(slots: usize) -> LaunchSpec {
     }
 }
 
-/// A managed llama.cpp server on SmolLM2; new weights are exported by the policy.
-fn llamacpp(rt: &tokio::runtime::Runtime, slots: usize) -> (RemoteEngine, Arc<ManagedServer>) {
+/// A managed llama.cpp server on SmolLM2; new weights are exported by the policy into a
+/// temporary directory that goes with the returned guard (each export is 0.5 GB).
+fn llamacpp(
+    rt: &tokio::runtime::Runtime,
+    slots: usize,
+) -> (RemoteEngine, Arc<ManagedServer>, tempfile::TempDir) {
     let _g = rt.enter();
     let server = ManagedServer::start(launch(slots), smollm2_path()).unwrap();
     let spec = crate::model::runtime::CheckpointSpec {
@@ -250,8 +254,8 @@ fn llamacpp(rt: &tokio::runtime::Runtime, slots: usize) -> (RemoteEngine, Arc<Ma
     let (_, policy) =
         crate::model::runtime::BuiltinParts::checkpoint(&spec, Default::default(), 0, None)
             .unwrap();
-    let dir = std::env::temp_dir().join(format!("rollarc-llamacpp-export-{}", std::process::id()));
-    let export = policy.gguf_exporter(dir, crate::model::llm::GgufType::F32);
+    let dir = tempfile::tempdir().unwrap();
+    let export = policy.gguf_exporter(dir.path().to_path_buf(), crate::model::llm::GgufType::F32);
     let client = LlamaCpp::new(
         reqwest::Client::new(),
         Target::Managed {
@@ -265,7 +269,7 @@ fn llamacpp(rt: &tokio::runtime::Runtime, slots: usize) -> (RemoteEngine, Arc<Ma
         RemoteConfig::default(),
     );
     ready(&mut e);
-    (e, server)
+    (e, server, dir)
 }
 
 fn chat_prompt() -> Vec<u32> {
@@ -275,7 +279,7 @@ fn chat_prompt() -> Vec<u32> {
 #[test]
 fn llamacpp_honours_the_generation_contract() {
     let rt = runtime();
-    let (mut e, _server) = llamacpp(&rt, 4);
+    let (mut e, _server, _dir) = llamacpp(&rt, 4);
     assert_eq!(e.info().unwrap().slots, 4);
     contract::check_add_abort(&mut e, chat_prompt());
     // New weights: the final norm scaled (a partial publication), exported and served.
@@ -288,7 +292,7 @@ fn llamacpp_honours_the_generation_contract() {
         .unwrap();
     let new = Weights::from_shared(1, vec![("output_norm".into(), norm)]);
     for policy in [InFlightPolicy::Abort, InFlightPolicy::Recompute] {
-        let (mut e, server) = llamacpp(&rt, 2);
+        let (mut e, server, _dir) = llamacpp(&rt, 2);
         contract::check_install(&mut e, chat_prompt(), &new, policy);
         assert_eq!(server.restarts(), 1, "one restart on the exported file");
     }
@@ -297,7 +301,7 @@ fn llamacpp_honours_the_generation_contract() {
 #[test]
 fn llamacpp_greedy_answers_equal_the_reference() {
     let rt = runtime();
-    let (mut e, _server) = llamacpp(&rt, 2);
+    let (mut e, _server, _dir) = llamacpp(&rt, 2);
     let r = reference();
     let want = ids(&r["forward"]["greedy"]["ids"]);
     let mut req = request(1, chat_prompt(), want.len() as u32, 1);
@@ -399,7 +403,7 @@ fn llamacpp_teacher_forced_logprobs_agree_with_the_reference() {
 #[test]
 fn a_killed_llamacpp_server_is_restarted_and_its_request_retried() {
     let rt = runtime();
-    let (mut e, server) = llamacpp(&rt, 2);
+    let (mut e, server, _dir) = llamacpp(&rt, 2);
     let mut req = request(1, chat_prompt(), 48, 3);
     req.params.ignore_eos = true;
     e.add(req);
@@ -429,7 +433,7 @@ fn a_killed_llamacpp_server_is_restarted_and_its_request_retried() {
 #[test]
 fn an_attached_llamacpp_server_cannot_install_and_says_why() {
     let rt = runtime();
-    let (_e, server) = llamacpp(&rt, 1);
+    let (_e, server, _dir) = llamacpp(&rt, 1);
     let client = LlamaCpp::new(reqwest::Client::new(), Target::Attached(server.url()));
     let mut e = RemoteEngine::start(
         Arc::new(client),

@@ -432,8 +432,8 @@ fn logprob_gap(a: &LlmWeights, b: &LlmWeights) -> f64 {
 #[test]
 fn a_gguf_export_reloads_as_the_same_model() {
     let (w, tok) = load(&smollm2_path()).unwrap();
-    let dir = std::env::temp_dir().join(format!("rollarc-gguf-export-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
     let r = reference();
     let same_tokenizer = |t: &LlmTokenizer| {
         for case in r["tokenizer"]["cases"].as_array().unwrap() {
@@ -480,7 +480,6 @@ fn a_gguf_export_reloads_as_the_same_model() {
         max <= 0.5 && mean <= 0.06 && likely <= 0.2,
         "q8_0 export: {max} / {mean} / {likely}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A PyTorch trainer's `state_dict` (Hugging Face names, q/k rows in the halves layout, a
