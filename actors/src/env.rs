@@ -9,6 +9,7 @@ pub mod mux;
 pub mod protocol;
 pub mod remote;
 pub mod sim;
+pub mod starts;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -128,6 +129,11 @@ pub trait Environment: Send + 'static {
     fn release(&mut self) -> impl Future<Output = ()> + Send {
         async {}
     }
+    /// How the last reset found its sandbox (see [`starts`]); `None` for environments
+    /// without one (in-process games) and before any reset.
+    fn last_start(&self) -> Option<starts::Start> {
+        None
+    }
 }
 
 /// Object-safe form of [`Environment`], so an actor can own any of them.
@@ -144,6 +150,7 @@ pub trait DynEnvironment: Send + 'static {
     ) -> futures::future::BoxFuture<'a, Result<StepOutcome, EnvError>>;
     fn close_boxed(&mut self) -> futures::future::BoxFuture<'_, ()>;
     fn release_boxed(&mut self) -> futures::future::BoxFuture<'_, ()>;
+    fn last_start_dyn(&self) -> Option<starts::Start>;
 }
 
 impl<E: Environment> DynEnvironment for E {
@@ -166,6 +173,9 @@ impl<E: Environment> DynEnvironment for E {
     }
     fn release_boxed(&mut self) -> futures::future::BoxFuture<'_, ()> {
         Box::pin(self.release())
+    }
+    fn last_start_dyn(&self) -> Option<starts::Start> {
+        self.last_start()
     }
 }
 
@@ -213,6 +223,8 @@ pub struct EnvCounters {
     pub resets: AtomicU64,
     pub failures: AtomicU64,
     pub timeouts: AtomicU64,
+    /// Resets that found or started a sandbox, warm and cold, with their latencies.
+    pub starts: starts::StartLog,
     /// Per pool slot: time held by an episode's lease.
     held: std::sync::Mutex<Vec<Held>>,
 }
@@ -291,9 +303,12 @@ impl Actor for EnvActor {
         match msg {
             EnvMsg::Reset(seed, record, reply) => {
                 st.args.counters.resets.fetch_add(1, Ordering::Relaxed);
+                let began = tokio::time::Instant::now();
                 let r = st.env.reset_boxed(seed, record).await;
                 if r.is_err() {
                     st.args.counters.failures.fetch_add(1, Ordering::Relaxed);
+                } else if let Some(s) = st.env.last_start_dyn() {
+                    st.args.counters.starts.record(s, began.elapsed());
                 }
                 let _ = reply.send(r);
             }

@@ -225,6 +225,14 @@ pub(crate) enum Cmd {
         /// Where the bridges' scripts are written (default: the temporary directory).
         #[arg(long)]
         scratch_dir: Option<PathBuf>,
+        /// Environment programs starting at once over all tasks, from spawn to first answer
+        /// (default: no cap).
+        #[arg(long)]
+        max_concurrent_starts: Option<usize>,
+        /// Programs each task keeps started ahead, unless its job's pool says (protocols 1
+        /// and 2).
+        #[arg(long, default_value_t = 0)]
+        warm: usize,
     },
     /// List GPUs with the profile the mapper would use.
     Devices,

@@ -182,9 +182,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             allow_no_token,
             drain_timeout_s,
             scratch_dir,
+            max_concurrent_starts,
+            warm,
         } => serve::env_worker(
             &listen,
-            slots,
+            (slots, max_concurrent_starts, warm),
             token_file,
             allow_no_token,
             drain_timeout_s,

@@ -127,7 +127,7 @@ pub(crate) fn env_serve(spec: &str) -> anyhow::Result<ExitCode> {
 /// `rollarc env-worker`: environment sandboxes served to services on other machines.
 pub(crate) fn env_worker(
     listen: &str,
-    slots: usize,
+    (slots, max_concurrent_starts, warm): (usize, Option<usize>, usize),
     token_file: Option<PathBuf>,
     allow_no_token: bool,
     drain_timeout_s: f64,
@@ -135,6 +135,12 @@ pub(crate) fn env_worker(
 ) -> anyhow::Result<ExitCode> {
     if !(1..=100_000).contains(&slots) {
         bail!("--slots must be in 1..=100000, got {slots}");
+    }
+    if max_concurrent_starts == Some(0) {
+        bail!("--max-concurrent-starts must be at least 1 (leave it out for no cap)");
+    }
+    if warm > job::spec::MAX_WARM as usize {
+        bail!("--warm must be at most {}, got {warm}", job::spec::MAX_WARM);
     }
     if !(drain_timeout_s.is_finite() && (0.0..=job::spec::MAX_SECONDS).contains(&drain_timeout_s)) {
         bail!(
@@ -160,6 +166,8 @@ pub(crate) fn env_worker(
             token,
             scratch,
             drain_timeout: Duration::from_secs_f64(drain_timeout_s),
+            max_concurrent_starts,
+            warm,
         },
         allow_no_token,
         |addr| {

@@ -26,6 +26,7 @@ mod otlp;
 mod persistence;
 mod prometheus;
 mod reward_functions;
+mod sandbox_starts;
 mod scheduler;
 mod server_fakes;
 mod serverless;

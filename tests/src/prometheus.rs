@@ -110,7 +110,7 @@ fn job_spec() -> String {
     tests::SpecBuilder::new()
         .pool("h800", "H800", 1, "")
         .raw_task("[[tasks]]\ndomain = \"add\"\ngroup_size = 2\nmax_turns = 1\nreward = [\"math\"]\n[tasks.env]\nkind = \"arithmetic\"\n")
-        .raw_task("[[tasks]]\ndomain = \"slow\"\ngroup_size = 2\nmax_turns = 2\n[tasks.env]\nkind = \"sim\"\nstep_latency_s = { constant = 0.05 }\nturns = { constant = 2 }\nobservation_tokens = { constant = 8 }\nresponse_tokens = { constant = 8 }\n")
+        .raw_task("[[tasks]]\ndomain = \"slow\"\ngroup_size = 2\nmax_turns = 2\n[tasks.env]\nkind = \"sim\"\nstep_latency_s = { constant = 0.05 }\nreset_latency_s = { constant = 0.02 }\nturns = { constant = 2 }\nobservation_tokens = { constant = 8 }\nresponse_tokens = { constant = 8 }\nsandbox = { warm = 1, max_concurrent_starts = 2 }\n")
         .rollout("batch_size = 2")
         .rollout("steps = 100000")
         .extra("[sim]\nclock = \"real\"\n[reward.functions.math]\nkind = \"builtin\"\nfunction = \"math\"\n")
@@ -150,6 +150,9 @@ async fn a_real_prometheus_scrapes_the_documented_series() {
         &format!("rollarc_task_success_ratio{{job_id=\"{id}\",task=\"add\"}}"),
         &format!("rollarc_task_reward{{job_id=\"{id}\",task=\"slow\"}}"),
         &format!("rollarc_trainer_loss{{job_id=\"{id}\"}}"),
+        &format!("rollarc_env_starts{{job_id=\"{id}\",start=\"cold\"}}"),
+        &format!("rollarc_env_start_seconds{{job_id=\"{id}\",quantile=\"0.99\"}}"),
+        &format!("rollarc_env_warm_hit_ratio{{job_id=\"{id}\"}}"),
     ] {
         prom.until(&c, q, |r| !r.is_empty()).await;
     }

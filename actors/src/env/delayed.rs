@@ -78,4 +78,8 @@ impl Environment for Delayed {
     async fn release(&mut self) {
         self.inner.release_boxed().await;
     }
+
+    fn last_start(&self) -> Option<super::starts::Start> {
+        self.inner.last_start_dyn()
+    }
 }

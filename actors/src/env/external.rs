@@ -10,6 +10,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{ChildStdin, ChildStdout};
 
 use super::protocol::{self, ProtocolError, Request, Response};
+use super::starts::{Start, StartCaps, StartPermit};
 use super::{EnvError, Environment, Observation, Record, StepOutcome};
 
 /// Bytes of an environment program's stderr kept for error messages (its tail).
@@ -33,6 +34,100 @@ pub struct ExternalConfig {
 pub struct ExternalEnv {
     cfg: ExternalConfig,
     proc: Option<Running>,
+    /// The task's start caps and warm pool, if it has them.
+    starts: Option<std::sync::Arc<ExternalStarts>>,
+    /// Held while the program this environment started has not answered yet.
+    boot: Option<StartPermit>,
+    last_start: Option<Start>,
+}
+
+/// A task's program starts: the caps every start passes and a warm pool of `warm` programs
+/// started ahead. A warm program has been started (under the caps) and has answered one
+/// request, a reset with seed 0 and no dataset row, so it has booted; its answer is thrown
+/// away (`ok: false` counts too: the program is up). The environment that takes it resets
+/// it for its own episode. The pool refills in the background after each take; a program
+/// that fails its warm-up is killed and not replaced until the next reset asks.
+pub struct ExternalStarts {
+    cfg: ExternalConfig,
+    caps: StartCaps,
+    warm: usize,
+    ready: std::sync::Mutex<Vec<Running>>,
+    filling: std::sync::atomic::AtomicUsize,
+    /// Warm-ups that failed (the program did not answer).
+    failed: std::sync::atomic::AtomicU64,
+}
+
+impl ExternalStarts {
+    /// The starts of a task running `cfg`'s program; with `warm > 0` the pool begins to fill
+    /// now (inside a tokio runtime).
+    pub fn new(cfg: ExternalConfig, caps: StartCaps, warm: usize) -> std::sync::Arc<Self> {
+        let me = std::sync::Arc::new(Self {
+            cfg,
+            caps,
+            warm,
+            ready: std::sync::Mutex::default(),
+            filling: Default::default(),
+            failed: Default::default(),
+        });
+        me.refill();
+        me
+    }
+
+    /// Started programs ready to be taken.
+    pub fn ready(&self) -> usize {
+        self.ready.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Warm-ups that failed so far.
+    pub fn failed_warmups(&self) -> u64 {
+        self.failed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn take(&self) -> Option<Running> {
+        self.ready.lock().unwrap_or_else(|p| p.into_inner()).pop()
+    }
+
+    /// Starts programs in the background until `warm` are ready or starting.
+    fn refill(self: &std::sync::Arc<Self>) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        loop {
+            let ready = self.ready();
+            let claimed = self.filling.fetch_update(Relaxed, Relaxed, |f| {
+                (ready + f < self.warm).then_some(f + 1)
+            });
+            if claimed.is_err() {
+                return;
+            }
+            let me = std::sync::Arc::clone(self);
+            rt.spawn(async move {
+                let _permit = me.caps.acquire().await;
+                let mut env = ExternalEnv::new(me.cfg.clone());
+                let r = env
+                    .call(&Request::Reset {
+                        v: me.cfg.protocol,
+                        episode: None,
+                        seed: 0,
+                        record: None,
+                    })
+                    .await;
+                match (r, env.proc.take()) {
+                    (Ok(_) | Err(EnvError::Reported(_)), Some(p)) => {
+                        me.ready.lock().unwrap_or_else(|p| p.into_inner()).push(p);
+                    }
+                    (r, _) => {
+                        me.failed.fetch_add(1, Relaxed);
+                        if let Err(e) = r {
+                            tracing::warn!(error = %infra::error_chain(&e), "a warm environment program failed to start");
+                        }
+                    }
+                }
+                me.filling.fetch_sub(1, Relaxed);
+            });
+        }
+    }
 }
 
 struct Running {
@@ -112,7 +207,42 @@ fn collect_stderr_tail(
 
 impl ExternalEnv {
     pub fn new(cfg: ExternalConfig) -> Self {
-        Self { cfg, proc: None }
+        Self {
+            cfg,
+            proc: None,
+            starts: None,
+            boot: None,
+            last_start: None,
+        }
+    }
+
+    /// An environment of a task whose starts `starts` controls (its program from the task's
+    /// warm pool when one is ready, else started under the task's caps).
+    pub fn with_starts(starts: std::sync::Arc<ExternalStarts>) -> Self {
+        let mut me = Self::new(starts.cfg.clone());
+        me.starts = Some(starts);
+        me
+    }
+
+    /// Before a reset: how it finds its program (running, from the warm pool, or to be
+    /// started under the caps, whose slots are then held until the program answers).
+    async fn prepare_start(&mut self) -> Start {
+        if self.proc.is_some() {
+            return Start::Warm;
+        }
+        let Some(starts) = self.starts.clone() else {
+            return Start::Cold;
+        };
+        let taken = starts.take();
+        starts.refill();
+        if let Some(p) = taken {
+            self.proc = Some(p);
+            return Start::Warm;
+        }
+        if starts.caps.is_capped() {
+            self.boot = Some(starts.caps.acquire().await);
+        }
+        Start::Cold
     }
 
     fn start(&mut self) -> Result<&mut Running, EnvError> {
@@ -316,6 +446,7 @@ impl Environment for ExternalEnv {
         } else {
             None
         };
+        let start = self.prepare_start().await;
         let r = self
             .call(&Request::Reset {
                 v,
@@ -323,8 +454,10 @@ impl Environment for ExternalEnv {
                 seed,
                 record,
             })
-            .await?;
-        Ok(reset_observation(r))
+            .await;
+        self.boot = None;
+        self.last_start = Some(start);
+        Ok(reset_observation(r?))
     }
 
     async fn step(
@@ -354,6 +487,10 @@ impl Environment for ExternalEnv {
             .await;
         }
         self.kill();
+    }
+
+    fn last_start(&self) -> Option<Start> {
+        self.last_start
     }
 }
 

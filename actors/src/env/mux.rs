@@ -26,6 +26,7 @@ use tokio::sync::oneshot;
 
 use super::external::{read_line_capped, spawn_piped, tail_text};
 use super::protocol::{self, PROTOCOL_V3, Request, Response};
+use super::starts::{Start, StartCaps, StartPermit};
 use super::{EnvError, Environment, Observation, Record, StepOutcome};
 
 /// How long a call whose request could not be written waits for the reader to report why
@@ -50,6 +51,8 @@ pub struct MuxGroup {
     slots: Vec<tokio::sync::Mutex<Option<Arc<Incarnation>>>>,
     /// Programs started so far (restarts included).
     started: AtomicU64,
+    /// Caps on programs starting at once (a start holds them until its first reply).
+    caps: StartCaps,
 }
 
 type Waiter = oneshot::Sender<Result<Response, EnvError>>;
@@ -177,11 +180,17 @@ async fn read_replies(inc: Arc<Incarnation>, stdout: ChildStdout, limit: usize) 
 
 impl MuxGroup {
     pub fn new(cfg: MuxConfig) -> Arc<Self> {
+        Self::with_caps(cfg, StartCaps::default())
+    }
+
+    /// A group whose program starts pass `caps`.
+    pub fn with_caps(cfg: MuxConfig, caps: StartCaps) -> Arc<Self> {
         let n = cfg.processes.max(1);
         Arc::new(Self {
             cfg,
             slots: (0..n).map(|_| tokio::sync::Mutex::new(None)).collect(),
             started: AtomicU64::new(0),
+            caps,
         })
     }
 
@@ -193,6 +202,7 @@ impl MuxGroup {
             name: index,
             resets: 0,
             current: None,
+            last_start: None,
         }
     }
 
@@ -201,15 +211,17 @@ impl MuxGroup {
         self.started.load(Ordering::Relaxed)
     }
 
-    /// The live program of `slot`, started if it has none or its last one stopped.
-    async fn live(&self, slot: usize) -> Result<Arc<Incarnation>, EnvError> {
+    /// The live program of `slot`, started if it has none or its last one stopped. A new one
+    /// comes with its start slots, for the caller to hold until it answers.
+    async fn live(&self, slot: usize) -> Result<(Arc<Incarnation>, Option<StartPermit>), EnvError> {
         let mut cur = self.slots[slot].lock().await;
         if let Some(inc) = cur.as_ref().filter(|i| !i.is_dead()) {
-            return Ok(Arc::clone(inc));
+            return Ok((Arc::clone(inc), None));
         }
+        let permit = self.caps.acquire().await;
         let inc = self.start()?;
         *cur = Some(Arc::clone(&inc));
-        Ok(inc)
+        Ok((inc, Some(permit)))
     }
 
     fn start(&self) -> Result<Arc<Incarnation>, EnvError> {
@@ -250,6 +262,7 @@ pub struct MuxEnv {
     resets: u64,
     /// The episode in progress and the program it was reset on.
     current: Option<(String, Arc<Incarnation>)>,
+    last_start: Option<Start>,
 }
 
 impl MuxEnv {
@@ -378,7 +391,7 @@ impl Environment for MuxEnv {
     ) -> Result<Observation, EnvError> {
         // The previous episode ends first (its close is written before this reset).
         self.close_in_background();
-        let inc = self.group.live(self.slot).await?;
+        let (inc, boot) = self.group.live(self.slot).await?;
         self.resets += 1;
         let episode = format!("{}.{}", self.name, self.resets);
         let req = Request::Reset {
@@ -388,6 +401,12 @@ impl Environment for MuxEnv {
             record: record.map(|r| (*r).clone()),
         };
         let r = Self::call(&inc, &req, self.group.cfg.call_timeout).await;
+        self.last_start = Some(if boot.is_some() {
+            Start::Cold
+        } else {
+            Start::Warm
+        });
+        drop(boot);
         // Even a failed reset may have created state in the program: close it later.
         self.current = Some((episode, inc));
         let r = super::external::reported(r?)?;
@@ -420,5 +439,9 @@ impl Environment for MuxEnv {
         // Not waited for: a slow program must not hold up the pool, and a close that was
         // never answered must not count as the program being wedged.
         self.close_in_background();
+    }
+
+    fn last_start(&self) -> Option<Start> {
+        self.last_start
     }
 }

@@ -28,7 +28,7 @@ mod pool;
 pub use discovery::{Membership, RESOLVE_TIMEOUT};
 pub use kube::KubeTarget;
 use pool::{CallError, Worker, lock};
-pub use pool::{WorkerPool, WorkerPoolConfig, WorkerState};
+pub use pool::{START_HEADER, WorkerPool, WorkerPoolConfig, WorkerState};
 
 /// Time a call may take on top of the environment's own call timeout (the worker enforces
 /// that one): the network and the worker's queue.
@@ -72,6 +72,7 @@ impl RemoteTask {
             name: index,
             resets: 0,
             current: None,
+            last_start: None,
         }
     }
 
@@ -133,6 +134,8 @@ pub struct RemoteEnv {
     resets: u64,
     /// The episode in progress and the worker holding it.
     current: Option<(String, Arc<Worker>)>,
+    /// How the last reset found its sandbox, as its worker said.
+    last_start: Option<super::starts::Start>,
 }
 
 static ENV_IDS: AtomicU64 = AtomicU64::new(0);
@@ -166,11 +169,18 @@ impl RemoteEnv {
 
     /// Registers the task on `w` if needed and sends it the reset; a worker that restarted
     /// and lost the task gets it again, once.
-    async fn place(&self, w: &Worker, req: &Request) -> Result<Response, CallError> {
+    async fn place(
+        &self,
+        w: &Worker,
+        req: &Request,
+    ) -> Result<(Response, Option<super::starts::Start>), CallError> {
         let pool = &self.task.pool;
         for attempt in 0..2 {
             self.task.register(w).await?;
-            match pool.call(w, &self.task.key, req, self.timeout()).await {
+            match pool
+                .call_start(w, &self.task.key, req, self.timeout())
+                .await
+            {
                 Err(CallError::UnknownTask) if attempt == 0 => {
                     lock(&self.task.registered).remove(&w.url);
                 }
@@ -246,8 +256,9 @@ impl Environment for RemoteEnv {
                     st.mine = st.mine.saturating_sub(1);
                 }
                 match placed {
-                    Ok(resp) => {
+                    Ok((resp, start)) => {
                         self.current = Some((episode, Arc::clone(&w)));
+                        self.last_start = start;
                         let r = super::external::reported(resp)?;
                         return Ok(super::external::reset_observation(r));
                     }
@@ -314,5 +325,9 @@ impl Environment for RemoteEnv {
 
     async fn close(&mut self) {
         self.close_in_background();
+    }
+
+    fn last_start(&self) -> Option<super::starts::Start> {
+        self.last_start
     }
 }

@@ -135,6 +135,8 @@ pub struct SimEnv {
     success: bool,
     /// This episode's prompt's difficulty factor.
     factor: f64,
+    /// How the last reset found its sandbox (with a sandbox machine only).
+    last_start: Option<super::starts::Start>,
 }
 
 impl SimEnv {
@@ -145,6 +147,7 @@ impl SimEnv {
             turns_left: 0,
             success: false,
             factor: 1.0,
+            last_start: None,
         }
     }
 
@@ -229,8 +232,10 @@ impl Environment for SimEnv {
             let latency = d.sample(&mut self.rng) * self.factor;
             let cpu_s = cpu.as_ref().map_or(0.0, |c| c.sample(&mut self.rng)) * self.factor;
             m.clone().refill(latency, cpu_s);
+            self.last_start = Some(super::starts::Start::Warm);
             return Ok(self.started());
         }
+        self.last_start = machine.as_ref().map(|_| super::starts::Start::Cold);
         // A start slot is held for the whole reset (the sandbox starting).
         let _start = match machine.as_ref().and_then(|m| m.starts.as_ref()) {
             Some(s) => s.acquire().await.ok(),
@@ -271,4 +276,8 @@ impl Environment for SimEnv {
     }
 
     async fn close(&mut self) {}
+
+    fn last_start(&self) -> Option<super::starts::Start> {
+        self.last_start
+    }
 }

@@ -5,16 +5,22 @@
 //! has a token; a wrong or missing one gets 401):
 //! - `GET /healthz`: `ok` (200), or `draining` (503) once SIGTERM arrived: a readiness probe
 //!   takes the worker out of its Service while it drains. `GET /livez`: 200 while it runs.
-//! - `GET /v1/worker`: `{slots, open, draining, tasks, calls}`.
-//! - `PUT /v1/tasks/{key}` `{env, call_timeout_s, slots?}`: registers a task's environment
-//!   (any spec of the job API's `env` table but `sim` and `agent`); the worker resolves and
-//!   sandboxes its program as a service would. Registering the same key again with the
+//! - `GET /v1/worker`: `{slots, open, draining, tasks, calls, starts}`; `starts` counts the
+//!   resets since the worker started that found their program running (`warm`) or started it,
+//!   with the median and 99th percentile of their wall time (of the latest 100,000).
+//! - `PUT /v1/tasks/{key}` `{env, call_timeout_s, slots?, max_concurrent_starts?, warm?}`:
+//!   registers a task's environment (any spec of the job API's `env` table but `sim` and
+//!   `agent`); the worker resolves and sandboxes its program as a service would, starting at
+//!   most `max_concurrent_starts` of its programs at once (and at most the worker's
+//!   `--max-concurrent-starts` over all tasks), and keeping `warm` started ahead (default
+//!   the worker's `--warm`, at most its slots). Registering the same key again with the
 //!   same spec is a no-op; with another spec, 409.
 //! - `DELETE /v1/tasks/{key}`: closes the task's episodes and stops its programs.
 //! - `POST /v1/tasks/{key}/call`: one environment protocol version-3 request
 //!   (`reset`/`step`/`close`, an `episode` id on each); the reply is the protocol's. 404
 //!   with `code` `unknown_task` or `unknown_episode`; 503 when a `reset` finds the worker
-//!   draining or all its slots open.
+//!   draining or all its slots open. A reset's reply says how it found its program in the
+//!   `x-rollarc-start` header (`warm` or `cold`).
 //!
 //! Bounds: `slots` open episodes over all tasks (a reset past them gets 503), at most
 //! [`MAX_TASKS`] tasks, bodies of at most [`MAX_BODY_BYTES`]. An episode with no call for
@@ -58,6 +64,10 @@ pub struct WorkerConfig {
     pub scratch: std::path::PathBuf,
     /// How long running episodes may go on after SIGTERM.
     pub drain_timeout: Duration,
+    /// Programs starting at once over all tasks (`None`: no cap).
+    pub max_concurrent_starts: Option<usize>,
+    /// Programs kept started ahead per task, unless its registration says.
+    pub warm: usize,
 }
 
 /// The worker's HTTP API.

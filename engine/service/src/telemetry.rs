@@ -83,6 +83,21 @@ const JOB_GAUGES: &[(&str, &str, &[&str])] = &[
         &[],
     ),
     (
+        "rollarc_env_starts",
+        "Environment resets in the job that found their sandbox running (start=warm) or started one (start=cold)",
+        &["start"],
+    ),
+    (
+        "rollarc_env_start_seconds",
+        "Wall time of the latest step's resets that found or started a sandbox (quantile 0.5 or 0.99)",
+        &["quantile"],
+    ),
+    (
+        "rollarc_env_warm_hit_ratio",
+        "Share of the latest step's sandbox starts that found their sandbox running",
+        &[],
+    ),
+    (
         "rollarc_shard_restarts",
         "Generation engines restarted (frozen or failed) in the job",
         &[],
@@ -231,6 +246,24 @@ impl Catalogue {
             }
         }
         g.set(job, "rollarc_env_restarts", &[], m.env_restarts as f64);
+        g.set(
+            job,
+            "rollarc_env_starts",
+            &["warm"],
+            m.env_warm_starts as f64,
+        );
+        g.set(
+            job,
+            "rollarc_env_starts",
+            &["cold"],
+            m.env_cold_starts as f64,
+        );
+        let st = &m.env_starts;
+        if st.starts > 0 {
+            g.set(job, "rollarc_env_start_seconds", &["0.5"], st.p50_s);
+            g.set(job, "rollarc_env_start_seconds", &["0.99"], st.p99_s);
+            g.set(job, "rollarc_env_warm_hit_ratio", &[], st.warm_hit_rate);
+        }
         g.set(job, "rollarc_shard_restarts", &[], m.shard_restarts as f64);
     }
 

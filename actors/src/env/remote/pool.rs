@@ -14,6 +14,10 @@ use super::discovery::Membership;
 pub(super) const MAX_MEMBERS: usize = 256;
 
 /// How long the first placements wait for a Kubernetes membership's first list.
+/// The header of a worker's reply to a reset saying how it found its sandbox (`warm` or
+/// `cold`, see [`crate::env::starts`]).
+pub const START_HEADER: &str = "x-rollarc-start";
+
 const FIRST_LIST_WAIT: Duration = Duration::from_secs(12);
 
 /// How to reach a pool's workers.
@@ -389,6 +393,18 @@ impl WorkerPool {
         req: &Request,
         timeout: Duration,
     ) -> Result<Response, CallError> {
+        Ok(self.call_start(w, key, req, timeout).await?.0)
+    }
+
+    /// [`Self::call`], with how a reset found its sandbox on the worker (its
+    /// [`START_HEADER`]).
+    pub(super) async fn call_start(
+        &self,
+        w: &Worker,
+        key: &str,
+        req: &Request,
+        timeout: Duration,
+    ) -> Result<(Response, Option<crate::env::starts::Start>), CallError> {
         let r = self
             .request(
                 reqwest::Method::POST,
@@ -405,9 +421,15 @@ impl WorkerPool {
         };
         let status = resp.status();
         if status.is_success() {
+            let start = resp
+                .headers()
+                .get(START_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(crate::env::starts::Start::parse);
             return resp
                 .json::<Response>()
                 .await
+                .map(|r| (r, start))
                 .map_err(|e| CallError::Other(format!("an unreadable reply: {e}")));
         }
         let body: serde_json::Value = resp.json().await.unwrap_or_default();

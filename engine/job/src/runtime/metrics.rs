@@ -172,6 +172,13 @@ pub struct StepMetrics {
     pub env_timeouts: u64,
     /// Environment resets and steps since the start.
     pub env_calls: u64,
+    /// This step's resets that found their sandbox running (warm) or started one: counts,
+    /// warm hit rate, and the median and 99th percentile of their wall time (see
+    /// `actors::env::starts`). In-process environments have no sandbox and are not counted.
+    pub env_starts: actors::env::starts::StartStats,
+    /// Since the start: resets that found their sandbox running, and those that started one.
+    pub env_warm_starts: u64,
+    pub env_cold_starts: u64,
     pub shard_restarts: u64,
     pub actor_failures: u64,
     /// Busy fraction over this step of every generation shard (`shard POOL/I`), environment
@@ -398,6 +405,17 @@ impl MetricSources<'_> {
         m.env_restarts = sum(&|c| c.restarts.load(Ordering::Relaxed));
         m.env_timeouts = sum(&|c| c.timeouts.load(Ordering::Relaxed));
         m.env_calls = sum(&|c| c.steps.load(Ordering::Relaxed) + c.resets.load(Ordering::Relaxed));
+        m.env_warm_starts = sum(&|c| c.starts.totals().0);
+        m.env_cold_starts = sum(&|c| c.starts.totals().1);
+        let mut latencies = Vec::new();
+        let (mut warm, mut cold) = (0, 0);
+        for (_, c) in self.env_counters {
+            let (w, k) = c.starts.take_step_into(&mut latencies);
+            warm += w;
+            cold += k;
+        }
+        m.env_starts =
+            actors::env::starts::StartStats::from_latencies(warm, warm + cold, &mut latencies);
         m.shard_restarts = self.shard_restarts.load(Ordering::Relaxed);
         m.actor_failures = self.report.failures.load(Ordering::Relaxed);
     }

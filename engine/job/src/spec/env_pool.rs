@@ -12,19 +12,38 @@ pub const MAX_POOL_WORKERS: usize = 256;
 /// another.
 pub const DEFAULT_WORKER_TOKEN_ENV: &str = "ROLLARC_ENV_WORKER_TOKEN";
 
-/// Env workers hosting the environments of the tasks that name this pool.
+/// Env workers hosting the environments of the tasks that name this pool; or, named
+/// [`LOCAL_POOL`] and without workers, the service's own machine (the default pool), to set
+/// its start control.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EnvPoolSpec {
     /// The pool's name (`tasks[i].env_pool`).
     pub name: String,
-    /// Where its workers are.
+    /// Where its workers are (none for the `local` pool).
+    #[serde(default)]
     pub workers: WorkersSpec,
     /// The service's environment variable holding the workers' shared token (never the
     /// token itself: a spec is stored and shown).
     #[serde(default = "default_token_env")]
     pub token_env: String,
+    /// Environment programs of the pool starting at once, from their spawn to their first
+    /// answer (default: no cap). The `local` pool: over all the job's local tasks; a pool of
+    /// workers: per task on each worker (a worker's own `--max-concurrent-starts` caps it
+    /// as a whole too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent_starts: Option<u32>,
+    /// Programs each task keeps started ahead for its next episodes (protocols 1 and 2,
+    /// one program per episode; multiplexed programs serve every episode once started).
+    /// Default 0; on a pool of workers, each worker keeps this many per task.
+    #[serde(default)]
+    pub warm: u32,
 }
+
+/// The pool of the service's own machine: tasks that name no pool run there.
+pub const LOCAL_POOL: &str = "local";
+/// Most programs a task keeps warm.
+pub const MAX_WARM: u32 = 1024;
 
 /// A pool's workers: a fixed list (`urls`), every address a DNS name resolves to (`dns`, a
 /// headless Service), looked up again every `refresh_s`, or the ready endpoints of the
@@ -89,9 +108,37 @@ fn default_token_env() -> String {
 }
 
 impl EnvPoolSpec {
+    /// Whether this is the service's own machine.
+    pub fn is_local(&self) -> bool {
+        self.name == LOCAL_POOL
+    }
+
     pub(super) fn check(&self, p: &str, problems: &mut Problems) {
+        if self.max_concurrent_starts == Some(0) {
+            problems.push(
+                format!("{p}.max_concurrent_starts"),
+                "must be at least 1 (leave it out for no cap)".into(),
+            );
+        }
+        if self.warm > MAX_WARM {
+            problems.push(
+                format!("{p}.warm"),
+                format!("at most {MAX_WARM} programs per task, got {}", self.warm),
+            );
+        }
         let w = &self.workers;
         let given = [!w.urls.is_empty(), w.dns.is_some(), w.kubernetes.is_some()];
+        if self.is_local() {
+            if *w != WorkersSpec::default() {
+                problems.push(
+                    format!("{p}.workers"),
+                    "the local pool is the service's own machine: it takes no workers (name the \
+                     pool otherwise)"
+                        .into(),
+                );
+            }
+            return;
+        }
         if given.iter().filter(|&&g| g).count() != 1 {
             problems.push(
                 format!("{p}.workers"),
@@ -262,6 +309,9 @@ pub(super) fn check_pools(spec: &JobSpec, problems: &mut Problems) {
         for (i, t) in tasks.iter().enumerate() {
             let Some(name) = &t.env_pool else { continue };
             let p = format!("{prefix}[{i}].env_pool");
+            if name == LOCAL_POOL {
+                continue;
+            }
             if !names.contains(name.as_str()) {
                 problems.push(p, format!("no env pool is named {name:?}"));
             } else if !remote_capable(&t.env) {

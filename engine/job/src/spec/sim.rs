@@ -271,7 +271,7 @@ impl JobSpec {
                 .values()
                 .all(|f| matches!(f, FunctionSpec::Sim { .. }))
             // An external environment is a real process: it takes real time.
-            && !self.tasks.iter().any(|t| t.env.is_process() || t.env_pool.is_some())
+            && !self.tasks.iter().any(|t| t.env.is_process() || t.remote_pool().is_some())
     }
 
     /// The clock the job runs on.

@@ -38,7 +38,7 @@ pub struct TaskSpec {
     #[serde(default)]
     pub envs: Option<usize>,
     /// The env pool (`env_pools[].name`) whose workers host this task's environments;
-    /// default: the service's own machine.
+    /// default: the service's own machine (the pool named `local`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env_pool: Option<String>,
     /// Constrained decoding (built-in model): the policy samples only the environment's
@@ -219,6 +219,12 @@ pub struct InjectLatency {
 }
 
 impl TaskSpec {
+    /// The env pool of workers hosting this task's environments: `None` when they run on
+    /// the service's own machine (no pool named, or the `local` one).
+    pub fn remote_pool(&self) -> Option<&str> {
+        self.env_pool.as_deref().filter(|p| *p != super::LOCAL_POOL)
+    }
+
     /// Token ids the policy is constrained to, when `constrain_actions` is on.
     pub fn allowed_tokens(&self) -> Option<Vec<u32>> {
         if !self.constrain_actions {

@@ -963,6 +963,11 @@ workers = { kubernetes = { namespace = "Bad_NS", label_selector = " ", port = 0,
 [[env_pools]]
 name = "d"
 workers = { dns = "nohost", refresh_s = 0 }
+max_concurrent_starts = 0
+warm = 5000
+[[env_pools]]
+name = "local"
+workers = { urls = ["http://a:7000"] }
 "#
     );
     let errs = parse(&body, Format::Toml).unwrap_err();
@@ -975,6 +980,9 @@ workers = { dns = "nohost", refresh_s = 0 }
         "env_pools[1].workers.kubernetes.api",
         "env_pools[2].workers.dns",
         "env_pools[2].workers.refresh_s",
+        "env_pools[2].max_concurrent_starts",
+        "env_pools[2].warm",
+        "env_pools[3].workers",
     ] {
         assert!(fields.contains(&f), "{f} missing from {fields:?}");
     }
@@ -993,4 +1001,17 @@ workers = { dns = "nohost", refresh_s = 0 }
     let s = parse(&ok, Format::Toml).unwrap();
     let k = s.env_pools[0].workers.kubernetes.as_ref().unwrap();
     assert_eq!(k.api, DEFAULT_KUBE_API);
+    // The local pool takes no workers, only start control; a task may name it.
+    let local = format!(
+        "{}\n{}",
+        minimal().replace("[[tasks]]", "[[tasks]]\nenv_pool = \"local\""),
+        "[[env_pools]]\nname = \"local\"\nwarm = 4\nmax_concurrent_starts = 8\n"
+    );
+    let s = parse(&local, Format::Toml).unwrap();
+    assert!(s.env_pools[0].is_local());
+    assert_eq!(
+        (s.env_pools[0].warm, s.env_pools[0].max_concurrent_starts),
+        (4, Some(8))
+    );
+    assert_eq!(s.tasks[0].env_pool.as_deref(), Some(LOCAL_POOL));
 }

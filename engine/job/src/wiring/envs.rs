@@ -11,7 +11,7 @@ use actors::env::builtin::frozenlake::{FrozenLake, FrozenLakeConfig};
 use actors::env::builtin::sokoban::{Sokoban, SokobanConfig};
 use actors::env::builtin::tictactoe::{TicTacToe, TicTacToeConfig};
 use actors::env::delayed::Delayed;
-use actors::env::external::{ExternalConfig, ExternalEnv};
+use actors::env::external::{ExternalConfig, ExternalEnv, ExternalStarts};
 use actors::env::mux::{MuxConfig, MuxGroup};
 use actors::env::sim::{SimEnv, SimEnvConfig};
 use actors::env::{DynEnvironment, EnvFactory};
@@ -24,10 +24,25 @@ pub use infra::sandbox::{
     sandboxed_shared,
 };
 
-/// Limits every environment call of a job obeys.
-#[derive(Clone, Copy, Debug)]
+/// Limits every environment call of a job obeys, and how its programs start.
+#[derive(Clone, Debug)]
 pub struct EnvLimits {
     pub call_timeout: Duration,
+    /// Caps every program start passes (`max_concurrent_starts`).
+    pub starts: actors::env::starts::StartCaps,
+    /// Programs each task keeps started ahead (protocols 1 and 2).
+    pub warm: usize,
+}
+
+impl EnvLimits {
+    /// Calls bounded by `call_timeout`; no start control.
+    pub fn calls(call_timeout: Duration) -> Self {
+        Self {
+            call_timeout,
+            starts: Default::default(),
+            warm: 0,
+        }
+    }
 }
 
 /// A factory of environments for one task; `seed_base` makes simulated ones differ per index.
@@ -48,20 +63,28 @@ pub fn factory(
 }
 
 /// A factory of environments hosted by `pool`'s env workers for the task `key` (unique to
-/// this run of the task), with injected latency as [`factory`].
+/// this run of the task), with injected latency as [`factory`]; the pool's
+/// `max_concurrent_starts` and `warm` go to each worker with the task.
 pub fn remote_factory(
     pool: Arc<actors::env::remote::WorkerPool>,
     key: String,
     spec: &EnvSpec,
     (seed_base, slots): (u64, usize),
-    limits: &EnvLimits,
+    (limits, (max_concurrent_starts, warm)): (&EnvLimits, (Option<u32>, u32)),
     inject: Option<&InjectLatency>,
 ) -> EnvFactory {
-    let registration = serde_json::json!({
+    let mut registration = serde_json::json!({
         "env": spec,
         "call_timeout_s": limits.call_timeout.as_secs_f64(),
         "slots": slots,
     });
+    // The pool's start control, applied by each worker to this task.
+    if let Some(n) = max_concurrent_starts {
+        registration["max_concurrent_starts"] = n.into();
+    }
+    if warm > 0 {
+        registration["warm"] = warm.into();
+    }
     let task = actors::env::remote::RemoteTask::new(pool, key, registration, limits.call_timeout);
     let inner: EnvFactory = Arc::new(move |i| Box::new(task.env(i)));
     with_latency(inner, seed_base, inject)
@@ -189,13 +212,16 @@ fn external(
                 slots.div_ceil(processes),
             ),
         };
-        let group = MuxGroup::new(MuxConfig {
-            command,
-            call_timeout: limits.call_timeout,
-            max_message_bytes,
-            workdir: None,
-            processes,
-        });
+        let group = MuxGroup::with_caps(
+            MuxConfig {
+                command,
+                call_timeout: limits.call_timeout,
+                max_message_bytes,
+                workdir: None,
+                processes,
+            },
+            limits.starts.clone(),
+        );
         return Arc::new(move |i| Box::new(group.env(i)));
     }
     let command = match program.sandbox {
@@ -209,7 +235,11 @@ fn external(
         workdir: None,
         protocol,
     };
-    Arc::new(move |_| Box::new(ExternalEnv::new(cfg.clone())))
+    if limits.warm == 0 && !limits.starts.is_capped() {
+        return Arc::new(move |_| Box::new(ExternalEnv::new(cfg.clone())));
+    }
+    let starts = ExternalStarts::new(cfg, limits.starts.clone(), limits.warm);
+    Arc::new(move |_| Box::new(ExternalEnv::with_starts(Arc::clone(&starts))))
 }
 
 /// A built-in game from its spec (`None` for simulated and external environments).

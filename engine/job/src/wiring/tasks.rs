@@ -53,8 +53,16 @@ pub(super) fn plan(
     knobs: &Knobs,
     inputs: &[TaskInputs],
 ) -> Result<Vec<TaskPlan>, super::WiringError> {
+    // The local pool's start control, shared by every local task.
+    let local = spec.env_pools.iter().find(|p| p.is_local());
     let limits = EnvLimits {
         call_timeout: Duration::from_secs_f64(knobs.env_call_timeout_s),
+        starts: actors::env::starts::StartCaps::new(
+            local
+                .and_then(|p| p.max_concurrent_starts)
+                .map(|n| n as usize),
+        ),
+        warm: local.map_or(0, |p| p.warm as usize),
     };
     let remote = remote_pools(spec)?;
     // Task keys on env workers: unique to this run of these tasks.
@@ -98,7 +106,7 @@ pub(super) fn plan(
                 input,
                 spec.seed ^ ((ti as u64) << 32),
                 &limits,
-                (&remote, &run_key),
+                (&remote, &run_key, &spec.env_pools),
             )?;
             Ok(TaskPlan {
                 view,
@@ -205,6 +213,7 @@ fn remote_pools(
 > {
     spec.env_pools
         .iter()
+        .filter(|p| !p.is_local())
         .map(|p| {
             let token = std::env::var(&p.token_env).ok().filter(|t| !t.is_empty());
             let w = &p.workers;
@@ -249,18 +258,23 @@ fn task_env(
     input: &TaskInputs,
     seed_base: u64,
     limits: &EnvLimits,
-    (remote, run_key): (
+    (remote, run_key, pools): (
         &std::collections::BTreeMap<String, Arc<actors::env::remote::WorkerPool>>,
         &str,
+        &[crate::spec::EnvPoolSpec],
     ),
 ) -> Result<EnvFactory, super::WiringError> {
-    Ok(match t.env_pool.as_ref().and_then(|n| remote.get(n)) {
+    let pool_starts = t
+        .remote_pool()
+        .and_then(|n| pools.iter().find(|p| &p.name == n))
+        .map_or((None, 0), |p| (p.max_concurrent_starts, p.warm));
+    Ok(match t.remote_pool().and_then(|n| remote.get(n)) {
         Some(pool) => remote_factory(
             Arc::clone(pool),
             format!("{run_key}-{ti}"),
             &t.env,
             (seed_base, envs),
-            limits,
+            (limits, pool_starts),
             t.inject_latency.as_ref(),
         ),
         None => factory(
@@ -278,7 +292,7 @@ fn task_env(
 /// Whether the task's environment runs in this machine's sandbox (checked before the job
 /// starts); a worker checks its own.
 fn sandboxed(t: &TaskSpec) -> bool {
-    if t.env_pool.is_some() {
+    if t.remote_pool().is_some() {
         return false;
     }
     matches!(

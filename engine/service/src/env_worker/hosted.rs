@@ -25,6 +25,10 @@ pub struct Worker {
     open: AtomicUsize,
     calls: AtomicU64,
     tasks: Mutex<HashMap<String, Arc<HostedTask>>>,
+    /// The worker's own cap on programs starting at once, over all its tasks.
+    caps: actors::env::starts::StartCaps,
+    /// Its resets' starts, warm and cold.
+    starts: actors::env::starts::StartLog,
 }
 
 /// A task registered on the worker: its environments' factory and open episodes.
@@ -87,6 +91,12 @@ pub struct Registration {
     pub slots: Option<usize>,
     #[serde(default)]
     pub episode_idle_s: Option<f64>,
+    /// The task's programs starting at once on this worker (default: the worker's cap only).
+    #[serde(default)]
+    pub max_concurrent_starts: Option<usize>,
+    /// Programs kept started ahead for the task (default: the worker's `--warm`).
+    #[serde(default)]
+    pub warm: Option<usize>,
 }
 
 pub(super) fn error(status: StatusCode, code: &str, msg: impl Into<String>) -> Response {
@@ -140,6 +150,23 @@ fn check_registration(key: &str, reg: &Registration) -> Result<Duration, Refusal
             ),
         );
     }
+    if reg.max_concurrent_starts == Some(0) {
+        return bad(
+            "bad_starts",
+            "max_concurrent_starts must be at least 1 (leave it out for no cap)".into(),
+        );
+    }
+    if let Some(w) = reg.warm
+        && w > job::spec::MAX_WARM as usize
+    {
+        return bad(
+            "bad_warm",
+            format!(
+                "warm: at most {} programs per task, got {w}",
+                job::spec::MAX_WARM
+            ),
+        );
+    }
     Ok(Duration::from_secs_f64(idle_s))
 }
 
@@ -147,11 +174,13 @@ impl Worker {
     pub fn new(cfg: WorkerConfig) -> Arc<Self> {
         Arc::new(Self {
             token_digest: cfg.token.as_deref().map(crate::access::hash_token),
-            cfg,
             draining: AtomicBool::new(false),
             open: AtomicUsize::new(0),
             calls: AtomicU64::new(0),
             tasks: Mutex::new(HashMap::new()),
+            caps: actors::env::starts::StartCaps::new(cfg.max_concurrent_starts),
+            starts: Default::default(),
+            cfg,
         })
     }
 
@@ -284,13 +313,18 @@ impl Worker {
                 ),
             ));
         }
-        let limits = job::wiring::envs::EnvLimits {
-            call_timeout: Duration::from_secs_f64(reg.call_timeout_s),
-        };
         let slots = reg
             .slots
             .unwrap_or(self.cfg.slots)
             .clamp(1, self.cfg.slots.max(1));
+        let limits = job::wiring::envs::EnvLimits {
+            call_timeout: Duration::from_secs_f64(reg.call_timeout_s),
+            starts: self.caps.and(&actors::env::starts::StartCaps::new(
+                reg.max_concurrent_starts,
+            )),
+            // Never more started ahead than the worker has slots.
+            warm: reg.warm.unwrap_or(self.cfg.warm).min(self.cfg.slots),
+        };
         job::wiring::envs::factory(&reg.env, program.as_ref(), 0, &limits, None, slots).ok_or((
             StatusCode::BAD_REQUEST,
             "bad_env",
@@ -389,7 +423,9 @@ impl Worker {
                 e
             }
         };
-        *lock(&ep.last_call) = Instant::now();
+        let reset = matches!(req, Request::Reset { .. });
+        let began = Instant::now();
+        *lock(&ep.last_call) = began;
         let mut env = ep.env.lock().await;
         let Some(env) = env.as_mut() else {
             // Closed (by a concurrent close or the reaper) while this call waited.
@@ -404,7 +440,16 @@ impl Worker {
             ep.failed.store(true, Ordering::Relaxed);
         }
         *lock(&ep.last_call) = Instant::now();
-        Json(resp).into_response()
+        let start = (reset && resp.ok).then(|| env.last_start_dyn()).flatten();
+        let mut reply = Json(resp).into_response();
+        if let Some(s) = start {
+            self.starts.record(s, began.elapsed());
+            reply.headers_mut().insert(
+                actors::env::remote::START_HEADER,
+                axum::http::HeaderValue::from_static(s.as_str()),
+            );
+        }
+        reply
     }
 
     /// Closes episodes idle past their task's limit, and tasks without episodes or calls
@@ -449,6 +494,7 @@ impl Worker {
             "draining": self.draining.load(Ordering::Relaxed),
             "tasks": lock(&self.tasks).len(),
             "calls": self.calls.load(Ordering::Relaxed),
+            "starts": self.starts.peek_step(),
         })
     }
 

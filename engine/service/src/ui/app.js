@@ -634,6 +634,8 @@ class JobPage {
     );
     const pools = new Set();
     for (const m of this.steps.values()) Object.keys(m.pools || {}).forEach((p) => pools.add(p));
+    // A step's sandbox starts (none: no point, so environments without sandboxes draw nothing).
+    const st = (k) => (m) => (m.env_starts && m.env_starts.starts ? m.env_starts[k] : undefined);
     $('#system-grid').replaceChildren(
       lineChart('Throughput (trajectories/s)', this.smoothed([['trajectories/s', (m) => m.trajectories_per_s]]), { ymin: 0, integerX: true }),
       lineChart('Bubble ratio and pool utilisation', [
@@ -644,6 +646,13 @@ class JobPage {
         { name: 'mean', points: this.series((m) => m.staleness_mean), color: COLORS[0] },
         { name: 'max', points: this.series((m) => m.staleness_max), color: COLORS[1] },
       ], { ymin: 0, integerX: true }),
+      lineChart('Sandbox start latency (s)', [
+        { name: 'p50', points: this.series(st('p50_s')), color: COLORS[0] },
+        { name: 'p99', points: this.series(st('p99_s')), color: COLORS[1] },
+      ], { ymin: 0, integerX: true, empty: 'no sandboxed environment' }),
+      lineChart('Sandbox warm hit rate', [
+        { name: 'warm hits', points: this.series(st('warm_hit_rate')), color: COLORS[2] },
+      ], { ymin: 0, ymax: 1, integerX: true, empty: 'no sandboxed environment' }),
       lineChart('Step time (s)', [
         { name: 'step', points: this.series((m) => m.step_s), color: COLORS[0] },
         { name: 'training', points: this.series((m) => m.train_s), color: COLORS[2] },
