@@ -7,9 +7,14 @@
 //!   workers) over its steps, and its wall time over its steps;
 //! - the memory per open episode on a worker (its RSS with every episode open, less its RSS
 //!   before the first);
-//! - resets per second (an episode's start: a slot reserved, the episode opened on a worker).
+//! - resets per second (an episode's start: a slot reserved, the episode opened on a worker);
+//! - sandbox starts per second without and with a warm pool: [`STARTS`] episodes each opened
+//!   on a new sandboxed program (`rollarc env-serve` under bubblewrap, protocol 1), at most
+//!   [`START_CAP`] booting at once, first each started for its reset, then taken from a warm
+//!   pool filled beforehand (its fill time is the cold start rate in the background), after
+//!   one unmeasured burst.
 //!
-//! Every episode goes through an environment actor, as in a job.
+//! Every episode of the first three goes through an environment actor, as in a job.
 
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
@@ -24,6 +29,10 @@ use ractor::{Actor, ActorRef, RactorErr, SpawnErr};
 use job::wiring::envs::builtin;
 
 const FROZENLAKE: &str = r#"{"kind":"frozenlake","size":4}"#;
+/// Episodes of the sandbox-start measure, each on a program of its own.
+const STARTS: usize = 32;
+/// Programs booting at once in that measure (`max_concurrent_starts`).
+const START_CAP: usize = 4;
 
 /// Why the env-workers benchmark stopped.
 #[derive(Debug, thiserror::Error)]
@@ -285,6 +294,97 @@ pub fn bench_env_workers(
             idle as f64 / 1e6,
             open as f64 / 1e6
         );
-        Ok(())
+        sandbox_starts(&exe).await
     })
+}
+
+/// Starts per second of [`STARTS`] sandboxed programs, without and with a warm pool.
+async fn sandbox_starts(exe: &str) -> Result<(), EnvWorkersBenchError> {
+    use actors::env::Environment;
+    use actors::env::external::{ExternalConfig, ExternalEnv, ExternalStarts};
+    use actors::env::starts::{Start, StartCaps, StartLog};
+    let program = vec![exe.to_string(), "env-serve".into(), FROZENLAKE.into()];
+    let (command, how) = match job::wiring::envs::check_sandbox() {
+        Ok(()) => (
+            job::wiring::envs::sandboxed(&program, &[exe.to_string()]),
+            "bubblewrap",
+        ),
+        Err(_) => (program, "none (bubblewrap does not work here)"),
+    };
+    let cfg = ExternalConfig {
+        command,
+        call_timeout: Duration::from_secs(60),
+        max_message_bytes: 1 << 20,
+        workdir: None,
+        protocol: 1,
+    };
+    // One burst of resets, each on its own environment in a task of its own (as each
+    // environment actor is); (seconds, stats).
+    let burst = |starts: Arc<ExternalStarts>| async move {
+        let log = Arc::new(StartLog::default());
+        let began = wall_now();
+        let tasks: Vec<_> = (0..STARTS)
+            .map(|i| {
+                let (starts, log) = (Arc::clone(&starts), Arc::clone(&log));
+                tokio::spawn(async move {
+                    let mut e = ExternalEnv::with_starts(starts);
+                    let t = wall_now();
+                    e.reset(i as u64).await?;
+                    log.record(e.last_start().unwrap_or(Start::Cold), t.elapsed());
+                    Ok::<_, EnvError>(e)
+                })
+            })
+            .collect();
+        let mut envs = Vec::new();
+        for t in tasks {
+            envs.push(
+                t.await
+                    .map_err(|e| EnvWorkersBenchError::Worker(e.to_string()))??,
+            );
+        }
+        let secs = began.elapsed().as_secs_f64();
+        for e in &mut envs {
+            e.close().await;
+        }
+        Ok::<_, EnvWorkersBenchError>((secs, log.take_step()))
+    };
+    let caps = || StartCaps::new(Some(START_CAP));
+    // One burst unmeasured first: the first starts read the program and the sandbox's tools
+    // from disk (three times slower here).
+    burst(ExternalStarts::new(cfg.clone(), caps(), 0)).await?;
+    let (cold_s, cold) = burst(ExternalStarts::new(cfg.clone(), caps(), 0)).await?;
+    let filled = wall_now();
+    let pool = ExternalStarts::new(cfg, caps(), STARTS);
+    while pool.ready() < STARTS {
+        if pool.failed_warmups() > 0 {
+            return Err(EnvWorkersBenchError::Worker(
+                "a warm program failed to start".into(),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let fill_s = filled.elapsed().as_secs_f64();
+    let (warm_s, warm) = burst(Arc::clone(&pool)).await?;
+    println!(
+        "  sandbox starts ({STARTS} episodes, each on a new `rollarc env-serve` program, sandbox: \
+         {how}; at most {START_CAP} booting at once):"
+    );
+    for (name, secs, st) in [
+        ("no warm pool", cold_s, &cold),
+        ("warm pool", warm_s, &warm),
+    ] {
+        println!(
+            "  {name:28} {:>9.1} starts/s  p50 {:>7.1} ms  p99 {:>7.1} ms  warm hits {:.0} %",
+            STARTS as f64 / secs,
+            st.p50_s * 1e3,
+            st.p99_s * 1e3,
+            st.warm_hit_rate * 100.0
+        );
+    }
+    println!(
+        "  {:28} {:>9.1} starts/s  (the warm pool filling in the background)",
+        "",
+        STARTS as f64 / fill_s
+    );
+    Ok(())
 }
