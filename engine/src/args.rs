@@ -205,35 +205,7 @@ pub(crate) enum Cmd {
     /// Host environment sandboxes for services on other machines: a job's `[[env_pools]]`
     /// names this worker's URL, registers its tasks here and runs their episodes over HTTP/2
     /// (see docs/environments.md). Drains on SIGTERM.
-    EnvWorker {
-        /// Address to listen on.
-        #[arg(long, default_value = "127.0.0.1:7000")]
-        listen: String,
-        /// Episodes open at once over all tasks.
-        #[arg(long, default_value_t = 64)]
-        slots: usize,
-        /// A file holding the shared bearer token (else `ROLLARC_ENV_WORKER_TOKEN`).
-        #[arg(long)]
-        token_file: Option<PathBuf>,
-        /// Serve a non-loopback address without a token (anyone who reaches it can run
-        /// programs).
-        #[arg(long)]
-        allow_no_token: bool,
-        /// How long running episodes may go on after SIGTERM before they are stopped.
-        #[arg(long, default_value_t = 300.0)]
-        drain_timeout_s: f64,
-        /// Where the bridges' scripts are written (default: the temporary directory).
-        #[arg(long)]
-        scratch_dir: Option<PathBuf>,
-        /// Environment programs starting at once over all tasks, from spawn to first answer
-        /// (default: no cap).
-        #[arg(long)]
-        max_concurrent_starts: Option<usize>,
-        /// Programs each task keeps started ahead, unless its job's pool says (protocols 1
-        /// and 2).
-        #[arg(long, default_value_t = 0)]
-        warm: usize,
-    },
+    EnvWorker(EnvWorkerArgs),
     /// List GPUs with the profile the mapper would use.
     Devices,
     /// Benchmarks: scheduler overhead (zero-latency simulated backends) and the built-in model.
@@ -247,4 +219,36 @@ pub(crate) enum Cmd {
         #[arg(long, default_value_t = 12)]
         preset_steps: u64,
     },
+}
+
+/// `rollarc env-worker`'s options.
+#[derive(clap::Args)]
+pub(crate) struct EnvWorkerArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:7000")]
+    pub(crate) listen: String,
+    /// Episodes open at once over all tasks.
+    #[arg(long, default_value_t = 64)]
+    pub(crate) slots: usize,
+    /// A file holding the shared bearer token (else `ROLLARC_ENV_WORKER_TOKEN`).
+    #[arg(long)]
+    pub(crate) token_file: Option<PathBuf>,
+    /// Serve a non-loopback address without a token (anyone who reaches it can run
+    /// programs).
+    #[arg(long)]
+    pub(crate) allow_no_token: bool,
+    /// How long running episodes may go on after SIGTERM before they are stopped.
+    #[arg(long, default_value_t = 300.0)]
+    pub(crate) drain_timeout_s: f64,
+    /// Where the bridges' scripts are written (default: the temporary directory).
+    #[arg(long)]
+    pub(crate) scratch_dir: Option<PathBuf>,
+    /// Environment programs starting at once over all tasks, from spawn to first answer
+    /// (default: no cap).
+    #[arg(long)]
+    pub(crate) max_concurrent_starts: Option<usize>,
+    /// Programs each task keeps started ahead, unless its job's pool says (protocols 1
+    /// and 2).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) warm: usize,
 }

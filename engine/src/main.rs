@@ -39,7 +39,7 @@ fn log_levels(cli: &Cli) -> infra::telemetry::LogLevels {
     use infra::telemetry::{DEBUG_LOG, DEFAULT_LOG, LogLevels, QUIET_LOG};
     let service = matches!(
         cli.cmd,
-        Cmd::Serve { .. } | Cmd::EnvServe { .. } | Cmd::EnvWorker { .. }
+        Cmd::Serve { .. } | Cmd::EnvServe { .. } | Cmd::EnvWorker(_)
     );
     let stderr = match (cli.verbose, service) {
         (0, false) => QUIET_LOG,
@@ -175,23 +175,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             spec_out,
         } => simulate::plan(&scenario, budget, search.as_deref(), json_out, spec_out),
         Cmd::EnvServe { spec } => serve::env_serve(&spec),
-        Cmd::EnvWorker {
-            listen,
-            slots,
-            token_file,
-            allow_no_token,
-            drain_timeout_s,
-            scratch_dir,
-            max_concurrent_starts,
-            warm,
-        } => serve::env_worker(
-            &listen,
-            (slots, max_concurrent_starts, warm),
-            token_file,
-            allow_no_token,
-            drain_timeout_s,
-            scratch_dir,
-        ),
+        Cmd::EnvWorker(a) => serve::env_worker(&a),
         Cmd::Devices => {
             crate::cli::print_devices();
             Ok(ExitCode::SUCCESS)

@@ -125,14 +125,9 @@ pub(crate) fn env_serve(spec: &str) -> anyhow::Result<ExitCode> {
 }
 
 /// `rollarc env-worker`: environment sandboxes served to services on other machines.
-pub(crate) fn env_worker(
-    listen: &str,
-    (slots, max_concurrent_starts, warm): (usize, Option<usize>, usize),
-    token_file: Option<PathBuf>,
-    allow_no_token: bool,
-    drain_timeout_s: f64,
-    scratch_dir: Option<PathBuf>,
-) -> anyhow::Result<ExitCode> {
+pub(crate) fn env_worker(a: &crate::args::EnvWorkerArgs) -> anyhow::Result<ExitCode> {
+    let (listen, slots, warm) = (a.listen.as_str(), a.slots, a.warm);
+    let (max_concurrent_starts, drain_timeout_s) = (a.max_concurrent_starts, a.drain_timeout_s);
     if !(1..=100_000).contains(&slots) {
         bail!("--slots must be in 1..=100000, got {slots}");
     }
@@ -148,16 +143,16 @@ pub(crate) fn env_worker(
             job::spec::MAX_SECONDS
         );
     }
-    let token = match token_file {
+    let token = match &a.token_file {
         Some(p) => Some(
-            read_token(&p)
+            read_token(p)
                 .with_context(|| format!("cannot read the token file {}", p.display()))?,
         ),
         None => std::env::var("ROLLARC_ENV_WORKER_TOKEN").ok(),
     }
     .map(|t| t.trim().to_string())
     .filter(|t| !t.is_empty());
-    let scratch = scratch_dir.unwrap_or_else(std::env::temp_dir);
+    let scratch = a.scratch_dir.clone().unwrap_or_else(std::env::temp_dir);
     let rt = runtime()?;
     rt.block_on(service::env_worker::run(
         listen,
@@ -169,7 +164,7 @@ pub(crate) fn env_worker(
             max_concurrent_starts,
             warm,
         },
-        allow_no_token,
+        a.allow_no_token,
         |addr| {
             use std::io::Write;
             let mut out = std::io::stdout().lock();

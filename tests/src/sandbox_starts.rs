@@ -79,7 +79,7 @@ async fn a_start_cap_boots_one_program_at_a_time() {
     let mut envs: Vec<ExternalEnv> = (0..4)
         .map(|_| ExternalEnv::with_starts(Arc::clone(&starts)))
         .collect();
-    let began = std::time::Instant::now();
+    let began = tokio::time::Instant::now();
     let obs = futures::future::join_all(
         envs.iter_mut()
             .enumerate()

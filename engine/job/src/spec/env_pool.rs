@@ -113,7 +113,8 @@ impl EnvPoolSpec {
         self.name == LOCAL_POOL
     }
 
-    pub(super) fn check(&self, p: &str, problems: &mut Problems) {
+    /// Checks the start control: a cap of at least 1, a bounded warm pool.
+    fn check_starts(&self, p: &str, problems: &mut Problems) {
         if self.max_concurrent_starts == Some(0) {
             problems.push(
                 format!("{p}.max_concurrent_starts"),
@@ -126,6 +127,10 @@ impl EnvPoolSpec {
                 format!("at most {MAX_WARM} programs per task, got {}", self.warm),
             );
         }
+    }
+
+    pub(super) fn check(&self, p: &str, problems: &mut Problems) {
+        self.check_starts(p, problems);
         let w = &self.workers;
         let given = [!w.urls.is_empty(), w.dns.is_some(), w.kubernetes.is_some()];
         if self.is_local() {

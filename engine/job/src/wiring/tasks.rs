@@ -266,7 +266,7 @@ fn task_env(
 ) -> Result<EnvFactory, super::WiringError> {
     let pool_starts = t
         .remote_pool()
-        .and_then(|n| pools.iter().find(|p| &p.name == n))
+        .and_then(|n| pools.iter().find(|p| p.name == n))
         .map_or((None, 0), |p| (p.max_concurrent_starts, p.warm));
     Ok(match t.remote_pool().and_then(|n| remote.get(n)) {
         Some(pool) => remote_factory(

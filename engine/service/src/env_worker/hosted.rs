@@ -393,35 +393,10 @@ impl Worker {
                     format!("episode {id} is not open here"),
                 );
             }
-            (Request::Reset { .. }, None) => {
-                if self.draining.load(Ordering::Relaxed) {
-                    return error(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "draining",
-                        "the worker is draining",
-                    );
-                }
-                // Take a slot, or refuse.
-                let took = self
-                    .open
-                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                        (n < self.cfg.slots).then_some(n + 1)
-                    });
-                if took.is_err() {
-                    return error(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "full",
-                        format!("all {} slots are open", self.cfg.slots),
-                    );
-                }
-                let e = Arc::new(Episode {
-                    env: tokio::sync::Mutex::new(Some(task.env())),
-                    last_call: Mutex::new(Instant::now()),
-                    failed: AtomicBool::new(false),
-                });
-                lock(&task.episodes).insert(id.clone(), Arc::clone(&e));
-                e
-            }
+            (Request::Reset { .. }, None) => match self.open_episode(&task, &id) {
+                Ok(e) => e,
+                Err((status, code, msg)) => return error(status, code, msg),
+            },
         };
         let reset = matches!(req, Request::Reset { .. });
         let began = Instant::now();
@@ -450,6 +425,37 @@ impl Worker {
             );
         }
         reply
+    }
+
+    /// Opens episode `id` of `task` on a free slot, or refuses (draining, full).
+    fn open_episode(&self, task: &HostedTask, id: &str) -> Result<Arc<Episode>, Refusal> {
+        if self.draining.load(Ordering::Relaxed) {
+            return Err((
+                StatusCode::SERVICE_UNAVAILABLE,
+                "draining",
+                "the worker is draining".into(),
+            ));
+        }
+        // Take a slot, or refuse.
+        let took = self
+            .open
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < self.cfg.slots).then_some(n + 1)
+            });
+        if took.is_err() {
+            return Err((
+                StatusCode::SERVICE_UNAVAILABLE,
+                "full",
+                format!("all {} slots are open", self.cfg.slots),
+            ));
+        }
+        let e = Arc::new(Episode {
+            env: tokio::sync::Mutex::new(Some(task.env())),
+            last_call: Mutex::new(Instant::now()),
+            failed: AtomicBool::new(false),
+        });
+        lock(&task.episodes).insert(id.to_string(), Arc::clone(&e));
+        Ok(e)
     }
 
     /// Closes episodes idle past their task's limit, and tasks without episodes or calls
