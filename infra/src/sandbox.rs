@@ -270,16 +270,63 @@ fn setpriv_args() -> Vec<String> {
     .to_vec()
 }
 
-/// A new directory under the system's temporary directory, named `PREFIX-<random>`, that
-/// sandboxes (other uids) may read and traverse but only this process writes to: where a
-/// sandboxed program's input files and the gateway's socket go. The caller removes it.
+/// A new directory under the system's temporary directory, named `PREFIX-<pid>-<random>`,
+/// that sandboxes (other uids) may read and traverse but only this process writes to: where a
+/// sandboxed program's input files and the gateway's socket go. The caller removes it. The
+/// first call for a prefix in a process also removes the `PREFIX-<pid>-…` directories of
+/// processes that no longer run (a service killed with SIGKILL cannot remove its own).
 pub fn shared_dir(prefix: &str) -> std::io::Result<std::path::PathBuf> {
     use std::os::unix::fs::PermissionsExt;
+    static SWEPT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let tmp = std::env::temp_dir();
+    {
+        let mut swept = SWEPT.lock().unwrap_or_else(|p| p.into_inner());
+        if !swept.iter().any(|p| p == prefix) {
+            swept.push(prefix.to_string());
+            sweep_orphans(&tmp, prefix);
+        }
+    }
     let tag = crate::secret::new_token("").map_err(|e| std::io::Error::other(e.to_string()))?;
-    let dir = std::env::temp_dir().join(format!("{prefix}-{}", &tag[..16]));
+    let dir = tmp.join(format!("{prefix}-{}-{}", std::process::id(), &tag[..16]));
     std::fs::create_dir(&dir)?;
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
     Ok(dir)
+}
+
+/// Removes `tmp/PREFIX-<pid>-<tag>` directories owned by this user whose process is gone
+/// (no `/proc/<pid>`). A recycled pid keeps its directory: only certain orphans go.
+fn sweep_orphans(tmp: &std::path::Path, prefix: &str) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return;
+    };
+    // Our own uid: the owner of our /proc entry.
+    let Ok(me) = std::fs::metadata("/proc/self").map(|m| m.uid()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(rest) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(prefix))
+            .and_then(|n| n.strip_prefix('-'))
+        else {
+            continue;
+        };
+        let Some((pid, tag)) = rest.split_once('-') else {
+            continue;
+        };
+        let ours = e
+            .path()
+            .symlink_metadata()
+            .is_ok_and(|m| m.is_dir() && m.uid() == me);
+        if !ours || tag.len() != 16 || pid.parse::<u32>().is_err() {
+            continue;
+        }
+        if !std::path::Path::new("/proc").join(pid).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 /// Why the sandbox cannot be set up here.
@@ -318,4 +365,29 @@ pub fn check_sandbox() -> Result<(), SandboxError> {
         return Err(SandboxError::Namespaces { status: out.status });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_the_directories_of_gone_processes_are_swept() {
+        let root = std::env::temp_dir().join(format!("rollarc-sweep-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        let tag = "0123456789abcdef";
+        // No process has pid 999999999 (above the kernel's pid_max).
+        let gone = root.join(format!("p-999999999-{tag}"));
+        let alive = root.join(format!("p-{}-{tag}", std::process::id()));
+        let other = root.join("p-notapid-x");
+        let file = root.join(format!("p-999999999-{tag}x"));
+        for d in [&gone, &alive, &other] {
+            std::fs::create_dir(d).unwrap();
+        }
+        std::fs::write(gone.join("row.json"), b"{}").unwrap();
+        std::fs::write(&file, b"").unwrap();
+        super::sweep_orphans(&root, "p");
+        assert!(!gone.exists(), "an orphan stayed");
+        assert!(alive.exists() && other.exists() && file.exists());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 }

@@ -41,6 +41,13 @@ pub struct ExternalEnv {
     last_start: Option<Start>,
 }
 
+/// Programs started ahead and ready, and those starting.
+#[derive(Default)]
+struct WarmPool {
+    ready: Vec<Running>,
+    filling: usize,
+}
+
 /// A task's program starts: the caps every start passes and a warm pool of `warm` programs
 /// started ahead. A warm program has been started (under the caps) and has answered one
 /// request, a reset with seed 0 and no dataset row, so it has booted; its answer is thrown
@@ -51,8 +58,7 @@ pub struct ExternalStarts {
     cfg: ExternalConfig,
     caps: StartCaps,
     warm: usize,
-    ready: std::sync::Mutex<Vec<Running>>,
-    filling: std::sync::atomic::AtomicUsize,
+    pool: std::sync::Mutex<WarmPool>,
     /// Warm-ups that failed (the program did not answer).
     failed: std::sync::atomic::AtomicU64,
 }
@@ -65,17 +71,20 @@ impl ExternalStarts {
             cfg,
             caps,
             warm,
-            ready: std::sync::Mutex::default(),
-            filling: Default::default(),
+            pool: std::sync::Mutex::default(),
             failed: Default::default(),
         });
         me.refill();
         me
     }
 
+    fn pool(&self) -> std::sync::MutexGuard<'_, WarmPool> {
+        self.pool.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Started programs ready to be taken.
     pub fn ready(&self) -> usize {
-        self.ready.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.pool().ready.len()
     }
 
     /// Warm-ups that failed so far.
@@ -84,7 +93,7 @@ impl ExternalStarts {
     }
 
     fn take(&self) -> Option<Running> {
-        self.ready.lock().unwrap_or_else(|p| p.into_inner()).pop()
+        self.pool().ready.pop()
     }
 
     /// Starts programs in the background until `warm` are ready or starting.
@@ -94,12 +103,14 @@ impl ExternalStarts {
             return;
         };
         loop {
-            let ready = self.ready();
-            let claimed = self.filling.fetch_update(Relaxed, Relaxed, |f| {
-                (ready + f < self.warm).then_some(f + 1)
-            });
-            if claimed.is_err() {
-                return;
+            // Counted and claimed under the pool's lock, so concurrent refills and finishing
+            // starts never overshoot `warm`.
+            {
+                let mut pool = self.pool();
+                if pool.ready.len() + pool.filling >= self.warm {
+                    return;
+                }
+                pool.filling += 1;
             }
             let me = std::sync::Arc::clone(self);
             rt.spawn(async move {
@@ -113,18 +124,19 @@ impl ExternalStarts {
                         record: None,
                     })
                     .await;
-                match (r, env.proc.take()) {
-                    (Ok(_) | Err(EnvError::Reported(_)), Some(p)) => {
-                        me.ready.lock().unwrap_or_else(|p| p.into_inner()).push(p);
-                    }
+                let started = match (r, env.proc.take()) {
+                    (Ok(_) | Err(EnvError::Reported(_)), Some(p)) => Some(p),
                     (r, _) => {
                         me.failed.fetch_add(1, Relaxed);
                         if let Err(e) = r {
                             tracing::warn!(error = %infra::error_chain(&e), "a warm environment program failed to start");
                         }
+                        None
                     }
-                }
-                me.filling.fetch_sub(1, Relaxed);
+                };
+                let mut pool = me.pool();
+                pool.filling -= 1;
+                pool.ready.extend(started);
             });
         }
     }
