@@ -319,9 +319,9 @@ impl Worker {
             .clamp(1, self.cfg.slots.max(1));
         let limits = job::wiring::envs::EnvLimits {
             call_timeout: Duration::from_secs_f64(reg.call_timeout_s),
-            starts: self.caps.and(&actors::env::starts::StartCaps::new(
-                reg.max_concurrent_starts,
-            )),
+            // The task's own cap first: a start waiting for it holds none of the worker's.
+            starts: actors::env::starts::StartCaps::new(reg.max_concurrent_starts)
+                .and(&self.caps),
             // Never more started ahead than the worker has slots.
             warm: reg.warm.unwrap_or(self.cfg.warm).min(self.cfg.slots),
         };
