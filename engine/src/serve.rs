@@ -145,8 +145,7 @@ pub(crate) fn env_worker(a: &crate::args::EnvWorkerArgs) -> anyhow::Result<ExitC
     }
     let token = match &a.token_file {
         Some(p) => Some(
-            read_token(p)
-                .with_context(|| format!("cannot read the token file {}", p.display()))?,
+            read_token(p).with_context(|| format!("cannot read the token file {}", p.display()))?,
         ),
         None => std::env::var("ROLLARC_ENV_WORKER_TOKEN").ok(),
     }

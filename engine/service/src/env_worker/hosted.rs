@@ -320,8 +320,7 @@ impl Worker {
         let limits = job::wiring::envs::EnvLimits {
             call_timeout: Duration::from_secs_f64(reg.call_timeout_s),
             // The task's own cap first: a start waiting for it holds none of the worker's.
-            starts: actors::env::starts::StartCaps::new(reg.max_concurrent_starts)
-                .and(&self.caps),
+            starts: actors::env::starts::StartCaps::new(reg.max_concurrent_starts).and(&self.caps),
             // Never more started ahead than the worker has slots.
             warm: reg.warm.unwrap_or(self.cfg.warm).min(self.cfg.slots),
         };
