@@ -134,6 +134,22 @@ async fn a_warm_pool_hands_out_booted_programs_and_refills() {
     let mut c = ExternalEnv::with_starts(cold);
     assert_eq!(c.reset(3).await.unwrap().text, "seed 3");
     assert_eq!(c.last_start(), Some(Start::Cold));
+    // A warm program that exits while it waits is not handed out: the reset starts one.
+    let once = ExternalStarts::new(
+        config(vec![
+            "sh".into(),
+            "-c".into(),
+            r#"read -r l; echo '{"v":1,"ok":true,"observation":"once"}'; sleep 0.1"#.into(),
+        ]),
+        StartCaps::default(),
+        1,
+    );
+    until("a warm program", || once.ready() == 1).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let mut d = ExternalEnv::with_starts(Arc::clone(&once));
+    assert_eq!(d.reset(4).await.unwrap().text, "once");
+    assert_eq!(d.last_start(), Some(Start::Cold));
+    drop((d, once));
     // A program that cannot start fails its warm-ups and is not kept.
     let broken = ExternalStarts::new(
         config(vec!["sh".into(), "-c".into(), "exit 3".into()]),

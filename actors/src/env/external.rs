@@ -92,8 +92,15 @@ impl ExternalStarts {
         self.failed.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// A ready program that still runs (one that exited while it waited is dropped).
     fn take(&self) -> Option<Running> {
-        self.pool().ready.pop()
+        let mut pool = self.pool();
+        while let Some(mut p) = pool.ready.pop() {
+            if matches!(p.child.try_wait(), Ok(None)) {
+                return Some(p);
+            }
+        }
+        None
     }
 
     /// Starts programs in the background until `warm` are ready or starting.
