@@ -294,7 +294,9 @@ pub fn shared_dir(prefix: &str) -> std::io::Result<std::path::PathBuf> {
 }
 
 /// Removes `tmp/PREFIX-<pid>-<tag>` directories owned by this user whose process is gone
-/// (no `/proc/<pid>`). A recycled pid keeps its directory: only certain orphans go.
+/// (no `/proc/<pid>`). A recycled pid keeps its directory: only certain orphans go. Assumes
+/// the processes writing such directories here share this pid namespace (a host's, or a
+/// container's own temporary directory, as the manifests give each container).
 fn sweep_orphans(tmp: &std::path::Path, prefix: &str) {
     use std::os::unix::fs::MetadataExt;
     let Ok(entries) = std::fs::read_dir(tmp) else {
