@@ -55,7 +55,7 @@ pub(crate) fn start_worker_on(listen: &str, slots: usize, token: Option<&str>) -
     WorkerProc { child, url }
 }
 
-fn pool(urls: &[&str], token: Option<&str>) -> Arc<WorkerPool> {
+pub(crate) fn pool(urls: &[&str], token: Option<&str>) -> Arc<WorkerPool> {
     WorkerPool::new(WorkerPoolConfig {
         name: "fleet".into(),
         membership: Membership::Urls(urls.iter().map(|u| u.to_string()).collect()),
@@ -181,7 +181,7 @@ fn wait_for(rt: &tokio::runtime::Runtime, what: &str, cond: &mut dyn FnMut() -> 
 }
 
 /// The worker's state as its API reports it.
-async fn worker_state(url: &str, token: &str) -> serde_json::Value {
+pub(crate) async fn worker_state(url: &str, token: &str) -> serde_json::Value {
     reqwest::Client::builder()
         .http2_prior_knowledge()
         .build()

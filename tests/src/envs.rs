@@ -520,16 +520,19 @@ async fn a_thousand_sandboxes_leave_no_process_behind() {
     }
 }
 
-#[test]
-fn crashing_environment_processes_are_replaced_and_their_trajectories_masked() {
-    // Answers resets; on a step, exits (crash) one time in three, else ends the episode.
-    let script = r#"while read l; do
+/// A protocol-1 bash program that answers resets and, on a step, exits (crashes) one time
+/// in three, else ends the episode with reward 1.
+pub(crate) const CRASHING_PROGRAM: &str = r#"while read l; do
 case "$l" in
   *reset*) echo '{"v":1,"ok":true,"observation":"go"}' ;;
   *step*) if [ $((RANDOM % 3)) = 0 ]; then exit 3; fi; echo '{"v":1,"ok":true,"observation":"","reward":1.0,"terminated":true,"info":{"success":true}}' ;;
   *close*) echo '{"v":1,"ok":true}'; exit 0 ;;
 esac
 done"#;
+
+#[test]
+fn crashing_environment_processes_are_replaced_and_their_trajectories_masked() {
+    let script = CRASHING_PROGRAM;
     let spec = tests::SpecBuilder::new()
         .pool("h20", "H20", 1, "")
         .raw_task(&format!("[[tasks]]\ndomain = \"flaky\"\ngroup_size = 2\nmax_turns = 2\nenvs = 4\nenv = {{ kind = \"external\", sandbox = \"none\", command = [\"bash\", \"-c\", '''{script}'''] }}\n"))

@@ -176,12 +176,7 @@ async fn a_warm_pool_hands_out_booted_programs_and_refills() {
 async fn a_worker_keeps_a_tasks_warm_programs_and_reports_its_starts() {
     let dir = tempfile::tempdir().unwrap();
     let w = crate::env_workers::start_worker_on("127.0.0.1:0", 8, Some("tok"));
-    let pool = actors::env::remote::WorkerPool::new(actors::env::remote::WorkerPoolConfig {
-        name: "fleet".into(),
-        membership: actors::env::remote::Membership::Urls(vec![w.url.clone()]),
-        token: Some("tok".into()),
-    })
-    .unwrap();
+    let pool = crate::env_workers::pool(&[&w.url], Some("tok"));
     let env = serde_json::json!({
         "kind": "external", "sandbox": "none", "protocol": 1,
         "command": booting_program(dir.path(), 0.3),
@@ -213,18 +208,7 @@ async fn a_worker_keeps_a_tasks_warm_programs_and_reports_its_starts() {
     assert_eq!(b.last_start(), Some(Start::Warm));
     // Never two booting at once on the worker (the task's cap of 1).
     assert_eq!(boots(dir.path()).1, 1);
-    let state: serde_json::Value = reqwest::Client::builder()
-        .http2_prior_knowledge()
-        .build()
-        .unwrap()
-        .get(format!("{}/v1/worker", w.url))
-        .bearer_auth("tok")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let state = crate::env_workers::worker_state(&w.url, "tok").await;
     let s = &state["starts"];
     assert_eq!(s["starts"], 3, "{state}");
     assert!(s["warm"].as_u64().unwrap() >= 2, "{state}");
@@ -238,14 +222,9 @@ async fn a_worker_keeps_a_tasks_warm_programs_and_reports_its_starts() {
 /// record counts its starts, with their quantiles, and the totals add up.
 #[test]
 fn a_jobs_step_records_count_its_sandbox_starts() {
-    // Crashes one step in three, so programs are replaced as the job goes on.
-    let script = r#"sleep 0.1; while read l; do
-case "$l" in
-  *reset*) echo '{"v":1,"ok":true,"observation":"go"}' ;;
-  *step*) if [ $((RANDOM % 3)) = 0 ]; then exit 3; fi; echo '{"v":1,"ok":true,"observation":"","reward":1.0,"terminated":true,"info":{"success":true}}' ;;
-  *close*) echo '{"v":1,"ok":true}'; exit 0 ;;
-esac
-done"#;
+    // Boots for 0.1 s and crashes one step in three, so programs are replaced as the job
+    // goes on.
+    let script = format!("sleep 0.1; {}", crate::envs::CRASHING_PROGRAM);
     let spec = tests::SpecBuilder::new()
         .pool("h20", "H20", 1, "")
         .raw_task(&format!("[[tasks]]\ndomain = \"flaky\"\ngroup_size = 2\nmax_turns = 2\nenvs = 4\nenv = {{ kind = \"external\", sandbox = \"none\", command = [\"bash\", \"-c\", '''{script}'''] }}\n"))
