@@ -15,6 +15,11 @@ Modes:
   fail        one model call, then exits with status 3 (the policy's failure).
   plain       one Chat Completions call over the standard library alone (no SDK to import:
               starts in a tenth of a second, for the chaos loop).
+  slow        `plain`, a sleep of SLOW_S seconds, then `plain` again (an episode long enough
+              to lose its env worker mid-way).
+
+With PROBE_WRONG_KEY set, `probe` also calls with a key that is not the episode's (an env
+worker's forwarder puts the episode's own in its place) and reports whether it was answered.
 """
 
 import asyncio
@@ -106,6 +111,14 @@ def probe(row):
     if env.get("PROBE_ADDR"):
         host, port = env["PROBE_ADDR"].rsplit(":", 1)
         reached["interface"] = reach_tcp(host, port)
+    if env.get("PROBE_WRONG_KEY"):
+        req = urllib.request.Request(env["OPENAI_BASE_URL"] + "/models",
+                                     headers={"Authorization": "Bearer not-the-episode-key"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                reached["wrong_key"] = r.status == 200
+        except urllib.error.HTTPError:
+            reached["wrong_key"] = False
     return {"answer": "probed", "info": reached}
 
 
@@ -151,7 +164,14 @@ def plain(row):
     return {"answer": answer}
 
 
-MODES = {"plain": plain, "anthropic": anthropic_agent, "agents_sdk": agents_sdk_agent, "probe": probe,
+def slow(row):
+    import time
+    plain(row)
+    time.sleep(float(os.environ.get("SLOW_S", "2")))
+    return plain(row)
+
+
+MODES = {"plain": plain, "slow": slow, "anthropic": anthropic_agent, "agents_sdk": agents_sdk_agent, "probe": probe,
          "crash": crash, "fail": fail}
 
 

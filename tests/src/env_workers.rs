@@ -13,7 +13,7 @@ use tests::rollarc_bin;
 
 /// A worker process; killed when dropped.
 pub(crate) struct WorkerProc {
-    child: Child,
+    pub(crate) child: Child,
     pub(crate) url: String,
 }
 
@@ -170,7 +170,7 @@ fn a_worker_without_a_token_refuses_a_public_address() {
 }
 
 /// Polls `cond` every 50 ms for at most 30 s.
-fn wait_for(rt: &tokio::runtime::Runtime, what: &str, cond: &mut dyn FnMut() -> bool) {
+pub(crate) fn wait_for(rt: &tokio::runtime::Runtime, what: &str, cond: &mut dyn FnMut() -> bool) {
     for _ in 0..600 {
         if cond() {
             return;

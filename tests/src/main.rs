@@ -25,6 +25,7 @@ mod mux;
 mod otlp;
 mod persistence;
 mod prometheus;
+mod remote_agents;
 mod reward_functions;
 mod sandbox_starts;
 mod scheduler;

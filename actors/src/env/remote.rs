@@ -19,12 +19,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::protocol::{PROTOCOL_V3, Request, Response};
+use super::protocol::{PROTOCOL_V3, Request};
 use super::{EnvError, Environment, Observation, Record, StepOutcome};
 
+mod agent;
 mod discovery;
 mod kube;
 mod pool;
+pub use agent::AgentRunReport;
 pub use discovery::{Membership, RESOLVE_TIMEOUT};
 pub use kube::KubeTarget;
 use pool::{CallError, Worker, lock};
@@ -104,6 +106,101 @@ impl RemoteTask {
         lock(&self.registered).insert(w.url.clone());
         Ok(())
     }
+    /// Registers the task on `w` if needed, then `send`s; a worker that restarted and lost
+    /// the task gets it again, once.
+    async fn on_worker<T, F, Fut>(&self, w: &Arc<Worker>, send: &F) -> Result<T, CallError>
+    where
+        F: Fn(Arc<Worker>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, CallError>>,
+    {
+        for attempt in 0..2 {
+            self.register(w).await?;
+            match send(Arc::clone(w)).await {
+                Err(CallError::UnknownTask) if attempt == 0 => {
+                    lock(&self.registered).remove(&w.url);
+                }
+                r => return r,
+            }
+        }
+        Err(CallError::UnknownTask)
+    }
+
+    /// Places an episode: `send` opens it on the least-loaded worker that takes episodes; one
+    /// that refuses (draining, full) or cannot be reached is skipped for the next. While
+    /// some worker is up (full or draining: slots will open) or a new member awaits its
+    /// first probe, it waits for a free slot, at most the call timeout; with every worker
+    /// down it fails now. The slot stays reserved on the worker that took the episode (the
+    /// caller gives it back with `closed_on`).
+    async fn placed<T, F, Fut>(&self, send: F) -> Result<(T, Arc<Worker>), Unplaced>
+    where
+        F: Fn(Arc<Worker>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, CallError>>,
+    {
+        let pool = &self.pool;
+        let deadline = tokio::time::Instant::now() + self.call_timeout;
+        loop {
+            let changed = pool.changed.notified();
+            let mut said = Vec::new();
+            while let Some(w) = pool.reserve() {
+                let placed = self.on_worker(&w, &send).await;
+                if !matches!(placed, Ok(_) | Err(CallError::Timeout)) {
+                    let mut st = lock(&w.st);
+                    st.mine = st.mine.saturating_sub(1);
+                }
+                match placed {
+                    Ok(v) => return Ok((v, w)),
+                    Err(CallError::Refused(why)) => {
+                        // Draining or full: the next probe says which; skip it until then.
+                        lock(&w.st).refused = true;
+                        said.push(format!("{}: refused ({why})", w.url));
+                    }
+                    Err(CallError::Unreachable(why)) => {
+                        pool.mark_down(&w, &why);
+                        said.push(format!("{}: unreachable ({why})", w.url));
+                    }
+                    Err(CallError::Timeout) => return Err(Unplaced::TimedOut(w)),
+                    Err(e) => return Err(Unplaced::Failed(self.lost(&w, e, self.call_timeout))),
+                }
+            }
+            let now = tokio::time::Instant::now();
+            if !pool.any_hope() || now >= deadline {
+                let mut why = pool.describe();
+                if !said.is_empty() {
+                    why = format!("{} (then: {why})", said.join("; "));
+                }
+                return Err(Unplaced::Failed(EnvError::Worker(format!(
+                    "env pool {}: no worker took the episode: {why}",
+                    pool.name
+                ))));
+            }
+            let _ = tokio::time::timeout(PROBE_EVERY.min(deadline - now), changed).await;
+        }
+    }
+
+    /// The error of a call to `w` that failed mid-episode (`timeout`: the call's limit).
+    fn lost(&self, w: &Worker, e: CallError, timeout: Duration) -> EnvError {
+        match e {
+            CallError::Timeout => EnvError::Timeout(timeout),
+            CallError::Unreachable(why) => {
+                self.pool.mark_down(w, &why);
+                EnvError::Worker(format!(
+                    "env pool {}: worker {} lost the episode: {why}",
+                    self.pool.name, w.url
+                ))
+            }
+            e => EnvError::Worker(format!(
+                "env pool {}: worker {}: {e}",
+                self.pool.name, w.url
+            )),
+        }
+    }
+}
+
+/// Why an episode was not placed.
+enum Unplaced {
+    Failed(EnvError),
+    /// `w` did not answer in time: it may hold the episode.
+    TimedOut(Arc<Worker>),
 }
 
 impl Drop for RemoteTask {
@@ -166,46 +263,6 @@ impl RemoteEnv {
             task.pool.closed_on(&w);
         });
     }
-
-    /// Registers the task on `w` if needed and sends it the reset; a worker that restarted
-    /// and lost the task gets it again, once.
-    async fn place(
-        &self,
-        w: &Worker,
-        req: &Request,
-    ) -> Result<(Response, Option<super::starts::Start>), CallError> {
-        let pool = &self.task.pool;
-        for attempt in 0..2 {
-            self.task.register(w).await?;
-            match pool
-                .call_start(w, &self.task.key, req, self.timeout())
-                .await
-            {
-                Err(CallError::UnknownTask) if attempt == 0 => {
-                    lock(&self.task.registered).remove(&w.url);
-                }
-                r => return r,
-            }
-        }
-        Err(CallError::UnknownTask)
-    }
-
-    fn lost(&self, w: &Worker, e: CallError) -> EnvError {
-        match e {
-            CallError::Timeout => EnvError::Timeout(self.timeout()),
-            CallError::Unreachable(why) => {
-                self.task.pool.mark_down(w, &why);
-                EnvError::Worker(format!(
-                    "env pool {}: worker {} lost the episode: {why}",
-                    self.task.pool.name, w.url
-                ))
-            }
-            e => EnvError::Worker(format!(
-                "env pool {}: worker {}: {e}",
-                self.task.pool.name, w.url
-            )),
-        }
-    }
 }
 
 impl Drop for RemoteEnv {
@@ -242,55 +299,27 @@ impl Environment for RemoteEnv {
             seed,
             record: record.map(|r| (*r).clone()),
         };
-        // Wait for a free slot while some worker is up (full or draining: slots will open) or
-        // a new member awaits its first probe, at most the call timeout; with every worker
-        // down, fail now.
-        let deadline = tokio::time::Instant::now() + self.task.call_timeout;
-        loop {
-            let changed = pool.changed.notified();
-            let mut said = Vec::new();
-            while let Some(w) = pool.reserve() {
-                let placed = self.place(&w, &req).await;
-                if !matches!(placed, Ok(_) | Err(CallError::Timeout)) {
-                    let mut st = lock(&w.st);
-                    st.mine = st.mine.saturating_sub(1);
-                }
-                match placed {
-                    Ok((resp, start)) => {
-                        self.current = Some((episode, Arc::clone(&w)));
-                        self.last_start = start;
-                        let r = super::external::reported(resp)?;
-                        return Ok(super::external::reset_observation(r));
-                    }
-                    Err(CallError::Refused(why)) => {
-                        // Draining or full: the next probe says which; skip it until then.
-                        lock(&w.st).refused = true;
-                        said.push(format!("{}: refused ({why})", w.url));
-                    }
-                    Err(CallError::Unreachable(why)) => {
-                        pool.mark_down(&w, &why);
-                        said.push(format!("{}: unreachable ({why})", w.url));
-                    }
-                    Err(CallError::Timeout) => {
-                        // It may have opened the episode: close it there later.
-                        self.current = Some((episode, Arc::clone(&w)));
-                        return Err(EnvError::Timeout(self.timeout()));
-                    }
-                    Err(e) => return Err(self.lost(&w, e)),
-                }
+        let timeout = self.timeout();
+        let placed = self
+            .task
+            .placed(|w| {
+                let (pool, key, req) = (&pool, &self.task.key, &req);
+                async move { pool.call_start(&w, key, req, timeout).await }
+            })
+            .await;
+        match placed {
+            Ok(((resp, start), w)) => {
+                self.current = Some((episode, w));
+                self.last_start = start;
+                let r = super::external::reported(resp)?;
+                Ok(super::external::reset_observation(r))
             }
-            let now = tokio::time::Instant::now();
-            if !pool.any_hope() || now >= deadline {
-                let mut why = pool.describe();
-                if !said.is_empty() {
-                    why = format!("{} (then: {why})", said.join("; "));
-                }
-                return Err(EnvError::Worker(format!(
-                    "env pool {}: no worker took the episode: {why}",
-                    pool.name
-                )));
+            Err(Unplaced::TimedOut(w)) => {
+                // It may have opened the episode: close it there later.
+                self.current = Some((episode, w));
+                Err(EnvError::Timeout(timeout))
             }
-            let _ = tokio::time::timeout(PROBE_EVERY.min(deadline - now), changed).await;
+            Err(Unplaced::Failed(e)) => Err(e),
         }
     }
 
@@ -314,7 +343,7 @@ impl Environment for RemoteEnv {
             .await
         {
             Ok(r) => super::external::reported(r)?,
-            Err(e) => return Err(self.lost(&w, e)),
+            Err(e) => return Err(self.task.lost(&w, e, self.timeout())),
         };
         super::external::step_outcome(&r)
     }

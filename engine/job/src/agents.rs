@@ -13,6 +13,7 @@
 
 pub mod claims;
 pub mod managed;
+pub mod remote;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,6 +56,25 @@ pub struct AgentPlan {
     pub spec: AgentEnv,
     /// Managed: the resolved program.
     pub program: Option<EnvProgram>,
+    /// Managed on an env pool: the task on its workers and where they reach the gateway.
+    pub remote: Option<RemoteAgents>,
+}
+
+/// A managed agent task whose programs run on an env pool's workers.
+#[derive(Clone)]
+pub struct RemoteAgents {
+    pub task: Arc<actors::env::remote::RemoteTask>,
+    /// The pool's `gateway_url` (default: the job's loopback gateway, for workers on this
+    /// machine).
+    pub gateway_url: Option<String>,
+}
+
+impl std::fmt::Debug for RemoteAgents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteAgents")
+            .field("gateway_url", &self.gateway_url)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A job's side of the gateway: the listeners its managed agents call (the gateway crate's,
@@ -65,21 +85,22 @@ pub struct AgentHost {
 }
 
 impl AgentHost {
-    /// The host for `plans`: a unix socket if a managed agent runs in the sandbox, a loopback
-    /// port if one runs outside it.
+    /// The host for `plans`: a unix socket if a managed agent runs in the sandbox here, a
+    /// loopback port if one runs outside it or on env workers.
     pub async fn start(
         access: Arc<AgentAccess>,
         plans: &[&AgentPlan],
     ) -> Result<Self, std::io::Error> {
         let managed = |sb: EnvSandbox| {
-            plans
-                .iter()
-                .any(|p| p.spec.mode == AgentMode::Managed && p.spec.sandbox == sb)
+            plans.iter().any(|p| {
+                p.spec.mode == AgentMode::Managed && p.remote.is_none() && p.spec.sandbox == sb
+            })
         };
+        let remote = plans.iter().any(|p| p.remote.is_some());
         let listeners = gateway::listen::Listeners::start(
             &access.gateway,
             managed(EnvSandbox::Bwrap),
-            managed(EnvSandbox::None),
+            managed(EnvSandbox::None) || remote,
         )
         .await?;
         Ok(Self { access, listeners })
@@ -147,6 +168,20 @@ pub fn runner(
     (job, task): (&str, &str),
 ) -> Result<SharedRunner, String> {
     Ok(match plan.spec.mode {
+        AgentMode::Managed if plan.remote.is_some() => {
+            let remote = plan.remote.as_ref().ok_or("no remote task")?;
+            let base = match (&remote.gateway_url, &host.listeners.loopback) {
+                (Some(u), _) | (None, Some(u)) => u.clone(),
+                (None, None) => return Err("the gateway's loopback port is not open".into()),
+            };
+            Arc::new(remote::RemoteRunner::new(
+                plan.spec.clone(),
+                renderer,
+                host.access.gateway.clone(),
+                remote.task.clone(),
+                base,
+            ))
+        }
         AgentMode::Managed => {
             let program = plan
                 .program

@@ -5,12 +5,14 @@
 //! has a token; a wrong or missing one gets 401):
 //! - `GET /healthz`: `ok` (200), or `draining` (503) once SIGTERM arrived: a readiness probe
 //!   takes the worker out of its Service while it drains. `GET /livez`: 200 while it runs.
-//! - `GET /v1/worker`: `{slots, open, draining, tasks, calls, starts}`; `starts` counts the
-//!   resets since the worker started that found their program running (`warm`) or started it,
-//!   with the median and 99th percentile of their wall time (of the latest 100,000).
+//! - `GET /v1/worker`: `{slots, open, draining, tasks, calls, starts, agents}`; `starts` counts
+//!   the resets since the worker started that found their program running (`warm`) or started
+//!   it, with the median and 99th percentile of their wall time (of the latest 100,000);
+//!   `agents` the managed agent episodes `running` now, `runs` since start and the gateway
+//!   calls forwarded for them (`forwarded_calls`).
 //! - `PUT /v1/tasks/{key}` `{env, call_timeout_s, slots?, max_concurrent_starts?, warm?}`:
-//!   registers a task's environment (any spec of the job API's `env` table but `sim` and
-//!   `agent`); the worker resolves and sandboxes its program as a service would, starting at
+//!   registers a task's environment (any spec of the job API's `env` table but `sim`,
+//!   `prompt`, `chat` and external agents); the worker resolves and sandboxes its program as a service would, starting at
 //!   most `max_concurrent_starts` of its programs at once (and at most the worker's
 //!   `--max-concurrent-starts` over all tasks), and keeping `warm` started ahead (default
 //!   the worker's `--warm`, at most its slots). Registering the same key again with the
@@ -21,6 +23,12 @@
 //!   with `code` `unknown_task` or `unknown_episode`; 503 when a `reset` finds the worker
 //!   draining or all its slots open. A reset's reply says how it found its program in the
 //!   `x-rollarc-start` header (`warm` or `cold`).
+//! - `POST /v1/tasks/{key}/agent` `{episode, key, gateway, row}`: runs a managed agent task's
+//!   program for one episode in the sandbox, its gateway calls forwarded to the service at
+//!   `gateway` with the episode's `key` (`forward`). The headers (200) come once the episode
+//!   holds a slot; the body, `{status, timed_out, stdout, stderr, error}` (the raw wait
+//!   status, the ends of both streams), when the program ends. 503 when draining or full; a
+//!   client that goes away stops the program.
 //!
 //! Bounds: `slots` open episodes over all tasks (a reset past them gets 503), at most
 //! [`MAX_TASKS`] tasks, bodies of at most [`MAX_BODY_BYTES`]. An episode with no call for
@@ -42,6 +50,7 @@ use axum::{Json, Router};
 use serde_json::json;
 use tokio::time::Instant;
 
+mod forward;
 mod hosted;
 use hosted::error;
 pub use hosted::{Registration, Worker};
@@ -76,6 +85,7 @@ pub fn router(w: Arc<Worker>) -> Router {
         .route("/v1/worker", get(state))
         .route("/v1/tasks/{key}", put(register).delete(unregister))
         .route("/v1/tasks/{key}/call", post(call))
+        .route("/v1/tasks/{key}/agent", post(agent))
         // The routes above need the token; the probes below do not.
         .route_layer(axum::middleware::from_fn_with_state(
             Arc::clone(&w),
@@ -156,6 +166,21 @@ async fn call(
             StatusCode::BAD_REQUEST,
             "bad_request",
             infra::error_chain(&e),
+        ),
+    }
+}
+
+async fn agent(
+    State(w): State<Arc<Worker>>,
+    Path(key): Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
+    match serde_json::from_slice::<hosted::AgentRun>(&body) {
+        Ok(run) => w.run_agent(&key, run).await,
+        Err(e) => error(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("not an agent episode: {e}"),
         ),
     }
 }

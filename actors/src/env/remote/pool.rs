@@ -405,12 +405,34 @@ impl WorkerPool {
         req: &Request,
         timeout: Duration,
     ) -> Result<(Response, Option<crate::env::starts::Start>), CallError> {
+        let resp = self.post(w, key, "call", req, timeout).await?;
+        let start = resp
+            .headers()
+            .get(START_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(crate::env::starts::Start::parse);
+        resp.json::<Response>()
+            .await
+            .map(|r| (r, start))
+            .map_err(|e| CallError::Other(format!("an unreadable reply: {e}")))
+    }
+
+    /// POSTs `body` to the task route `what` (`call`, `agent`) of task `key` on `w`: the
+    /// reply if it succeeded, else what the worker said.
+    pub(super) async fn post(
+        &self,
+        w: &Worker,
+        key: &str,
+        what: &str,
+        body: &impl serde::Serialize,
+        timeout: Duration,
+    ) -> Result<reqwest::Response, CallError> {
         let r = self
             .request(
                 reqwest::Method::POST,
-                format!("{}/v1/tasks/{key}/call", w.url),
+                format!("{}/v1/tasks/{key}/{what}", w.url),
             )
-            .json(req)
+            .json(body)
             .timeout(timeout)
             .send()
             .await;
@@ -421,16 +443,7 @@ impl WorkerPool {
         };
         let status = resp.status();
         if status.is_success() {
-            let start = resp
-                .headers()
-                .get(START_HEADER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(crate::env::starts::Start::parse);
-            return resp
-                .json::<Response>()
-                .await
-                .map(|r| (r, start))
-                .map_err(|e| CallError::Other(format!("an unreadable reply: {e}")));
+            return Ok(resp);
         }
         let body: serde_json::Value = resp.json().await.unwrap_or_default();
         let msg = body["error"].as_str().unwrap_or("").to_string();

@@ -4,7 +4,7 @@
 //! own network namespace to the gateway's unix socket. The episode ends when the program
 //! exits or its time is up (its process group is killed).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 
@@ -36,61 +36,69 @@ until grep -q ":$hex 00000000:0000 0A" /proc/net/tcp 2>/dev/null; do
 done
 exec "$@""#;
 
-/// Runs a task's agent program per episode.
-pub struct ManagedRunner {
+/// A program's whole environment, as name-value pairs.
+type Environ = Vec<(String, String)>;
+
+/// How an agent program reaches the gateway.
+#[derive(Clone, Copy, Debug)]
+pub enum GatewayWay<'a> {
+    /// A unix socket, which a forwarder in the sandbox's network namespace connects to
+    /// (sandboxed programs).
+    Socket(&'a Path),
+    /// A base URL, `http://127.0.0.1:PORT` (unsandboxed programs).
+    Url(&'a str),
+}
+
+/// A task's agent program, run once per episode: by the service's managed runner, or by an
+/// env worker.
+#[derive(Clone, Debug)]
+pub struct AgentProgram {
     spec: AgentEnv,
     program: EnvProgram,
-    renderer: Arc<Renderer>,
-    gateway: Arc<gateway::Gateway>,
-    /// Where the program reaches the gateway: `http://127.0.0.1:PORT`.
-    origin: String,
-    /// The gateway's unix socket and the host's `socat` (sandboxed programs).
-    socket: Option<PathBuf>,
+    /// The host's `socat` (sandboxed programs).
     socat: Option<PathBuf>,
 }
 
-impl ManagedRunner {
-    pub fn new(
-        spec: AgentEnv,
-        program: EnvProgram,
-        renderer: Arc<Renderer>,
-        host: &AgentHost,
-    ) -> Result<Self, String> {
-        let (origin, socket, socat) = match program.sandbox {
-            EnvSandbox::Bwrap => {
-                let socat = socat_path().ok_or(
-                    "a sandboxed agent reaches the gateway through socat, which is not \
-                     installed (make setup installs it)",
-                )?;
-                (
-                    format!("http://127.0.0.1:{SANDBOX_GATEWAY_PORT}"),
-                    Some(
-                        host.listeners
-                            .socket
-                            .clone()
-                            .ok_or("the gateway's socket is not open")?,
-                    ),
-                    Some(socat),
-                )
-            }
-            EnvSandbox::None => (
-                host.listeners
-                    .loopback
-                    .clone()
-                    .ok_or("the gateway's loopback port is not open")?,
-                None,
-                None,
-            ),
+impl AgentProgram {
+    pub fn new(spec: AgentEnv, program: EnvProgram) -> Result<Self, String> {
+        let socat = match program.sandbox {
+            EnvSandbox::Bwrap => Some(socat_path().ok_or(
+                "a sandboxed agent reaches the gateway through socat, which is not \
+                 installed (make setup installs it)",
+            )?),
+            EnvSandbox::None => None,
         };
         Ok(Self {
             spec,
             program,
-            renderer,
-            gateway: host.access.gateway.clone(),
-            origin,
-            socket,
             socat,
         })
+    }
+
+    /// Whether it runs in the sandbox (and so reaches the gateway through a unix socket).
+    pub fn sandboxed(&self) -> bool {
+        self.socat.is_some()
+    }
+
+    /// The program's time limit.
+    pub fn timeout(&self) -> std::time::Duration {
+        secs(self.spec.timeout_s)
+    }
+
+    /// Runs the program for one episode (`episode`, its key `key`, its `row` on stdin and in
+    /// a file), reaching the gateway by `way`, to its end or its time limit.
+    pub async fn run(
+        &self,
+        key: &str,
+        episode: &str,
+        row: Vec<u8>,
+        way: GatewayWay<'_>,
+    ) -> Result<infra::process::CapturedOutput, String> {
+        let dir = EpisodeDir::new(&row).map_err(|e| format!("cannot write the row file: {e}"))?;
+        let (argv, env) = self.command(key, episode, &dir.0, way)?;
+        run(&argv, &env, &dir.0, row, self.timeout())
+            .await
+            .map_err(|e| format!("cannot start the agent: {e}"))
     }
 
     /// The program's command line and its whole environment for one episode (key `key`, row
@@ -99,33 +107,38 @@ impl ManagedRunner {
     fn command(
         &self,
         key: &str,
-        ep: &AgentEpisode,
-        dir: &std::path::Path,
-    ) -> (Vec<String>, Vec<(String, String)>) {
+        episode: &str,
+        dir: &Path,
+        way: GatewayWay<'_>,
+    ) -> Result<(Vec<String>, Environ), String> {
+        let origin = match (way, &self.socat) {
+            (GatewayWay::Socket(_), Some(_)) => format!("http://127.0.0.1:{SANDBOX_GATEWAY_PORT}"),
+            (GatewayWay::Url(u), None) => u.trim_end_matches('/').to_string(),
+            (GatewayWay::Socket(_), None) => {
+                return Err("an unsandboxed agent reaches the gateway by URL".into());
+            }
+            (GatewayWay::Url(_), Some(_)) => {
+                return Err("a sandboxed agent reaches the gateway through a socket".into());
+            }
+        };
         let mut env: Vec<(String, String)> = infra::sandbox::SANDBOX_ENV
             .iter()
             .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
             .collect();
         env.extend([
-            (
-                "OPENAI_BASE_URL".into(),
-                format!("{}/gateway/v1", self.origin),
-            ),
+            ("OPENAI_BASE_URL".into(), format!("{origin}/gateway/v1")),
             ("OPENAI_API_KEY".into(), key.into()),
-            (
-                "ANTHROPIC_BASE_URL".into(),
-                format!("{}/gateway", self.origin),
-            ),
+            ("ANTHROPIC_BASE_URL".into(), format!("{origin}/gateway")),
             ("ANTHROPIC_API_KEY".into(), key.into()),
-            ("ROLLARC_EPISODE".into(), ep.id.to_string()),
+            ("ROLLARC_EPISODE".into(), episode.to_string()),
             (
                 "ROLLARC_ROW".into(),
                 dir.join("row.json").to_string_lossy().into_owned(),
             ),
         ]);
         env.extend(self.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
-        match (&self.socket, &self.socat) {
-            (Some(sock), Some(socat)) => {
+        match (way, &self.socat) {
+            (GatewayWay::Socket(sock), Some(socat)) => {
                 env.push(("HOME".into(), "/tmp".into()));
                 let mut inner = vec![
                     "sh".to_string(),
@@ -142,60 +155,99 @@ impl ManagedRunner {
                 for p in [sock.parent(), socat.parent()].into_iter().flatten() {
                     readable.push(p.to_string_lossy().into_owned());
                 }
-                (
+                Ok((
                     infra::sandbox::sandboxed_inheriting_env(&inner, &readable),
                     env,
-                )
+                ))
             }
             _ => {
                 // Outside the sandbox the same variables, and only those, are set.
                 env.push(("HOME".into(), dir.to_string_lossy().into_owned()));
-                (self.program.command.clone(), env)
+                Ok((self.program.command.clone(), env))
             }
         }
+    }
+}
+
+/// Runs a task's agent program per episode, on this machine.
+#[derive(Clone)]
+pub struct ManagedRunner {
+    agent: AgentProgram,
+    renderer: Arc<Renderer>,
+    gateway: Arc<gateway::Gateway>,
+    /// The gateway's unix socket (sandboxed programs) or loopback base URL.
+    socket: Option<PathBuf>,
+    origin: Option<String>,
+}
+
+impl ManagedRunner {
+    pub fn new(
+        spec: AgentEnv,
+        program: EnvProgram,
+        renderer: Arc<Renderer>,
+        host: &AgentHost,
+    ) -> Result<Self, String> {
+        let agent = AgentProgram::new(spec, program)?;
+        let (socket, origin) = if agent.sandboxed() {
+            let s = host
+                .listeners
+                .socket
+                .clone()
+                .ok_or("the gateway's socket is not open")?;
+            (Some(s), None)
+        } else {
+            let u = host
+                .listeners
+                .loopback
+                .clone()
+                .ok_or("the gateway's loopback port is not open")?;
+            (None, Some(u))
+        };
+        Ok(Self {
+            agent,
+            renderer,
+            gateway: host.access.gateway.clone(),
+            socket,
+            origin,
+        })
     }
 
     async fn play(&self, ep: AgentEpisode) -> AgentOutcome {
         let started = tokio::time::Instant::now();
-        let opts = episode_options(&self.spec, &self.renderer, &ep);
+        let spec = &self.agent.spec;
+        let opts = episode_options(spec, &self.renderer, &ep);
         let opened = match self.gateway.open(opts, Arc::new(ep.shard.clone())) {
             Ok(o) => o,
             Err(e) => return AgentOutcome::Infra(format!("cannot open the episode: {e}")),
         };
         // The key stops working whatever happens next (also when this future is dropped).
         let _finish = super::FinishOnDrop(self.gateway.clone(), Some(opened.key.clone()));
-        let row = row_json(&ep);
-        let dir = match EpisodeDir::new(&row) {
-            Ok(d) => d,
-            Err(e) => return AgentOutcome::Infra(format!("cannot write the row file: {e}")),
+        let way = match (&self.socket, &self.origin) {
+            (Some(s), _) => GatewayWay::Socket(s),
+            (None, Some(u)) => GatewayWay::Url(u),
+            (None, None) => return AgentOutcome::Infra("the gateway is not served".into()),
         };
-        let (argv, env) = self.command(&opened.key, &ep, &dir.0);
-        let out = match run(&argv, &env, &dir.0, row, secs(self.spec.timeout_s)).await {
+        let out = match self
+            .agent
+            .run(
+                &opened.key,
+                &ep.id.to_string(),
+                row_line(&row_value(&ep)),
+                way,
+            )
+            .await
+        {
             Ok(o) => o,
-            Err(e) => return AgentOutcome::Infra(format!("cannot start the agent: {e}")),
+            Err(e) => return AgentOutcome::Infra(e),
         };
         let finished = self.gateway.finish(&opened.key).await.unwrap_or_default();
-        judge(
-            &self.spec,
-            out,
-            finished,
-            started.elapsed().as_secs_f64(),
-            &ep,
-        )
+        judge(spec, out, finished, started.elapsed().as_secs_f64(), &ep)
     }
 }
 
 impl AgentRunner for ManagedRunner {
     fn run(&self, ep: AgentEpisode) -> BoxFuture<'static, AgentOutcome> {
-        let me = Self {
-            spec: self.spec.clone(),
-            program: self.program.clone(),
-            renderer: self.renderer.clone(),
-            gateway: self.gateway.clone(),
-            origin: self.origin.clone(),
-            socket: self.socket.clone(),
-            socat: self.socat.clone(),
-        };
+        let me = self.clone();
         Box::pin(async move { me.play(ep).await })
     }
 }
@@ -222,13 +274,16 @@ impl Drop for EpisodeDir {
 
 /// The row handed to the agent: the dataset row's fields (`{"row": …}` of the record), or the
 /// seed alone for tasks without a dataset.
-fn row_json(ep: &AgentEpisode) -> Vec<u8> {
-    let row = ep
-        .record
+pub(crate) fn row_value(ep: &AgentEpisode) -> serde_json::Value {
+    ep.record
         .as_ref()
         .and_then(|r| r.get("row").cloned())
-        .unwrap_or_else(|| serde_json::json!({ "seed": ep.seed }));
-    let mut v = serde_json::to_vec(&row).unwrap_or_default();
+        .unwrap_or_else(|| serde_json::json!({ "seed": ep.seed }))
+}
+
+/// [`row_value`] as the program reads it: one line of JSON.
+pub fn row_line(row: &serde_json::Value) -> Vec<u8> {
+    let mut v = serde_json::to_vec(row).unwrap_or_default();
     v.push(b'\n');
     v
 }
@@ -275,7 +330,7 @@ fn last_line(stdout: &str) -> Option<LastLine> {
 }
 
 /// The episode's outcome from how the program ended and what the gateway recorded.
-fn judge(
+pub(crate) fn judge(
     spec: &AgentEnv,
     out: infra::process::CapturedOutput,
     finished: gateway::Finished,

@@ -38,6 +38,12 @@ pub struct EnvPoolSpec {
     /// Default 0; on a pool of workers, each worker keeps this many per task.
     #[serde(default)]
     pub warm: u32,
+    /// The service's base URL as the pool's workers reach it (`http://rollarc.ns.svc:8080`):
+    /// managed agents on the workers call the gateway there, through their worker. Needed
+    /// by a pool with managed agent tasks unless all its workers are listed on loopback
+    /// addresses (then the job's own loopback gateway serves them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway_url: Option<String>,
 }
 
 /// The pool of the service's own machine: tasks that name no pool run there.
@@ -129,8 +135,43 @@ impl EnvPoolSpec {
         }
     }
 
+    /// Whether every worker is listed on a loopback address (so they reach the job's
+    /// loopback gateway).
+    pub fn all_loopback(&self) -> bool {
+        let w = &self.workers;
+        w.dns.is_none()
+            && w.kubernetes.is_none()
+            && !w.urls.is_empty()
+            && w.urls.iter().all(|u| {
+                let url = reqwest::Url::parse(u).ok();
+                let host = url
+                    .as_ref()
+                    .and_then(reqwest::Url::host_str)
+                    .map(|h| h.trim_start_matches('[').trim_end_matches(']').to_string());
+                host.is_some_and(|h| {
+                    h == "localhost"
+                        || h.parse::<std::net::IpAddr>()
+                            .is_ok_and(|ip| ip.is_loopback())
+                })
+            })
+    }
+
+    /// Checks `gateway_url`: an http base URL, on a pool of workers.
+    fn check_gateway_url(&self, p: &str, problems: &mut Problems) {
+        let Some(u) = &self.gateway_url else { return };
+        if self.is_local() {
+            problems.push(
+                format!("{p}.gateway_url"),
+                "the local pool's agents reach the gateway on this machine".into(),
+            );
+        } else if let Err(why) = check_url(u) {
+            problems.push(format!("{p}.gateway_url"), why);
+        }
+    }
+
     pub(super) fn check(&self, p: &str, problems: &mut Problems) {
         self.check_starts(p, problems);
+        self.check_gateway_url(p, problems);
         let w = &self.workers;
         let given = [!w.urls.is_empty(), w.dns.is_some(), w.kubernetes.is_some()];
         if self.is_local() {
@@ -317,8 +358,16 @@ pub(super) fn check_pools(spec: &JobSpec, problems: &mut Problems) {
             if name == LOCAL_POOL {
                 continue;
             }
+            let pool = spec.env_pools.iter().find(|pl| &pl.name == name);
             if !names.contains(name.as_str()) {
                 problems.push(p, format!("no env pool is named {name:?}"));
+            } else if matches!(&t.env, EnvSpec::Agent(a) if a.mode == super::AgentMode::External) {
+                problems.push(
+                    p,
+                    "an external agent task's harness claims its episodes from the service; \
+                     it has no env pool"
+                        .into(),
+                );
             } else if !remote_capable(&t.env) {
                 problems.push(
                     p,
@@ -327,16 +376,34 @@ pub(super) fn check_pools(spec: &JobSpec, problems: &mut Problems) {
                         t.env.kind_name()
                     ),
                 );
+            } else if matches!(t.env, EnvSpec::Agent(_))
+                && let Some(pl) = pool
+                && pl.gateway_url.is_none()
+                && !pl.all_loopback()
+            {
+                let pi = spec
+                    .env_pools
+                    .iter()
+                    .position(|x| x.name == pl.name)
+                    .unwrap_or(0);
+                problems.push(
+                    format!("env_pools[{pi}].gateway_url"),
+                    format!(
+                        "{prefix}[{i}] runs managed agents on pool {name:?}: give the service's \
+                         URL as its workers reach it (they forward the agents' model calls there)"
+                    ),
+                );
             }
         }
     }
 }
 
-/// Whether an env worker can host this environment: a program (external, bridged) or a
-/// built-in game; not the simulator, the dataset environments or agents.
+/// Whether an env worker can host this environment: a program (external, bridged, a managed
+/// agent) or a built-in game; not the simulator, the dataset environments or external agents.
 pub fn remote_capable(env: &EnvSpec) -> bool {
-    !matches!(
-        env,
-        EnvSpec::Sim { .. } | EnvSpec::Agent(_) | EnvSpec::Prompt { .. } | EnvSpec::Chat { .. }
-    )
+    match env {
+        EnvSpec::Sim { .. } | EnvSpec::Prompt { .. } | EnvSpec::Chat { .. } => false,
+        EnvSpec::Agent(a) => a.mode == super::AgentMode::Managed,
+        _ => true,
+    }
 }

@@ -1015,3 +1015,55 @@ workers = { urls = ["http://a:7000"] }
     );
     assert_eq!(s.tasks[0].env_pool.as_deref(), Some(LOCAL_POOL));
 }
+
+#[test]
+fn managed_agents_on_env_pools_need_a_gateway_url_the_workers_reach() {
+    let spec = |mode: &str, workers: &str, pool_extra: &str| {
+        minimal()
+            .replace(
+                "[tasks.env]\nkind = \"sim\"",
+                &format!(
+                    "env_pool = \"fleet\"\n[tasks.env]\nkind = \"agent\"\nmode = \"{mode}\"\n{}",
+                    if mode == "managed" {
+                        "command = [\"python3\", \"agent.py\"]"
+                    } else {
+                        ""
+                    }
+                ),
+            )
+            .to_string()
+            + &format!("[[env_pools]]\nname = \"fleet\"\nworkers = {workers}\n{pool_extra}\n")
+    };
+    let problems = |body: &str| -> Vec<(String, String)> {
+        match parse(body, Format::Toml) {
+            Ok(_) => Vec::new(),
+            Err(e) => e.0.into_iter().map(|e| (e.field, e.message)).collect(),
+        }
+    };
+    let dns = "{ dns = \"envs.rl.svc:7000\" }";
+    // Workers elsewhere must be told where the service is.
+    let p = problems(&spec("managed", dns, ""));
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert_eq!(p[0].0, "env_pools[0].gateway_url");
+    assert!(p[0].1.contains("tasks[0]"), "{}", p[0].1);
+    assert!(
+        problems(&spec(
+            "managed",
+            dns,
+            "gateway_url = \"http://rollarc.rl.svc:8080\""
+        ))
+        .is_empty()
+    );
+    // Workers listed on loopback reach the job's own loopback gateway.
+    let local =
+        "{ urls = [\"http://127.0.0.1:7000\", \"http://localhost:7001\", \"http://[::1]:7002\"] }";
+    assert!(problems(&spec("managed", local, "")).is_empty());
+    let p = problems(&spec("managed", dns, "gateway_url = \"ftp://rollarc:21\""));
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert_eq!(p[0].0, "env_pools[0].gateway_url");
+    // An external harness claims its episodes from the service: no pool.
+    let p = problems(&spec("external", local, ""));
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert_eq!(p[0].0, "tasks[0].env_pool");
+    assert!(p[0].1.contains("claims its episodes"), "{}", p[0].1);
+}

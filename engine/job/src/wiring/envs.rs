@@ -70,9 +70,25 @@ pub fn remote_factory(
     key: String,
     spec: &EnvSpec,
     (seed_base, slots): (u64, usize),
-    (limits, (max_concurrent_starts, warm)): (&EnvLimits, (Option<u32>, u32)),
+    (limits, starts): (&EnvLimits, (Option<u32>, u32)),
     inject: Option<&InjectLatency>,
 ) -> EnvFactory {
+    let task = remote_task(pool, key, spec, slots, limits, starts);
+    let inner: EnvFactory = Arc::new(move |i| Box::new(task.env(i)));
+    with_latency(inner, seed_base, inject)
+}
+
+/// The task `key` (unique to this run of the task) on `pool`'s workers: its environment
+/// `spec`, `slots` and call timeout, and the pool's `max_concurrent_starts` and `warm`, sent
+/// to each worker with the task.
+pub fn remote_task(
+    pool: Arc<actors::env::remote::WorkerPool>,
+    key: String,
+    spec: &EnvSpec,
+    slots: usize,
+    limits: &EnvLimits,
+    (max_concurrent_starts, warm): (Option<u32>, u32),
+) -> Arc<actors::env::remote::RemoteTask> {
     let mut registration = serde_json::json!({
         "env": spec,
         "call_timeout_s": limits.call_timeout.as_secs_f64(),
@@ -85,9 +101,7 @@ pub fn remote_factory(
     if warm > 0 {
         registration["warm"] = warm.into();
     }
-    let task = actors::env::remote::RemoteTask::new(pool, key, registration, limits.call_timeout);
-    let inner: EnvFactory = Arc::new(move |i| Box::new(task.env(i)));
-    with_latency(inner, seed_base, inject)
+    actors::env::remote::RemoteTask::new(pool, key, registration, limits.call_timeout)
 }
 
 /// `inner`, each environment sleeping a sampled extra latency in each reset and step.

@@ -10,7 +10,7 @@ use crate::cost::Tokens;
 use crate::resolve::TaskInputs;
 
 use super::TaskView;
-use super::envs::{EnvLimits, factory, remote_factory};
+use super::envs::{EnvLimits, factory, remote_factory, remote_task};
 use crate::spec::{EnvSandbox, EnvSpec, JobSpec, Knobs, TaskSpec, TruncationPolicy};
 
 /// One task of a job.
@@ -118,6 +118,12 @@ pub(super) fn plan(
                     EnvSpec::Agent(a) => Some(crate::agents::AgentPlan {
                         spec: a.clone(),
                         program: input.program.clone(),
+                        remote: remote_agents(
+                            t,
+                            (ti, envs),
+                            &limits,
+                            (&remote, &run_key, &spec.env_pools),
+                        ),
                     }),
                     _ => None,
                 },
@@ -268,8 +274,10 @@ fn task_env(
         .remote_pool()
         .and_then(|n| pools.iter().find(|p| p.name == n))
         .map_or((None, 0), |p| (p.max_concurrent_starts, p.warm));
+    // An agent task's environments are slots here, wherever its programs run.
+    let agent = matches!(t.env, EnvSpec::Agent(_));
     Ok(match t.remote_pool().and_then(|n| remote.get(n)) {
-        Some(pool) => remote_factory(
+        Some(pool) if !agent => remote_factory(
             Arc::clone(pool),
             format!("{run_key}-{ti}"),
             &t.env,
@@ -277,7 +285,7 @@ fn task_env(
             (limits, pool_starts),
             t.inject_latency.as_ref(),
         ),
-        None => factory(
+        _ => factory(
             &t.env,
             input.program.as_ref(),
             seed_base,
@@ -286,6 +294,34 @@ fn task_env(
             envs,
         )
         .ok_or(super::WiringError::Unresolved { task: ti })?,
+    })
+}
+
+/// A managed agent task on an env pool: its task on the pool's workers (registered with
+/// its agent spec) and where they reach the gateway.
+fn remote_agents(
+    t: &TaskSpec,
+    (ti, envs): (usize, usize),
+    limits: &EnvLimits,
+    (remote, run_key, pools): (
+        &std::collections::BTreeMap<String, Arc<actors::env::remote::WorkerPool>>,
+        &str,
+        &[crate::spec::EnvPoolSpec],
+    ),
+) -> Option<crate::agents::RemoteAgents> {
+    let name = t.remote_pool()?;
+    let pool = remote.get(name)?;
+    let spec = pools.iter().find(|p| p.name == name)?;
+    Some(crate::agents::RemoteAgents {
+        task: remote_task(
+            Arc::clone(pool),
+            format!("{run_key}-{ti}"),
+            &t.env,
+            envs,
+            limits,
+            (spec.max_concurrent_starts, spec.warm),
+        ),
+        gateway_url: spec.gateway_url.clone(),
     })
 }
 

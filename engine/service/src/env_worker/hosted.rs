@@ -17,6 +17,9 @@ use tokio::time::Instant;
 
 use super::{DEFAULT_IDLE_S, MAX_TASKS, WorkerConfig};
 
+mod agents;
+pub(super) use agents::AgentRun;
+
 /// The worker's state, shared by its handlers.
 pub struct Worker {
     cfg: WorkerConfig,
@@ -29,12 +32,29 @@ pub struct Worker {
     caps: actors::env::starts::StartCaps,
     /// Its resets' starts, warm and cold.
     starts: actors::env::starts::StartLog,
+    /// Managed agent episodes: running now, run since start, gateway calls forwarded.
+    agents_running: AtomicUsize,
+    agent_runs: AtomicU64,
+    forwarded: Arc<AtomicU64>,
+    /// The client of the agents' gateway forwarders.
+    gateway_client: reqwest::Client,
+}
+
+/// What a task hosts: environments served over the protocol, or a managed agent's program
+/// run once per episode.
+enum Hosting {
+    Envs(EnvFactory),
+    Agent(Arc<job::agents::managed::AgentProgram>),
 }
 
 /// A task registered on the worker: its environments' factory and open episodes.
 struct HostedTask {
     spec: serde_json::Value,
-    factory: EnvFactory,
+    hosting: Hosting,
+    /// Agent episodes running now (a task with one is not idle).
+    running: AtomicUsize,
+    /// Cancelled when the task is unregistered: its running agent programs are stopped.
+    stop: tokio_util::sync::CancellationToken,
     idle: Duration,
     next_index: AtomicU64,
     episodes: Mutex<HashMap<String, Arc<Episode>>>,
@@ -69,10 +89,13 @@ impl HostedTask {
         env.close_boxed().await;
     }
 
-    /// An environment for a new episode: a spare one, or a new one.
-    fn env(&self) -> Box<dyn DynEnvironment> {
+    /// An environment for a new episode: a spare one, or a new one (`None`: an agent task).
+    fn env(&self) -> Option<Box<dyn DynEnvironment>> {
+        let Hosting::Envs(factory) = &self.hosting else {
+            return None;
+        };
         let spare = lock(&self.spare).pop();
-        spare.unwrap_or_else(|| (self.factory)(self.next_index.fetch_add(1, Ordering::Relaxed)))
+        Some(spare.unwrap_or_else(|| factory(self.next_index.fetch_add(1, Ordering::Relaxed))))
     }
 }
 
@@ -180,6 +203,10 @@ impl Worker {
             tasks: Mutex::new(HashMap::new()),
             caps: actors::env::starts::StartCaps::new(cfg.max_concurrent_starts),
             starts: Default::default(),
+            agents_running: AtomicUsize::new(0),
+            agent_runs: AtomicU64::new(0),
+            forwarded: Arc::new(AtomicU64::new(0)),
+            gateway_client: super::forward::client(),
             cfg,
         })
     }
@@ -236,7 +263,7 @@ impl Worker {
         if let Some(t) = self.task(key) {
             return Self::registered(key, &t, &raw);
         }
-        let (factory, idle) = match check_registration(key, &reg).and_then(|idle| {
+        let (hosting, idle) = match check_registration(key, &reg).and_then(|idle| {
             let f = self.build(&reg)?;
             Ok((f, idle))
         }) {
@@ -260,7 +287,9 @@ impl Worker {
             key.to_string(),
             Arc::new(HostedTask {
                 spec: raw,
-                factory,
+                hosting,
+                running: AtomicUsize::new(0),
+                stop: tokio_util::sync::CancellationToken::new(),
                 idle,
                 next_index: AtomicU64::new(0),
                 episodes: Mutex::new(HashMap::new()),
@@ -285,9 +314,9 @@ impl Worker {
         }
     }
 
-    /// The factory of a registered task's environments: its program resolved and sandboxed
-    /// here, as a service would.
-    fn build(&self, reg: &Registration) -> Result<EnvFactory, Refusal> {
+    /// What a registered task hosts: the factory of its environments, or its agent program;
+    /// its program resolved and sandboxed here, as a service would.
+    fn build(&self, reg: &Registration) -> Result<Hosting, Refusal> {
         let host = job::resolve::Host {
             vars: &infra::env::ProcessEnv,
             cwd: std::env::current_dir().ok(),
@@ -313,6 +342,11 @@ impl Worker {
                 ),
             ));
         }
+        if let (job::spec::EnvSpec::Agent(a), Some(p)) = (&reg.env, &program) {
+            let agent = job::agents::managed::AgentProgram::new(a.clone(), p.clone())
+                .map_err(|e| (StatusCode::SERVICE_UNAVAILABLE, "program", e))?;
+            return Ok(Hosting::Agent(Arc::new(agent)));
+        }
         let slots = reg
             .slots
             .unwrap_or(self.cfg.slots)
@@ -324,17 +358,20 @@ impl Worker {
             // Never more started ahead than the worker has slots.
             warm: reg.warm.unwrap_or(self.cfg.warm).min(self.cfg.slots),
         };
-        job::wiring::envs::factory(&reg.env, program.as_ref(), 0, &limits, None, slots).ok_or((
-            StatusCode::BAD_REQUEST,
-            "bad_env",
-            "env: this environment has no program to run".into(),
-        ))
+        job::wiring::envs::factory(&reg.env, program.as_ref(), 0, &limits, None, slots)
+            .map(Hosting::Envs)
+            .ok_or((
+                StatusCode::BAD_REQUEST,
+                "bad_env",
+                "env: this environment has no program to run".into(),
+            ))
     }
 
     pub(super) async fn unregister(&self, key: &str) -> usize {
         let Some(t) = lock(&self.tasks).remove(key) else {
             return 0;
         };
+        t.stop.cancel();
         let eps: Vec<Arc<Episode>> = lock(&t.episodes).drain().map(|(_, e)| e).collect();
         self.open.fetch_sub(eps.len(), Ordering::Relaxed);
         for e in &eps {
@@ -428,6 +465,26 @@ impl Worker {
 
     /// Opens episode `id` of `task` on a free slot, or refuses (draining, full).
     fn open_episode(&self, task: &HostedTask, id: &str) -> Result<Arc<Episode>, Refusal> {
+        self.take_slot()?;
+        let Some(env) = task.env() else {
+            self.open.fetch_sub(1, Ordering::Relaxed);
+            return Err((
+                StatusCode::BAD_REQUEST,
+                "agent_task",
+                "an agent task's episodes run with POST /v1/tasks/{key}/agent".into(),
+            ));
+        };
+        let e = Arc::new(Episode {
+            env: tokio::sync::Mutex::new(Some(env)),
+            last_call: Mutex::new(Instant::now()),
+            failed: AtomicBool::new(false),
+        });
+        lock(&task.episodes).insert(id.to_string(), Arc::clone(&e));
+        Ok(e)
+    }
+
+    /// Takes a slot for a new episode, or refuses (draining, full).
+    fn take_slot(&self) -> Result<(), Refusal> {
         if self.draining.load(Ordering::Relaxed) {
             return Err((
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -448,13 +505,7 @@ impl Worker {
                 format!("all {} slots are open", self.cfg.slots),
             ));
         }
-        let e = Arc::new(Episode {
-            env: tokio::sync::Mutex::new(Some(task.env())),
-            last_call: Mutex::new(Instant::now()),
-            failed: AtomicBool::new(false),
-        });
-        lock(&task.episodes).insert(id.to_string(), Arc::clone(&e));
-        Ok(e)
+        Ok(())
     }
 
     /// Closes episodes idle past their task's limit, and tasks without episodes or calls
@@ -485,6 +536,7 @@ impl Worker {
                 }
             }
             let idle = lock(&t.episodes).is_empty()
+                && t.running.load(Ordering::Relaxed) == 0
                 && now.saturating_duration_since(*lock(&t.last_call)) > t.idle;
             if idle {
                 self.unregister(&key).await;
@@ -500,6 +552,11 @@ impl Worker {
             "tasks": lock(&self.tasks).len(),
             "calls": self.calls.load(Ordering::Relaxed),
             "starts": self.starts.peek_step(),
+            "agents": {
+                "running": self.agents_running.load(Ordering::Relaxed),
+                "runs": self.agent_runs.load(Ordering::Relaxed),
+                "forwarded_calls": self.forwarded.load(Ordering::Relaxed),
+            },
         })
     }
 
