@@ -189,6 +189,13 @@ pub trait GenerationEngine: Send + 'static {
         0
     }
 
+    /// Whether the scheduler may place new trajectories here: false for a shard of an
+    /// elastic pool with no server yet, or whose server is leaving (it finishes what it
+    /// holds). Cheap: the loop reads it whenever it wakes.
+    fn accepting(&self) -> bool {
+        true
+    }
+
     /// Tokens request `id` has generated so far, where the engine can tell (tests wait on
     /// it to land an install mid-answer).
     fn progress(&self, _id: u64) -> Option<usize> {
@@ -306,9 +313,18 @@ impl EngineHandle {
 
     /// Requests other clients run on the backend, as the loop last saw it.
     pub fn external_load(&self) -> usize {
-        self.external.load(Ordering::Relaxed)
+        self.external.load(Ordering::Relaxed) & !NOT_ACCEPTING
+    }
+
+    /// Whether the engine takes new trajectories, as the loop last saw it.
+    pub fn accepting(&self) -> bool {
+        self.external.load(Ordering::Relaxed) & NOT_ACCEPTING == 0
     }
 }
+
+/// The bit of the loop's published external load that says the engine takes no new
+/// trajectories ([`GenerationEngine::accepting`]).
+const NOT_ACCEPTING: usize = 1 << (usize::BITS - 1);
 
 /// Capacity of the command seam. ADD is sent with `send_async`, so a full seam makes the
 /// episode wait (back-pressure); control commands are small and rare.
@@ -435,7 +451,15 @@ async fn engine_loop(
     };
     let waker = st.engine.waker();
     loop {
-        external.store(st.engine.external_load(), Ordering::Relaxed);
+        let closed = if st.engine.accepting() {
+            0
+        } else {
+            NOT_ACCEPTING
+        };
+        external.store(
+            st.engine.external_load().min(!NOT_ACCEPTING) | closed,
+            Ordering::Relaxed,
+        );
         // Drain every pending command between engine steps.
         while let Ok(cmd) = rx.try_recv() {
             if !st.apply(cmd) {

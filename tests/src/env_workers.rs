@@ -223,10 +223,10 @@ for line in sys.stdin:
 "#;
 
 /// dnsmasq serving one name from a hosts file the test rewrites; killed when dropped.
-struct Dns {
+pub(crate) struct Dns {
     child: Child,
     hosts: std::path::PathBuf,
-    addr: std::net::SocketAddr,
+    pub(crate) addr: std::net::SocketAddr,
     _dir: tempfile::TempDir,
 }
 
@@ -237,11 +237,11 @@ impl Drop for Dns {
     }
 }
 
-const NAME: &str = "envs.rollarc.test";
+pub(crate) const NAME: &str = "envs.rollarc.test";
 
 impl Dns {
     /// Starts dnsmasq answering `NAME` with `ips` (nothing else, no upstream).
-    fn start(ips: &[&str]) -> Dns {
+    pub(crate) fn start(ips: &[&str]) -> Dns {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         // dnsmasq drops to an unprivileged user: it must still read the file on SIGHUP.
@@ -309,7 +309,7 @@ impl Dns {
     }
 
     /// Makes `NAME` resolve to `ips` (dnsmasq reads the file again on SIGHUP).
-    fn set(&self, ips: &[&str], reload: bool) {
+    pub(crate) fn set(&self, ips: &[&str], reload: bool) {
         let text: String = ips.iter().map(|ip| format!("{ip} {NAME}\n")).collect();
         std::fs::write(&self.hosts, text).unwrap();
         if reload {

@@ -488,3 +488,243 @@ fn walk(dir: &std::path::Path) -> Vec<PathBuf> {
     }
     out
 }
+
+/// A llama.cpp server on SmolLM2 listening on `ip:port` (the `xllamacpp` wheel's, as an
+/// inference Deployment's replica would be); killed when dropped.
+struct Replica {
+    child: std::process::Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Replica {
+    fn start(ip: &str, port: u16) -> Self {
+        use actors::generation::remote::llamacpp::{XLLAMACPP_SERVE, xllamacpp_command};
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("xllamacpp_serve.py");
+        std::fs::write(&script, XLLAMACPP_SERVE).unwrap();
+        let python = std::env::var("ROLLARC_XLLAMACPP_PYTHON").unwrap_or_else(|_| {
+            format!(
+                "{}/.cache/rollarc/xllamacpp-venv/bin/python",
+                std::env::var("HOME").unwrap_or_default()
+            )
+        });
+        let argv: Vec<String> = xllamacpp_command(&python, &script, 1)
+            .into_iter()
+            .map(|a| {
+                a.replace("{model}", &smollm2().display().to_string())
+                    .replace("{host}", ip)
+                    .replace("{port}", &port.to_string())
+                    .replace("{slots}", "2")
+                    .replace("{total_context}", "2048")
+            })
+            .collect();
+        let child = std::process::Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("llama.cpp starts");
+        Self {
+            child,
+            url: format!("http://{ip}:{port}"),
+            _dir: dir,
+        }
+    }
+
+    /// Waits until it answers `/health`.
+    async fn healthy(&self) {
+        let c = reqwest::Client::new();
+        for _ in 0..1200 {
+            if c.get(format!("{}/health", self.url))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+            {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        panic!("{} never became healthy", self.url);
+    }
+
+    /// Whether one of its slots is generating.
+    async fn busy(&self) -> bool {
+        let Ok(r) = reqwest::get(format!("{}/slots", self.url)).await else {
+            return true;
+        };
+        let v: serde_json::Value = r.json().await.unwrap_or_default();
+        v.as_array()
+            .is_none_or(|s| s.iter().any(|s| s["is_processing"] == true))
+    }
+}
+
+/// A pool that follows llama.cpp replicas by DNS (dnsmasq answering a name the test
+/// rewrites) grows from one server to two while a job runs, then shrinks back: the new
+/// server takes trajectories once healthy, the leaving one finishes those it holds and gets
+/// no new ones (killed after that, no trajectory fails), and every token's version is
+/// recorded. An external trainer (this test) acks batches without new weights: an attached
+/// llama.cpp serves its checkpoint, version 0, and cannot take another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_elastic_llamacpp_pool_follows_its_replicas_up_and_down_without_losing_an_episode() {
+    use crate::env_workers::{Dns, NAME, free_port};
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("actors=info,job=info")
+        .with_writer(std::io::stderr)
+        .try_init();
+    let port = free_port();
+    let (ip_a, ip_b) = ("127.0.0.2", "127.0.0.3");
+    let a = Replica::start(ip_a, port);
+    let mut b = Some(Replica::start(ip_b, port));
+    let dns = Dns::start(&[ip_a]);
+    a.healthy().await;
+    b.as_ref().unwrap().healthy().await;
+    eprintln!("both replicas are healthy");
+    let t = tests::TestServer::start().await;
+    let steps = 16;
+    let toml = SpecBuilder::new()
+        .raw_task(
+            "[[tasks]]\ndomain = \"lake\"\ngroup_size = 2\nmax_turns = 2\nmax_tokens_per_turn = 8\nenv = { kind = \"frozenlake\", size = 4 }\n",
+        )
+        .rollout("batch_size = 2")
+        .rollout(&format!("steps = {steps}"))
+        // The policy stays at version 0 (no weights are announced): a bound past the run's
+        // steps lets rollout go on.
+        .rollout("alpha = 100")
+        // Few trajectories at a time: they are placed as the run goes, not all at its start.
+        .rollout("max_concurrent_episodes = 4")
+        .extra(&format!(
+            "[[pools]]\nname = \"llama\"\ndevice = \"CPU\"\ncount = 2\nbackend = {{ kind = \"llamacpp\", slots = 2, model = {{ path = {:?}, max_seq = 1024 }}, discover = {{ dns = \"{NAME}:{port}\", nameserver = \"{}\", refresh_s = 1 }} }}",
+            smollm2().display().to_string(),
+            dns.addr
+        ))
+        .extra("[trainer]\nkind = \"external\"\nlease_s = 600")
+        .toml();
+    let base = t.url("");
+    let job = tests::submit_job(&t.client, &base, toml).await;
+    eprintln!("job {job} submitted");
+    let t0 = tokio::time::Instant::now();
+    let shards_seen = |rows: &[serde_json::Value]| -> std::collections::BTreeSet<u64> {
+        rows.iter()
+            .filter_map(|r| r["trajectory"]["shard"].as_u64())
+            .collect()
+    };
+    // Phases: 0 one server; 1 the second joined the name; 2 it left the name; 3 it is gone.
+    let mut phase = 0;
+    let mut first_shard = None;
+    let mut left_at_rows = 0;
+    let mut quiet = 0;
+    for step in 1..=steps {
+        let batch = loop {
+            let r = t
+                .client
+                .get(t.url(&format!("/v1/jobs/{job}/batches/next?wait_s=30")))
+                .send()
+                .await
+                .unwrap();
+            if r.status() == 200 {
+                break r.json::<serde_json::Value>().await.unwrap();
+            }
+            assert_eq!(r.status(), 204, "step {step}");
+            let state: serde_json::Value = t
+                .client
+                .get(t.url(&format!("/v1/jobs/{job}")))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            assert_eq!(state["state"], "running", "step {step}: {state}");
+        };
+        eprintln!("step {step}: a batch at {:?}", t0.elapsed());
+        assert_eq!(tests::batch_versions(&batch), [0].into());
+        let r = t
+            .client
+            .post(t.url(&format!(
+                "/v1/batches/{}/ack",
+                batch["batch_id"].as_str().unwrap()
+            )))
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let rows = tests::all_rows(&t.client, &base, &job, 500).await;
+        let seen = shards_seen(&rows);
+        match phase {
+            0 if step >= 2 => {
+                assert_eq!(seen.len(), 1, "one server, one shard: {seen:?}");
+                first_shard = seen.first().copied();
+                dns.set(&[ip_a, ip_b], true);
+                phase = 1;
+            }
+            1 if seen.len() == 2 => {
+                eprintln!("step {step}: the second server took trajectories");
+                dns.set(&[ip_a], true);
+                left_at_rows = rows.len();
+                phase = 2;
+            }
+            2 => {
+                // Once it has been idle for three steps, it is let go: killed.
+                let idle = !b.as_ref().unwrap().busy().await;
+                quiet = if idle { quiet + 1 } else { 0 };
+                if quiet >= 3 {
+                    eprintln!("step {step}: the second server is idle; killing it");
+                    drop(b.take());
+                    phase = 3;
+                }
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(phase, 3, "the scenario did not finish within {steps} steps");
+    let done = tests::wait_job(
+        &t.client,
+        &base,
+        &job,
+        std::time::Duration::from_secs(120),
+        |v| v["state"] != "running" && v["state"] != "queued",
+    )
+    .await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    let rows = tests::all_rows(&t.client, &base, &job, 500).await;
+    assert!(rows.len() > left_at_rows);
+    let second = shards_seen(&rows)
+        .into_iter()
+        .find(|s| Some(*s) != first_shard)
+        .expect("two shards");
+    for r in &rows {
+        let tr = &r["trajectory"];
+        assert!(tr["failure"].is_null(), "an episode was lost: {tr}");
+        for turn in tr["turns"].as_array().unwrap() {
+            let tokens = turn["response_tokens"].as_array().unwrap().len() as u64;
+            let spans: u64 = turn["versions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| {
+                    assert_eq!(v["version"], 0);
+                    v["tokens"].as_u64().unwrap()
+                })
+                .sum();
+            assert_eq!(spans, tokens, "every token's version: {turn}");
+        }
+    }
+    // Trajectories after the leaving server went idle ran on the first shard only.
+    let late: Vec<u64> = rows[rows.len().saturating_sub(4)..]
+        .iter()
+        .filter_map(|r| r["trajectory"]["shard"].as_u64())
+        .collect();
+    assert!(
+        late.iter().all(|s| *s != second),
+        "shard {second} took trajectories after its server left: {late:?}"
+    );
+}

@@ -20,6 +20,7 @@
 //! [`GenerationEngine`]: super::GenerationEngine
 
 mod client;
+pub mod elastic;
 mod engine;
 mod health;
 pub mod http;

@@ -54,6 +54,12 @@ impl ShardHandle {
         self.with_current(EngineHandle::external_load)
     }
 
+    /// Whether the shard takes new trajectories (an elastic pool's shard has a server that
+    /// is not leaving), as its engine loop last saw it.
+    pub fn accepting(&self) -> bool {
+        self.with_current(EngineHandle::accepting)
+    }
+
     fn current(&self) -> EngineHandle {
         self.with_current(EngineHandle::clone)
     }

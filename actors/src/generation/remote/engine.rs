@@ -125,10 +125,21 @@ impl RemoteEngine {
         rt: tokio::runtime::Handle,
         cfg: RemoteConfig,
     ) -> Self {
+        Self::start_woken(client, rt, cfg, Arc::new(tokio::sync::Notify::new()))
+    }
+
+    /// [`Self::start`], notifying `wake` (its [`GenerationEngine::waker`]) when it has
+    /// something to deliver: an engine that wraps it hands its loop one waker for all the
+    /// servers it uses in turn.
+    pub fn start_woken(
+        client: Arc<dyn ServerClient>,
+        rt: tokio::runtime::Handle,
+        cfg: RemoteConfig,
+        wake: Arc<tokio::sync::Notify>,
+    ) -> Self {
         // Unbounded but bounded in fact: each submitted attempt sends one `Done` (at most the
         // server's slots are in flight) and the start sends one `Ready`.
         let (events_tx, events_rx) = flume::unbounded();
-        let wake = Arc::new(tokio::sync::Notify::new());
         let health = Arc::new(Health::default());
         let started = tokio::time::Instant::now();
         let (c, tx, w, within) = (
@@ -184,6 +195,38 @@ impl RemoteEngine {
     /// The server's slots and context, once it is healthy.
     pub fn info(&self) -> Option<ServerInfo> {
         self.info
+    }
+
+    /// Why the server will never serve (it was not healthy in time), if so.
+    pub fn broken(&self) -> Option<&str> {
+        self.broken.as_deref()
+    }
+
+    /// Whether it holds requests (running, queued or finished and not yet delivered).
+    pub fn busy(&self) -> bool {
+        !self.running.is_empty() || !self.waiting.is_empty() || !self.ready.is_empty()
+    }
+
+    /// Ends every request it holds: those finished are delivered as they are, the others
+    /// fail with `error` (their server is gone).
+    pub fn fail_all(&mut self, error: &GenError) -> Vec<(u64, Result<GenOutput, GenError>)> {
+        let mut out = std::mem::take(&mut self.ready);
+        let running: Vec<Running> = self.running.drain().map(|(_, r)| r).collect();
+        for r in running {
+            self.close(&r);
+            out.push((r.pending.req.id, Err(error.clone())));
+        }
+        out.extend(
+            self.waiting
+                .drain(..)
+                .map(|p| (p.req.id, Err(error.clone()))),
+        );
+        out
+    }
+
+    /// The version its server serves, if known.
+    pub fn serving(&self) -> Option<PolicyVersion> {
+        self.serving
     }
 }
 

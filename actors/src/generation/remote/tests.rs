@@ -46,11 +46,13 @@ fn ready(e: &mut RemoteEngine) {
 type SlotUse = (u64, Option<u32>);
 
 #[derive(Clone, Default)]
-struct Scripted {
+pub(super) struct Scripted {
     version: Arc<Mutex<PolicyVersion>>,
-    calls: Arc<AtomicU32>,
+    pub(super) calls: Arc<AtomicU32>,
     drop_first: u32,
-    installs: Arc<Mutex<Vec<PolicyVersion>>>,
+    pub(super) installs: Arc<Mutex<Vec<PolicyVersion>>>,
+    /// Installs fail (a server without a weight-update endpoint).
+    pub(super) no_installs: bool,
     /// (context length, slot) of every request.
     slots_seen: Arc<Mutex<Vec<SlotUse>>>,
 }
@@ -102,6 +104,12 @@ impl ServerClient for Scripted {
     fn install(&self, version: PolicyVersion, _w: Arc<Weights>) -> BoxFut<Result<(), ServerError>> {
         let me = self.clone();
         Box::pin(async move {
+            if me.no_installs {
+                return Err(ServerError::CannotInstall {
+                    server: me.describe(),
+                    reason: "no weight-update endpoint".into(),
+                });
+            }
             *me.version.lock().unwrap() = version;
             me.installs.lock().unwrap().push(version);
             Ok(())

@@ -85,6 +85,12 @@ pub enum JobError {
     Dependency(#[from] actors::fault::Fault),
     #[error("the job runtime panicked: {0}")]
     Panicked(String),
+    #[error("generation pool {pool}: no inference server served within {seconds:.0} s ({why})")]
+    NoServer {
+        pool: String,
+        seconds: f64,
+        why: String,
+    },
     #[error("the job was cancelled")]
     Cancelled,
 }

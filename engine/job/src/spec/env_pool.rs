@@ -173,7 +173,6 @@ impl EnvPoolSpec {
         self.check_starts(p, problems);
         self.check_gateway_url(p, problems);
         let w = &self.workers;
-        let given = [!w.urls.is_empty(), w.dns.is_some(), w.kubernetes.is_some()];
         if self.is_local() {
             if *w != WorkersSpec::default() {
                 problems.push(
@@ -185,76 +184,7 @@ impl EnvPoolSpec {
             }
             return;
         }
-        if given.iter().filter(|&&g| g).count() != 1 {
-            problems.push(
-                format!("{p}.workers"),
-                "give one of urls = [...], dns = \"host:port\" or kubernetes = { namespace, \
-                 label_selector, port }"
-                    .into(),
-            );
-        }
-        if let Some(k) = &w.kubernetes {
-            check_kubernetes(&format!("{p}.workers.kubernetes"), k, problems);
-        }
-        match (w.urls.is_empty(), &w.dns) {
-            (true, None) | (false, Some(_)) => {}
-            (false, None) => {
-                if w.urls.len() > MAX_POOL_WORKERS {
-                    problems.push(
-                        format!("{p}.workers.urls"),
-                        format!("at most {MAX_POOL_WORKERS} workers, got {}", w.urls.len()),
-                    );
-                }
-                for (i, u) in w.urls.iter().enumerate() {
-                    if let Err(why) = check_url(u) {
-                        problems.push(format!("{p}.workers.urls[{i}]"), why);
-                    }
-                }
-            }
-            (true, Some(d)) => {
-                let host_ok = |h: &str| {
-                    !h.is_empty()
-                        && h.len() <= 253
-                        && h.split('.').all(|l| {
-                            !l.is_empty()
-                                && l.len() <= 63
-                                && l.chars()
-                                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-                        })
-                };
-                if !w
-                    .dns_target()
-                    .is_some_and(|(h, port)| host_ok(h.trim_end_matches('.')) && port > 0)
-                {
-                    problems.push(
-                        format!("{p}.workers.dns"),
-                        format!("{d:?} is not host:port (a DNS name and a port 1-65535)"),
-                    );
-                }
-            }
-        }
-        if let Some(ns) = &w.nameserver
-            && ns.parse::<std::net::SocketAddr>().is_err()
-        {
-            problems.push(
-                format!("{p}.workers.nameserver"),
-                format!("{ns:?} is not ip:port"),
-            );
-        }
-        if let Some(r) = w.refresh_s
-            && !(r.is_finite() && r > 0.0 && r <= 3600.0)
-        {
-            problems.push(
-                format!("{p}.workers.refresh_s"),
-                format!("must be a number of seconds in (0, 3600], got {r}"),
-            );
-        }
-        if w.dns.is_none() && (w.nameserver.is_some() || w.refresh_s.is_some()) {
-            problems.push(
-                format!("{p}.workers"),
-                "nameserver and refresh_s go with dns".into(),
-            );
-        }
+        check_workers(&format!("{p}.workers"), w, problems);
         let t = &self.token_env;
         if t.is_empty()
             || t.len() > 128
@@ -266,6 +196,79 @@ impl EnvPoolSpec {
                 format!("{t:?} is not an environment variable name (letters, digits, _)"),
             );
         }
+    }
+}
+
+/// Checks where a pool's members are (`at`: the field, e.g. `env_pools[0].workers`): one of
+/// `urls`, `dns` or `kubernetes`, each well formed.
+pub(super) fn check_workers(at: &str, w: &WorkersSpec, problems: &mut Problems) {
+    let given = [!w.urls.is_empty(), w.dns.is_some(), w.kubernetes.is_some()];
+    if given.iter().filter(|&&g| g).count() != 1 {
+        problems.push(
+            at.to_string(),
+            "give one of urls = [...], dns = \"host:port\" or kubernetes = { namespace, \
+             label_selector, port }"
+                .into(),
+        );
+    }
+    if let Some(k) = &w.kubernetes {
+        check_kubernetes(&format!("{at}.kubernetes"), k, problems);
+    }
+    match (w.urls.is_empty(), &w.dns) {
+        (true, None) | (false, Some(_)) => {}
+        (false, None) => {
+            if w.urls.len() > MAX_POOL_WORKERS {
+                problems.push(
+                    format!("{at}.urls"),
+                    format!("at most {MAX_POOL_WORKERS} workers, got {}", w.urls.len()),
+                );
+            }
+            for (i, u) in w.urls.iter().enumerate() {
+                if let Err(why) = check_url(u) {
+                    problems.push(format!("{at}.urls[{i}]"), why);
+                }
+            }
+        }
+        (true, Some(d)) => {
+            let host_ok = |h: &str| {
+                !h.is_empty()
+                    && h.len() <= 253
+                    && h.split('.').all(|l| {
+                        !l.is_empty()
+                            && l.len() <= 63
+                            && l.chars()
+                                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+                    })
+            };
+            if !w
+                .dns_target()
+                .is_some_and(|(h, port)| host_ok(h.trim_end_matches('.')) && port > 0)
+            {
+                problems.push(
+                    format!("{at}.dns"),
+                    format!("{d:?} is not host:port (a DNS name and a port 1-65535)"),
+                );
+            }
+        }
+    }
+    if let Some(ns) = &w.nameserver
+        && ns.parse::<std::net::SocketAddr>().is_err()
+    {
+        problems.push(format!("{at}.nameserver"), format!("{ns:?} is not ip:port"));
+    }
+    if let Some(r) = w.refresh_s
+        && !(r.is_finite() && r > 0.0 && r <= 3600.0)
+    {
+        problems.push(
+            format!("{at}.refresh_s"),
+            format!("must be a number of seconds in (0, 3600], got {r}"),
+        );
+    }
+    if w.dns.is_none() && (w.nameserver.is_some() || w.refresh_s.is_some()) {
+        problems.push(
+            at.to_string(),
+            "nameserver and refresh_s go with dns".into(),
+        );
     }
 }
 

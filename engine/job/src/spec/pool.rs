@@ -138,6 +138,15 @@ pub struct ServerSpec {
     /// Managed mode (the default): how each shard starts its server.
     #[serde(default)]
     pub launch: Option<LaunchSpec>,
+    /// Discovery mode: the pool follows an inference Deployment's replicas, every address
+    /// of a DNS name (`{ dns = "llm.ns.svc:8080" }`, a headless Service, with `nameserver`
+    /// and `refresh_s`) or the ready endpoints of Kubernetes EndpointSlices
+    /// (`{ kubernetes = { namespace, label_selector, port } }`), as env pools find their
+    /// workers. `count` is the most servers it uses at once (its shard slots). A new server
+    /// becomes a shard once healthy and serving the policy's current version; one that
+    /// leaves finishes the trajectories it holds, then goes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discover: Option<super::WorkersSpec>,
     #[serde(default = "default_slots")]
     pub slots: usize,
 }

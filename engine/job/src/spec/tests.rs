@@ -611,6 +611,34 @@ fn llamacpp_pool_fields_are_checked_with_their_paths() {
         ),
         (
             pool(
+                2,
+                "{ kind = \"llamacpp\", model = { path = \"m.gguf\" }, urls = [\"http://a:1\", \"http://b:1\"], discover = { dns = \"llm.rl.svc:8080\" } }",
+            ),
+            "pools[0].backend.discover",
+        ),
+        (
+            pool(
+                2,
+                "{ kind = \"sglang\", model = { path = \"m\" }, discover = { urls = [\"http://a:1\"] } }",
+            ),
+            "pools[0].backend.discover.urls",
+        ),
+        (
+            pool(
+                2,
+                "{ kind = \"vllm\", model = { path = \"m\" }, discover = { dns = \"no-port\" } }",
+            ),
+            "pools[0].backend.discover.dns",
+        ),
+        (
+            pool(
+                2,
+                "{ kind = \"vllm\", model = { path = \"m\" }, discover = { kubernetes = { namespace = \"Bad\", label_selector = \"app=vllm\", port = 8000 } } }",
+            ),
+            "pools[0].backend.discover.kubernetes.namespace",
+        ),
+        (
+            pool(
                 1,
                 "{ kind = \"vllm\", model = { path = \"m\" }, launch = { env = { A = \"1\" } } }",
             ),
@@ -626,6 +654,19 @@ fn llamacpp_pool_fields_are_checked_with_their_paths() {
             errs.iter().any(|e| e.field == field),
             "{field} not reported: {errs:?}"
         );
+    }
+    // A pool that follows an inference Deployment takes no launch command.
+    let found = pool(
+        2,
+        "{ kind = \"sglang\", model = { path = \"m\" }, discover = { dns = \"sglang.rl.svc:30000\", refresh_s = 5 } }",
+    );
+    let s = parse(&found, Format::Toml).expect("a discovered pool is valid");
+    match &s.pools[0].backend {
+        BackendSpec::Sglang(l) => {
+            let d = l.discover.as_ref().unwrap();
+            assert_eq!(d.dns_target(), Some(("sglang.rl.svc".into(), 30000)));
+        }
+        other => panic!("{other:?}"),
     }
     // A llama.cpp pool with the simulated trainer is refused too.
     let text = pool(1, "{ kind = \"llamacpp\", model = { path = \"m.gguf\" } }")

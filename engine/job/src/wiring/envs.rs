@@ -104,6 +104,27 @@ pub fn remote_task(
     actors::env::remote::RemoteTask::new(pool, key, registration, limits.call_timeout)
 }
 
+/// Where a pool's members come from: a fixed list, a DNS name looked up every `refresh_s`,
+/// or Kubernetes EndpointSlices (checked spec).
+pub fn membership(w: &crate::spec::WorkersSpec) -> actors::env::remote::Membership {
+    use actors::env::remote::{KubeTarget, Membership};
+    match (&w.kubernetes, w.dns_target()) {
+        (Some(k), _) => Membership::Kubernetes(KubeTarget {
+            api: k.api.clone(),
+            namespace: k.namespace.clone(),
+            label_selector: k.label_selector.clone(),
+            port: k.port,
+        }),
+        (None, Some((host, port))) => Membership::Dns {
+            host,
+            port,
+            nameserver: w.nameserver.as_deref().and_then(|n| n.parse().ok()),
+            every: Duration::from_secs_f64(w.refresh_s.unwrap_or(crate::spec::DEFAULT_REFRESH_S)),
+        },
+        (None, None) => Membership::Urls(w.urls.clone()),
+    }
+}
+
 /// `inner`, each environment sleeping a sampled extra latency in each reset and step.
 fn with_latency(inner: EnvFactory, seed_base: u64, inject: Option<&InjectLatency>) -> EnvFactory {
     match inject {

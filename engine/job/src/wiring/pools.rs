@@ -68,6 +68,8 @@ pub struct ServerPlan {
     pub kind: ServerKind,
     /// Attach mode: one server per shard.
     pub urls: Vec<String>,
+    /// Discovery mode: where the servers come from (the pool's shards are slots for them).
+    pub discover: Option<actors::env::remote::Membership>,
     /// Managed mode: the launch command (placeholders unfilled), its environment, ports,
     /// GPUs per shard, and the exported weights' type.
     pub command: Vec<String>,
@@ -233,6 +235,7 @@ fn server_pool(
     let server = ServerPlan {
         kind,
         urls: l.urls.clone(),
+        discover: l.discover.as_ref().map(super::envs::membership),
         command,
         env: launch.env.clone().into_iter().collect(),
         ports: launch.port_range.map(|[a, b]| (a, b)),

@@ -222,26 +222,7 @@ fn remote_pools(
         .filter(|p| !p.is_local())
         .map(|p| {
             let token = std::env::var(&p.token_env).ok().filter(|t| !t.is_empty());
-            let w = &p.workers;
-            let membership = match (&w.kubernetes, w.dns_target()) {
-                (Some(k), _) => {
-                    actors::env::remote::Membership::Kubernetes(actors::env::remote::KubeTarget {
-                        api: k.api.clone(),
-                        namespace: k.namespace.clone(),
-                        label_selector: k.label_selector.clone(),
-                        port: k.port,
-                    })
-                }
-                (None, Some((host, port))) => actors::env::remote::Membership::Dns {
-                    host,
-                    port,
-                    nameserver: w.nameserver.as_deref().and_then(|n| n.parse().ok()),
-                    every: Duration::from_secs_f64(
-                        w.refresh_s.unwrap_or(crate::spec::DEFAULT_REFRESH_S),
-                    ),
-                },
-                (None, None) => actors::env::remote::Membership::Urls(w.urls.clone()),
-            };
+            let membership = super::envs::membership(&p.workers);
             let pool =
                 actors::env::remote::WorkerPool::new(actors::env::remote::WorkerPoolConfig {
                     name: p.name.clone(),

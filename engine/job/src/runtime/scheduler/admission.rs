@@ -230,11 +230,19 @@ impl SchedState {
     }
 
     /// The shard of `pool` with the fewest trajectories, counting what other clients run on a
-    /// shared server (as its shard last reported); ties go to the lowest index.
+    /// shared server (as its shard last reported); ties go to the lowest index. Only shards
+    /// that take new trajectories count (an elastic pool's shards without a server, or
+    /// whose server is leaving, do not), unless none does (the trajectory then waits on a
+    /// shard for a server).
     fn least_loaded(&self, pool: usize) -> usize {
+        let shards = &self.a.pools[pool].shards;
+        let open = shards
+            .iter()
+            .any(actors::generation::shard::ShardHandle::accepting);
         (0..self.shard_active[pool].len())
+            .filter(|&i| !open || shards[i].accepting())
             .min_by_key(|&i| {
-                let external = self.a.pools[pool].shards[i].external_load();
+                let external = shards[i].external_load();
                 (self.shard_active[pool][i] + external, i)
             })
             .unwrap_or(0)

@@ -22,6 +22,7 @@ use crate::runtime::protocol::install;
 use crate::runtime::scheduler::PoolView;
 use crate::spec::ModelChoice;
 use crate::wiring::{EnginePlan, PoolPlan};
+use actors::generation::remote::elastic::ElasticPool;
 
 /// Spawns every shard of every pool, then installs the run's initial weights on each; returns
 /// the scheduler's views and the shards' actors.
@@ -35,11 +36,14 @@ pub(super) async fn spawn_pools(
 ) -> Result<(Vec<PoolView>, Vec<PoolShards>), JobError> {
     let mut views = Vec::with_capacity(plans.len());
     let mut all = Vec::with_capacity(plans.len());
+    let mut elastic = Vec::with_capacity(plans.len());
     for (pi, p) in plans.iter().enumerate() {
         let mut handles = Vec::with_capacity(p.shards);
         let mut actors = Vec::with_capacity(p.shards);
+        let pool = elastic_pool(p);
         for i in 0..p.shards {
-            let (factory, placement) = engine_factory(seed, epoch, pi, i, p, start, restarts);
+            let (factory, placement) =
+                engine_factory(seed, epoch, (pi, i), p, start, restarts, pool.as_ref());
             let (tx, rx) = tokio::sync::oneshot::channel::<ShardHandle>();
             let args = ShardArgs {
                 pool: p.name.clone(),
@@ -74,6 +78,7 @@ pub(super) async fn spawn_pools(
             device: p.device.name.clone(),
             actors,
         });
+        elastic.push(pool);
     }
     // Shards start at the resumed version.
     for p in &all {
@@ -81,18 +86,60 @@ pub(super) async fn spawn_pools(
             install(a, start.initial.clone(), InFlightPolicy::Abort, &p.name, i).await?;
         }
     }
+    // An elastic pool takes trajectories once one of its servers serves: placed before,
+    // they would wait on slots that may never get one.
+    for (v, pool) in views.iter().zip(&elastic) {
+        if let Some(pool) = pool {
+            first_server(v, pool).await?;
+        }
+    }
     Ok((views, all))
+}
+
+/// How long an elastic pool may take to find its first server and have it serve.
+const FIRST_SERVER_WITHIN: Duration = Duration::from_secs(300);
+
+/// Waits until a shard of the elastic pool `v` serves; an error naming the pool and its
+/// slots' state after [`FIRST_SERVER_WITHIN`].
+async fn first_server(v: &PoolView, pool: &ElasticPool) -> Result<(), JobError> {
+    let deadline = tokio::time::Instant::now() + FIRST_SERVER_WITHIN;
+    while !v.shards.iter().any(ShardHandle::accepting) {
+        if tokio::time::Instant::now() >= deadline {
+            return Err(JobError::NoServer {
+                pool: v.name.clone(),
+                seconds: FIRST_SERVER_WITHIN.as_secs_f64(),
+                why: pool.describe(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+/// A server pool that follows its servers' membership: its slots, with the follower started
+/// (it stops when the pool's shards are gone).
+fn elastic_pool(p: &PoolPlan) -> Option<Arc<ElasticPool>> {
+    let EnginePlan::Server { server, .. } = &p.engine else {
+        return None;
+    };
+    let membership = server.discover.clone()?;
+    let pool = ElasticPool::new(&p.name, p.shards);
+    tokio::spawn(actors::generation::remote::elastic::follow(
+        Arc::downgrade(&pool),
+        membership,
+    ));
+    Some(pool)
 }
 
 /// The engine factory of shard `i` of pool `pi` (called again for every restart).
 fn engine_factory(
     seed: u64,
     epoch: u64,
-    pi: usize,
-    i: usize,
+    (pi, i): (usize, usize),
     p: &PoolPlan,
     start: &ShardStart,
     restarts: &Arc<AtomicU64>,
+    elastic: Option<&Arc<ElasticPool>>,
 ) -> (EngineFactory, LoopPlacement) {
     match &p.engine {
         EnginePlan::Sim { config, faults } => {
@@ -125,7 +172,7 @@ fn engine_factory(
             (f, LoopPlacement::Thread)
         }
         EnginePlan::Server { model, server } => (
-            server_factory(i, model, server, start),
+            server_factory(i, model, server, start, elastic),
             LoopPlacement::Thread,
         ),
         EnginePlan::Builtin {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actors::error::SharedError;
+use actors::generation::remote::elastic::{ClientFor, ElasticEngine, ElasticPool};
 use actors::generation::remote::llamacpp::{LlamaCpp, Target};
 use actors::generation::remote::managed::{LaunchSpec, ManagedServer};
 use actors::generation::remote::sglang::Sglang;
@@ -29,8 +30,9 @@ pub(super) fn server_factory(
     model: &ModelChoice,
     plan: &ServerPlan,
     start: &ShardStart,
+    elastic: Option<&Arc<ElasticPool>>,
 ) -> EngineFactory {
-    let shard = ServerShard {
+    let shard = Arc::new(ServerShard {
         i,
         rt: tokio::runtime::Handle::current(),
         // llama.cpp closes idle connections after 5 s: give them up sooner.
@@ -44,9 +46,18 @@ pub(super) fn server_factory(
             ModelChoice::Checkpoint { path, .. } => path.clone(),
             ModelChoice::Tiny(_) => PathBuf::new(),
         },
-    };
-    Arc::new(move || shard.engine())
+    });
+    match elastic {
+        Some(pool) => {
+            let pool = Arc::clone(pool);
+            Arc::new(move || shard.elastic(&pool))
+        }
+        None => Arc::new(move || shard.engine()),
+    }
 }
+
+/// How long a server that left an elastic pool may go on with the trajectories it holds.
+const ELASTIC_DRAIN: Duration = Duration::from_secs(120);
 
 /// What every (re)start of the engine of inference-server shard `i` needs.
 struct ServerShard {
@@ -79,6 +90,27 @@ impl ServerShard {
             }
             Err(e) => Box::new(FailedEngine::new(GenError::Backend(SharedError::new(e)))),
         }
+    }
+
+    /// The engine of the shard's slot in an elastic pool: the servers the pool's follower
+    /// assigns it, in turn.
+    fn elastic(self: &Arc<Self>, pool: &ElasticPool) -> Box<dyn GenerationEngine> {
+        let me = Arc::clone(self);
+        let client_for: ClientFor = Arc::new(move |url: &str| me.attached(url));
+        let cfg = RemoteConfig {
+            // An attached llama.cpp serves its checkpoint (version 0); SGLang and vLLM are
+            // given the current version from disk before they serve.
+            serving: (self.plan.kind == ServerKind::Llamacpp).then_some(0),
+            ..Default::default()
+        };
+        Box::new(ElasticEngine::new(
+            pool,
+            self.i,
+            client_for,
+            self.rt.clone(),
+            cfg,
+            ELASTIC_DRAIN,
+        ))
     }
 
     /// The client of the shard's attached server, or of a managed one started now.

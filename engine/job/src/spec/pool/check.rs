@@ -216,7 +216,26 @@ fn check_server(at: &str, count: usize, l: &ServerSpec, llamacpp: bool, problems
             "an inference server serves a checkpoint: give its path (the tiny model is built-in only)".into(),
         );
     }
-    if !llamacpp && l.urls.is_empty() && l.launch.as_ref().is_none_or(|x| x.command.is_empty()) {
+    if let Some(d) = &l.discover {
+        if !l.urls.is_empty() || l.launch.is_some() {
+            problems.push(
+                format!("{p}.discover"),
+                "give urls (attach), launch (managed) or discover, one of them".into(),
+            );
+        }
+        if !d.urls.is_empty() {
+            problems.push(
+                format!("{p}.discover.urls"),
+                "discover follows dns or kubernetes; a fixed list is backend.urls".into(),
+            );
+        }
+        crate::spec::env_pool::check_workers(&format!("{p}.discover"), d, problems);
+    }
+    if !llamacpp
+        && l.urls.is_empty()
+        && l.discover.is_none()
+        && l.launch.as_ref().is_none_or(|x| x.command.is_empty())
+    {
         problems.push(
             format!("{p}.launch.command"),
             "SGLang and vLLM have no default command: give urls (attach) or launch.command".into(),
