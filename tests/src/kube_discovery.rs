@@ -292,3 +292,75 @@ async fn a_refused_list_names_the_role_the_account_needs() {
         "{e}"
     );
 }
+
+/// Each slot's assigned server.
+fn slots(p: &actors::generation::remote::elastic::ElasticPool) -> Vec<Option<String>> {
+    p.slots.iter().map(|s| s.assigned()).collect()
+}
+
+/// Waits until the slots' assigned servers are `want`.
+async fn assigned(p: &actors::generation::remote::elastic::ElasticPool, want: Vec<Option<&str>>) {
+    let want: Vec<Option<String>> = want.into_iter().map(|w| w.map(String::from)).collect();
+    for _ in 0..200 {
+        if slots(p) == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("slots {:?}, wanted {want:?}", slots(p));
+}
+
+/// An elastic inference-server pool (`backend.discover = { kubernetes = … }`) follows the
+/// same list and watch: each ready endpoint gets a slot of its own and keeps it while it
+/// stays, one that turns unready loses it, and a later one takes the freed slot.
+#[tokio::test]
+async fn an_elastic_server_pool_assigns_its_slots_from_endpointslices() {
+    use actors::generation::remote::elastic::{ElasticPool, follow};
+    let api = FakeApi::start().await;
+    api.apply("ADDED", slice("llm-a", &[("10.0.0.1", true)]));
+    let pool = ElasticPool::new("llm", 2);
+    let target = KubeTarget {
+        api: api.url.clone(),
+        namespace: "rl".into(),
+        label_selector: SELECTOR.into(),
+        port: 8000,
+    };
+    tokio::spawn(follow(
+        Arc::downgrade(&pool),
+        Membership::Kubernetes(target),
+    ));
+    assigned(&pool, vec![Some("http://10.0.0.1:8000"), None]).await;
+    api.watching(1).await;
+    api.apply(
+        "ADDED",
+        slice("llm-b", &[("10.0.0.2", true), ("10.0.0.3", false)]),
+    );
+    assigned(
+        &pool,
+        vec![Some("http://10.0.0.1:8000"), Some("http://10.0.0.2:8000")],
+    )
+    .await;
+    // The first turns unready: its slot is cleared, the second keeps its own.
+    api.apply("MODIFIED", slice("llm-a", &[("10.0.0.1", false)]));
+    assigned(&pool, vec![None, Some("http://10.0.0.2:8000")]).await;
+    // A third becomes ready: it takes the free slot (no engine holds a server there).
+    api.apply(
+        "MODIFIED",
+        slice("llm-b", &[("10.0.0.2", true), ("10.0.0.3", true)]),
+    );
+    assigned(
+        &pool,
+        vec![Some("http://10.0.0.3:8000"), Some("http://10.0.0.2:8000")],
+    )
+    .await;
+    // More servers than slots: the extra one waits; nothing moves.
+    api.apply("MODIFIED", slice("llm-a", &[("10.0.0.1", true)]));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        slots(&pool),
+        vec![
+            Some("http://10.0.0.3:8000".into()),
+            Some("http://10.0.0.2:8000".into())
+        ]
+    );
+}

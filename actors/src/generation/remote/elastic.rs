@@ -57,6 +57,11 @@ pub struct Slot {
 }
 
 impl Slot {
+    /// The server the follower assigned the slot (`None`: none, or its server left).
+    pub fn assigned(&self) -> Option<String> {
+        lock(&self.want).clone()
+    }
+
     /// The server the slot's engine holds now.
     pub fn held(&self) -> Option<String> {
         lock(&self.held).clone()
