@@ -10,6 +10,8 @@
 //! - [`dist`]: seeded latency / length distributions used by simulators.
 //! - [`device`]: device and model profiles, the roofline the mapper and the simulator share,
 //!   and GPU discovery behind the `cuda` feature.
+//! - [`discovery`]: where a pool's members come from (a URL list, DNS lookups, Kubernetes
+//!   EndpointSlices by list and watch), for env pools and elastic inference-server pools.
 //! - [`generation`]: the generation-engine trait, the shard engine loop behind a flume seam,
 //!   the shard actor and the roofline simulator.
 //! - [`env`]: the environment trait, environment actors and pools, the latency simulator.
@@ -38,6 +40,7 @@ pub mod buffer;
 pub mod call;
 pub mod chat;
 pub mod device;
+pub mod discovery;
 pub mod dist;
 pub mod env;
 pub mod episode;

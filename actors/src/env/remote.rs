@@ -23,12 +23,9 @@ use super::protocol::{PROTOCOL_V3, Request};
 use super::{EnvError, Environment, Observation, Record, StepOutcome};
 
 mod agent;
-mod discovery;
-mod kube;
 mod pool;
+pub use crate::discovery::{KubeTarget, Membership, RESOLVE_TIMEOUT};
 pub use agent::AgentRunReport;
-pub use discovery::{Membership, RESOLVE_TIMEOUT};
-pub use kube::KubeTarget;
 use pool::{CallError, Worker, lock};
 pub use pool::{START_HEADER, WorkerPool, WorkerPoolConfig, WorkerState};
 

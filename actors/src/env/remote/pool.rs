@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::super::EnvError;
 use super::super::protocol::{Request, Response};
 use super::PROBE_EVERY;
-use super::discovery::Membership;
+use crate::discovery::Membership;
 
 /// Most workers a pool follows (what discovery finds beyond them is left out, with a
 /// warning): the bound of a listed pool too.
@@ -289,7 +289,7 @@ impl WorkerPool {
 
     /// Starts following a Kubernetes membership (list, then watch) and waits for the first
     /// list's answer or failure (at most [`FIRST_LIST_WAIT`]).
-    async fn follow(self: &Arc<Self>, target: super::kube::KubeTarget) {
+    async fn follow(self: &Arc<Self>, target: crate::discovery::KubeTarget) {
         let weak: Weak<Self> = Arc::downgrade(self);
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let mut first = Some(tx);

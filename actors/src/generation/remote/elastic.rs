@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::{RemoteConfig, RemoteEngine, ServerClient};
-use crate::env::remote::Membership;
+use crate::discovery::Membership;
 use crate::error::SharedError;
 use crate::generation::{
     GenError, GenOutput, GenRequest, GenerationEngine, InFlightPolicy, LoadReport, StepReport,
@@ -204,6 +204,8 @@ struct Held {
     serving: bool,
     /// Its server left: since when.
     leaving: Option<tokio::time::Instant>,
+    /// It cannot serve (never healthy, or unable to take the version): it goes at once.
+    refused: bool,
 }
 
 /// The engine of one slot of an elastic pool.
@@ -270,6 +272,12 @@ impl ElasticEngine {
         {
             tracing::info!(server = %h.url, "an inference server left the pool: draining it");
             h.leaving = Some(tokio::time::Instant::now());
+            // Woken at the drain time, whatever happens before.
+            let (wake, due) = (Arc::clone(&self.slot.wake), self.drain_within);
+            self.rt.spawn(async move {
+                tokio::time::sleep(due).await;
+                wake.notify_one();
+            });
         }
         self.let_go();
         if self.held.is_none()
@@ -320,6 +328,7 @@ impl ElasticEngine {
             engine,
             serving: false,
             leaving: None,
+            refused: false,
         });
     }
 
@@ -333,7 +342,8 @@ impl ElasticEngine {
             let why = why.to_string();
             tracing::warn!(server = %h.url, error = %why, "a joining inference server never became healthy");
             *lock(&self.slot.refused) = Some(why);
-            h.leaving = Some(tokio::time::Instant::now() - self.drain_within);
+            h.leaving = Some(tokio::time::Instant::now());
+            h.refused = true;
             return;
         }
         if h.engine.info().is_none() {
@@ -357,7 +367,8 @@ impl ElasticEngine {
                 tracing::warn!(server = %h.url, version, error = %why,
                     "a joining inference server cannot serve the policy's version: it takes no work");
                 *lock(&self.slot.refused) = Some(why);
-                h.leaving = Some(tokio::time::Instant::now() - self.drain_within);
+                h.leaving = Some(tokio::time::Instant::now());
+                h.refused = true;
                 return;
             }
         }
@@ -368,15 +379,21 @@ impl ElasticEngine {
         tracing::info!(server = %h.url, version, "an inference server serves in the pool");
     }
 
-    /// Lets a leaving server go once it holds no request and no trajectory, or its drain
-    /// time is up (what it still holds fails).
-    fn let_go(&mut self) {
-        let Some(h) = &mut self.held else { return };
-        let Some(since) = h.leaving else { return };
+    /// Whether the leaving server `h` (since `since`) may go: it holds no request and no
+    /// trajectory, or its drain time is up.
+    fn may_let_go(&self, h: &Held, since: tokio::time::Instant) -> bool {
         let idle = !h.engine.busy() && (self.sessions.is_empty() || !h.serving);
-        if !idle && since.elapsed() < self.drain_within {
+        h.refused || idle || since.elapsed() >= self.drain_within
+    }
+
+    /// Lets a leaving server go once it may (what it still holds fails).
+    fn let_go(&mut self) {
+        let Some(h) = &self.held else { return };
+        let Some(since) = h.leaving else { return };
+        if !self.may_let_go(h, since) {
             return;
         }
+        let Some(h) = &mut self.held else { return };
         let mut left = h.engine.step().finished;
         left.extend(h.engine.fail_all(&left_error(&h.url)));
         self.failed.append(&mut left);
@@ -492,8 +509,8 @@ impl GenerationEngine for ElasticEngine {
             || !self.failed.is_empty()
             || self.held.as_ref().is_some_and(|h| {
                 h.engine.has_work()
-                    || h.leaving.is_some()
-                    || (!h.serving && h.engine.info().is_some())
+                    || h.leaving.is_some_and(|since| self.may_let_go(h, since))
+                    || (h.leaving.is_none() && !h.serving && h.engine.info().is_some())
             })
     }
 

@@ -1,6 +1,10 @@
 //! Where a pool's workers come from: a fixed list, every address a DNS name resolves to (a
 //! headless Service's ready pods), re-resolved while the job runs, or the ready endpoints of
-//! Kubernetes EndpointSlices, followed by list and watch ([`super::kube`]).
+//! Kubernetes EndpointSlices, followed by list and watch ([`kube`]). Env pools follow their
+//! workers with it, elastic inference-server pools their servers.
+
+mod kube;
+pub use kube::KubeTarget;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -23,7 +27,7 @@ pub enum Membership {
         every: Duration,
     },
     /// The ready endpoints of the EndpointSlices a label selector picks, followed live.
-    Kubernetes(super::kube::KubeTarget),
+    Kubernetes(kube::KubeTarget),
 }
 
 impl Membership {
