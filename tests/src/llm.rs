@@ -588,7 +588,7 @@ async fn an_elastic_llamacpp_pool_follows_its_replicas_up_and_down_without_losin
     b.as_ref().unwrap().healthy().await;
     eprintln!("both replicas are healthy");
     let t = tests::TestServer::start().await;
-    let steps = 16;
+    let steps = 12;
     let toml = SpecBuilder::new()
         .raw_task(
             "[[tasks]]\ndomain = \"lake\"\ngroup_size = 2\nmax_turns = 2\nmax_tokens_per_turn = 8\nenv = { kind = \"frozenlake\", size = 4 }\n",
@@ -673,10 +673,10 @@ async fn an_elastic_llamacpp_pool_follows_its_replicas_up_and_down_without_losin
                 phase = 2;
             }
             2 => {
-                // Once it has been idle for three steps, it is let go: killed.
+                // Once it has been idle for two steps, it is let go: killed.
                 let idle = !b.as_ref().unwrap().busy().await;
                 quiet = if idle { quiet + 1 } else { 0 };
-                if quiet >= 3 {
+                if quiet >= 2 {
                     eprintln!("step {step}: the second server is idle; killing it");
                     drop(b.take());
                     phase = 3;
