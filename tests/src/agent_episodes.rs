@@ -416,14 +416,8 @@ async fn external_harnesses_claim_play_and_finish_episodes_through_the_sdk() {
         "an unknown status is the caller's mistake"
     );
     let summary = harness("tests/agents/external_runner.py", &[&base, &job, "openai"]).await;
-    let done = tests::wait_job(
-        &srv.client,
-        &base,
-        &job,
-        std::time::Duration::from_secs(60),
-        |v| v["state"] != "running" && v["state"] != "queued",
-    )
-    .await;
+    let done =
+        tests::wait_ended(&srv.client, &base, &job, std::time::Duration::from_secs(60)).await;
     assert_eq!(done["state"], "succeeded", "{done}");
     let summary: Value = serde_json::from_str(&summary).unwrap();
     assert!(summary["completed"].as_u64().unwrap() >= 2, "{summary}");
@@ -464,14 +458,8 @@ async fn external_harnesses_claim_play_and_finish_episodes_through_the_sdk() {
         let mut args = vec![base.as_str(), job.as_str()];
         args.extend(mode);
         harness(script, &args).await;
-        let done = tests::wait_job(
-            &srv.client,
-            &base,
-            &job,
-            std::time::Duration::from_secs(60),
-            |v| v["state"] != "running" && v["state"] != "queued",
-        )
-        .await;
+        let done =
+            tests::wait_ended(&srv.client, &base, &job, std::time::Duration::from_secs(60)).await;
         assert_eq!(done["state"], "succeeded", "{script}: {done}");
         let rows = tests::all_rows(&srv.client, &base, &job, 100).await;
         let trained: Vec<&Value> = rows

@@ -255,12 +255,7 @@ fn the_official_sdks_drive_the_gateway_on_a_managed_llamacpp_shard_without_drift
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("xllamacpp_serve.py");
     std::fs::write(&script, XLLAMACPP_SERVE).unwrap();
-    let python = std::env::var("ROLLARC_XLLAMACPP_PYTHON").unwrap_or_else(|_| {
-        format!(
-            "{}/.cache/rollarc/xllamacpp-venv/bin/python",
-            std::env::var("HOME").unwrap_or_default()
-        )
-    });
+    let python = job::resolve::xllamacpp_python(&infra::env::ProcessEnv);
     let path = actors::model::llm::smollm2_path();
     let launch = LaunchSpec {
         command: xllamacpp_command(&python, &script, 1),

@@ -14,7 +14,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::server::{ServerProcess, descendants, group_alive, ledger_groups, still_running};
-use crate::{SpecBuilder, submit_job, wait_job};
+use crate::{SpecBuilder, submit_job, wait_ended, wait_job};
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -333,10 +333,7 @@ pub async fn run(opts: &ChaosOptions, dir: &Path) -> ChaosReport {
             .post(format!("{}/v1/jobs/{id}/cancel", server.base))
             .send()
             .await;
-        let job = wait_job(&client, &server.base, id, Duration::from_secs(60), |v| {
-            v["state"] != "running" && v["state"] != "queued"
-        })
-        .await;
+        let job = wait_ended(&client, &server.base, id, Duration::from_secs(60)).await;
         if job["state"] != "cancelled" {
             report.problems.push(format!(
                 "{name} ({id}) ended {}: {}",
@@ -360,10 +357,7 @@ pub async fn run(opts: &ChaosOptions, dir: &Path) -> ChaosReport {
         .toml();
     let t0 = tokio::time::Instant::now();
     let id = submit_job(&client, &server.base, broken).await;
-    let job = wait_job(&client, &server.base, &id, Duration::from_secs(120), |v| {
-        v["state"] != "running" && v["state"] != "queued"
-    })
-    .await;
+    let job = wait_ended(&client, &server.base, &id, Duration::from_secs(120)).await;
     report.crash_loop_failed_after_s = Some(t0.elapsed().as_secs_f64());
     report.crash_loop_error = job["error"].as_str().unwrap_or_default().to_string();
     if opts.round2 {

@@ -318,6 +318,20 @@ pub async fn wait_job(
     }
 }
 
+/// Polls `GET /v1/jobs/{id}` until the job has ended (neither queued nor running), at most
+/// `timeout`; its last state.
+pub async fn wait_ended(
+    client: &reqwest::Client,
+    base: &str,
+    id: &str,
+    timeout: Duration,
+) -> serde_json::Value {
+    wait_job(client, base, id, timeout, |v| {
+        v["state"] != "running" && v["state"] != "queued"
+    })
+    .await
+}
+
 /// Pages through all trajectories of a job; returns (cursor, trajectory id) pairs.
 pub async fn page_all(
     client: &reqwest::Client,

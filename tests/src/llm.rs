@@ -510,12 +510,7 @@ impl Replica {
         let dir = tempfile::tempdir().unwrap();
         let script = dir.path().join("xllamacpp_serve.py");
         std::fs::write(&script, XLLAMACPP_SERVE).unwrap();
-        let python = std::env::var("ROLLARC_XLLAMACPP_PYTHON").unwrap_or_else(|_| {
-            format!(
-                "{}/.cache/rollarc/xllamacpp-venv/bin/python",
-                std::env::var("HOME").unwrap_or_default()
-            )
-        });
+        let python = job::resolve::xllamacpp_python(&infra::env::ProcessEnv);
         let argv: Vec<String> = xllamacpp_command(&python, &script, 1)
             .into_iter()
             .map(|a| {
@@ -686,14 +681,7 @@ async fn an_elastic_llamacpp_pool_follows_its_replicas_up_and_down_without_losin
         }
     }
     assert_eq!(phase, 3, "the scenario did not finish within {steps} steps");
-    let done = tests::wait_job(
-        &t.client,
-        &base,
-        &job,
-        std::time::Duration::from_secs(120),
-        |v| v["state"] != "running" && v["state"] != "queued",
-    )
-    .await;
+    let done = tests::wait_ended(&t.client, &base, &job, std::time::Duration::from_secs(120)).await;
     assert_eq!(done["state"], "succeeded", "{done}");
     let rows = tests::all_rows(&t.client, &base, &job, 500).await;
     assert!(rows.len() > left_at_rows);

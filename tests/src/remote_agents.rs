@@ -209,12 +209,11 @@ async fn a_service_job_sends_its_workers_agents_to_the_gateway_on_the_services_p
     )
     .toml();
     let job = tests::submit_job(&srv.client, &base, body).await;
-    let done = tests::wait_job(
+    let done = tests::wait_ended(
         &srv.client,
         &base,
         &job,
         std::time::Duration::from_secs(120),
-        |v| v["state"] != "running" && v["state"] != "queued",
     )
     .await;
     assert_eq!(done["state"], "succeeded", "{done}");

@@ -17,7 +17,7 @@ use crate::model::llm::tests::{ids, reference, smollm2_path};
 use crate::types::{PolicyVersion, VersionSpan};
 use crate::weights::Weights;
 
-fn runtime() -> tokio::runtime::Runtime {
+pub(super) fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -7,17 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::super::tests::Scripted;
+use super::super::tests::{Scripted, runtime};
 use super::*;
 use crate::generation::contract::{pause_briefly, request};
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
 
 /// Scripted servers by URL.
 fn servers(names: &[(&str, Scripted)]) -> ClientFor {
