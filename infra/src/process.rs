@@ -27,7 +27,7 @@ mod tree;
 use capture::drain;
 pub use capture::{Capped, truncation_marker};
 use ledger::LEDGER;
-pub use ledger::use_ledger;
+pub use ledger::{SANDBOX_MARK_VAR, sandbox_mark, use_ledger};
 use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
 pub use tree::descendants;
@@ -148,12 +148,17 @@ pub fn command(argv: &[String]) -> Result<Command, ProcessError> {
 /// runs the program. The kernel sends that signal when the *thread* that forked it exits,
 /// so every child is forked by one thread that lives as long as the process ([`spawner`]),
 /// never by a tokio blocking thread that exits when idle. (A sandboxed program dies too:
-/// bubblewrap's `--die-with-parent` ends its PID namespace.)
+/// bubblewrap's `--die-with-parent` ends its PID namespace. Not a sandbox caught starting,
+/// though: bubblewrap's child asks for its death signal only after its setup, and waits in
+/// that setup for a parent that is gone. The child lists its group in the ledger before it
+/// runs its program, so the next start ends such a group whatever the moment of the crash.)
 pub fn spawn(mut cmd: Command) -> Result<Spawned, ProcessError> {
     cmd.process_group(0).kill_on_drop(true);
     let parent = std::process::id();
-    // SAFETY: the closure runs between fork and exec and makes two system calls only
-    // (prctl, getppid), both async-signal-safe; it allocates nothing on success.
+    let ledger = ledger::ledger_dir();
+    // SAFETY: the closure runs between fork and exec and makes system calls only (prctl,
+    // getppid, getpid, openat, close), all async-signal-safe, on stack buffers; it allocates
+    // nothing on success.
     #[allow(unsafe_code)]
     unsafe {
         cmd.pre_exec(move || {
@@ -162,6 +167,9 @@ pub fn spawn(mut cmd: Command) -> Result<Spawned, ProcessError> {
             // The parent may have died between fork and prctl: then nothing would signal.
             if nix::unistd::getppid().as_raw() as u32 != parent {
                 return Err(io::Error::other("the parent process exited"));
+            }
+            if let Some(dir) = ledger {
+                ledger::list_in_child(dir);
             }
             Ok(())
         });
@@ -173,7 +181,12 @@ pub fn spawn(mut cmd: Command) -> Result<Spawned, ProcessError> {
             child,
             program,
         }),
-        Err(source) => Err(ProcessError::Spawn { program, source }),
+        Err(source) => {
+            if let Some(l) = LEDGER.get() {
+                l.forget_failed();
+            }
+            Err(ProcessError::Spawn { program, source })
+        }
     }
 }
 

@@ -13,7 +13,9 @@ use std::time::Duration;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::server::{ServerProcess, descendants, group_alive, ledger_groups, still_running};
+use crate::server::{
+    ServerProcess, descendants, describe, group_alive, group_members, ledger_groups, still_running,
+};
 use crate::{SpecBuilder, submit_job, wait_ended, wait_job};
 
 /// What to run.
@@ -42,6 +44,8 @@ pub struct ChaosReport {
     pub duplicated: usize,
     pub replayed: usize,
     pub orphans: usize,
+    /// What each orphan was (pid, command line, parent).
+    pub orphan_processes: Vec<String>,
     /// Steps whose trained rows are not exactly one batch.
     pub bad_steps: usize,
     /// Rows of the scored job with neither a reward nor a failure.
@@ -251,25 +255,28 @@ async fn kill_function_instance(
     .is_ok()
 }
 
-/// Waits (at most 10 s) for the groups of a killed service to die; returns the survivors.
-async fn survivors(groups: &[i32]) -> usize {
+/// Waits (at most 10 s) for the groups of a killed service to die; names the survivors.
+async fn survivors(groups: &[i32]) -> Vec<String> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let alive = groups.iter().filter(|&&g| group_alive(g)).count();
-        if alive == 0 || tokio::time::Instant::now() > deadline {
-            return alive;
+        let alive: Vec<i32> = groups.iter().copied().filter(|&g| group_alive(g)).collect();
+        if alive.is_empty() || tokio::time::Instant::now() > deadline {
+            return alive
+                .iter()
+                .map(|g| format!("group {g}: {}", group_members(*g)))
+                .collect();
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
-/// Waits (at most 10 s) for the processes of a killed service to die; returns the survivors.
-async fn survivors_of(procs: &[(u32, u64)]) -> usize {
+/// Waits (at most 10 s) for the processes of a killed service to die; names the survivors.
+async fn survivors_of(procs: &[(u32, u64)]) -> Vec<String> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let alive = still_running(procs);
-        if alive == 0 || tokio::time::Instant::now() > deadline {
-            return alive;
+        if alive.is_empty() || tokio::time::Instant::now() > deadline {
+            return alive.iter().map(|p| describe(*p)).collect();
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -319,8 +326,10 @@ pub async fn run(opts: &ChaosOptions, dir: &Path) -> ChaosReport {
         report.processes_seen += procs.len();
         let groups = ledger_groups(dir);
         server = ServerProcess::start_with(dir, Some(CONFIG));
-        report.orphans += survivors(&groups).await;
-        report.orphans += survivors_of(&procs).await;
+        let mut left = survivors(&groups).await;
+        left.extend(survivors_of(&procs).await);
+        report.orphans += left.len();
+        report.orphan_processes.extend(left);
         for (_, id, _) in &ids {
             let (after, dup) = rows(&client, &server.base, id).await;
             report.duplicated += dup;
@@ -374,7 +383,9 @@ pub async fn run(opts: &ChaosOptions, dir: &Path) -> ChaosReport {
         let _ = server.child.wait();
     })
     .await;
-    report.orphans += survivors(&ledger_groups(dir)).await;
+    let left = survivors(&ledger_groups(dir)).await;
+    report.orphans += left.len();
+    report.orphan_processes.extend(left);
     if opts.round2 {
         let restarts = dir.join("restarts");
         report.quick_restarts = Some(round2::quick_restarts(&restarts, 2, 8.0).await);

@@ -342,7 +342,7 @@ done"#;
         let left: Vec<(u32, u64)> = started
             .iter()
             .copied()
-            .filter(|p| tests::server::still_running(&[*p]) == 1)
+            .filter(|p| !tests::server::still_running(&[*p]).is_empty())
             .collect();
         if left.is_empty() {
             break;

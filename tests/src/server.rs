@@ -92,18 +92,27 @@ pub fn ledger_groups(dir: &std::path::Path) -> Vec<i32> {
         .unwrap_or_default()
 }
 
-/// Whether any live (not zombie) process is in group `pgid` (field 5 of `/proc/PID/stat`).
+/// Whether any live (not zombie) process is in group `pgid`.
 pub fn group_alive(pgid: i32) -> bool {
+    !group_pids(pgid).is_empty()
+}
+
+/// The live (not zombie) processes of group `pgid` (field 5 of `/proc/PID/stat`).
+fn group_pids(pgid: i32) -> Vec<u32> {
     let Ok(procs) = std::fs::read_dir("/proc") else {
-        return false;
+        return Vec::new();
     };
-    procs.flatten().any(|e| {
-        std::fs::read_to_string(e.path().join("stat")).is_ok_and(|s| {
-            let rest = &s[s.rfind(')').map_or(0, |i| i + 1)..];
-            let f: Vec<&str> = rest.split_whitespace().collect();
-            f.len() > 2 && f[0] != "Z" && f[2] == pgid.to_string()
+    procs
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                let rest = &s[s.rfind(')').map_or(0, |i| i + 1)..];
+                let f: Vec<&str> = rest.split_whitespace().collect();
+                f.len() > 2 && f[0] != "Z" && f[2] == pgid.to_string()
+            })
         })
-    })
+        .collect()
 }
 
 /// (pid, start time) of a process from `/proc/PID/stat`, with its parent.
@@ -142,10 +151,29 @@ pub fn descendants(root: u32) -> Vec<(u32, u64)> {
     out
 }
 
-/// How many of `procs` still run (the same pid with the same start time).
-pub fn still_running(procs: &[(u32, u64)]) -> usize {
+/// Those of `procs` that still run (the same pid with the same start time).
+pub fn still_running(procs: &[(u32, u64)]) -> Vec<(u32, u64)> {
     procs
         .iter()
+        .copied()
         .filter(|(pid, start)| stat(*pid).is_some_and(|(_, s)| s == *start))
-        .count()
+        .collect()
+}
+
+/// A process for a report: pid, parent and command line.
+pub fn describe((pid, _): (u32, u64)) -> String {
+    let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+        .unwrap_or_default();
+    let parent = stat(pid).map_or(0, |(ppid, _)| ppid);
+    format!("pid {pid} (parent {parent}): {}", cmd.trim())
+}
+
+/// The live members of process group `pgid`, described.
+pub fn group_members(pgid: i32) -> String {
+    group_pids(pgid)
+        .into_iter()
+        .map(|pid| describe((pid, 0)))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
