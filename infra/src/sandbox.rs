@@ -182,10 +182,12 @@ fn bwrap_args(filter: &std::path::Path, binds: &[String], clear_env: bool) -> Ve
             v.extend([s("--setenv"), s(k), s(val)]);
         }
     }
-    // The owner's mark, on bubblewrap's command line: the next start of a crashed service ends
-    // a sandbox that was still being set up when it died (see `process::sandbox_mark`).
+    // The owner's mark, on bubblewrap's command line only (set, then unset: the program's
+    // environment stays as above): the next start of a crashed service ends a sandbox that
+    // was still being set up when it died (see `process::sandbox_mark`).
     if let Some(mark) = crate::process::sandbox_mark() {
-        v.extend([s("--setenv"), s(crate::process::SANDBOX_MARK_VAR), s(mark)]);
+        let var = crate::process::SANDBOX_MARK_VAR;
+        v.extend([s("--setenv"), s(var), s(mark), s("--unsetenv"), s(var)]);
     }
     v
 }

@@ -280,6 +280,108 @@ done"#;
         .await;
 }
 
+/// The command line of process `pid`, split at its NULs.
+fn cmdline(pid: u32) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| {
+            b.split(|c| *c == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A sandbox that bubblewrap was still setting up when the service was SIGKILLed has left the
+/// service's process group and outlives it (bubblewrap asks for its death signal only after
+/// the setup). A process carrying the sandboxes' mark in a group of its own stands in for it:
+/// the next start on the data directory ends it. The mark is on bubblewrap's command line and
+/// not in the sandboxed program's environment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_left_starting_by_a_killed_service_is_ended_at_the_next_start() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let script = r#"while read l; do
+case "$l" in
+  *reset*) echo '{"v":1,"ok":true,"observation":"go"}' ;;
+  *step*) sleep 0.05; echo '{"v":1,"ok":true,"observation":"","reward":1.0,"terminated":true,"info":{"success":true}}' ;;
+  *close*) echo '{"v":1,"ok":true}'; exit 0 ;;
+esac
+done"#;
+    let spec = tests::SpecBuilder::new()
+        .pool("h20", "H20", 1, "")
+        .raw_task(&format!("[[tasks]]\ndomain = \"ext\"\ngroup_size = 2\nmax_turns = 1\nenvs = 2\nenv = {{ kind = \"external\", command = [\"bash\", \"-c\", '''{script}'''] }}\n"))
+        .rollout("batch_size = 1")
+        .rollout("steps = 100000")
+        .toml();
+    let first = start(dir.path());
+    let id = tests::submit_job(&client, &first.base, spec).await;
+    wait_job(&client, &first.base, &id, Duration::from_secs(60), |v| {
+        v["step"].as_u64().unwrap_or(0) >= 1
+    })
+    .await;
+    let procs = tests::server::descendants(first.child.id());
+    let mark = procs
+        .iter()
+        .map(|(p, _)| cmdline(*p))
+        .find_map(|c| {
+            let i = c.iter().position(|a| a == "ROLLARC_SANDBOX")?;
+            (c.get(i.checked_sub(1)?)? == "--setenv").then(|| c.get(i + 1).cloned())?
+        })
+        .expect("a running sandbox carries the mark on bubblewrap's command line");
+    let program = procs
+        .iter()
+        .find(|(p, _)| cmdline(*p).first().is_some_and(|a| a == "bash"))
+        .expect("the sandboxed environment runs")
+        .0;
+    let environ = std::fs::read(format!("/proc/{program}/environ")).unwrap();
+    assert!(
+        !String::from_utf8_lossy(&environ).contains("ROLLARC_SANDBOX"),
+        "the mark stays out of the program's environment"
+    );
+    // Outside the service's groups and tree, as a sandbox caught starting is.
+    let mut stray = std::process::Command::new("sh")
+        .args([
+            "-c",
+            "sleep 300; :",
+            "sh",
+            "--setenv",
+            "ROLLARC_SANDBOX",
+            &mark,
+        ])
+        .process_group(0)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Its group (the stand-in's `sleep` too) goes when the test ends, whatever happens.
+    let _stray_group = infra::process::GroupGuard::new(Some(stray.id()));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first.child.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        stray.try_wait().unwrap().is_none(),
+        "the stand-in outlives the killed service: the check below would prove nothing"
+    );
+    let second = start(dir.path());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while stray.try_wait().unwrap().is_none() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a marked process of the killed service still runs"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = client
+        .post(format!("{}/v1/jobs/{id}/cancel", second.base))
+        .send()
+        .await;
+}
+
 /// Hardening (#35): a service SIGKILLed and never restarted leaves nothing running. Every
 /// child asked the kernel to kill it when its parent died (see `infra::process::spawn`):
 /// the function instances (`rollarc-fn`), a sandboxed environment (and everything in its

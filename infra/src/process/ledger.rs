@@ -19,8 +19,9 @@ pub(super) struct Ledger {
 }
 
 /// The variable that marks a sandbox as started by the owner of a ledger: bubblewrap is given
-/// `--setenv ROLLARC_SANDBOX <mark>`, so the mark stands on the command line of each of its
-/// processes, which the sandboxed program cannot rewrite.
+/// `--setenv ROLLARC_SANDBOX <mark> --unsetenv ROLLARC_SANDBOX`, so the mark stands on the
+/// command line of each of its processes, which the sandboxed program cannot rewrite, and
+/// not in the program's environment.
 pub const SANDBOX_MARK_VAR: &str = "ROLLARC_SANDBOX";
 
 /// The mark of the sandboxes started under the ledger in use (`None`: no ledger).
