@@ -14,6 +14,37 @@ fn slow_spec(steps: u64) -> String {
     tests::wall_clock_job(steps, 2, 0.02)
 }
 
+/// An external environment of the protocol as a bash script that ends each episode in one
+/// step; `prelude` runs first.
+fn env_script(prelude: &str) -> String {
+    format!(
+        r#"{prelude}while read l; do
+case "$l" in
+  *reset*) echo '{{"v":1,"ok":true,"observation":"go"}}' ;;
+  *step*) sleep 0.05; echo '{{"v":1,"ok":true,"observation":"","reward":1.0,"terminated":true,"info":{{"success":true}}}}' ;;
+  *close*) echo '{{"v":1,"ok":true}}'; exit 0 ;;
+esac
+done"#
+    )
+}
+
+/// A task of `envs` external environments running `script` in `sandbox` (`bwrap` or `none`).
+fn external_task(domain: &str, sandbox: &str, envs: u32, script: &str) -> String {
+    format!(
+        "[[tasks]]\ndomain = \"{domain}\"\ngroup_size = 2\nmax_turns = 1\nenvs = {envs}\nenv = {{ kind = \"external\", sandbox = \"{sandbox}\", command = [\"bash\", \"-c\", '''{script}'''] }}\n"
+    )
+}
+
+/// A job of one external task (see [`external_task`]), one group per step, steps enough.
+fn external_job(sandbox: &str, envs: u32, script: &str) -> String {
+    tests::SpecBuilder::new()
+        .pool("h20", "H20", 1, "")
+        .raw_task(&external_task("ext", sandbox, envs, script))
+        .rollout("batch_size = 1")
+        .rollout("steps = 100000")
+        .toml()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_mid_job_loses_and_duplicates_nothing_and_the_job_resumes() {
     let dir = tempfile::tempdir().unwrap();
@@ -223,20 +254,7 @@ async fn processes_left_by_a_killed_service_are_ended_at_the_next_start() {
     let dir = tempfile::tempdir().unwrap();
     let client = reqwest::Client::new();
     // Each environment leaves a helper running in its group (it outlives the program's stdin).
-    let script = r#"sleep 300 &
-while read l; do
-case "$l" in
-  *reset*) echo '{"v":1,"ok":true,"observation":"go"}' ;;
-  *step*) sleep 0.05; echo '{"v":1,"ok":true,"observation":"","reward":1.0,"terminated":true,"info":{"success":true}}' ;;
-  *close*) echo '{"v":1,"ok":true}'; exit 0 ;;
-esac
-done"#;
-    let spec = tests::SpecBuilder::new()
-        .pool("h20", "H20", 1, "")
-        .raw_task(&format!("[[tasks]]\ndomain = \"ext\"\ngroup_size = 2\nmax_turns = 1\nenvs = 3\nenv = {{ kind = \"external\", sandbox = \"none\", command = [\"bash\", \"-c\", '''{script}'''] }}\n"))
-        .rollout("batch_size = 1")
-        .rollout("steps = 100000")
-        .toml();
+    let spec = external_job("none", 3, &env_script("sleep 300 &\n"));
     let first = start(dir.path());
     let id = tests::submit_job(&client, &first.base, spec).await;
     wait_job(&client, &first.base, &id, Duration::from_secs(60), |v| {
@@ -302,19 +320,7 @@ async fn a_sandbox_left_starting_by_a_killed_service_is_ended_at_the_next_start(
     use std::os::unix::process::CommandExt;
     let dir = tempfile::tempdir().unwrap();
     let client = reqwest::Client::new();
-    let script = r#"while read l; do
-case "$l" in
-  *reset*) echo '{"v":1,"ok":true,"observation":"go"}' ;;
-  *step*) sleep 0.05; echo '{"v":1,"ok":true,"observation":"","reward":1.0,"terminated":true,"info":{"success":true}}' ;;
-  *close*) echo '{"v":1,"ok":true}'; exit 0 ;;
-esac
-done"#;
-    let spec = tests::SpecBuilder::new()
-        .pool("h20", "H20", 1, "")
-        .raw_task(&format!("[[tasks]]\ndomain = \"ext\"\ngroup_size = 2\nmax_turns = 1\nenvs = 2\nenv = {{ kind = \"external\", command = [\"bash\", \"-c\", '''{script}'''] }}\n"))
-        .rollout("batch_size = 1")
-        .rollout("steps = 100000")
-        .toml();
+    let spec = external_job("bwrap", 2, &env_script(""));
     let first = start(dir.path());
     let id = tests::submit_job(&client, &first.base, spec).await;
     wait_job(&client, &first.base, &id, Duration::from_secs(60), |v| {
@@ -391,18 +397,8 @@ done"#;
 async fn a_killed_service_that_is_not_restarted_leaves_no_process_running() {
     let dir = tempfile::tempdir().unwrap();
     let client = reqwest::Client::new();
-    let script = r#"while read l; do
-case "$l" in
-  *reset*) echo '{"v":1,"ok":true,"observation":"go"}' ;;
-  *step*) sleep 0.05; echo '{"v":1,"ok":true,"observation":"","reward":1.0,"terminated":true,"info":{"success":true}}' ;;
-  *close*) echo '{"v":1,"ok":true}'; exit 0 ;;
-esac
-done"#;
-    let external = |domain: &str, sandbox: &str| {
-        format!(
-            "[[tasks]]\ndomain = \"{domain}\"\ngroup_size = 2\nmax_turns = 1\nenvs = 2\nenv = {{ kind = \"external\", sandbox = \"{sandbox}\", command = [\"bash\", \"-c\", '''{script}'''] }}\n"
-        )
-    };
+    let script = env_script("");
+    let external = |domain: &str, sandbox: &str| external_task(domain, sandbox, 2, &script);
     let spec = tests::SpecBuilder::new()
         .pool("h20", "H20", 1, "")
         .raw_task(&external("boxed", "bwrap"))
