@@ -212,7 +212,7 @@ pub(crate) enum Cmd {
     Bench {
         #[arg(long, default_value_t = 10_000)]
         episodes: usize,
-        /// scheduler, model, llm, servers, env, env-workers, functions, presets, batches, gateway or all.
+        /// scheduler, model, llm, llm-train, servers, env, env-workers, functions, presets, batches, gateway or all.
         #[arg(long, default_value = "all")]
         what: String,
         /// Training steps per run of the preset benchmark.

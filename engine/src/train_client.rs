@@ -373,7 +373,10 @@ fn builtin_parts(
                         targets: l.targets.clone(),
                         seed: spec.seed,
                     }),
-                micro_batch_rows: o.trainer.micro_batch_rows.unwrap_or(1),
+                micro_batch_rows: o
+                    .trainer
+                    .micro_batch_rows
+                    .unwrap_or(actors::model::llm::train::MICRO_BATCH_ROWS),
             };
             BuiltinParts::checkpoint(&c, cfg, start, Some(state_dir.to_path_buf()))
                 .map(|(p, _)| p)

@@ -508,6 +508,67 @@ fn chunked_objective_equals_the_whole_batch_objective() {
     }
 }
 
+/// Micro-batches stop at their token budget (a longer row alone) as well as their row cap,
+/// and together hold every row once.
+#[test]
+fn micro_batches_keep_to_their_token_budget() {
+    let batch = toy_batch();
+    let shape = super::trainer::BatchShape::tiny(tiny().max_seq);
+    let whole = tensor_batch(
+        &batch,
+        AdvantageKind::Grpo,
+        shape.max_seq,
+        DType::F32,
+        &Device::Cpu,
+    )
+    .unwrap();
+    // A row's tokens: its inputs up to the last that is not padding, and the last target.
+    let lens_of = |tb: &super::trainer::TensorBatch| -> Vec<usize> {
+        let m: Vec<Vec<u32>> = tb.inputs.to_vec2().unwrap();
+        m.iter()
+            .map(|r| r.iter().rposition(|&t| t != shape.pad).map_or(0, |p| p + 2))
+            .collect()
+    };
+    let lens = lens_of(&whole);
+    let longest = *lens.iter().max().unwrap();
+    for (rows, budget) in [
+        (usize::MAX, longest),
+        (usize::MAX, 2 * longest),
+        (2, usize::MAX),
+        (3, longest / 2),
+    ] {
+        let chunks = super::trainer::micro_batches(
+            &batch,
+            AdvantageKind::Grpo,
+            &shape,
+            (rows, budget),
+            DType::F32,
+            &Device::Cpu,
+        )
+        .unwrap();
+        let mut seen = 0;
+        for c in &chunks {
+            let l = lens_of(c);
+            assert!(l.len() <= rows, "{} rows over the cap {rows}", l.len());
+            let total: usize = l.iter().sum();
+            assert!(
+                l.len() == 1 || total <= budget,
+                "{l:?}: {total} tokens over {budget}"
+            );
+            seen += l.len();
+        }
+        assert_eq!(
+            seen,
+            lens.len(),
+            "rows {rows}, budget {budget}: every row once"
+        );
+        if budget == longest {
+            // No two of the longest rows fit together: at least one chunk per such row.
+            assert!(chunks.len() >= lens.iter().filter(|&&l| 2 * l > longest).count());
+        }
+    }
+}
+
 #[test]
 fn a_seeded_request_replays_exactly() {
     let cfg = ModelConfig {

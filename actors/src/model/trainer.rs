@@ -25,7 +25,8 @@ mod loss;
 mod step;
 
 pub use batch::{
-    BatchShape, TensorBatch, flatten, tensor_batch, tensor_batches, tensor_batches_for,
+    BatchShape, TensorBatch, flatten, micro_batches, tensor_batch, tensor_batches,
+    tensor_batches_for,
 };
 use loss::ChunkDiag;
 pub use loss::{kl_k3, ppo_loss};
@@ -105,8 +106,38 @@ pub trait TrainModel: Send + 'static {
     /// Rows per micro-batch: gradients accumulate over micro-batches, so this bounds the
     /// activations a step keeps alive.
     fn micro_batch_rows(&self) -> usize;
+    /// Tokens per micro-batch, at most (a longer row alone).
+    fn micro_batch_tokens(&self) -> usize {
+        usize::MAX
+    }
     /// The weights engines install for `version`, from the trainable tensors by name.
     fn publish(&self, trained: &[(String, Tensor)], version: PolicyVersion) -> Result<Weights>;
+    /// The log-probabilities of `tb`'s targets `[B, T]` (differentiable) and the policy's
+    /// entropy at each position `[B, T]` (detached). Only positions where `tb.mask` is set
+    /// must be right; a model may leave others at 0. By default from [`Self::logits`].
+    fn token_logprobs(&self, p: &Self::Params, tb: &TensorBatch) -> Result<(Tensor, Tensor)> {
+        let logits = self.logits(p, &tb.inputs)?;
+        let logits = match &tb.allow {
+            Some(a) => (logits + a)?,
+            None => logits,
+        };
+        logprobs_and_entropy(&logits, &tb.targets)
+    }
+}
+
+/// From logits `[.., V]` and targets `[..]`: the targets' log-probabilities (differentiable)
+/// and the entropy (detached), one log-softmax for both.
+pub fn logprobs_and_entropy(logits: &Tensor, targets: &Tensor) -> Result<(Tensor, Tensor)> {
+    let lsm = candle_nn::ops::log_softmax(logits, candle_core::D::Minus1)?;
+    let new = lsm
+        .gather(
+            &targets.unsqueeze(candle_core::D::Minus1)?,
+            candle_core::D::Minus1,
+        )?
+        .squeeze(candle_core::D::Minus1)?;
+    let l = lsm.detach();
+    let entropy = (l.exp()? * &l)?.sum(candle_core::D::Minus1)?.neg()?;
+    Ok((new, entropy))
 }
 
 /// The tiny byte-level transformer as a [`TrainModel`].
@@ -262,12 +293,7 @@ impl<M: TrainModel> BuiltinTrainer<M> {
 
     /// Log-probabilities of the targets under the current parameters [B, T].
     pub fn logprobs(&self, p: &M::Params, tb: &TensorBatch) -> Result<Tensor> {
-        let logits = self.model.logits(p, &tb.inputs)?;
-        let logits = match &tb.allow {
-            Some(a) => (logits + a)?,
-            None => logits,
-        };
-        Transformer::token_logprobs(&logits, &tb.targets)
+        Ok(self.model.token_logprobs(p, tb)?.0)
     }
 
     /// The scalar objective of a batch (policy loss + β·KL) with the current parameters.
@@ -301,23 +327,7 @@ impl<M: TrainModel> BuiltinTrainer<M> {
         tb: &TensorBatch,
     ) -> Result<(Tensor, Option<Tensor>, ChunkDiag)> {
         let p = self.params()?;
-        let logits = self.model.logits(&p, &tb.inputs)?;
-        let logits = match &tb.allow {
-            Some(a) => (logits + a)?,
-            None => logits,
-        };
-        // One log-softmax for the targets' log-probabilities and the entropy.
-        let lsm = candle_nn::ops::log_softmax(&logits, candle_core::D::Minus1)?;
-        let new = lsm
-            .gather(
-                &tb.targets.unsqueeze(candle_core::D::Minus1)?,
-                candle_core::D::Minus1,
-            )?
-            .squeeze(candle_core::D::Minus1)?;
-        let entropy = {
-            let l = lsm.detach();
-            (l.exp()? * &l)?.sum(candle_core::D::Minus1)?.neg()?
-        };
+        let (new, entropy) = self.model.token_logprobs(&p, tb)?;
         let old = if self.cfg.recompute_old {
             new.detach()
         } else {

@@ -2,7 +2,9 @@
 //!
 //! - `scheduler`: orchestration overhead on zero-latency simulated backends;
 //! - `model`: the built-in model against this machine's roofline;
-//! - `llm`: SmolLM2 on the built-in engine and trainer, against the roofline and llama.cpp;
+//! - `llm`: SmolLM2 on the built-in engine, against the roofline and llama.cpp;
+//! - `llm-train`: the built-in trainer on SmolLM2 (full fine-tuning, LoRA) against the CPU
+//!   bound;
 //! - `servers`: SmolLM2 on llama.cpp shards: rollarc's overhead per turn, 1 vs 2 shards;
 //! - `env`: environment steps through an actor, built-in and external (bare, sandboxed);
 //! - `env-workers`: 10,000 concurrent episodes over four env workers on loopback against the
@@ -31,7 +33,7 @@ use std::path::Path;
 pub use env::{EnvBenchError, bench_env};
 pub use env_workers::{EnvWorkersBenchError, bench_env_workers};
 pub use functions::{FunctionsBenchError, bench_functions};
-pub use llm::{LlmBenchError, bench_llm};
+pub use llm::{LlmBenchError, bench_llm, bench_llm_train};
 pub use model::{ModelBenchError, bench_model};
 pub use presets::{PresetsBenchError, bench_presets};
 pub use scheduler::{SchedulerBenchError, bench_scheduler};
@@ -43,6 +45,7 @@ pub enum Benchmark {
     Scheduler,
     Model,
     Llm,
+    LlmTrain,
     Servers,
     Env,
     EnvWorkers,
@@ -54,10 +57,11 @@ pub enum Benchmark {
 
 impl Benchmark {
     /// Every benchmark, in the order `all` runs them.
-    pub const ALL: [Benchmark; 10] = [
+    pub const ALL: [Benchmark; 11] = [
         Benchmark::Scheduler,
         Benchmark::Model,
         Benchmark::Llm,
+        Benchmark::LlmTrain,
         Benchmark::Servers,
         Benchmark::Env,
         Benchmark::EnvWorkers,
@@ -72,6 +76,7 @@ impl Benchmark {
             Self::Scheduler => "scheduler",
             Self::Model => "model",
             Self::Llm => "llm",
+            Self::LlmTrain => "llm-train",
             Self::Servers => "servers",
             Self::Env => "env",
             Self::EnvWorkers => "env-workers",
@@ -110,7 +115,7 @@ pub struct BenchOptions<'a> {
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
     #[error(
-        "unknown benchmark {0:?}: scheduler, model, llm, servers, env, env-workers, functions, presets, batches, gateway or all"
+        "unknown benchmark {0:?}: scheduler, model, llm, llm-train, servers, env, env-workers, functions, presets, batches, gateway or all"
     )]
     Unknown(String),
     #[error(transparent)]
@@ -148,6 +153,7 @@ pub fn run(
             Benchmark::Scheduler => bench_scheduler(opts.episodes)?,
             Benchmark::Model => bench_model()?,
             Benchmark::Llm => bench_llm()?,
+            Benchmark::LlmTrain => bench_llm_train()?,
             Benchmark::Servers => bench_servers()?,
             Benchmark::Env => bench_env()?,
             Benchmark::EnvWorkers => bench_env_workers(10_000, 4, 20)?,
@@ -174,7 +180,7 @@ mod tests {
         assert!(matches!(&e, BenchError::Unknown(w) if w == "gpu"), "{e:?}");
         assert_eq!(
             e.to_string(),
-            "unknown benchmark \"gpu\": scheduler, model, llm, servers, env, env-workers, functions, presets, batches, gateway or all"
+            "unknown benchmark \"gpu\": scheduler, model, llm, llm-train, servers, env, env-workers, functions, presets, batches, gateway or all"
         );
     }
 }

@@ -117,18 +117,24 @@ pub fn estimate(spec: &JobSpec) -> MemoryEstimate {
         // Weights, gradients, two Adam moments, and the versions the weight store keeps.
         let kept = knobs.alpha.saturating_add(2);
         let state = p4.saturating_mul(4u64.saturating_add(kept));
-        // Backward keeps every layer's activations for the tokens of a micro-batch (the
-        // whole batch, pessimistically, unless micro_batch_rows bounds it).
+        // Backward keeps every layer's activations for the tokens of a pass: at most
+        // micro_batch_rows rows (pessimistically each the longest) and at most
+        // MICRO_BATCH_TOKENS tokens (a longer row alone), never more than the batch.
+        let longest = longest_trajectory_tokens(spec);
+        let budget = (actors::model::llm::train::MICRO_BATCH_TOKENS as u64).max(longest);
         let tokens = match &spec.trainer {
-            job::spec::TrainerSpec::Builtin(b) if b.micro_batch_rows.is_some() => mul(&[
-                b.micro_batch_rows.unwrap_or(1) as u64,
-                longest_trajectory_tokens(spec),
-            ])
-            .min(batch_tokens(spec, &knobs)),
-            _ => batch_tokens(spec, &knobs),
-        };
-        let act = mul(&[tokens, cfg.n_layers, cfg.d_model * 8 + cfg.d_ff * 2, 4])
-            .saturating_add(mul(&[tokens, cfg.vocab, 4, 2]));
+            job::spec::TrainerSpec::Builtin(b) => b
+                .micro_batch_rows
+                .map_or(budget, |r| mul(&[r as u64, longest]).min(budget)),
+            _ => budget,
+        }
+        .min(batch_tokens(spec, &knobs));
+        // Per token and layer, the intermediates the differentiable forward keeps (norms,
+        // projections, rotations, attention rows, the MLP's): ≈ 40 × d_model + 16 × d_ff
+        // floats (SmolLM2-135M: 1,024 tokens with LoRA peaked at ≈ 6 GB resident, `rollarc
+        // bench --what llm-train`); the head's logits, their gradient and copies: 4 × vocab.
+        let act = mul(&[tokens, cfg.n_layers, cfg.d_model * 40 + cfg.d_ff * 16, 4])
+            .saturating_add(mul(&[tokens, cfg.vocab, 4, 4]));
         parts.push(Part {
             field: "trainer".into(),
             what: "built-in trainer (weights, gradients, optimiser, kept versions, activations)",

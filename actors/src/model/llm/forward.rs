@@ -3,14 +3,19 @@
 //! (`rms_norm` by hand, RoPE by hand, `candle_nn::ops::softmax`), so the same code is the
 //! trainer's differentiable forward and the reference for the generation engine.
 
-use candle_core::{D, DType, Device, Module, Tensor, Var};
+use candle_core::{D, DType, Device, Tensor, Var};
 
 use super::checkpoint::{Checkpoint, CheckpointError};
 use super::config::{LlmConfig, RopeLayout};
 
 mod decode;
+mod lora;
+mod packed;
+
+pub use lora::{LoraSet, Proj, linear};
 
 /// One decoder block.
+#[derive(Clone)]
 pub struct Block {
     pub attn_norm: Tensor,
     pub wq: Tensor,
@@ -31,6 +36,7 @@ pub struct Block {
 }
 
 /// The model's weights (f32), laid out as rows × columns (`y = x · Wᵀ`).
+#[derive(Clone)]
 pub struct LlmWeights {
     pub cfg: LlmConfig,
     pub embed: Tensor,
@@ -38,6 +44,8 @@ pub struct LlmWeights {
     pub out_norm: Tensor,
     /// None: tied to `embed`.
     pub lm_head: Option<Tensor>,
+    /// LoRA adapters applied beside the weights (the trainer's view; engines merge them).
+    pub lora: Option<LoraSet>,
 }
 
 impl LlmWeights {
@@ -88,6 +96,7 @@ impl LlmWeights {
             },
             blocks,
             cfg: c,
+            lora: None,
         })
     }
 
@@ -177,6 +186,7 @@ impl LlmWeights {
             } else {
                 None
             },
+            lora: None,
         })
     }
 
@@ -247,13 +257,10 @@ impl LlmWeights {
         let mut x = self.embed.index_select(&ids, 0)?;
         let (cos, sin) = rope_tables(&self.cfg, past, n, dev)?;
         let mask = causal_mask(past, n, dev)?;
-        for (i, b) in self.blocks.iter().enumerate() {
+        for i in 0..self.blocks.len() {
             let kv = cache.as_deref_mut().map(|c| (&mut c.layers[i], past));
-            x = (&x + self.attention(b, &x, &cos, &sin, &mask, kv)?)?;
-            let h = rms_norm(&x, &b.ffn_norm, self.cfg.rms_eps)?;
-            let gate = linear(&h, &b.w_gate, None)?.silu()?;
-            let up = linear(&h, &b.w_up, None)?;
-            x = (&x + linear(&(gate * up)?, &b.w_down, None)?)?;
+            x = (&x + self.attention(i, &x, &cos, &sin, &mask, kv)?)?;
+            x = (&x + self.mlp(i, &x)?)?;
         }
         if let Some(c) = cache {
             c.len += n;
@@ -268,10 +275,35 @@ impl LlmWeights {
         linear(&x, self.lm_head.as_ref().unwrap_or(&self.embed), None)
     }
 
+    /// `x·wᵀ (+ bias)` of block `block`'s projection `p`, with its LoRA adapter if any.
+    fn proj(
+        &self,
+        block: usize,
+        p: Proj,
+        x: &Tensor,
+        w: &Tensor,
+        bias: Option<&Tensor>,
+    ) -> candle_core::Result<Tensor> {
+        let y = linear(x, w, bias)?;
+        match &self.lora {
+            Some(l) => l.apply(block, p, x, y),
+            None => Ok(y),
+        }
+    }
+
+    /// The MLP of block `i` on hidden states `x` `[n, d]` (its norm included).
+    fn mlp(&self, i: usize, x: &Tensor) -> candle_core::Result<Tensor> {
+        let b = &self.blocks[i];
+        let h = rms_norm(x, &b.ffn_norm, self.cfg.rms_eps)?;
+        let gate = self.proj(i, Proj::Gate, &h, &b.w_gate, None)?.silu()?;
+        let up = self.proj(i, Proj::Up, &h, &b.w_up, None)?;
+        self.proj(i, Proj::Down, &(gate * up)?, &b.w_down, None)
+    }
+
     /// Self-attention of the new positions `x` `[n, d]` over the cached ones and themselves.
     fn attention(
         &self,
-        b: &Block,
+        li: usize,
         x: &Tensor,
         cos: &Tensor,
         sin: &Tensor,
@@ -279,21 +311,30 @@ impl LlmWeights {
         cache: Option<(&mut Option<KvBuf>, usize)>,
     ) -> candle_core::Result<Tensor> {
         let c = &self.cfg;
+        let b = &self.blocks[li];
         let t = x.dim(0)?;
         let h = rms_norm(x, &b.attn_norm, c.rms_eps)?;
         // [n, heads·hd] → [heads, n, hd]
-        let heads = |w: &Tensor, bias: Option<&Tensor>, n: usize, norm: Option<&Tensor>| {
-            let y = linear(&h, w, bias)?
-                .reshape((t, n, c.head_dim))?
-                .transpose(0, 1)?;
-            match norm {
-                Some(g) => rms_norm(&y, g, c.rms_eps),
-                None => Ok(y),
-            }
-        };
-        let q = heads(&b.wq, b.bq.as_ref(), c.n_heads, b.q_norm.as_ref())?;
-        let k = heads(&b.wk, b.bk.as_ref(), c.n_kv_heads, b.k_norm.as_ref())?;
-        let v = heads(&b.wv, b.bv.as_ref(), c.n_kv_heads, None)?;
+        let heads =
+            |p: Proj, w: &Tensor, bias: Option<&Tensor>, n: usize, norm: Option<&Tensor>| {
+                let y = self
+                    .proj(li, p, &h, w, bias)?
+                    .reshape((t, n, c.head_dim))?
+                    .transpose(0, 1)?;
+                match norm {
+                    Some(g) => rms_norm(&y, g, c.rms_eps),
+                    None => Ok(y),
+                }
+            };
+        let q = heads(Proj::Q, &b.wq, b.bq.as_ref(), c.n_heads, b.q_norm.as_ref())?;
+        let k = heads(
+            Proj::K,
+            &b.wk,
+            b.bk.as_ref(),
+            c.n_kv_heads,
+            b.k_norm.as_ref(),
+        )?;
+        let v = heads(Proj::V, &b.wv, b.bv.as_ref(), c.n_kv_heads, None)?;
         let q = rope(&q, cos, sin, c.rope)?;
         let mut k = rope(&k, cos, sin, c.rope)?;
         let mut v = v;
@@ -313,7 +354,7 @@ impl LlmWeights {
             .matmul(&v.contiguous()?)?
             .transpose(0, 1)?
             .reshape((t, c.n_heads * c.head_dim))?;
-        linear(&o, &b.wo, None)
+        self.proj(li, Proj::O, &o, &b.wo, None)
     }
 }
 
@@ -371,12 +412,6 @@ impl SeqCache {
         self.len = self.len.min(len);
         Ok(())
     }
-}
-
-/// `x · wᵀ (+ bias)` for `x` of rank 2 or 3.
-fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> candle_core::Result<Tensor> {
-    let y = candle_nn::Linear::new(w.clone(), bias.cloned()).forward(x)?;
-    Ok(y)
 }
 
 /// RMS norm over the last dimension, scaled by `g` (plain ops: differentiable).

@@ -279,6 +279,7 @@ pub fn load_hf(dir: &Path) -> Result<(LlmWeights, LlmTokenizer), HfError> {
         blocks,
         out_norm,
         lm_head,
+        lora: None,
     };
     let tok_path = dir.join("tokenizer.json");
     if !tok_path.is_file() {

@@ -105,6 +105,29 @@ fn trainer_logprobs<M: TrainModel>(t: &BuiltinTrainer<M>, b: &Batch) -> Vec<Vec<
         .collect()
 }
 
+/// Each trajectory's generated tokens' log-probabilities under `w`, row by row through the
+/// unpacked forward (the reference the trainer's packed forward must equal).
+fn rowwise_logprobs(w: &LlmWeights, b: &Batch) -> Vec<Vec<f32>> {
+    b.trajectories()
+        .map(|t| {
+            let turn = &t.turns[0];
+            let toks: Vec<u32> = turn
+                .observation_tokens
+                .iter()
+                .chain(turn.response_tokens.iter())
+                .copied()
+                .collect();
+            let lsm = candle_nn::ops::log_softmax(&w.forward(&toks[..toks.len() - 1]).unwrap(), 1)
+                .unwrap()
+                .to_vec2::<f32>()
+                .unwrap();
+            (turn.observation_tokens.len() - 1..toks.len() - 1)
+                .map(|j| lsm[j][toks[j + 1] as usize])
+                .collect()
+        })
+        .collect()
+}
+
 /// Largest |Δ| between two models' logits on `tokens`.
 fn logit_gap(a: &LlmWeights, b: &LlmWeights, tokens: &[u32]) -> f32 {
     (a.forward(tokens).unwrap() - b.forward(tokens).unwrap())
@@ -216,6 +239,23 @@ fn lora_trains_adapters_only_and_engines_merge_them() {
     assert!(
         logit_gap(e.decoder().weights(), &w, &prompts()[1]) > 1e-4,
         "the step changed the model"
+    );
+    // The trainer's packed forward (two rows of different lengths, adapters beside the
+    // frozen base, the head only over generated tokens) equals the merged model row by row.
+    let (packed, rowwise) = (
+        trainer_logprobs(&t, &b),
+        rowwise_logprobs(e.decoder().weights(), &b),
+    );
+    let mut worst = 0.0f32;
+    for (p, r) in packed.iter().zip(&rowwise) {
+        assert_eq!(p.len(), r.len());
+        for (x, y) in p.iter().zip(r) {
+            worst = worst.max((x - y).abs());
+        }
+    }
+    assert!(
+        worst <= 1e-4,
+        "packed LoRA vs merged row-by-row logprob: {worst}"
     );
     // Every adapter gets a gradient (B ≠ 0 after a step, so A's is not zero either).
     let tb = tensor_batches_for(

@@ -116,6 +116,20 @@ pub fn tensor_batches_for(
     dtype: DType,
     dev: &Device,
 ) -> Result<Vec<TensorBatch>> {
+    micro_batches(batch, kind, shape, (max_rows, usize::MAX), dtype, dev)
+}
+
+/// [`tensor_batches_for`] in micro-batches of at most `limits.0` rows and `limits.1` tokens
+/// (a longer row alone), rows sorted by length.
+pub fn micro_batches(
+    batch: &Batch,
+    kind: AdvantageKind,
+    shape: &BatchShape,
+    limits: (usize, usize),
+    dtype: DType,
+    dev: &Device,
+) -> Result<Vec<TensorBatch>> {
+    let (max_rows, max_tokens) = limits;
     let max_seq = shape.max_seq;
     let mut rows: Vec<Row<'_>> = Vec::new();
     for g in &batch.groups {
@@ -138,13 +152,22 @@ pub fn tensor_batches_for(
             }
         }
     }
-    if rows.is_empty() || max_rows == usize::MAX {
+    if rows.is_empty() || (max_rows == usize::MAX && max_tokens == usize::MAX) {
         return Ok(vec![build_chunk(&rows, shape, dtype, dev)?]);
     }
     rows.sort_by_key(|r| r.0.len());
-    rows.chunks(max_rows.max(1))
-        .map(|c| build_chunk(c, shape, dtype, dev))
-        .collect()
+    let mut chunks = Vec::new();
+    let (mut start, mut tokens) = (0, 0);
+    for (i, r) in rows.iter().enumerate() {
+        let full = i - start >= max_rows.max(1) || tokens + r.0.len() > max_tokens;
+        if i > start && full {
+            chunks.push(build_chunk(&rows[start..i], shape, dtype, dev)?);
+            (start, tokens) = (i, 0);
+        }
+        tokens += r.0.len();
+    }
+    chunks.push(build_chunk(&rows[start..], shape, dtype, dev)?);
+    Ok(chunks)
 }
 
 /// Pads `rows` into one batch of tensors, with the logit mask when any row is constrained.

@@ -4,7 +4,7 @@
 
 use candle_core::{DType, Result, Tensor};
 
-use super::batch::{TensorBatch, tensor_batches_for};
+use super::batch::{TensorBatch, micro_batches};
 use super::loss::ChunkDiag;
 use super::{BuiltinTrainer, TrainModel};
 use crate::rl::Aggregation;
@@ -30,11 +30,14 @@ impl<M: TrainModel> BuiltinTrainer<M> {
     pub fn step(&mut self, batch: &Batch) -> Result<(TrainStats, Weights)> {
         // Chunks of similar length; the objective is the same as on the whole batch: each
         // chunk's mean is weighted by its share of the tokens (token-mean) or sequences.
-        let chunks = tensor_batches_for(
+        let chunks = micro_batches(
             batch,
             self.cfg.advantage,
             &self.model.shape(),
-            self.model.micro_batch_rows(),
+            (
+                self.model.micro_batch_rows(),
+                self.model.micro_batch_tokens(),
+            ),
             self.dtype,
             &self.dev,
         )?;

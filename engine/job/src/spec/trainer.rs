@@ -137,8 +137,8 @@ pub const TRAINER_MICRO_BATCH_ROWS: Knob<usize> = knob(
     ("BuiltinTrainerSpec", "trainer", "micro_batch_rows"),
     (1, false, 4096),
     None,
-    "32 for the tiny model, 1 for checkpoints",
-    "Rows per backward pass (gradients accumulate over micro-batches; bounds the activations a step holds).",
+    "32 for the tiny model, 64 for checkpoints (and at most 1,024 tokens a pass)",
+    "Rows per backward pass (gradients accumulate over micro-batches; bounds the activations a step holds). A checkpoint's rows are packed into one sequence, so its passes also stop at 1,024 tokens (a longer row alone).",
 );
 pub const LORA_RANK: Knob<usize> = knob(
     ("LoraSpec", "trainer.lora", "rank"),

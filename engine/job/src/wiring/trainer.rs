@@ -177,7 +177,8 @@ pub fn checkpoint_spec(plan: &TrainerPlan) -> Option<actors::model::runtime::Che
             path: path.clone(),
             max_seq: *max_seq,
             lora: lora.clone(),
-            micro_batch_rows: micro_batch_rows.unwrap_or(1),
+            micro_batch_rows: micro_batch_rows
+                .unwrap_or(actors::model::llm::train::MICRO_BATCH_ROWS),
         }),
         _ => None,
     }

@@ -1,9 +1,9 @@
-//! `rollarc bench --what llm`: SmolLM2-135M-Instruct on the built-in engine and trainer —
-//! prefill and decode tokens/s at 1, 8 and 32 concurrent sequences and trainer tokens/s
-//! (full fine-tuning and LoRA), each against this machine's roofline measured in the same
-//! run (FLOP/s for prefill and training, bytes/s for decode), and side by side with
+//! `rollarc bench --what llm`: SmolLM2-135M-Instruct on the built-in engine — prefill and
+//! decode tokens/s at 1, 8 and 32 concurrent sequences, each against this machine's roofline
+//! measured in the same run (FLOP/s for prefill, bytes/s for decode), and side by side with
 //! llama.cpp on the same GGUF file (the server the `xllamacpp` wheel embeds, run by
-//! `tests/bench-llamacpp.py` with the same workloads).
+//! `tests/bench-llamacpp.py` with the same workloads). `--what llm-train`: the built-in
+//! trainer's tokens/s (full fine-tuning and LoRA) against the CPU bound.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -197,9 +197,14 @@ fn batch() -> actors::types::Batch {
     actors::types::Batch { step: 0, groups }
 }
 
+/// One trainer step on [`batch`] with `micro_batch_rows` rows per forward/backward pass:
+/// tokens/s, and the share of the CPU bound (forward + activation backward ≈ 4 × parameters
+/// FLOP a token at the measured matmul peak; full fine-tuning adds the weight gradients,
+/// 6 ×).
 fn bench_trainer(
     w: &LlmWeights,
     lora: Option<LoraConfig>,
+    micro_batch_rows: usize,
     peak: &Roofline,
 ) -> Result<f64, LlmBenchError> {
     let what = if lora.is_some() {
@@ -207,24 +212,55 @@ fn bench_trainer(
     } else {
         "full fine-tuning"
     };
-    let copy = w.with_tensors(w.named().into_iter().map(|(n, t)| (n, t.clone())))?;
-    let (m, init) = LlmModel::new(copy, lora, 2048, 1)?;
+    let passes = if lora.is_some() { 4.0 } else { 6.0 };
+    let (m, init) = LlmModel::new(w.clone(), lora, 2048, micro_batch_rows)?;
     let mut tr = BuiltinTrainer::with_model(m, &init, TrainerConfig::default())?;
     let b = batch();
+    // One step unmeasured (first-touch allocations), then the mean of two.
+    tr.step(&b)?;
     let t = wall_now();
     tr.step(&b)?;
-    let per = t.elapsed().as_secs_f64();
+    tr.step(&b)?;
+    let per = t.elapsed().as_secs_f64() / 2.0;
     let tokens = 8.0 * 128.0;
-    // Forward + backward ≈ 3 × forward, the output head included (every position).
-    let c = &w.cfg;
-    let flops = 3.0 * tokens * (flops_per_token(c, 64.0) + 2.0 * (c.vocab * c.d_model) as f64);
+    let bound = peak.flops / (passes * w.cfg.params() as f64);
     println!(
-        "trainer ({what}): {per:.2} s per step of 8 × 128 tokens = {:.0} tokens/s ≈ {:.2} GFLOP/s ({:.1}% of the matmul peak)",
+        "trainer ({what}, {micro_batch_rows} rows per pass): {per:.2} s per step of 8 × 128 tokens = {:.0} tokens/s ({:.0}% of the CPU bound, {bound:.0} tokens/s); peak RSS so far {:.0} MiB",
         tokens / per,
-        flops / per / 1e9,
-        100.0 * flops / per / peak.flops
+        100.0 * tokens / per / bound,
+        peak_rss_kib() as f64 / 1024.0
     );
     Ok(tokens / per)
+}
+
+/// `rollarc bench --what llm-train`: the built-in trainer on SmolLM2, full fine-tuning and
+/// LoRA, one row per pass (each row alone) and the whole batch packed into one pass.
+pub fn bench_llm_train() -> Result<(), LlmBenchError> {
+    let path = smollm2();
+    if !path.is_file() {
+        return Err(LlmBenchError::Missing(path));
+    }
+    let (w, _) = llm::load(&path)?;
+    let peak = machine_roofline()?;
+    println!(
+        "SmolLM2-135M-Instruct trainer ({} parameters, f32 on CPU); machine roofline (measured): {:.1} GFLOP/s f32 matmul",
+        w.cfg.params(),
+        peak.flops / 1e9
+    );
+    let lora = || LoraConfig {
+        rank: 8,
+        alpha: 16.0,
+        targets: vec!["attn_q".into(), "attn_v".into()],
+        seed: 1,
+    };
+    for rows in [1, 8] {
+        bench_trainer(&w, Some(lora()), rows, &peak)?;
+    }
+    for rows in [1, 8] {
+        bench_trainer(&w, None, rows, &peak)?;
+    }
+    println!("peak RSS: {:.1} MiB", peak_rss_kib() as f64 / 1024.0);
+    Ok(())
 }
 
 /// llama.cpp's numbers on `models` from the script, when its Python environment is there.
@@ -278,17 +314,6 @@ pub fn bench_llm() -> Result<(), LlmBenchError> {
         peak.bandwidth / 1e9
     );
     let ours = bench_engine(&w, &tok, &peak)?;
-    bench_trainer(&w, None, &peak)?;
-    bench_trainer(
-        &w,
-        Some(LoraConfig {
-            rank: 8,
-            alpha: 16.0,
-            targets: vec!["attn_q".into(), "attn_v".into()],
-            seed: 1,
-        }),
-        &peak,
-    )?;
     // llama.cpp on the shipped Q4_1 file and on the same weights as f32 (our export).
     let f32_file = std::env::temp_dir().join(format!("rollarc-bench-{}.gguf", std::process::id()));
     w.save_gguf(&tok, &f32_file, llm::GgufType::F32)
