@@ -347,7 +347,10 @@ mod tests {
         };
         let mut ours = start(&mark);
         let mut theirs = start(&other_mark);
-        assert_eq!(kill_marked(&mark), 1);
+        // `sh` itself, and its child if caught between fork and exec (until it runs `sleep` it
+        // carries `sh`'s command line, mark included: CI once counted it).
+        let killed = kill_marked(&mark);
+        assert!((1..=2).contains(&killed), "{killed} processes killed");
         assert!(ours.wait().unwrap().code().is_none(), "killed by a signal");
         assert!(alive(theirs.id()), "another directory's sandbox lives");
         kill_group(theirs.id());
