@@ -275,10 +275,17 @@ fuzz-api: setup
 	$(CARGO) build -p engine --bin rollarc
 	ST=$(ST) tests/fuzz-api.sh
 
-## `make bench` needs nothing beyond `make setup` (kept as a target for older scripts).
+## `make bench` needs `make setup` and, for the scheduler benchmark's comparison, Ray in its
+## own virtual environment outside the tree (pinned; only `make bench` installs it).
+RAY_VERSION := 2.60.0
+RAY_VENV ?= $(HOME)/.cache/rollarc/ray-venv
+export ROLLARC_RAY_PYTHON := $(RAY_VENV)/bin/python
 bench-setup: setup
+	@$(RAY_VENV)/bin/python -c "import importlib.metadata as m, sys; sys.exit(m.version('ray') != '$(RAY_VERSION)')" 2>/dev/null || { \
+		{ test -x $(RAY_VENV)/bin/python || python3 -m venv $(RAY_VENV); } && \
+		$(RAY_VENV)/bin/pip install --quiet --disable-pip-version-check "ray==$(RAY_VERSION)"; }
 
-bench: setup
+bench: bench-setup
 	$(CARGO) run --release -p engine --bin rollarc -- bench --preset-steps 40
 
 ## On a GPU machine: the generation contract against a real vLLM (or DEVICE_SERVER=sglang)

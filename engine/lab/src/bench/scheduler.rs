@@ -90,5 +90,58 @@ pub fn bench_scheduler(episodes: usize) -> Result<(), SchedulerBenchError> {
         "  memory per in-flight trajectory ≈ {:.1} KiB (RSS growth / peak episodes)",
         (rss1.saturating_sub(rss0)) as f64 / peak as f64
     );
+    ray_beside(episodes.min(RAY_EPISODES), turns, wall * 1e6 / steps as f64);
     Ok(())
+}
+
+/// Concurrent episodes of the Ray probe at most: each Ray actor call costs milliseconds, so
+/// 10,000 episodes would take minutes; the probe reports per step, like the loop above.
+const RAY_EPISODES: usize = 1000;
+
+/// The same loop on Ray async actors (`tests/bench-ray.py`), run just after ours when its
+/// Python environment is there (`make bench-setup`); prints both per-step costs and the ratio.
+fn ray_beside(episodes: usize, turns: u64, ours_us: f64) {
+    let python = std::env::var_os("ROLLARC_RAY_PYTHON")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/rollarc/ray-venv/bin/python")
+        });
+    let script =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/bench-ray.py");
+    let out = std::process::Command::new(&python)
+        .arg(&script)
+        .args([episodes.to_string(), turns.to_string()])
+        .stderr(std::process::Stdio::null())
+        .output();
+    let line = match out {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .next_back(),
+        Ok(o) => {
+            println!(
+                "  Ray comparison failed ({}): run `make bench-setup`",
+                o.status
+            );
+            return;
+        }
+        Err(e) => {
+            println!(
+                "  Ray comparison skipped ({}: {e}): run `make bench-setup`",
+                python.display()
+            );
+            return;
+        }
+    };
+    let Some(r) = line else {
+        println!("  Ray comparison printed no result");
+        return;
+    };
+    let theirs = r["us_per_step"].as_f64().unwrap_or(f64::NAN);
+    println!(
+        "  beside it, Ray {} async actors, the same loop ({episodes} episodes × {turns} turns, zero-latency actors): {theirs:.1} µs per env step = {:.0}× rollarc's {ours_us:.2} µs",
+        r["ray"].as_str().unwrap_or("?"),
+        theirs / ours_us
+    );
 }
