@@ -88,7 +88,8 @@ pub fn estimate(spec: &JobSpec) -> MemoryEstimate {
             let Some(cfg) = model.choice().shape() else {
                 continue;
             };
-            trained_model.get_or_insert(cfg);
+            let checkpoint = matches!(model.choice(), job::spec::ModelChoice::Checkpoint { .. });
+            trained_model.get_or_insert((cfg, checkpoint));
             let (l, seq, b) = (cfg.n_layers, cfg.max_seq, *max_batch as u64);
             let weights = mul(&[cfg.params, 4]);
             // Keys and values of every layer for every batch slot at full length.
@@ -111,17 +112,21 @@ pub fn estimate(spec: &JobSpec) -> MemoryEstimate {
         }
     }
     if spec.trains_builtin()
-        && let Some(cfg) = trained_model
+        && let Some((cfg, checkpoint)) = trained_model
     {
         let p4 = mul(&[cfg.params, 4]);
         // Weights, gradients, two Adam moments, and the versions the weight store keeps.
         let kept = knobs.alpha.saturating_add(2);
         let state = p4.saturating_mul(4u64.saturating_add(kept));
         // Backward keeps every layer's activations for the tokens of a pass: at most
-        // micro_batch_rows rows (pessimistically each the longest) and at most
-        // MICRO_BATCH_TOKENS tokens (a longer row alone), never more than the batch.
+        // micro_batch_rows rows (pessimistically each the longest), never more than the batch;
+        // a checkpoint's passes also stop at MICRO_BATCH_TOKENS tokens (a longer row alone).
         let longest = longest_trajectory_tokens(spec);
-        let budget = (actors::model::llm::train::MICRO_BATCH_TOKENS as u64).max(longest);
+        let budget = if checkpoint {
+            (actors::model::llm::train::MICRO_BATCH_TOKENS as u64).max(longest)
+        } else {
+            u64::MAX
+        };
         let tokens = match &spec.trainer {
             job::spec::TrainerSpec::Builtin(b) => b
                 .micro_batch_rows
@@ -129,12 +134,18 @@ pub fn estimate(spec: &JobSpec) -> MemoryEstimate {
             _ => budget,
         }
         .min(batch_tokens(spec, &knobs));
-        // Per token and layer, the intermediates the differentiable forward keeps (norms,
-        // projections, rotations, attention rows, the MLP's): ≈ 40 × d_model + 16 × d_ff
-        // floats (SmolLM2-135M: 1,024 tokens with LoRA peaked at ≈ 6 GB resident, `rollarc
-        // bench --what llm-train`); the head's logits, their gradient and copies: 4 × vocab.
-        let act = mul(&[tokens, cfg.n_layers, cfg.d_model * 40 + cfg.d_ff * 16, 4])
-            .saturating_add(mul(&[tokens, cfg.vocab, 4, 4]));
+        // Per token and layer, the intermediates a checkpoint's differentiable forward keeps
+        // (norms, projections, rotations, attention rows, the MLP's): ≈ 40 × d_model + 16 ×
+        // d_ff floats (SmolLM2-135M: 1,024 tokens with LoRA peaked at ≈ 6 GB resident,
+        // `rollarc bench --what llm-train`), and the head's logits, their gradient and copies:
+        // 4 × vocab. The tiny model keeps its own estimate (8 × d_model + 2 × d_ff, 2 × vocab).
+        let (per_layer, head) = if checkpoint {
+            (cfg.d_model * 40 + cfg.d_ff * 16, 4)
+        } else {
+            (cfg.d_model * 8 + cfg.d_ff * 2, 2)
+        };
+        let act = mul(&[tokens, cfg.n_layers, per_layer, 4])
+            .saturating_add(mul(&[tokens, cfg.vocab, head, 4]));
         parts.push(Part {
             field: "trainer".into(),
             what: "built-in trainer (weights, gradients, optimiser, kept versions, activations)",
