@@ -119,3 +119,41 @@ fn no_trajectory_is_counted_longer_than_the_model_context_or_its_budget() {
         part(&short, "rollout.max_concurrent_episodes")
     );
 }
+
+/// A checkpoint trainer counts one pass of at most `MICRO_BATCH_TOKENS` tokens (its rows are
+/// packed): a 16× larger batch does not grow it, and both SmolLM2 examples fit three fifths
+/// of a 24 GB machine.
+#[test]
+fn a_checkpoint_trainer_counts_one_pass_of_its_token_budget() {
+    let ck = actors::model::llm::smollm2_path();
+    let trainer = |e: &MemoryEstimate| {
+        e.parts
+            .iter()
+            .find(|p| p.field == "trainer")
+            .map(|p| p.bytes)
+            .expect("a trainer part")
+    };
+    for path in [
+        "examples/smollm2-reasoning.toml",
+        "examples/smollm2-tool-agent.toml",
+    ] {
+        let body = std::fs::read_to_string(format!("{}/../../{path}", env!("CARGO_MANIFEST_DIR")))
+            .unwrap()
+            .replace("SmolLM2-135M-Instruct.Q4_1.gguf", &ck.display().to_string());
+        let spec = job::spec::parse(&body, job::spec::Format::Toml).expect("valid example");
+        let mut bigger = spec.clone();
+        bigger.rollout.batch_size = Some(spec.rollout.batch_size.unwrap_or(4) * 16);
+        let (e, b) = (estimate(&spec), estimate(&bigger));
+        assert_eq!(
+            trainer(&e),
+            trainer(&b),
+            "{path}: the batch does not grow a pass"
+        );
+        assert!(
+            e.total() < 24_000_000_000 / 5 * 3,
+            "{path}: {} ({:?})",
+            human(e.total()),
+            e.breakdown()
+        );
+    }
+}
