@@ -300,6 +300,38 @@ impl LlmWeights {
         self.proj(i, Proj::Down, &(gate * up)?, &b.w_down, None)
     }
 
+    /// Block `li`'s queries, keys and values of hidden states `x` `[n, d]` (its norm, the
+    /// projections with their adapters, QK norms), each `[heads, n, hd]`, before RoPE.
+    fn qkv(&self, li: usize, x: &Tensor) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
+        let c = &self.cfg;
+        let b = &self.blocks[li];
+        let n = x.dim(0)?;
+        let h = rms_norm(x, &b.attn_norm, c.rms_eps)?;
+        // [n, heads·hd] → [heads, n, hd]
+        let heads =
+            |p: Proj, w: &Tensor, bias: Option<&Tensor>, k: usize, norm: Option<&Tensor>| {
+                let y = self
+                    .proj(li, p, &h, w, bias)?
+                    .reshape((n, k, c.head_dim))?
+                    .transpose(0, 1)?;
+                match norm {
+                    Some(g) => rms_norm(&y, g, c.rms_eps),
+                    None => Ok(y),
+                }
+            };
+        Ok((
+            heads(Proj::Q, &b.wq, b.bq.as_ref(), c.n_heads, b.q_norm.as_ref())?,
+            heads(
+                Proj::K,
+                &b.wk,
+                b.bk.as_ref(),
+                c.n_kv_heads,
+                b.k_norm.as_ref(),
+            )?,
+            heads(Proj::V, &b.wv, b.bv.as_ref(), c.n_kv_heads, None)?,
+        ))
+    }
+
     /// Self-attention of the new positions `x` `[n, d]` over the cached ones and themselves.
     fn attention(
         &self,
@@ -313,31 +345,9 @@ impl LlmWeights {
         let c = &self.cfg;
         let b = &self.blocks[li];
         let t = x.dim(0)?;
-        let h = rms_norm(x, &b.attn_norm, c.rms_eps)?;
-        // [n, heads·hd] → [heads, n, hd]
-        let heads =
-            |p: Proj, w: &Tensor, bias: Option<&Tensor>, n: usize, norm: Option<&Tensor>| {
-                let y = self
-                    .proj(li, p, &h, w, bias)?
-                    .reshape((t, n, c.head_dim))?
-                    .transpose(0, 1)?;
-                match norm {
-                    Some(g) => rms_norm(&y, g, c.rms_eps),
-                    None => Ok(y),
-                }
-            };
-        let q = heads(Proj::Q, &b.wq, b.bq.as_ref(), c.n_heads, b.q_norm.as_ref())?;
-        let k = heads(
-            Proj::K,
-            &b.wk,
-            b.bk.as_ref(),
-            c.n_kv_heads,
-            b.k_norm.as_ref(),
-        )?;
-        let v = heads(Proj::V, &b.wv, b.bv.as_ref(), c.n_kv_heads, None)?;
+        let (q, k, mut v) = self.qkv(li, x)?;
         let q = rope(&q, cos, sin, c.rope)?;
         let mut k = rope(&k, cos, sin, c.rope)?;
-        let mut v = v;
         if let Some((slot, past)) = cache {
             let buf = KvBuf::reserve(slot, &k, past + t)?;
             buf.k.slice_set(&k.contiguous()?, 1, past)?;

@@ -6,6 +6,18 @@ use std::path::PathBuf;
 
 use super::*;
 
+/// Largest |a − b| over two tensors of one shape.
+pub(crate) fn max_gap(a: &candle_core::Tensor, b: &candle_core::Tensor) -> f32 {
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar()
+        .unwrap()
+}
+
 /// The checkpoint: `ROLLARC_SMOLLM2`, else where `make setup` puts it.
 pub(crate) fn smollm2_path() -> PathBuf {
     let p = super::smollm2_path();
@@ -260,14 +272,7 @@ fn every_weight_gets_a_gradient_and_the_trainable_copy_is_the_same_model() {
     let tokens = [1u32, 4093, 198, 1780, 314, 216, 39, 26];
     let a = w.forward(&tokens).unwrap();
     let b = tw.forward(&tokens).unwrap();
-    let diff: f32 = (a - &b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar()
-        .unwrap();
+    let diff = max_gap(&a, &b);
     assert!(diff <= 1e-4, "{diff}");
     // Negative log-likelihood of the sequence's next tokens.
     let lp = candle_nn::ops::log_softmax(&b.narrow(0, 0, tokens.len() - 1).unwrap(), 1).unwrap();

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use super::tests::{ids, reference, smollm2_path};
+use super::tests::{ids, max_gap, reference, smollm2_path};
 use super::*;
 use crate::generation::contract::{drain, request};
 use crate::generation::{GenOutput, GenerationEngine, InFlightPolicy};
@@ -130,14 +130,7 @@ fn rowwise_logprobs(w: &LlmWeights, b: &Batch) -> Vec<Vec<f32>> {
 
 /// Largest |Δ| between two models' logits on `tokens`.
 fn logit_gap(a: &LlmWeights, b: &LlmWeights, tokens: &[u32]) -> f32 {
-    (a.forward(tokens).unwrap() - b.forward(tokens).unwrap())
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar()
-        .unwrap()
+    max_gap(&a.forward(tokens).unwrap(), &b.forward(tokens).unwrap())
 }
 
 fn config(lr: f64) -> TrainerConfig {
@@ -289,14 +282,7 @@ fn lora_trains_adapters_only_and_engines_merge_them() {
     let (_, a) = t.step(&b).unwrap();
     let (_, c) = r.step(&b).unwrap();
     for ((n, x), (_, y)) in a.shared.unwrap().0.iter().zip(c.shared.unwrap().0.iter()) {
-        let d: f32 = (x - y)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar()
-            .unwrap();
+        let d = max_gap(x, y);
         assert!(d == 0.0, "{n} differs after resume by {d}");
     }
     let _ = std::fs::remove_dir_all(&dir);

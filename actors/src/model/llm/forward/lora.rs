@@ -102,6 +102,7 @@ mod tests {
     use candle_core::{Device, Tensor, Var};
 
     use super::*;
+    use crate::model::llm::tests::max_gap;
 
     fn seeded(shape: (usize, usize), seed: u64) -> Tensor {
         let n = shape.0 * shape.1;
@@ -126,14 +127,7 @@ mod tests {
         let dy = seeded((3, 7), 3);
         let ours = linear(x.as_tensor(), &w, None).unwrap();
         let plain = x.as_tensor().matmul(&w.t().unwrap()).unwrap();
-        let gap: f32 = (&ours - &plain)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar()
-            .unwrap();
+        let gap = max_gap(&ours, &plain);
         assert_eq!(gap, 0.0);
         let g1 = (ours * &dy).unwrap().sum_all().unwrap().backward().unwrap();
         let g2 = (plain * &dy)
@@ -146,14 +140,7 @@ mod tests {
             g1.get(x.as_tensor()).unwrap(),
             g2.get(x.as_tensor()).unwrap(),
         );
-        let gap: f32 = (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar()
-            .unwrap();
+        let gap = max_gap(a, b);
         assert!(gap < 1e-6, "input gradients differ by {gap}");
         assert!(g1.get(&w).is_none(), "no gradient for the frozen weight");
     }
@@ -179,14 +166,7 @@ mod tests {
                 * 2.0)
                 .unwrap())
         .unwrap();
-        let gap: f32 = (&y - &want)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar()
-            .unwrap();
+        let gap = max_gap(&y, &want);
         assert!(gap < 1e-5, "{gap}");
         assert_eq!(
             set.apply(0, Proj::Q, &x, base.clone())

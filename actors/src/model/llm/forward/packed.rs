@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use candle_core::{D, Tensor};
 
-use super::{LlmWeights, Proj, causal_mask, repeat_kv, rms_norm, rope, rope_at};
+use super::{LlmWeights, Proj, causal_mask, repeat_kv, rope, rope_at};
 
 impl LlmWeights {
     /// Logits `[Σ len, vocab]` of `rows` (each a sequence of its own, positions from 0) at
@@ -79,28 +79,8 @@ impl LlmWeights {
         let c = &self.cfg;
         let b = &self.blocks[li];
         let n = x.dim(0)?;
-        let h = rms_norm(x, &b.attn_norm, c.rms_eps)?;
-        // [N, heads·hd] → [heads, N, hd], rotated by each position's own angle.
-        let heads =
-            |p: Proj, w: &Tensor, bias: Option<&Tensor>, k: usize, norm: Option<&Tensor>| {
-                let y = self
-                    .proj(li, p, &h, w, bias)?
-                    .reshape((n, k, c.head_dim))?
-                    .transpose(0, 1)?;
-                match norm {
-                    Some(g) => rms_norm(&y, g, c.rms_eps),
-                    None => Ok(y),
-                }
-            };
-        let q = heads(Proj::Q, &b.wq, b.bq.as_ref(), c.n_heads, b.q_norm.as_ref())?;
-        let k = heads(
-            Proj::K,
-            &b.wk,
-            b.bk.as_ref(),
-            c.n_kv_heads,
-            b.k_norm.as_ref(),
-        )?;
-        let v = heads(Proj::V, &b.wv, b.bv.as_ref(), c.n_kv_heads, None)?;
+        // [heads, N, hd], rotated by each position's own angle.
+        let (q, k, v) = self.qkv(li, x)?;
         let q = rope(&q, cos, sin, c.rope)?;
         let k = rope(&k, cos, sin, c.rope)?;
         let scale = 1.0 / (c.head_dim as f64).sqrt();

@@ -90,6 +90,7 @@ mod tests {
     use candle_core::{Device, Tensor, Var};
 
     use super::*;
+    use crate::model::llm::tests::max_gap;
     use crate::model::trainer::logprobs_and_entropy;
 
     /// The fused op equals log-softmax + gather + entropy written with candle ops, values
@@ -133,14 +134,7 @@ mod tests {
             g1.get(x.as_tensor()).unwrap(),
             g2.get(x.as_tensor()).unwrap(),
         );
-        let gap: f32 = (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar()
-            .unwrap();
+        let gap = max_gap(a, b);
         assert!(gap < 1e-5, "gradients differ by {gap}");
     }
 }
