@@ -19,6 +19,8 @@ pub(crate) struct WorkerProc {
 
 impl Drop for WorkerProc {
     fn drop(&mut self) {
+        // With the sandboxes under it, even one bubblewrap is still setting up.
+        tests::server::kill_tree(self.child.id());
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -452,7 +454,8 @@ fn a_job_runs_over_dns_discovered_workers_through_a_kill_a_drain_and_a_join() {
         open_on(&ws[0]) > 0
     });
     let killed = ws[0].url.clone();
-    ws[0].child.kill().unwrap();
+    // The machine goes, sandboxes and all.
+    tests::server::kill_tree(ws[0].child.id());
     let _ = ws[0].child.wait();
     // Drain worker 1 with SIGTERM once the job has gone on; it exits when its episodes end.
     let after_kill = count();

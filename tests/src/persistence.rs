@@ -59,12 +59,7 @@ async fn sigkill_mid_job_loses_and_duplicates_nothing_and_the_job_resumes() {
     let before = page_all(&client, &first.base, &id, 50).await;
     assert!(!before.is_empty());
     // SIGKILL: no chance to clean up.
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(first.child.id() as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-    drop(first);
+    first.sigkill();
 
     let second = start(dir.path());
     let listed: serde_json::Value = client
@@ -261,12 +256,7 @@ async fn processes_left_by_a_killed_service_are_ended_at_the_next_start() {
         v["step"].as_u64().unwrap_or(0) >= 2
     })
     .await;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(first.child.id() as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-    drop(first);
+    first.sigkill();
     // The ledger as the service left it: the groups it was running when it died (a group
     // closed normally takes its entry with it).
     let ledger = dir.path().join("processes");
@@ -362,12 +352,7 @@ async fn a_sandbox_left_starting_by_a_killed_service_is_ended_at_the_next_start(
         .unwrap();
     // Its group (the stand-in's `sleep` too) goes when the test ends, whatever happens.
     let _stray_group = infra::process::GroupGuard::new(Some(stray.id()));
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(first.child.id() as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-    drop(first);
+    first.sigkill();
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
         stray.try_wait().unwrap().is_none(),

@@ -5,15 +5,22 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-/// A running `rollarc serve`; killed (SIGKILL) when dropped.
+/// A running `rollarc serve`; killed with every process under it when dropped ([`kill_tree`]):
+/// no test leaves a process behind.
 pub struct ServerProcess {
     pub child: Child,
     /// `http://ADDR` the server logged.
     pub base: String,
+    /// Whether dropping it kills the processes under it too (not after [`Self::sigkill`], whose
+    /// test starts the service again and expects that start to end them).
+    sweep: bool,
 }
 
 impl Drop for ServerProcess {
     fn drop(&mut self) {
+        if self.sweep {
+            kill_tree(self.child.id());
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -67,11 +74,14 @@ impl ServerProcess {
         Self {
             child,
             base: format!("http://{addr}"),
+            sweep: true,
         }
     }
 
-    /// SIGKILL: no chance to clean up.
-    pub fn sigkill(self) {
+    /// SIGKILL: no chance to clean up; what it leaves is for the next start on the same data
+    /// directory to end.
+    pub fn sigkill(mut self) {
+        self.sweep = false;
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(self.child.id() as i32),
             nix::sys::signal::Signal::SIGKILL,
@@ -151,6 +161,49 @@ pub fn descendants(root: u32) -> Vec<(u32, u64)> {
     out
 }
 
+/// SIGKILLs `root` and every process under it, leaving none a window to escape.
+///
+/// A plain SIGKILL of a service can leave a sandbox behind: one that bubblewrap was still
+/// setting up has left the service's group, and asks to die with a parent that may already be
+/// gone. So the tree is frozen first: SIGSTOP to each process, repeated until every one is
+/// stopped and no new one appears (a stopped process cannot fork, and its children keep their
+/// parent), and only then SIGKILL to all.
+pub fn kill_tree(root: u32) {
+    use nix::sys::signal::{Signal, kill};
+    let signal = |p: u32, s| {
+        let _ = kill(nix::unistd::Pid::from_raw(p as i32), s);
+    };
+    let stopped_or_gone = |p: u32| {
+        std::fs::read_to_string(format!("/proc/{p}/stat")).map_or(true, |s| {
+            let state = s[s.rfind(')').map_or(0, |i| i + 1)..]
+                .split_whitespace()
+                .next();
+            matches!(state, Some("T" | "t" | "Z" | "X") | None)
+        })
+    };
+    let mut tree = std::collections::BTreeSet::from([root]);
+    signal(root, Signal::SIGSTOP);
+    // Bounded: a tree that keeps changing after 2 s is killed as far as it was seen.
+    for _ in 0..2000 {
+        let new: Vec<u32> = descendants(root)
+            .into_iter()
+            .map(|(p, _)| p)
+            .filter(|p| !tree.contains(p))
+            .collect();
+        for &p in &new {
+            signal(p, Signal::SIGSTOP);
+            tree.insert(p);
+        }
+        if new.is_empty() && tree.iter().all(|&p| stopped_or_gone(p)) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    for &p in &tree {
+        signal(p, Signal::SIGKILL);
+    }
+}
+
 /// Those of `procs` that still run (the same pid with the same start time).
 pub fn still_running(procs: &[(u32, u64)]) -> Vec<(u32, u64)> {
     procs
@@ -176,4 +229,40 @@ pub fn group_members(pgid: i32) -> String {
         .map(|pid| describe((pid, 0)))
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    /// A tree whose children left the root's group and session (as a sandbox does) goes whole.
+    #[test]
+    fn kill_tree_ends_children_that_left_the_group() {
+        let mut root = std::process::Command::new("sh")
+            .args([
+                "-c",
+                "setsid sleep 300 & setsid sh -c 'sleep 300 & wait' & wait",
+            ])
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut under = super::descendants(root.id());
+        while under.len() < 3 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "tree not up: {under:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            under = super::descendants(root.id());
+        }
+        super::kill_tree(root.id());
+        let _ = root.wait();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !super::still_running(&under).is_empty() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "left running: {:?}",
+                super::still_running(&under)
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
 }
