@@ -108,6 +108,14 @@ impl<T: Element> Seq<T> {
         matches!(self.0, Repr::Drawn { .. })
     }
 
+    /// Gives back the room reserved beyond the length (a finished answer grows no more).
+    pub fn shrink_to_fit(&mut self) {
+        match &mut self.0 {
+            Repr::Values(v) => v.shrink_to_fit(),
+            Repr::Drawn { draws, .. } => draws.shrink_to_fit(),
+        }
+    }
+
     /// Appends the values of `draw`. An empty or drawn sequence stays drawn; one holding values
     /// gets the drawn values written out.
     pub fn push_draw(&mut self, draw: Draw) {

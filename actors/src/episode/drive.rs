@@ -251,7 +251,9 @@ fn new_trajectory(shared: &EpisodeShared, p: &EpisodeParams, task: &EpisodeTask)
         start_version: p.start_version,
         pool: p.shard.pool.clone(),
         shard: p.shard.index,
-        turns: Vec::new(),
+        // The room the task's turns need, up to 8 (growth past that doubles as usual): a
+        // growing Vec of 5 turns would hold 8 (memory per in-flight trajectory).
+        turns: Vec::with_capacity(task.max_turns.min(8) as usize),
         reward: None,
         success: false,
         invalid_actions: 0,

@@ -240,8 +240,10 @@ async fn call_shard(p: &EpisodeParams, req: GenRequest) -> Result<GenOutput, Gen
                 .instrument(tracing::info_span!(target: infra::telemetry::TRACE_TARGET, "generate"))
                 .await
         }
+        // Boxed: its future is twice the size of a plain call's, and inline every episode's
+        // future would carry that room (memory per in-flight trajectory).
         Some(route) => {
-            disaggregated(route, &p.shard, req)
+            Box::pin(disaggregated(route, &p.shard, req))
                 .instrument(tracing::info_span!(target: infra::telemetry::TRACE_TARGET, "generate"))
                 .await
         }

@@ -235,7 +235,7 @@ impl SimEngine {
                 s.tokens.len() as u32 >= s.target || stop
             };
             if done {
-                let s = self.running.swap_remove(i);
+                let mut s = self.running.swap_remove(i);
                 self.reserved = self
                     .reserved
                     .saturating_sub(s.reserved().min(self.kv_capacity));
@@ -245,6 +245,10 @@ impl SimEngine {
                 } else {
                     FinishReason::Length
                 };
+                // Finished answers live on in trajectories: no spare room.
+                s.tokens.shrink_to_fit();
+                s.logprobs.shrink_to_fit();
+                s.versions.shrink_to_fit();
                 report.finished.push((
                     s.req.id,
                     Ok(GenOutput {
