@@ -17,6 +17,10 @@ Modes:
               starts in a tenth of a second, for the chaos loop).
   slow        `plain`, a sleep of SLOW_S seconds, then `plain` again (an episode long enough
               to lose its env worker mid-way).
+  stream      one streamed Chat Completions call (standard library) for a long answer; it
+              writes STREAM_DIR/sent-PID as it sends the request, STREAM_DIR/first-PID at its
+              first chunk and STREAM_DIR/done-PID at the end, so a test can kill the model's
+              server while the answer is generated.
 
 With PROBE_WRONG_KEY set, `probe` also calls with a key that is not the episode's (an env
 worker's forwarder puts the episode's own in its place) and reports whether it was answered.
@@ -171,7 +175,35 @@ def slow(row):
     return plain(row)
 
 
-MODES = {"plain": plain, "slow": slow, "anthropic": anthropic_agent, "agents_sdk": agents_sdk_agent, "probe": probe,
+def stream(row):
+    import urllib.request
+    env = os.environ
+    marks = env["STREAM_DIR"]
+    body = json.dumps({"model": "policy", "max_tokens": 200, "stream": True, "messages": [
+        {"role": "user", "content": f"Tell me a long story about a lighthouse keeper, number {row.get('seed')}."}]})
+    req = urllib.request.Request(env["OPENAI_BASE_URL"] + "/chat/completions", data=body.encode(),
+                                 headers={"Authorization": "Bearer " + env["OPENAI_API_KEY"],
+                                          "Content-Type": "application/json"})
+    text, chunks, done = "", 0, False
+    open(os.path.join(marks, f"sent-{os.getpid()}"), "w").close()
+    with urllib.request.urlopen(req, timeout=300) as r:
+        for line in r:
+            line = line.decode().strip()
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                done = True
+                break
+            chunks += 1
+            if chunks == 1:
+                open(os.path.join(marks, f"first-{os.getpid()}"), "w").close()
+            for c in json.loads(line[6:]).get("choices", []):
+                text += (c.get("delta") or {}).get("content") or ""
+    open(os.path.join(marks, f"done-{os.getpid()}"), "w").close()
+    return {"answer": text, "info": {"chunks": chunks, "done": done}}
+
+
+MODES = {"plain": plain, "slow": slow, "stream": stream, "anthropic": anthropic_agent, "agents_sdk": agents_sdk_agent, "probe": probe,
          "crash": crash, "fail": fail}
 
 

@@ -315,6 +315,123 @@ fn a_smollm2_job_on_two_managed_llamacpp_shards_installs_every_version_and_survi
     eprintln!("versions served: {versions:?}; killed server {pid}");
 }
 
+/// Chaos at the episode level: the llama.cpp server of a managed agent's shard is SIGKILLed
+/// while the agent's streamed answer is being generated. The call is retried on the
+/// restarted server (or its episode masked as infrastructure and the group retried, never
+/// rewarded 0); the job trains its step with every row, and nothing hangs.
+#[test]
+fn an_agent_episode_survives_its_llamacpp_shard_killed_mid_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let marks = tempfile::tempdir().unwrap();
+    let model = smollm2().display().to_string();
+    let task = format!(
+        "[[tasks]]\ndomain = \"stream\"\ngroup_size = 2\nmax_tokens_per_turn = 256\n\
+         [tasks.env]\nkind = \"agent\"\ncommand = [\"{py}\", \"{script}\", \"stream\"]\n\
+         tokenizer = {model:?}\ntimeout_s = 240\nsandbox = \"none\"\nenv = {{ STREAM_DIR = {marks:?} }}\n",
+        py = tests::agent_python(),
+        script = tests::repo()
+            .join("tests/agents/episode_agents.py")
+            .display(),
+        marks = marks.path().display().to_string(),
+    );
+    let spec = SpecBuilder::new()
+        .raw_task(&task)
+        .rollout("batch_size = 1")
+        .rollout("steps = 1")
+        .rollout("max_retries_per_group = 2")
+        .extra(&format!(
+            "[[pools]]\nname = \"llama\"\ndevice = \"CPU\"\ncount = 1\nbackend = {{ kind = \"llamacpp\", slots = 2, model = {{ path = {model:?}, max_seq = 1024 }} }}"
+        ))
+        .extra("[trainer]\nkind = \"builtin\"\nlr = 0.001\nlora = { rank = 4, alpha = 8, targets = [\"attn_q\", \"attn_v\"] }")
+        .build();
+    let needle = dir
+        .path()
+        .join("served/xllamacpp_serve.py")
+        .to_string_lossy()
+        .into_owned();
+    // 300 ms after the first agent sent its request (it is on the server by then, and a
+    // 200-token answer takes seconds), SIGKILL the server: whether the answer was still being
+    // generated then (no agent had a chunk of it yet).
+    let killer = {
+        let (marks, needle) = (marks.path().to_path_buf(), needle.clone());
+        std::thread::spawn(move || {
+            let seen = |prefix: &str| {
+                std::fs::read_dir(&marks).is_ok_and(|d| {
+                    d.flatten()
+                        .any(|e| e.file_name().to_string_lossy().starts_with(prefix))
+                })
+            };
+            for _ in 0..30_000 {
+                if seen("sent-") {
+                    std::thread::sleep(std::time::Duration::from_millis(300));
+                    let pid = *processes_with(&needle).first()?;
+                    let mid_stream = !seen("first-");
+                    return infra::process::kill_group(pid).then_some((pid, mid_stream));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            None
+        })
+    };
+    let sink = Arc::new(MemorySink::default());
+    let log = Arc::new(BatchLog::default());
+    let s = job::simrun::run_blocking(
+        spec,
+        0,
+        0,
+        sink.clone(),
+        log.clone(),
+        Some(dir.path().to_path_buf()),
+    )
+    .expect("the job runs through the kill");
+    let (pid, mid_stream) = killer.join().unwrap().expect("the server was killed");
+    assert!(mid_stream, "the kill landed after the answer was generated");
+    assert_eq!(s.steps_done, 1);
+    let rows = sink.log.lock().unwrap();
+    for t in rows.iter() {
+        eprintln!(
+            "{}: {} turns, reward {:?}, failure {:?}, info {:?}",
+            t.id,
+            t.turns.len(),
+            t.reward,
+            t.failure,
+            t.agent.as_ref().and_then(|a| a.info.clone())
+        );
+        match &t.failure {
+            None => {
+                assert!(t.reward.is_some());
+                for u in &t.turns {
+                    assert_eq!(u.logprobs.len(), u.response_tokens.len());
+                    let covered: u32 = u.versions.iter().map(|v| v.tokens).sum();
+                    assert_eq!(covered as usize, u.response_tokens.len());
+                }
+            }
+            Some(
+                actors::types::FailureReason::GenerationFailed(_)
+                | actors::types::FailureReason::AgentFailed(_),
+            ) => assert!(
+                t.reward.is_none(),
+                "an infrastructure failure is never rewarded"
+            ),
+            Some(other) => panic!("not an infrastructure failure: {other:?}"),
+        }
+    }
+    // Every row of the trained group is there.
+    let batches = log.batches.lock().unwrap();
+    assert_eq!(batches.len(), 1);
+    let trained: Vec<_> = batches[0].1.trajectories().collect();
+    assert_eq!(trained.len(), 2, "the group trained whole");
+    assert!(trained.iter().all(|t| t.failure.is_none()));
+    // The killed server was restarted once, and the servers died with the job.
+    let log0 = std::fs::read_to_string(dir.path().join("served/llamacpp-0.log")).unwrap();
+    let crashes = log0
+        .lines()
+        .filter(|l| l.starts_with("rollarc: the server exited"))
+        .count();
+    assert_eq!(crashes, 1, "the killed server {pid} was restarted once");
+    assert!(processes_with(&needle).is_empty());
+}
+
 /// What a trainer of a checkpoint job may announce: a safetensors file with the model's own
 /// names, one with Hugging Face names (a PyTorch `state_dict`, q/k rows in the halves layout),
 /// or a GGUF checkpoint — each loads as exactly the served tensors; the tiny model's file
