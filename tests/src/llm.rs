@@ -354,6 +354,8 @@ fn an_agent_episode_survives_its_llamacpp_shard_killed_mid_stream() {
     // generated then (no agent had a chunk of it yet).
     let killer = {
         let (marks, needle) = (marks.path().to_path_buf(), needle.clone());
+        // Real processes on the real clock, beside a blocking job run.
+        #[allow(clippy::disallowed_methods)]
         std::thread::spawn(move || {
             let seen = |prefix: &str| {
                 std::fs::read_dir(&marks).is_ok_and(|d| {

@@ -197,6 +197,8 @@ pub fn kill_tree(root: u32) {
         if new.is_empty() && tree.iter().all(|&p| stopped_or_gone(p)) {
             break;
         }
+        // Real processes on the real clock, from a `Drop` (no runtime to sleep on).
+        #[allow(clippy::disallowed_methods)]
         std::thread::sleep(Duration::from_millis(1));
     }
     for &p in &tree {
@@ -235,6 +237,8 @@ pub fn group_members(pgid: i32) -> String {
 mod tests {
     /// A tree whose children left the root's group and session (as a sandbox does) goes whole.
     #[test]
+    // Real processes on the real clock.
+    #[allow(clippy::disallowed_methods)]
     fn kill_tree_ends_children_that_left_the_group() {
         let mut root = std::process::Command::new("sh")
             .args([
