@@ -212,12 +212,21 @@ pub(crate) enum Cmd {
     Bench {
         #[arg(long, default_value_t = 10_000)]
         episodes: usize,
-        /// scheduler, model, llm, llm-train, servers, env, env-workers, functions, presets, batches, gateway or all.
+        /// scheduler, model, llm, llm-train, servers, env, env-workers, functions, presets, presets-llm (not in all), batches, gateway or all.
         #[arg(long, default_value = "all")]
         what: String,
         /// Training steps per run of the preset benchmark.
         #[arg(long, default_value_t = 12)]
         preset_steps: u64,
+        /// `presets-llm`: the seeds each preset runs with (one run each).
+        #[arg(long, value_delimiter = ',', default_values_t = [1u64, 2, 3])]
+        seeds: Vec<u64>,
+        /// `presets-llm`: the held-out pass@1 each run is timed to.
+        #[arg(long, default_value_t = 0.8)]
+        goal: f64,
+        /// `presets-llm`: the most training steps of a run.
+        #[arg(long, default_value_t = 30)]
+        max_steps: u64,
     },
 }
 

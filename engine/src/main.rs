@@ -203,6 +203,17 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             episodes,
             what,
             preset_steps,
-        } => simulate::bench(episodes, &what, preset_steps),
+            seeds,
+            goal,
+            max_steps,
+        } => {
+            let llm = lab::bench::PresetsLlmOptions {
+                max_steps,
+                seeds,
+                goal,
+                ..Default::default()
+            };
+            simulate::bench(episodes, &what, preset_steps, &llm)
+        }
     }
 }

@@ -155,11 +155,18 @@ pub(crate) fn plan(
 }
 
 /// `rollarc bench`: the benchmarks named by `what`.
-pub(crate) fn bench(episodes: usize, what: &str, preset_steps: u64) -> anyhow::Result<ExitCode> {
+pub(crate) fn bench(
+    episodes: usize,
+    what: &str,
+    preset_steps: u64,
+    llm: &lab::bench::PresetsLlmOptions,
+) -> anyhow::Result<ExitCode> {
     let opts = lab::bench::BenchOptions {
         episodes,
         preset_file: Path::new("examples/quickstart.toml"),
         preset_steps,
+        llm_file: Path::new("examples/smollm2-reasoning.toml"),
+        llm,
     };
     lab::bench::run(what, &opts, |b| match b {
         lab::bench::Benchmark::Gateway => gateway::bench::bench_gateway().map_err(Into::into),

@@ -11,6 +11,8 @@
 //!   same in this process (cost per step, memory per episode on a worker, resets per second);
 //! - `functions`: the function router and runtime on real `rollarc-fn` processes;
 //! - `presets`: the quickstart job under each scheduling preset;
+//! - `presets-llm` (not in `all`: hours on 2 cores): the real-model job under each preset,
+//!   timed to a held-out goal, over seeds;
 //! - `batches`: the trainer API's batch fetch, JSON vs MessagePack, and weight announce →
 //!   installed latency on the built-in engine;
 //! - `gateway`: the agent gateway's overhead per call against calling the engine directly,
@@ -25,6 +27,7 @@ mod functions;
 mod llm;
 mod model;
 mod presets;
+mod presets_llm;
 mod scheduler;
 mod servers;
 
@@ -36,6 +39,7 @@ pub use functions::{FunctionsBenchError, bench_functions};
 pub use llm::{LlmBenchError, bench_llm, bench_llm_train};
 pub use model::{ModelBenchError, bench_model};
 pub use presets::{PresetsBenchError, bench_presets};
+pub use presets_llm::{PresetsLlmOptions, bench_presets_llm};
 pub use scheduler::{SchedulerBenchError, bench_scheduler};
 pub use servers::{ServersBenchError, bench_servers};
 
@@ -51,6 +55,7 @@ pub enum Benchmark {
     EnvWorkers,
     Functions,
     Presets,
+    PresetsLlm,
     Batches,
     Gateway,
 }
@@ -82,10 +87,14 @@ impl Benchmark {
             Self::EnvWorkers => "env-workers",
             Self::Functions => "functions",
             Self::Presets => "presets",
+            Self::PresetsLlm => "presets-llm",
             Self::Batches => "batches",
             Self::Gateway => "gateway",
         }
     }
+
+    /// Benchmarks only named runs take (`all` leaves them out): they take hours here.
+    pub const LONG: [Benchmark; 1] = [Benchmark::PresetsLlm];
 
     /// The benchmarks `--what` names: one, or `all`.
     pub fn select(what: &str) -> Result<Vec<Benchmark>, BenchError> {
@@ -94,6 +103,7 @@ impl Benchmark {
         }
         Self::ALL
             .into_iter()
+            .chain(Self::LONG)
             .find(|b| b.name() == what)
             .map(|b| vec![b])
             .ok_or_else(|| BenchError::Unknown(what.to_string()))
@@ -109,13 +119,17 @@ pub struct BenchOptions<'a> {
     pub preset_file: &'a Path,
     /// Training steps per run of the preset benchmark.
     pub preset_steps: u64,
+    /// The real-model job of `presets-llm`.
+    pub llm_file: &'a Path,
+    /// How `presets-llm` runs.
+    pub llm: &'a PresetsLlmOptions,
 }
 
 /// Why `rollarc bench` failed.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
     #[error(
-        "unknown benchmark {0:?}: scheduler, model, llm, llm-train, servers, env, env-workers, functions, presets, batches, gateway or all"
+        "unknown benchmark {0:?}: scheduler, model, llm, llm-train, servers, env, env-workers, functions, presets, presets-llm, batches, gateway or all"
     )]
     Unknown(String),
     #[error(transparent)]
@@ -159,6 +173,7 @@ pub fn run(
             Benchmark::EnvWorkers => bench_env_workers(10_000, 4, 20)?,
             Benchmark::Functions => bench_functions()?,
             Benchmark::Presets => bench_presets(opts.preset_file, opts.preset_steps)?,
+            Benchmark::PresetsLlm => bench_presets_llm(opts.llm_file, opts.llm)?,
             Benchmark::Batches | Benchmark::Gateway => service(b).map_err(BenchError::Service)?,
         }
     }
@@ -173,14 +188,15 @@ mod tests {
     fn what_selects_one_benchmark_or_all_in_order_and_rejects_the_rest() {
         assert_eq!(Benchmark::select("env").unwrap(), [Benchmark::Env]);
         assert_eq!(Benchmark::select("all").unwrap(), Benchmark::ALL);
-        for b in Benchmark::ALL {
+        for b in Benchmark::ALL.into_iter().chain(Benchmark::LONG) {
             assert_eq!(Benchmark::select(b.name()).unwrap(), [b]);
         }
+        assert!(!Benchmark::ALL.contains(&Benchmark::PresetsLlm));
         let e = Benchmark::select("gpu").unwrap_err();
         assert!(matches!(&e, BenchError::Unknown(w) if w == "gpu"), "{e:?}");
         assert_eq!(
             e.to_string(),
-            "unknown benchmark \"gpu\": scheduler, model, llm, llm-train, servers, env, env-workers, functions, presets, batches, gateway or all"
+            "unknown benchmark \"gpu\": scheduler, model, llm, llm-train, servers, env, env-workers, functions, presets, presets-llm, batches, gateway or all"
         );
     }
 }

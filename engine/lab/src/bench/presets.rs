@@ -41,6 +41,32 @@ const PRESETS: [Preset; 4] = [
     Preset::Rollarc,
 ];
 
+/// The job spec in TOML `file`. With `model`, a built-in pool whose checkpoint file does not
+/// exist (the examples name it relative to where `make setup` puts it) serves `model` instead.
+pub(super) fn read_spec(file: &Path, model: Option<&Path>) -> Result<JobSpec, PresetsBenchError> {
+    let body = std::fs::read_to_string(file).map_err(|source| PresetsBenchError::Read {
+        file: file.to_path_buf(),
+        source,
+    })?;
+    let mut spec = job::spec::parse(&body, job::spec::Format::Toml).map_err(|source| {
+        PresetsBenchError::Spec {
+            file: file.to_path_buf(),
+            source,
+        }
+    })?;
+    if let Some(m) = model {
+        for pool in &mut spec.pools {
+            if let job::spec::BackendSpec::Builtin { model: b, .. } = &mut pool.backend
+                && let Some(path) = &mut b.path
+                && !Path::new(path.as_str()).exists()
+            {
+                *path = m.display().to_string();
+            }
+        }
+    }
+    Ok(spec)
+}
+
 /// Runs `base` under preset `p` for `steps` steps, with environment latency injected if asked.
 fn run_preset(
     base: &JobSpec,
@@ -101,16 +127,7 @@ fn final_success(s: &JobSummary) -> Vec<String> {
 /// the runs stay short); wall time, steps/min, final success per task, bubble ratio, and the
 /// ratio of `rollarc` against each baseline measured in the same run.
 pub fn bench_presets(file: &Path, steps: u64) -> Result<(), PresetsBenchError> {
-    let body = std::fs::read_to_string(file).map_err(|source| PresetsBenchError::Read {
-        file: file.to_path_buf(),
-        source,
-    })?;
-    let base = job::spec::parse(&body, job::spec::Format::Toml).map_err(|source| {
-        PresetsBenchError::Spec {
-            file: file.to_path_buf(),
-            source,
-        }
-    })?;
+    let base = read_spec(file, None)?;
     println!(
         "preset benchmark: {} × {steps} steps per run (release, 2 cores)",
         file.display()
