@@ -235,16 +235,24 @@ pub fn bench_presets_llm(file: &Path, o: &PresetsLlmOptions) -> Result<(), Prese
         }
     }
     println!(
-        "  per preset (runs that reached the goal): mean ± standard error of the time to goal"
+        "  per preset (runs that reached the goal): mean ± standard error of the time to goal, then without the evaluations"
     );
+    // One run has no spread: shown as "–", not NaN.
+    let show = |(m, se): (f64, f64)| {
+        if se.is_nan() {
+            format!("{m:>8.1} ±      – s")
+        } else {
+            format!("{m:>8.1} ± {se:>6.1} s")
+        }
+    };
     for p in PRESETS {
         let xs = times.get(p.name()).cloned().unwrap_or_default();
-        let (m, se) = mean_se(&xs);
+        let bare_xs = bare.get(p.name()).cloned().unwrap_or_default();
         println!(
-            "    {:<10} {:>8.1} ± {:>6.1} s  ({} of {} runs)",
+            "    {:<10} {}   {}  ({} of {} runs)",
             p.name(),
-            m,
-            se,
+            show(mean_se(&xs)),
+            show(mean_se(&bare_xs)),
             xs.len(),
             o.seeds.len()
         );
