@@ -347,6 +347,19 @@ mod tests {
         };
         let mut ours = start(&mark);
         let mut theirs = start(&other_mark);
+        // `spawn` returns once the child has begun its exec, a moment before the kernel sets
+        // up its arguments: until then its `cmdline` reads empty (CI once counted 0 killed).
+        for child in [&ours, &theirs] {
+            let mut tries = 0;
+            while !std::fs::read(format!("/proc/{}/cmdline", child.id())).is_ok_and(|c| {
+                c.windows(SANDBOX_MARK_VAR.len())
+                    .any(|w| w == SANDBOX_MARK_VAR.as_bytes())
+            }) {
+                tries += 1;
+                assert!(tries < 200_000, "the child never showed its command line");
+                std::thread::yield_now();
+            }
+        }
         // `sh` itself, and its child if caught between fork and exec (until it runs `sleep` it
         // carries `sh`'s command line, mark included: CI once counted it).
         let killed = kill_marked(&mark);
