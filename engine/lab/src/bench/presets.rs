@@ -67,6 +67,21 @@ pub(super) fn read_spec(file: &Path, model: Option<&Path>) -> Result<JobSpec, Pr
     Ok(spec)
 }
 
+/// The environment latency both preset benchmarks inject: per step Normal(0.3 s, σ 0.15 s),
+/// resets LogNormal(μ −2, σ 1) (heavy-tailed).
+pub(super) fn injected_latency() -> InjectLatency {
+    InjectLatency {
+        reset_s: Some(Dist::Lognormal {
+            mu: -2.0,
+            sigma: 1.0,
+        }),
+        step_s: Some(Dist::Normal {
+            mean: 0.3,
+            std: 0.15,
+        }),
+    }
+}
+
 /// Runs `base` under preset `p` for `steps` steps, with environment latency injected if asked.
 fn run_preset(
     base: &JobSpec,
@@ -78,16 +93,7 @@ fn run_preset(
     spec.rollout.steps = Some(steps);
     if injected {
         for t in &mut spec.tasks {
-            t.inject_latency = Some(InjectLatency {
-                reset_s: Some(Dist::Lognormal {
-                    mu: -2.0,
-                    sigma: 1.0,
-                }),
-                step_s: Some(Dist::Normal {
-                    mean: 0.3,
-                    std: 0.15,
-                }),
-            });
+            t.inject_latency = Some(injected_latency());
         }
     }
     job::simrun::run_blocking(

@@ -13,11 +13,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use actors::dist::Dist;
 use actors::types::Batch;
 use infra::clock::wall_now;
 use job::runtime::{ObserverError, StepMetrics, StepObserver};
-use job::spec::{InjectLatency, JobSpec, Preset};
+use job::spec::{JobSpec, Preset};
 
 use super::presets::PresetsBenchError;
 
@@ -112,16 +111,7 @@ fn variant(base: &JobSpec, p: Preset, seed: u64, o: &PresetsLlmOptions) -> JobSp
     spec.seed = seed;
     spec.rollout.steps = Some(o.max_steps);
     for t in &mut spec.tasks {
-        t.inject_latency = Some(InjectLatency {
-            reset_s: Some(Dist::Lognormal {
-                mu: -2.0,
-                sigma: 1.0,
-            }),
-            step_s: Some(Dist::Normal {
-                mean: 0.3,
-                std: 0.15,
-            }),
-        });
+        t.inject_latency = Some(super::presets::injected_latency());
     }
     if let Some(e) = &mut spec.eval {
         e.every = o.eval_every;
