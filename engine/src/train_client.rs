@@ -359,7 +359,7 @@ fn builtin_parts(
             BuiltinParts::new(m, cfg, spec.seed, start, Some(state_dir.to_path_buf()))
                 .map_err(|e| model_err(e.to_string()))
         }
-        Some(ModelChoice::Checkpoint { path, max_seq }) => {
+        Some(ModelChoice::Checkpoint { path, max_seq, .. }) => {
             let c = CheckpointSpec {
                 path: o.model.clone().unwrap_or(path),
                 max_seq,

@@ -17,6 +17,11 @@ fn smollm2() -> PathBuf {
 }
 
 fn spec(steps: u64) -> job::spec::JobSpec {
+    spec_at(steps, "f32")
+}
+
+/// The job of [`spec`], its engines generating at `precision`.
+fn spec_at(steps: u64, precision: &str) -> job::spec::JobSpec {
     SpecBuilder::new()
         .raw_task(
             "[[tasks]]\ndomain = \"lake\"\ngroup_size = 2\nmax_turns = 2\nmax_tokens_per_turn = 10\nenv = { kind = \"frozenlake\", size = 4 }\n",
@@ -24,7 +29,7 @@ fn spec(steps: u64) -> job::spec::JobSpec {
         .rollout("batch_size = 1")
         .rollout(&format!("steps = {steps}"))
         .extra(&format!(
-            "[[pools]]\nname = \"cpu\"\ndevice = \"CPU\"\ncount = 1\nbackend = {{ kind = \"builtin\", max_batch = 4, model = {{ path = {:?}, max_seq = 1024 }} }}",
+            "[[pools]]\nname = \"cpu\"\ndevice = \"CPU\"\ncount = 1\nbackend = {{ kind = \"builtin\", max_batch = 4, model = {{ path = {:?}, max_seq = 1024, precision = {precision:?} }} }}",
             smollm2().display().to_string()
         ))
         .extra("[trainer]\nkind = \"builtin\"\nlr = 0.001\nlora = { rank = 4, alpha = 8, targets = [\"attn_q\", \"attn_v\"] }")
@@ -38,9 +43,11 @@ fn a_smollm2_job_generates_free_text_trains_lora_and_resumes() {
     let log = Arc::new(BatchLog::default());
     // One step, then a resumed run for a second: enough to train, checkpoint, resume and
     // export. One group of two per step: the trainer's forward and backward over each
-    // trajectory are most of this test's time (81 s with two groups, 46 s with one).
+    // trajectory are most of this test's time (81 s with two groups, 46 s with one). The
+    // first run generates with q8_0 matrices (every token's span says so), the resumed one
+    // in f32.
     let s = job::simrun::run_blocking(
-        spec(1),
+        spec_at(1, "q8_0"),
         0,
         0,
         sink.clone(),
@@ -69,6 +76,16 @@ fn a_smollm2_job_generates_free_text_trains_lora_and_resumes() {
             );
             for u in &t.turns {
                 assert!(!u.response_tokens.is_empty() && u.response_tokens.len() <= 10);
+                assert_eq!(
+                    u.versions
+                        .iter()
+                        .filter(|v| v.precision == Some(actors::types::Precision::Q8_0))
+                        .map(|v| v.tokens as usize)
+                        .sum::<usize>(),
+                    u.response_tokens.len(),
+                    "{:?}",
+                    u.versions
+                );
                 assert_eq!(u.logprobs.len(), u.response_tokens.len());
                 assert!(u.logprobs.iter().all(|l| *l <= 0.0 && l.is_finite()));
             }
@@ -150,6 +167,13 @@ fn a_smollm2_job_generates_free_text_trains_lora_and_resumes() {
         let mut ctx: Vec<u32> = Vec::new();
         for u in &t.turns {
             ctx.extend_from_slice(&u.observation_tokens);
+            assert!(
+                u.versions
+                    .iter()
+                    .all(|v| v.precision == Some(actors::types::Precision::F32)),
+                "{:?}",
+                u.versions
+            );
             if u.versions.iter().all(|v| v.version == 1) {
                 let mut all = ctx.clone();
                 all.extend_from_slice(&u.response_tokens);

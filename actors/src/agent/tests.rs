@@ -34,6 +34,7 @@ fn answer(ids: Vec<u32>, v: u64) -> GenOutput {
         versions: vec![VersionSpan {
             version: v,
             tokens: ids.len() as u32,
+            precision: None,
         }],
         tokens: ids.into(),
         finish: FinishReason::Stop,

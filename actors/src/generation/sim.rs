@@ -211,6 +211,7 @@ impl SimEngine {
                 _ => s.versions.push(VersionSpan {
                     version,
                     tokens: added,
+                    precision: None,
                 }),
             }
         }

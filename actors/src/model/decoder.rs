@@ -29,4 +29,8 @@ pub trait Decoder: Send + 'static {
     fn text(&self, ids: &[u32]) -> Option<String>;
     /// Bytes of KV cache per token (load reports).
     fn kv_bytes_per_token(&self) -> u64;
+    /// The precision of the weights it samples with (recorded on every token's span).
+    fn precision(&self) -> crate::types::Precision {
+        crate::types::Precision::F32
+    }
 }

@@ -20,7 +20,7 @@ use crate::generation::{
     FinishReason, GenError, GenOutput, GenRequest, GenerationEngine, InFlightPolicy, LoadReport,
     StepReport,
 };
-use crate::types::{PolicyVersion, VersionSpan};
+use crate::types::{PolicyVersion, Precision, VersionSpan};
 use crate::weights::Weights;
 
 struct Seq<C> {
@@ -233,7 +233,7 @@ impl<D: Decoder> BuiltinEngine<D> {
 
 /// Appends a sampled token; marks the sequence stopped once its text holds a stop string.
 fn push<D: Decoder>(model: &D, version: PolicyVersion, s: &mut Seq<D::Cache>, tok: u32, lp: f32) {
-    push_token(s, version, tok, lp);
+    push_token(s, version, model.precision(), tok, lp);
     if !s.req.params.stop_strings.is_empty()
         && let Some(text) = model.text(&s.tokens)
     {
@@ -491,12 +491,18 @@ impl<D: Decoder> BuiltinEngine<D> {
     }
 }
 
-fn push_token<C>(s: &mut Seq<C>, version: PolicyVersion, tok: u32, lp: f32) {
+fn push_token<C>(s: &mut Seq<C>, version: PolicyVersion, precision: Precision, tok: u32, lp: f32) {
     s.tokens.push(tok);
     s.logprobs.push(lp);
     match s.versions.last_mut() {
-        Some(span) if span.version == version => span.tokens += 1,
-        _ => s.versions.push(VersionSpan { version, tokens: 1 }),
+        Some(span) if span.version == version && span.precision == Some(precision) => {
+            span.tokens += 1
+        }
+        _ => s.versions.push(VersionSpan {
+            version,
+            tokens: 1,
+            precision: Some(precision),
+        }),
     }
     s.last = Some(tok);
 }

@@ -121,14 +121,20 @@ pub struct LlmPolicy {
 }
 
 impl LlmPolicy {
-    /// A fresh engine over the loaded weights (no copy).
     /// The served model's configuration.
     pub fn config(&self) -> &llm::LlmConfig {
         &self.weights.cfg
     }
 
-    pub fn engine(&self, max_batch: usize) -> candle_core::Result<BuiltinEngine<LlmDecoder>> {
-        let d = LlmDecoder::new(share(&self.weights)?, self.tokenizer.clone(), self.max_seq);
+    /// A fresh engine over the loaded weights (no copy of the f32 tensors), generating at
+    /// `precision`.
+    pub fn engine(
+        &self,
+        max_batch: usize,
+        precision: crate::types::Precision,
+    ) -> candle_core::Result<BuiltinEngine<LlmDecoder>> {
+        let d = LlmDecoder::new(share(&self.weights)?, self.tokenizer.clone(), self.max_seq)
+            .with_precision(precision)?;
         Ok(BuiltinEngine::with_decoder(d, 0, max_batch))
     }
 

@@ -157,6 +157,21 @@ pub fn check(spec: &JobSpec) -> Vec<FieldError> {
                         ),
                     });
                 }
+                let precision = m.precision.unwrap_or_default();
+                let rows = [cfg.d_model, cfg.n_heads * cfg.head_dim, cfg.d_ff];
+                if precision != actors::types::Precision::F32
+                    && let Some(bad) = rows
+                        .into_iter()
+                        .find(|k| k % actors::model::llm::forward::QUANT_BLOCK != 0)
+                {
+                    out.push(FieldError {
+                        field: format!("{at}.precision"),
+                        message: format!(
+                            "{precision} quantises rows in blocks of {} values; this checkpoint has matrices with rows of {bad}: use f32",
+                            actors::model::llm::forward::QUANT_BLOCK
+                        ),
+                    });
+                }
             }
             Err(e) => out.push(FieldError {
                 field: format!("{at}.path"),

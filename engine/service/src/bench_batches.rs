@@ -61,6 +61,7 @@ fn synthetic(step: u64) -> TrainingBatch {
                     version_spans: vec![actors::types::VersionSpan {
                         version: step,
                         tokens: (TOKENS - obs) as u32,
+                        precision: None,
                     }],
                     turn_bounds: vec![[obs, TOKENS]],
                     reward: Some(1.0),

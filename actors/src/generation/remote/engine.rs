@@ -243,7 +243,11 @@ fn push_span(versions: &mut Vec<VersionSpan>, version: PolicyVersion, tokens: u3
     }
     match versions.last_mut() {
         Some(s) if s.version == version => s.tokens += tokens,
-        _ => versions.push(VersionSpan { version, tokens }),
+        _ => versions.push(VersionSpan {
+            version,
+            tokens,
+            precision: None,
+        }),
     }
 }
 

@@ -431,7 +431,8 @@ fn a_killed_llamacpp_server_is_restarted_and_its_request_retried() {
         out.versions,
         vec![VersionSpan {
             version: 0,
-            tokens: 48
+            tokens: 48,
+            precision: None,
         }]
     );
     assert!(server.restarts() >= 1);

@@ -10,6 +10,7 @@ use super::forward::{LlmWeights, SeqCache};
 use super::tokenizer::LlmTokenizer;
 use super::train::{LORA_SCALE, merge};
 use crate::model::decoder::Decoder;
+use crate::types::Precision;
 use crate::weights::Weights;
 
 pub struct LlmDecoder {
@@ -38,8 +39,22 @@ impl LlmDecoder {
         }
     }
 
+    /// Generates with the matrices quantised to `precision` (re-quantised after every
+    /// weight swap); f32 leaves them as they are.
+    pub fn with_precision(mut self, precision: Precision) -> candle_core::Result<Self> {
+        self.weights = self.weights.quantized(precision)?;
+        Ok(self)
+    }
+
     pub fn weights(&self) -> &LlmWeights {
         &self.weights
+    }
+
+    /// New tensors served at the current precision.
+    fn swap(&mut self, tensors: Vec<(String, Tensor)>) -> candle_core::Result<()> {
+        let precision = self.weights.precision();
+        self.weights = self.weights.with_tensors(tensors)?.quantized(precision)?;
+        Ok(())
     }
 }
 
@@ -70,10 +85,7 @@ impl LlmDecoder {
             let b = new.iter().find(|(x, _)| *x == format!("{n}.lora_b"))?;
             Some((a.1.clone(), b.1.clone()))
         };
-        self.weights = self
-            .weights
-            .with_tensors(merge(&self.base, &lookup, scale)?)?;
-        Ok(())
+        self.swap(merge(&self.base, &lookup, scale)?)
     }
 }
 
@@ -135,8 +147,7 @@ impl Decoder for LlmDecoder {
                 ),
             }
         }
-        self.weights = self.weights.with_tensors(current)?;
-        Ok(())
+        self.swap(current)
     }
     fn stop_ids(&self) -> &[u32] {
         &self.tokenizer.stop_ids
@@ -147,5 +158,8 @@ impl Decoder for LlmDecoder {
     fn kv_bytes_per_token(&self) -> u64 {
         let c = &self.weights.cfg;
         (2 * c.n_layers * c.n_kv_heads * c.head_dim * 4) as u64
+    }
+    fn precision(&self) -> Precision {
+        self.weights.precision()
     }
 }

@@ -260,3 +260,92 @@ fn chat_framing_builds_the_reference_chats_without_retokenising() {
         "a row cannot inject markers"
     );
 }
+
+/// The quantised generation path, q8_0 and q4_1: every token's span records the precision
+/// that sampled it; the sampled log-probabilities stay near the f32 trainer's recomputation
+/// of the same tokens (mean |Δ| within the documented gap); a weight swap re-quantises the
+/// new weights (after it, the answers are near the new f32 model and far from the old one).
+/// An f32 engine records f32.
+///
+/// Not asserted: equality with the quantised model's own full forward. Rounding the
+/// activations to 8 bits makes the product discontinuous: a 1e-6 relative change of one
+/// norm flips roundings that grow through the 30 blocks into logit changes of ~0.7
+/// (measured), so the decode step's float order alone moves a token's log-probability by
+/// as much as the quantisation does. llama.cpp's quantised kernels round the same way.
+#[test]
+fn a_quantised_engine_records_its_precision_and_samples_near_the_f32_policy() {
+    use crate::types::{Precision, VersionSpan};
+    let (w, tok) = model();
+    let r = reference();
+    let prompts: Vec<Vec<u32>> = vec![
+        chat_prompt(),
+        ids(&r["sequences"][0]["tokens"]),
+        ids(&r["sequences"][1]["tokens"]),
+    ];
+    let run = |e: &mut BuiltinEngine<LlmDecoder>, version| {
+        for (i, p) in prompts.iter().enumerate() {
+            e.add(request(i as u64, p.clone(), 16, 40 + i as u64));
+        }
+        let mut outs = drain(e);
+        outs.sort_by_key(|(id, _)| *id);
+        outs.into_iter()
+            .map(|(id, o)| (id as usize, o.expect("generates"), version))
+            .collect::<Vec<_>>()
+    };
+    let span = |o: &crate::generation::GenOutput, version, p| VersionSpan {
+        version,
+        tokens: o.tokens.len() as u32,
+        precision: Some(p),
+    };
+    for (_, o, v) in run(&mut engine(&w, &tok, 8), 0) {
+        assert_eq!(o.versions, vec![span(&o, v, Precision::F32)]);
+    }
+    // New weights for the swap: the embedding (and tied head) scaled by 2.
+    let scaled = w
+        .with_tensors(w.named().into_iter().map(|(n, t)| {
+            let t = if n == "token_embd" {
+                (t * 2.0).unwrap()
+            } else {
+                t.clone()
+            };
+            (n, t)
+        }))
+        .unwrap();
+    let new = Weights::from_shared(1, vec![("token_embd".into(), scaled.embed.clone())]);
+    // Mean |sampled − f32 recomputation| of `outs` under `model`.
+    let gap = |outs: &[(usize, crate::generation::GenOutput, u64)], model: &LlmWeights| {
+        let (mut sum, mut n) = (0.0f64, 0usize);
+        for (id, o, _) in outs {
+            let f32_lp = recomputed(model, &prompts[*id], &o.tokens);
+            for (a, b) in o.logprobs.iter().zip(&f32_lp) {
+                sum += (*a as f64 - b).abs();
+                n += 1;
+            }
+        }
+        sum / n as f64
+    };
+    for (p, tol) in [(Precision::Q8_0, 0.15), (Precision::Q4_1, 0.5)] {
+        let copy = w
+            .with_tensors(w.named().into_iter().map(|(n, t)| (n, t.clone())))
+            .unwrap();
+        let d = LlmDecoder::new(copy, tok.clone(), 512)
+            .with_precision(p)
+            .unwrap();
+        let mut e = BuiltinEngine::with_decoder(d, 0, 8);
+        let before = run(&mut e, 0);
+        e.install(1, &new, InFlightPolicy::Abort).unwrap();
+        let after = run(&mut e, 1);
+        for (id, o, v) in before.iter().chain(&after) {
+            assert_eq!(o.versions, vec![span(o, *v, p)], "{p} request {id} v{v}");
+        }
+        let (g0, g1, stale) = (gap(&before, &w), gap(&after, &scaled), gap(&after, &w));
+        eprintln!(
+            "{p}: mean |sampled − f32| {g0:.3} (v0), {g1:.3} (v1); v1's answers under the v0 weights {stale:.3}"
+        );
+        assert!(g0 > 0.0 && g0 <= tol && g1 <= tol, "{p}: {g0} / {g1}");
+        assert!(
+            stale > 2.0 * g1,
+            "{p}: the swap was not re-quantised ({stale} vs {g1})"
+        );
+    }
+}

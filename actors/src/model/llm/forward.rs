@@ -11,8 +11,10 @@ use super::config::{LlmConfig, RopeLayout};
 mod decode;
 mod lora;
 mod packed;
+mod quant;
 
 pub use lora::{LoraSet, Proj, linear};
+pub use quant::{QUANT_BLOCK, QuantSet};
 
 /// One decoder block.
 #[derive(Clone)]
@@ -46,6 +48,9 @@ pub struct LlmWeights {
     pub lm_head: Option<Tensor>,
     /// LoRA adapters applied beside the weights (the trainer's view; engines merge them).
     pub lora: Option<LoraSet>,
+    /// The engine's quantised copies of the matrices ([`Self::quantized`]): when set, every
+    /// projection and the head multiply by them instead. Dropped by [`Self::with_tensors`].
+    pub quant: Option<std::sync::Arc<QuantSet>>,
 }
 
 impl LlmWeights {
@@ -97,6 +102,7 @@ impl LlmWeights {
             blocks,
             cfg: c,
             lora: None,
+            quant: None,
         })
     }
 
@@ -187,6 +193,7 @@ impl LlmWeights {
                 None
             },
             lora: None,
+            quant: None,
         })
     }
 
@@ -272,7 +279,10 @@ impl LlmWeights {
     /// Final norm and output projection of hidden states `[n, d]`.
     fn head(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let x = rms_norm(x, &self.out_norm, self.cfg.rms_eps)?;
-        linear(&x, self.lm_head.as_ref().unwrap_or(&self.embed), None)
+        match &self.quant {
+            Some(q) => q.forward(None, Proj::Q, &x),
+            None => linear(&x, self.lm_head.as_ref().unwrap_or(&self.embed), None),
+        }
     }
 
     /// `x·wᵀ (+ bias)` of block `block`'s projection `p`, with its LoRA adapter if any.
@@ -284,7 +294,16 @@ impl LlmWeights {
         w: &Tensor,
         bias: Option<&Tensor>,
     ) -> candle_core::Result<Tensor> {
-        let y = linear(x, w, bias)?;
+        let y = match &self.quant {
+            Some(q) => {
+                let y = q.forward(Some(block), p, x)?;
+                match bias {
+                    Some(b) => y.broadcast_add(b)?,
+                    None => y,
+                }
+            }
+            None => linear(x, w, bias)?,
+        };
         match &self.lora {
             Some(l) => l.apply(block, p, x, y),
             None => Ok(y),

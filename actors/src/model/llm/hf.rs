@@ -280,6 +280,7 @@ pub fn load_hf(dir: &Path) -> Result<(LlmWeights, LlmTokenizer), HfError> {
         out_norm,
         lm_head,
         lora: None,
+        quant: None,
     };
     let tok_path = dir.join("tokenizer.json");
     if !tok_path.is_file() {

@@ -49,6 +49,9 @@ class StepRecord(TypedDict):
 class VersionSpan(TypedDict):
     version: int
     tokens: int
+    # The precision of the weights that sampled these tokens ("f32", "q8_0", "q4_1",
+    # "q4_0"): set by the built-in engine, absent for inference servers.
+    precision: NotRequired[str]
 
 
 class ToolCall(TypedDict):

@@ -51,6 +51,7 @@ impl Generator for Script {
                 versions: vec![VersionSpan {
                     version: v,
                     tokens: ids.len() as u32,
+                    precision: None,
                 }],
                 finish: if cut {
                     FinishReason::Length

@@ -216,6 +216,12 @@ pub struct BuiltinModelSpec {
     pub tiny: Option<TinyModelSpec>,
     #[serde(default)]
     pub max_seq: Option<usize>,
+    /// The precision a checkpoint generates with: `f32` (the default: the trainer's own
+    /// numbers), or its matrices quantised to `q8_0` or `q4_1` (faster decode; the
+    /// trainer still recomputes log-probabilities in f32, and every token records the
+    /// precision that sampled it).
+    #[serde(default)]
+    pub precision: Option<actors::types::Precision>,
     /// Earlier flat form of `tiny`.
     #[serde(default)]
     pub d_model: Option<usize>,
@@ -265,6 +271,8 @@ pub enum ModelChoice {
     Checkpoint {
         path: std::path::PathBuf,
         max_seq: usize,
+        /// What the engines generate with (the trainer is f32 whatever this says).
+        precision: actors::types::Precision,
     },
 }
 
@@ -300,6 +308,7 @@ impl BuiltinModelSpec {
             Some(p) => ModelChoice::Checkpoint {
                 path: p.into(),
                 max_seq: self.max_seq.unwrap_or(DEFAULT_CHECKPOINT_MAX_SEQ),
+                precision: self.precision.unwrap_or_default(),
             },
             None => ModelChoice::Tiny(self.tiny_config()),
         }
@@ -322,6 +331,13 @@ impl BuiltinModelSpec {
                 }
             }
             None => {
+                if self.precision.is_some() {
+                    problems.push(
+                        format!("{at}.precision"),
+                        "a precision is for a checkpoint (`path`): the tiny model generates in f32"
+                            .into(),
+                    );
+                }
                 if self.tiny.is_some() && self.flat() {
                     problems.push(
                         format!("{at}.tiny"),
@@ -370,7 +386,7 @@ impl ModelChoice {
                 vocab: c.vocab as u64,
                 max_seq: c.max_seq as u64,
             }),
-            ModelChoice::Checkpoint { path, max_seq } => {
+            ModelChoice::Checkpoint { path, max_seq, .. } => {
                 let c = actors::model::llm::inspect(path)?;
                 Ok(ModelShape {
                     params: c.params() as u64,

@@ -1108,3 +1108,56 @@ fn managed_agents_on_env_pools_need_a_gateway_url_the_workers_reach() {
     assert_eq!(p[0].0, "tasks[0].env_pool");
     assert!(p[0].1.contains("claims its episodes"), "{}", p[0].1);
 }
+
+/// The generation precision of a built-in pool: named values parse (the default is f32); a
+/// precision for the tiny model, or an unknown one, is refused at its field.
+#[test]
+fn a_builtin_precision_is_checked_at_its_field() {
+    let spec = |model: &str| {
+        format!(
+            "[[tasks]]\ndomain = \"t\"\n[tasks.env]\nkind = \"arithmetic\"\n[[pools]]\nname = \"p\"\ndevice = \"CPU\"\nbackend = {{ kind = \"builtin\", model = {{ {model} }} }}\n[trainer]\nkind = \"builtin\"\n"
+        )
+    };
+    let choice = |s: &JobSpec| match &s.pools[0].backend {
+        BackendSpec::Builtin { model, .. } => model.choice(),
+        other => panic!("{other:?}"),
+    };
+    for (text, want) in [
+        ("q4_1", actors::types::Precision::Q4_1),
+        ("q8_0", actors::types::Precision::Q8_0),
+        ("f32", actors::types::Precision::F32),
+    ] {
+        let s = parse(
+            &spec(&format!("path = \"m.gguf\", precision = \"{text}\"")),
+            Format::Toml,
+        )
+        .expect(text);
+        assert!(
+            matches!(choice(&s), ModelChoice::Checkpoint { precision, .. } if precision == want),
+            "{text}"
+        );
+    }
+    let s = parse(&spec("path = \"m.gguf\""), Format::Toml).expect("no precision");
+    assert!(matches!(
+        choice(&s),
+        ModelChoice::Checkpoint {
+            precision: actors::types::Precision::F32,
+            ..
+        }
+    ));
+    let errs = parse(&spec("precision = \"q8_0\""), Format::Toml)
+        .expect_err("tiny")
+        .0;
+    assert!(
+        errs.iter()
+            .any(|e| e.field == "pools[0].backend.model.precision" && e.message.contains("tiny")),
+        "{errs:?}"
+    );
+    let errs = parse(
+        &spec("path = \"m.gguf\", precision = \"q5_k\""),
+        Format::Toml,
+    )
+    .expect_err("unknown")
+    .0;
+    assert!(errs.iter().any(|e| e.message.contains("q5_k")), "{errs:?}");
+}

@@ -179,6 +179,7 @@ impl Sample {
                     versions.push(VersionSpan {
                         version: s.version,
                         tokens: take,
+                        precision: s.precision,
                     });
                 }
                 s.tokens -= take;
@@ -275,7 +276,9 @@ fn sample(t: &Trajectory, advantage: f64) -> Sample {
         s.turn_bounds.push([start, s.tokens.len()]);
         for v in &u.versions {
             match s.version_spans.last_mut() {
-                Some(last) if last.version == v.version => last.tokens += v.tokens,
+                Some(last) if last.version == v.version && last.precision == v.precision => {
+                    last.tokens += v.tokens
+                }
                 _ => s.version_spans.push(*v),
             }
         }
@@ -317,16 +320,19 @@ mod tests {
                             VersionSpan {
                                 version: *v,
                                 tokens: 1,
+                                precision: None,
                             },
                             VersionSpan {
                                 version: v + 1,
                                 tokens: resp.len() as u32 - 1,
+                                precision: None,
                             },
                         ]
                     } else {
                         vec![VersionSpan {
                             version: *v,
                             tokens: resp.len() as u32,
+                            precision: None,
                         }]
                     },
                     env_reward: i as f64 * 0.5,

@@ -169,7 +169,7 @@ pub fn weight_sync(spec: &JobSpec) -> WeightSync {
 pub fn checkpoint_spec(plan: &TrainerPlan) -> Option<actors::model::runtime::CheckpointSpec> {
     match plan {
         TrainerPlan::Builtin {
-            model: ModelChoice::Checkpoint { path, max_seq },
+            model: ModelChoice::Checkpoint { path, max_seq, .. },
             lora,
             micro_batch_rows,
             ..

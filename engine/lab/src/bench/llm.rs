@@ -2,8 +2,11 @@
 //! decode tokens/s at 1, 8 and 32 concurrent sequences, each against this machine's roofline
 //! measured in the same run (FLOP/s for prefill, bytes/s for decode), and side by side with
 //! llama.cpp on the same GGUF file (the server the `xllamacpp` wheel embeds, run by
-//! `tests/bench-llamacpp.py` with the same workloads). `--what llm-train`: the built-in
-//! trainer's tokens/s (full fine-tuning and LoRA) against the CPU bound.
+//! `tests/bench-llamacpp.py` with the same workloads). The same for the quantised generation
+//! path (q8_0 and q4_1 matrices) beside llama.cpp on a file of the same type, with the
+//! log-probability gap between what the quantised engine sampled and the trainer's f32
+//! recomputation. `--what llm-train`: the built-in trainer's tokens/s (full fine-tuning and
+//! LoRA) against the CPU bound.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,6 +17,7 @@ use actors::model::llm::{
     self, LlmConfig, LlmDecoder, LlmModel, LlmTokenizer, LlmWeights, LoraConfig,
 };
 use actors::model::trainer::{BuiltinTrainer, TrainerConfig};
+use actors::types::Precision;
 use infra::clock::wall_now;
 
 use super::model::{Roofline, machine_roofline};
@@ -67,10 +71,11 @@ fn engine(
     w: &LlmWeights,
     tok: &Arc<LlmTokenizer>,
     batch: usize,
+    precision: Precision,
 ) -> Result<BuiltinEngine<LlmDecoder>, candle_core::Error> {
     let copy = w.with_tensors(w.named().into_iter().map(|(n, t)| (n, t.clone())))?;
     Ok(BuiltinEngine::with_decoder(
-        LlmDecoder::new(copy, tok.clone(), 2048),
+        LlmDecoder::new(copy, tok.clone(), 2048).with_precision(precision)?,
         0,
         batch,
     ))
@@ -103,19 +108,31 @@ struct Ours {
     decode: Vec<f64>,
 }
 
+/// Bytes a weight takes at `p` (blocks of 32 with an f32 scale, and an f32 minimum for
+/// q4_1).
+fn bytes_per_weight(p: Precision) -> f64 {
+    match p {
+        Precision::F32 => 4.0,
+        Precision::Q8_0 => 36.0 / 32.0,
+        Precision::Q4_1 => 24.0 / 32.0,
+    }
+}
+
 fn bench_engine(
     w: &LlmWeights,
     tok: &Arc<LlmTokenizer>,
     peak: &Roofline,
+    precision: Precision,
 ) -> Result<Ours, LlmBenchError> {
     let c = &w.cfg;
     let mut ours = Ours {
         prefill: Vec::new(),
         decode: Vec::new(),
     };
+    println!("{precision} matrices:");
     println!("prefill ({PREFILL_TOKENS}-token prompts, one new token):");
     for b in BATCHES {
-        let mut e = engine(w, tok, b)?;
+        let mut e = engine(w, tok, b, precision)?;
         let reqs = (0..b)
             .map(|i| request(i, prompt(i, PREFILL_TOKENS), 1))
             .collect();
@@ -132,10 +149,10 @@ fn bench_engine(
     println!(
         "decode ({DECODE_CONTEXT}-token prompts, {DECODE_NEW} new tokens each; wall time of the whole run):"
     );
-    let weight_bytes = c.params() as f64 * 4.0;
+    let weight_bytes = c.params() as f64 * bytes_per_weight(precision);
     let kv_per_token = (2 * c.n_layers * c.n_kv_heads * c.head_dim * 4) as f64;
     for b in BATCHES {
-        let mut e = engine(w, tok, b)?;
+        let mut e = engine(w, tok, b, precision)?;
         let reqs = (0..b)
             .map(|i| request(i, prompt(i, DECODE_CONTEXT), DECODE_NEW))
             .collect();
@@ -154,6 +171,59 @@ fn bench_engine(
         ours.decode.push(tok_s);
     }
     Ok(ours)
+}
+
+/// What the trainer sees of a quantised engine: answers it sampled (4 chat prompts, 48
+/// tokens each at temperature 1), their behaviour log-probabilities against the trainer's
+/// f32 recomputation of the same tokens — the largest and the mean |Δ|, and the mean Δ (a
+/// bias would shift every importance ratio the same way).
+fn logprob_gap(w: &LlmWeights, tok: &Arc<LlmTokenizer>, p: Precision) -> Result<(), LlmBenchError> {
+    let questions = [
+        "What is 17 + 25?",
+        "Name three colours of the rainbow.",
+        "Write one sentence about the sea.",
+        "What is the capital of France?",
+    ];
+    let mut e = engine(w, tok, 4, p)?;
+    let mut prompts = Vec::new();
+    for (i, q) in questions.iter().enumerate() {
+        let ids = tok
+            .encode_chat(&[llm::ChatMessage::new("user", q)], true)
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        let mut r = request(i, ids.clone(), 48);
+        r.params.ignore_eos = false;
+        e.add(r);
+        prompts.push(ids);
+    }
+    let (mut worst, mut sum_abs, mut sum, mut n) = (0.0f64, 0.0f64, 0.0f64, 0usize);
+    while e.has_work() {
+        let report = e.step();
+        for (id, out) in report.finished {
+            let o = out.map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+            let mut all = prompts[id as usize].clone();
+            let start = all.len();
+            all.extend_from_slice(&o.tokens);
+            let logits: Vec<Vec<f32>> = w.forward(&all)?.to_vec2()?;
+            for (k, (&t, &lp)) in o.tokens.iter().zip(o.logprobs.iter()).enumerate() {
+                let row = &logits[start + k - 1];
+                let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+                let z: f64 = row.iter().map(|&l| (l as f64 - max).exp()).sum();
+                let f32_lp = row[t as usize] as f64 - max - z.ln();
+                let d = lp as f64 - f32_lp;
+                worst = worst.max(d.abs());
+                sum_abs += d.abs();
+                sum += d;
+                n += 1;
+            }
+        }
+    }
+    let n = n.max(1) as f64;
+    println!(
+        "  {p} sampled logprob − f32 recomputation over {n} tokens: max |Δ| {worst:.3}, mean |Δ| {:.4}, mean Δ {:+.4}",
+        sum_abs / n,
+        sum / n
+    );
+    Ok(())
 }
 
 /// A training batch of 8 single-turn rows, 64 prompt + 64 answer tokens.
@@ -313,21 +383,41 @@ pub fn bench_llm() -> Result<(), LlmBenchError> {
         peak.flops / 1e9,
         peak.bandwidth / 1e9
     );
-    let ours = bench_engine(&w, &tok, &peak)?;
-    // llama.cpp on the shipped Q4_1 file and on the same weights as f32 (our export).
-    let f32_file = std::env::temp_dir().join(format!("rollarc-bench-{}.gguf", std::process::id()));
-    w.save_gguf(&tok, &f32_file, llm::GgufType::F32)
-        .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
-    let theirs = llamacpp(&[&path, &f32_file]);
+    // Each precision of ours beside llama.cpp on a file of the same type: the f32 weights
+    // and a q8_0 file as our export writes them, and the shipped Q4_1 file.
+    let export = |ty: llm::GgufType, name: &str| -> Result<PathBuf, LlmBenchError> {
+        let f =
+            std::env::temp_dir().join(format!("rollarc-bench-{}-{name}.gguf", std::process::id()));
+        w.save_gguf(&tok, &f, ty)
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        Ok(f)
+    };
+    let f32_file = export(llm::GgufType::F32, "f32")?;
+    let q8_file = export(llm::GgufType::Q8_0, "q8_0")?;
+    let pairs = [
+        (Precision::F32, f32_file.clone(), "f32 export"),
+        (Precision::Q8_0, q8_file.clone(), "q8_0 export"),
+        (Precision::Q4_1, path.clone(), "shipped Q4_1"),
+    ];
+    let mut ours = Vec::new();
+    for (p, _, _) in &pairs {
+        ours.push(bench_engine(&w, &tok, &peak, *p)?);
+        if *p != Precision::F32 {
+            logprob_gap(&w, &tok, *p)?;
+        }
+    }
+    let files: Vec<&Path> = pairs.iter().map(|(_, f, _)| f.as_path()).collect();
+    let theirs = llamacpp(&files);
     let _ = std::fs::remove_file(&f32_file);
-    for t in &theirs {
-        let name = if t["model"].as_str() == Some(f32_file.to_str().unwrap_or_default()) {
-            "f32 export"
-        } else {
-            "shipped Q4_1"
+    let _ = std::fs::remove_file(&q8_file);
+    for ((p, file, name), mine) in pairs.iter().zip(&ours) {
+        let Some(t) = theirs.iter().find(|t| t["model"].as_str() == file.to_str()) else {
+            continue;
         };
-        println!("side by side with llama.cpp ({name}), tokens/s — ours / llama.cpp = ratio:");
-        for (phase, mine) in [("prefill", &ours.prefill), ("decode", &ours.decode)] {
+        println!(
+            "ours with {p} matrices beside llama.cpp ({name}), tokens/s — ours / llama.cpp = ratio:"
+        );
+        for (phase, mine) in [("prefill", &mine.prefill), ("decode", &mine.decode)] {
             for (b, m) in BATCHES.iter().zip(mine.iter()) {
                 let l = t[phase][b.to_string()].as_f64().unwrap_or(f64::NAN);
                 println!("  {phase:7} batch {b:2}: {m:8.0} / {l:8.0} = {:.2}", m / l);

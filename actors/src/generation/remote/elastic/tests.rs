@@ -104,7 +104,8 @@ fn servers_join_at_the_pools_version_and_leave_after_their_trajectories() {
         got.versions,
         vec![crate::types::VersionSpan {
             version: 3,
-            tokens: 4
+            tokens: 4,
+            precision: None,
         }]
     );
     // A second server takes the free slot, at the version of the moment.

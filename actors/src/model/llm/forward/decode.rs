@@ -2,7 +2,7 @@
 
 use candle_core::Tensor;
 
-use super::{KvBuf, LlmWeights, SeqCache, fused_rms_norm, fused_rope, rope_at};
+use super::{KvBuf, LlmWeights, Proj, SeqCache, fused_rms_norm, fused_rope, rope_at};
 
 impl LlmWeights {
     /// One decode step for many sequences of any lengths: feeds `tokens[i]` after the
@@ -34,23 +34,50 @@ impl LlmWeights {
             })
             .collect();
         let mask = Tensor::from_vec(mask, (b, 1, 1, longest), dev)?;
+        // The matrices in f32, or their quantised copies when the engine generates with them.
+        let lin =
+            |li: Option<usize>, p: Proj, x: &Tensor, w: &Tensor, bias: Option<&Tensor>| match &self
+                .quant
+            {
+                Some(q) => {
+                    let y = q.forward(li, p, x)?;
+                    match bias {
+                        Some(b) => y.broadcast_add(b),
+                        None => Ok(y),
+                    }
+                }
+                None => decode_linear(x, w, bias),
+            };
         for (li, blk) in self.blocks.iter().enumerate() {
             let h = fused_rms_norm(&x, &blk.attn_norm, c.rms_eps)?;
             // [B, heads·hd] → [heads, B, hd]: the batch stands where a sequence's positions
             // would, so RoPE rotates each row by its own position.
-            let heads = |w: &Tensor, bias: Option<&Tensor>, n: usize, norm: Option<&Tensor>| {
-                let y = decode_linear(&h, w, bias)?
-                    .reshape((b, n, c.head_dim))?
-                    .transpose(0, 1)?;
-                let y = match norm {
-                    Some(g) => fused_rms_norm(&y, g, c.rms_eps)?,
-                    None => y,
+            let heads =
+                |p: Proj, w: &Tensor, bias: Option<&Tensor>, n: usize, norm: Option<&Tensor>| {
+                    let y = lin(Some(li), p, &h, w, bias)?
+                        .reshape((b, n, c.head_dim))?
+                        .transpose(0, 1)?;
+                    let y = match norm {
+                        Some(g) => fused_rms_norm(&y, g, c.rms_eps)?,
+                        None => y,
+                    };
+                    fused_rope(&y.contiguous()?, &cos, &sin, c.rope)
                 };
-                fused_rope(&y.contiguous()?, &cos, &sin, c.rope)
-            };
-            let q = heads(&blk.wq, blk.bq.as_ref(), c.n_heads, blk.q_norm.as_ref())?;
-            let k = heads(&blk.wk, blk.bk.as_ref(), c.n_kv_heads, blk.k_norm.as_ref())?;
-            let v = decode_linear(&h, &blk.wv, blk.bv.as_ref())?
+            let q = heads(
+                Proj::Q,
+                &blk.wq,
+                blk.bq.as_ref(),
+                c.n_heads,
+                blk.q_norm.as_ref(),
+            )?;
+            let k = heads(
+                Proj::K,
+                &blk.wk,
+                blk.bk.as_ref(),
+                c.n_kv_heads,
+                blk.k_norm.as_ref(),
+            )?;
+            let v = lin(Some(li), Proj::V, &h, &blk.wv, blk.bv.as_ref())?
                 .reshape((b, c.n_kv_heads, c.head_dim))?
                 .transpose(0, 1)?;
             let scale = 1.0 / (c.head_dim as f64).sqrt();
@@ -77,17 +104,24 @@ impl LlmWeights {
             let scores = (q.matmul(&keys.transpose(2, 3)?)? * scale)?.broadcast_add(&mask)?;
             let p = candle_nn::ops::softmax_last_dim(&scores)?;
             let o = p.matmul(&values)?.reshape((b, c.n_heads * hd))?;
-            x = (&x + decode_linear(&o, &blk.wo, None)?)?;
+            x = (&x + lin(Some(li), Proj::O, &o, &blk.wo, None)?)?;
             let h = fused_rms_norm(&x, &blk.ffn_norm, c.rms_eps)?;
-            let gate = decode_linear(&h, &blk.w_gate, None)?.silu()?;
-            let up = decode_linear(&h, &blk.w_up, None)?;
-            x = (&x + decode_linear(&(gate * up)?, &blk.w_down, None)?)?;
+            let gate = lin(Some(li), Proj::Gate, &h, &blk.w_gate, None)?.silu()?;
+            let up = lin(Some(li), Proj::Up, &h, &blk.w_up, None)?;
+            x = (&x + lin(Some(li), Proj::Down, &(gate * up)?, &blk.w_down, None)?)?;
         }
         for cache in caches.iter_mut() {
             cache.len += 1;
         }
         let x = fused_rms_norm(&x, &self.out_norm, self.cfg.rms_eps)?;
-        decode_linear(&x, self.lm_head.as_ref().unwrap_or(&self.embed), None)
+        // The head (`Proj` is not read for it).
+        lin(
+            None,
+            Proj::Q,
+            &x,
+            self.lm_head.as_ref().unwrap_or(&self.embed),
+            None,
+        )
     }
 }
 

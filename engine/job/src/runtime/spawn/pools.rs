@@ -176,15 +176,15 @@ fn engine_factory(
             LoopPlacement::Thread,
         ),
         EnginePlan::Builtin {
-            model: ModelChoice::Checkpoint { .. },
+            model: ModelChoice::Checkpoint { precision, .. },
         } => {
-            let (policy, mb) = (start.policy.clone(), p.max_batch);
+            let (policy, mb, precision) = (start.policy.clone(), p.max_batch, *precision);
             // Every (re)started engine serves the loaded weights; the shard then installs the
             // job's current version.
             let f: EngineFactory = Arc::new(move || {
                 let built = match &policy {
                     Some(p) => p
-                        .engine(mb)
+                        .engine(mb, precision)
                         .map_err(|e| GenError::Backend(SharedError::new(e))),
                     None => Err(GenError::Backend(SharedError::new(NoPolicy))),
                 };

@@ -197,7 +197,7 @@ fn external_base(
                 served: None,
             }
         }
-        Some(ModelChoice::Checkpoint { path, max_seq }) => {
+        Some(ModelChoice::Checkpoint { path, max_seq, .. }) => {
             let spec = actors::model::runtime::CheckpointSpec {
                 path,
                 max_seq,

@@ -1,0 +1,548 @@
+//! Block-quantised matrices for the built-in engine's quantised generation path, and their product
+//! with a few f32 rows (a decode batch, or a prefill chunk): `y = x·Wᵀ` with `W` `[n, k]`.
+//!
+//! Formats (ggml's, with f32 instead of f16 block constants; blocks of 32 along a row):
+//! - **q8_0**: `w = d·q`, q a signed byte in −127..=127;
+//! - **q4_1**: `w = d·q + m`, q in 0..=15, two to a byte (byte j of a block holds element j
+//!   in its low half and element 16 + j in its high half).
+//!
+//! The rows of `x` are quantised to q8_0 per block as well, so a block's product is an
+//! integer dot product of 32 bytes times `d_w·d_x` (plus `m_w·d_x·Σq_x` for q4_1). On x86-64
+//! the dot products run on AVX2 (`vpmaddubsw`), or on AVX-512 VNNI (`vpdpbusd`) where the CPU
+//! has it; elsewhere in plain Rust (also the tests' reference). Every weight block is loaded
+//! once per tile of rows and stays in L1 for the next tile, so a decode batch reads the
+//! matrix from memory once. Columns are split between the threads of rayon's pool.
+
+use rayon::prelude::*;
+
+/// Values in a block.
+pub const BLOCK: usize = 32;
+/// Rows of `x` multiplied per pass over a column (one accumulator each).
+const ROW_TILE: usize = 8;
+/// Products of fewer multiply-adds run on the calling thread.
+const PARALLEL_MACS: usize = 1 << 20;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QFormat {
+    Q8_0,
+    Q4_1,
+}
+
+/// A quantised `[n, k]` matrix.
+pub struct QMatrix {
+    fmt: QFormat,
+    n: usize,
+    k: usize,
+    /// Per row, its blocks' values: 32 bytes a block (q8_0) or 16 (q4_1).
+    qs: Vec<u8>,
+    /// Per row, per block: the scale.
+    d: Vec<f32>,
+    /// q4_1: per row, per block, the minimum.
+    m: Vec<f32>,
+}
+
+/// The rows of `x` quantised to q8_0 blocks.
+struct QRows {
+    k: usize,
+    qs: Vec<i8>,
+    /// Per row, per block: the scale, and the scale times the block's sum of values.
+    d: Vec<f32>,
+    s: Vec<f32>,
+}
+
+/// `v` rounded half away from zero, as `f32::round` does (without its libm call, which
+/// costs more than the rest of the quantisation), clamped to −127..=127.
+fn round_i8(v: f32) -> i8 {
+    let r = v + 0.5f32.copysign(v);
+    (r as i32).clamp(-127, 127) as i8
+}
+
+impl QRows {
+    fn new(x: &[f32], k: usize) -> Self {
+        let rows = x.len() / k;
+        let nb = k / BLOCK;
+        let mut q = QRows {
+            k,
+            qs: vec![0; rows * k],
+            d: vec![0.0; rows * nb],
+            s: vec![0.0; rows * nb],
+        };
+        for (i, (xs, qs)) in x
+            .chunks_exact(BLOCK)
+            .zip(q.qs.chunks_exact_mut(BLOCK))
+            .enumerate()
+        {
+            let amax = xs.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+            let d = amax / 127.0;
+            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+            let mut sum = 0i32;
+            for (o, v) in qs.iter_mut().zip(xs) {
+                let v = round_i8(v * inv);
+                sum += i32::from(v);
+                *o = v;
+            }
+            q.d[i] = d;
+            q.s[i] = d * sum as f32;
+        }
+        q
+    }
+
+    fn row(&self, r: usize) -> &[i8] {
+        &self.qs[r * self.k..(r + 1) * self.k]
+    }
+}
+
+impl QMatrix {
+    /// Quantises `w` `[n, k]` (row-major); `k` must be a multiple of [`BLOCK`].
+    pub fn quantize(w: &[f32], n: usize, k: usize, fmt: QFormat) -> Self {
+        assert!(
+            k.is_multiple_of(BLOCK) && w.len() == n * k,
+            "[{n}, {k}] in blocks of {BLOCK}"
+        );
+        let nb = n * k / BLOCK;
+        let bytes = match fmt {
+            QFormat::Q8_0 => BLOCK,
+            QFormat::Q4_1 => BLOCK / 2,
+        };
+        let mut q = QMatrix {
+            fmt,
+            n,
+            k,
+            qs: vec![0; nb * bytes],
+            d: vec![0.0; nb],
+            m: if fmt == QFormat::Q4_1 {
+                vec![0.0; nb]
+            } else {
+                Vec::new()
+            },
+        };
+        for (i, (xs, out)) in w
+            .chunks_exact(BLOCK)
+            .zip(q.qs.chunks_exact_mut(bytes))
+            .enumerate()
+        {
+            match fmt {
+                QFormat::Q8_0 => {
+                    let amax = xs.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+                    let d = amax / 127.0;
+                    let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+                    for (o, v) in out.iter_mut().zip(xs) {
+                        *o = round_i8(v * inv) as u8;
+                    }
+                    q.d[i] = d;
+                }
+                QFormat::Q4_1 => {
+                    let lo = xs.iter().fold(f32::INFINITY, |a, &v| a.min(v));
+                    let hi = xs.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
+                    let d = (hi - lo) / 15.0;
+                    let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+                    let level = |v: f32| ((v - lo) * inv).round().clamp(0.0, 15.0) as u8;
+                    for j in 0..BLOCK / 2 {
+                        out[j] = level(xs[j]) | (level(xs[j + BLOCK / 2]) << 4);
+                    }
+                    q.d[i] = d;
+                    q.m[i] = lo;
+                }
+            }
+        }
+        q
+    }
+
+    pub fn rows(&self) -> usize {
+        self.n
+    }
+
+    /// The matrix as f32 (what its blocks stand for).
+    pub fn dequantize(&self) -> Vec<f32> {
+        let mut w = Vec::with_capacity(self.n * self.k);
+        for b in 0..self.n * self.k / BLOCK {
+            let d = self.d[b];
+            match self.fmt {
+                QFormat::Q8_0 => {
+                    let qs = &self.qs[b * BLOCK..(b + 1) * BLOCK];
+                    w.extend(qs.iter().map(|&q| d * f32::from(q as i8)));
+                }
+                QFormat::Q4_1 => {
+                    let qs = &self.qs[b * BLOCK / 2..(b + 1) * BLOCK / 2];
+                    let m = self.m[b];
+                    w.extend(qs.iter().map(|&q| d * f32::from(q & 15) + m));
+                    w.extend(qs.iter().map(|&q| d * f32::from(q >> 4) + m));
+                }
+            }
+        }
+        w
+    }
+
+    /// `x·Wᵀ` for `x` `[rows, k]` (row-major): `[rows, n]`.
+    pub fn matmul(&self, x: &[f32]) -> Vec<f32> {
+        assert!(x.len().is_multiple_of(self.k), "rows of {} values", self.k);
+        let rows = x.len() / self.k;
+        let acts = QRows::new(x, self.k);
+        let isa = isa();
+        let mut by_col = vec![0.0f32; self.n * rows];
+        let run = |(c, out): (usize, &mut [f32]), chunk: usize| {
+            for (j, col) in out.chunks_exact_mut(rows).enumerate() {
+                self.column(isa, c * chunk + j, &acts, col);
+            }
+        };
+        if self.n * self.k * rows < PARALLEL_MACS {
+            // Handing a small product to the pool's threads (and waking them) costs more
+            // than it saves.
+            run((0, &mut by_col), self.n);
+        } else {
+            // Columns in chunks: 4 per thread, to balance them.
+            let chunk = self.n.div_ceil(rayon::current_num_threads() * 4).max(16);
+            by_col
+                .par_chunks_mut(chunk * rows)
+                .enumerate()
+                .for_each(|c| run(c, chunk));
+        }
+        let mut y = vec![0.0f32; rows * self.n];
+        for (col, vals) in by_col.chunks_exact(rows).enumerate() {
+            for (r, v) in vals.iter().enumerate() {
+                y[r * self.n + col] = *v;
+            }
+        }
+        y
+    }
+
+    /// Column `col` of the product: `out[r] = x_r · W[col]`.
+    fn column(&self, isa: Isa, col: usize, acts: &QRows, out: &mut [f32]) {
+        let nb = self.k / BLOCK;
+        let d = &self.d[col * nb..(col + 1) * nb];
+        let (qs, m) = match self.fmt {
+            QFormat::Q8_0 => (&self.qs[col * self.k..(col + 1) * self.k], &[][..]),
+            QFormat::Q4_1 => (
+                &self.qs[col * self.k / 2..(col + 1) * self.k / 2],
+                &self.m[col * nb..(col + 1) * nb],
+            ),
+        };
+        for (t, out) in out.chunks_mut(ROW_TILE).enumerate() {
+            let r0 = t * ROW_TILE;
+            let tile = Tile {
+                fmt: self.fmt,
+                qs,
+                d,
+                acts,
+                r0,
+            };
+            dot_tile(isa, &tile, out);
+            if self.fmt == QFormat::Q4_1 {
+                for (i, o) in out.iter_mut().enumerate() {
+                    let s = &acts.s[(r0 + i) * nb..(r0 + i + 1) * nb];
+                    *o += m.iter().zip(s).map(|(a, b)| a * b).sum::<f32>();
+                }
+            }
+        }
+    }
+}
+
+/// One weight row against up to [`ROW_TILE`] rows of `x` (`out.len()` of them, from `r0`).
+struct Tile<'a> {
+    fmt: QFormat,
+    qs: &'a [u8],
+    d: &'a [f32],
+    acts: &'a QRows,
+    r0: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Isa {
+    Scalar,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(target_arch = "x86_64")]
+    Vnni,
+}
+
+/// The best instruction set of this CPU (read once).
+fn isa() -> Isa {
+    static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+    *ISA.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+            if avx2
+                && is_x86_feature_detected!("avx512vnni")
+                && is_x86_feature_detected!("avx512vl")
+                && std::env::var_os("ROLLARC_NO_VNNI").is_none()
+            {
+                return Isa::Vnni;
+            }
+            if avx2 {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Scalar
+    })
+}
+
+fn dot_tile(isa: Isa, t: &Tile<'_>, out: &mut [f32]) {
+    match isa {
+        Isa::Scalar => scalar_tile(t, out),
+        #[cfg(target_arch = "x86_64")]
+        #[allow(unsafe_code)]
+        // SAFETY: `isa()` returns Avx2 only where the CPU has AVX2 and FMA, and Vnni only
+        // where it also has AVX-512 VNNI and VL: the features these functions are compiled
+        // for. Their loads stay inside the tile's slices (asserted in `tile_rows`).
+        Isa::Avx2 => unsafe { x86::tile_avx2(t, out) },
+        #[cfg(target_arch = "x86_64")]
+        #[allow(unsafe_code)]
+        // SAFETY: as above.
+        Isa::Vnni => unsafe { x86::tile_vnni(t, out) },
+    }
+}
+
+/// The reference: integer dot products per block, in plain Rust.
+fn scalar_tile(t: &Tile<'_>, out: &mut [f32]) {
+    let nb = t.d.len();
+    for (i, o) in out.iter_mut().enumerate() {
+        let r = t.r0 + i;
+        let x = t.acts.row(r);
+        let dx = &t.acts.d[r * nb..(r + 1) * nb];
+        let mut acc = 0.0f32;
+        for b in 0..nb {
+            let xs = &x[b * BLOCK..(b + 1) * BLOCK];
+            let sum: i32 = match t.fmt {
+                QFormat::Q8_0 => t.qs[b * BLOCK..(b + 1) * BLOCK]
+                    .iter()
+                    .zip(xs)
+                    .map(|(&w, &x)| i32::from(w as i8) * i32::from(x))
+                    .sum(),
+                QFormat::Q4_1 => {
+                    let qs = &t.qs[b * BLOCK / 2..(b + 1) * BLOCK / 2];
+                    (0..BLOCK / 2)
+                        .map(|j| {
+                            i32::from(qs[j] & 15) * i32::from(xs[j])
+                                + i32::from(qs[j] >> 4) * i32::from(xs[j + BLOCK / 2])
+                        })
+                        .sum()
+                }
+            };
+            acc += t.d[b] * dx[b] * sum as f32;
+        }
+        *o = acc;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{BLOCK, QFormat, ROW_TILE, Tile};
+
+    /// The tile with `vpmaddubsw` (pairs of u8·i8 products summed to i16) and `vpmaddwd`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn tile_avx2(t: &Tile<'_>, out: &mut [f32]) {
+        tile::<false>(t, out)
+    }
+
+    /// The tile with AVX-512 VNNI's `vpdpbusd` (four u8·i8 products summed into i32).
+    #[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
+    pub(super) fn tile_vnni(t: &Tile<'_>, out: &mut [f32]) {
+        tile::<true>(t, out)
+    }
+
+    /// Σ u·s over 32 byte pairs, as 8 i32 lanes (`u` unsigned, `s` signed; |u·s| stays
+    /// under 2¹⁴ so the i16 pairs of the AVX2 form cannot saturate).
+    #[inline(always)]
+    fn dot<const VNNI: bool>(u: __m256i, s: __m256i) -> __m256i {
+        if VNNI {
+            #[allow(unsafe_code)]
+            // SAFETY: instantiated with VNNI = true only inside `tile_vnni`, whose target
+            // features include avx512vnni and avx512vl.
+            unsafe {
+                _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
+            }
+        } else {
+            #[allow(unsafe_code)]
+            // SAFETY: every caller is compiled with AVX2.
+            unsafe {
+                _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn tile<const VNNI: bool>(t: &Tile<'_>, out: &mut [f32]) {
+        match out.len() {
+            1 => tile_rows::<VNNI, 1>(t, out),
+            2 => tile_rows::<VNNI, 2>(t, out),
+            3 => tile_rows::<VNNI, 3>(t, out),
+            4 => tile_rows::<VNNI, 4>(t, out),
+            5 => tile_rows::<VNNI, 5>(t, out),
+            6 => tile_rows::<VNNI, 6>(t, out),
+            7 => tile_rows::<VNNI, 7>(t, out),
+            _ => tile_rows::<VNNI, ROW_TILE>(t, out),
+        }
+    }
+
+    /// `R` rows against the weight row, the loop over the row's blocks with everything in
+    /// registers: per block one weight load, then per row one load, the integer dot product
+    /// and one fused multiply-add by the two scales.
+    #[inline(always)]
+    fn tile_rows<const VNNI: bool, const R: usize>(t: &Tile<'_>, out: &mut [f32]) {
+        let nb = t.d.len();
+        let k = nb * BLOCK;
+        let bytes = match t.fmt {
+            QFormat::Q8_0 => BLOCK,
+            QFormat::Q4_1 => BLOCK / 2,
+        };
+        assert!(out.len() == R && t.qs.len() >= nb * bytes);
+        let xs: [&[i8]; R] = std::array::from_fn(|i| t.acts.row(t.r0 + i));
+        let dx: [&[f32]; R] = std::array::from_fn(|i| {
+            let r = t.r0 + i;
+            &t.acts.d[r * nb..(r + 1) * nb]
+        });
+        for i in 0..R {
+            assert!(xs[i].len() >= k && dx[i].len() >= nb);
+        }
+        let q8 = t.fmt == QFormat::Q8_0;
+        #[allow(unsafe_code)]
+        // SAFETY: called only from `tile_avx2` / `tile_vnni`, compiled with AVX2 and FMA
+        // (and VNNI for the second). The loads read 32 bytes at block b of a row of `k`
+        // bytes (16 at b of a q4_1 row of k/2), and one scale at b < nb: all inside the
+        // slices, whose lengths are asserted above.
+        unsafe {
+            let mut acc = [_mm256_setzero_ps(); R];
+            let mask = _mm_set1_epi8(15);
+            for b in 0..nb {
+                let (u, w) = if q8 {
+                    let w = _mm256_loadu_si256(t.qs.as_ptr().add(b * BLOCK).cast());
+                    (_mm256_sign_epi8(w, w), w)
+                } else {
+                    let bytes = _mm_loadu_si128(t.qs.as_ptr().add(b * BLOCK / 2).cast());
+                    let lo = _mm_and_si128(bytes, mask);
+                    let hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+                    (_mm256_set_m128i(hi, lo), _mm256_setzero_si256())
+                };
+                let dw = *t.d.get_unchecked(b);
+                for i in 0..R {
+                    let x = _mm256_loadu_si256(xs[i].as_ptr().add(b * BLOCK).cast());
+                    let s = if q8 { _mm256_sign_epi8(x, w) } else { x };
+                    let p = _mm256_cvtepi32_ps(dot::<VNNI>(u, s));
+                    let scale = _mm256_set1_ps(dw * *dx[i].get_unchecked(b));
+                    acc[i] = _mm256_fmadd_ps(p, scale, acc[i]);
+                }
+            }
+            for (o, a) in out.iter_mut().zip(acc) {
+                let mut lanes = [0.0f32; 8];
+                _mm256_storeu_ps(lanes.as_mut_ptr(), a);
+                *o = lanes.iter().sum();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    fn random(n: usize, seed: u64) -> Vec<f32> {
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+        (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+    }
+
+    /// x·Wᵀ in f64 over the dequantised weights and the dequantised rows of x.
+    fn reference(w: &QMatrix, x: &[f32]) -> Vec<f64> {
+        let k = w.k;
+        let acts = QRows::new(x, k);
+        let xd: Vec<f64> = acts
+            .qs
+            .iter()
+            .enumerate()
+            .map(|(i, &q)| f64::from(q) * f64::from(acts.d[i / BLOCK]))
+            .collect();
+        let wd = w.dequantize();
+        let rows = x.len() / k;
+        let mut y = vec![0.0; rows * w.n];
+        for r in 0..rows {
+            for c in 0..w.n {
+                y[r * w.n + c] = (0..k)
+                    .map(|i| xd[r * k + i] * f64::from(wd[c * k + i]))
+                    .sum();
+            }
+        }
+        y
+    }
+
+    /// Every instruction set this CPU has computes the same product as the f64 reference of
+    /// the quantised operands (to f32 rounding), for a decode batch, a ragged tile and one
+    /// row; and the product stays within the quantisation error of the f32 product.
+    #[test]
+    fn the_quantised_product_is_exact_for_its_operands_on_every_instruction_set() {
+        let (n, k) = (72, 96);
+        let wf = random(n * k, 1);
+        let mut isas = vec![Isa::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                isas.push(Isa::Avx2);
+            }
+            if isa() == Isa::Vnni {
+                isas.push(Isa::Vnni);
+            }
+        }
+        for fmt in [QFormat::Q8_0, QFormat::Q4_1] {
+            let w = QMatrix::quantize(&wf, n, k, fmt);
+            // Dequantised weights are within half a step of the originals.
+            let step = if fmt == QFormat::Q8_0 {
+                1.0 / 127.0
+            } else {
+                2.0 / 15.0
+            };
+            for (a, b) in w.dequantize().iter().zip(&wf) {
+                assert!((a - b).abs() <= step * 0.5 + 1e-6, "{fmt:?}: {a} vs {b}");
+            }
+            for rows in [1, 7, 8] {
+                let x = random(rows * k, 2 + rows as u64);
+                let want = reference(&w, &x);
+                let acts = QRows::new(&x, k);
+                for &isa in &isas {
+                    for c in 0..n {
+                        let mut col = vec![0.0f32; rows];
+                        w.column(isa, c, &acts, &mut col);
+                        for r in 0..rows {
+                            let (got, want) = (f64::from(col[r]), want[r * n + c]);
+                            assert!(
+                                (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                                "{fmt:?} {isa:?} rows {rows} [{r}, {c}]: {got} vs {want}"
+                            );
+                        }
+                    }
+                }
+                // The threaded product equals the columns, laid out as [rows, n].
+                let y = w.matmul(&x);
+                for (i, (got, want)) in y.iter().zip(&want).enumerate() {
+                    assert!(
+                        (f64::from(*got) - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                        "{fmt:?} matmul rows {rows} [{i}]: {got} vs {want}"
+                    );
+                }
+                // Against the f32 product: the quantisation error, relative to its scale.
+                let exact: Vec<f64> = (0..rows * n)
+                    .map(|i| {
+                        let (r, c) = (i / n, i % n);
+                        (0..k)
+                            .map(|j| f64::from(x[r * k + j]) * f64::from(wf[c * k + j]))
+                            .sum()
+                    })
+                    .collect();
+                let rms =
+                    |v: &[f64]| (v.iter().map(|a| a * a).sum::<f64>() / v.len() as f64).sqrt();
+                let err: Vec<f64> = y
+                    .iter()
+                    .zip(&exact)
+                    .map(|(a, b)| f64::from(*a) - b)
+                    .collect();
+                let rel = rms(&err) / rms(&exact);
+                let bound = if fmt == QFormat::Q8_0 { 0.02 } else { 0.15 };
+                assert!(
+                    rel <= bound,
+                    "{fmt:?} rows {rows}: relative RMS error {rel}"
+                );
+            }
+        }
+    }
+}
