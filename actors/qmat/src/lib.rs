@@ -11,16 +11,20 @@
 //! the dot products run on AVX2 (`vpmaddubsw`), or on AVX-512 VNNI (`vpdpbusd`) where the CPU
 //! has it; elsewhere in plain Rust (also the tests' reference). Every weight block is loaded
 //! once per tile of rows and stays in L1 for the next tile, so a decode batch reads the
-//! matrix from memory once. Columns are split between the threads of rayon's pool.
-
-use rayon::prelude::*;
+//! matrix from memory once. Columns are split between the threads of a pool the caller
+//! gives ([`QMatrix::matmul_on`]).
 
 /// Values in a block.
 pub const BLOCK: usize = 32;
 /// Rows of `x` multiplied per pass over a column (one accumulator each).
 const ROW_TILE: usize = 8;
 /// Products of fewer multiply-adds run on the calling thread.
-const PARALLEL_MACS: usize = 1 << 20;
+pub const PARALLEL_MACS: usize = 1 << 20;
+/// Columns a pool's work item computes.
+const COLUMN_CHUNK: usize = 64;
+
+/// Runs `f` over ranges covering `0..items` (see [`QMatrix::matmul_on`]).
+pub type Pool<'a> = dyn Fn(usize, &(dyn Fn(std::ops::Range<usize>) + Sync)) + 'a;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QFormat {
@@ -173,37 +177,70 @@ impl QMatrix {
         w
     }
 
-    /// `x·Wᵀ` for `x` `[rows, k]` (row-major): `[rows, n]`.
+    /// `x·Wᵀ` for `x` `[rows, k]` (row-major): `[rows, n]`, on the calling thread.
     pub fn matmul(&self, x: &[f32]) -> Vec<f32> {
+        self.matmul_on(x, &|n, f| f(0..n))
+    }
+
+    /// `x·Wᵀ` with the columns split into chunks that `pool` runs: `pool(items, f)` must call
+    /// `f` on ranges that cover `0..items` once (on any threads, e.g. candle's barrier pool,
+    /// so that one pool of threads serves every op of a step). Products of fewer than
+    /// [`PARALLEL_MACS`] multiply-adds run on the calling thread.
+    pub fn matmul_on(&self, x: &[f32], pool: &Pool<'_>) -> Vec<f32> {
         assert!(x.len().is_multiple_of(self.k), "rows of {} values", self.k);
         let rows = x.len() / self.k;
         let acts = QRows::new(x, self.k);
         let isa = isa();
-        let mut by_col = vec![0.0f32; self.n * rows];
-        let run = |(c, out): (usize, &mut [f32]), chunk: usize| {
-            for (j, col) in out.chunks_exact_mut(rows).enumerate() {
-                self.column(isa, c * chunk + j, &acts, col);
-            }
-        };
+        let mut y = vec![0.0f32; rows * self.n];
         if self.n * self.k * rows < PARALLEL_MACS {
             // Handing a small product to the pool's threads (and waking them) costs more
             // than it saves.
-            run((0, &mut by_col), self.n);
-        } else {
-            // Columns in chunks: 4 per thread, to balance them.
-            let chunk = self.n.div_ceil(rayon::current_num_threads() * 4).max(16);
-            by_col
-                .par_chunks_mut(chunk * rows)
-                .enumerate()
-                .for_each(|c| run(c, chunk));
+            self.columns(isa, 0..self.n, &acts, &mut y, self.n);
+            return y;
         }
-        let mut y = vec![0.0f32; rows * self.n];
-        for (col, vals) in by_col.chunks_exact(rows).enumerate() {
-            for (r, v) in vals.iter().enumerate() {
-                y[r * self.n + col] = *v;
+        // Columns in chunks of COLUMN_CHUNK, each product written [rows, chunk], then
+        // copied into place row by row.
+        let chunks = self.n.div_ceil(COLUMN_CHUNK);
+        let done: Vec<std::sync::OnceLock<Vec<f32>>> =
+            (0..chunks).map(|_| std::sync::OnceLock::new()).collect();
+        pool(chunks, &|range| {
+            for c in range {
+                let cols = c * COLUMN_CHUNK..((c + 1) * COLUMN_CHUNK).min(self.n);
+                let mut out = vec![0.0f32; rows * cols.len()];
+                let width = cols.len();
+                self.columns(isa, cols, &acts, &mut out, width);
+                let _ = done[c].set(out);
+            }
+        });
+        for (c, part) in done.into_iter().enumerate() {
+            let part = part.into_inner().expect("the pool ran every chunk");
+            let (first, width) = (c * COLUMN_CHUNK, part.len() / rows.max(1));
+            for (r, vals) in part.chunks_exact(width.max(1)).enumerate() {
+                y[r * self.n + first..r * self.n + first + width].copy_from_slice(vals);
             }
         }
         y
+    }
+
+    /// Columns `cols` of the product into `out` `[rows, width]` (column `cols.start + j` at
+    /// `j`).
+    fn columns(
+        &self,
+        isa: Isa,
+        cols: std::ops::Range<usize>,
+        acts: &QRows,
+        out: &mut [f32],
+        width: usize,
+    ) {
+        let rows = out.len() / width.max(1);
+        let mut col_vals = vec![0.0f32; rows];
+        let first = cols.start;
+        for col in cols {
+            self.column(isa, col, acts, &mut col_vals);
+            for (r, v) in col_vals.iter().enumerate() {
+                out[r * width + col - first] = *v;
+            }
+        }
     }
 
     /// Column `col` of the product: `out[r] = x_r · W[col]`.
@@ -512,8 +549,23 @@ mod tests {
                         }
                     }
                 }
-                // The threaded product equals the columns, laid out as [rows, n].
+                // The product equals the columns, laid out as [rows, n], on the calling
+                // thread and split into chunks run by a pool (here: two threads).
                 let y = w.matmul(&x);
+                let pool = |items: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)| {
+                    std::thread::scope(|s| {
+                        let half = items / 2;
+                        s.spawn(move || f(0..half));
+                        f(half..items);
+                    })
+                };
+                let wide = QMatrix::quantize(&random(2048 * k, 9), 2048, k, fmt);
+                let (serial, split) = (wide.matmul(&x), wide.matmul_on(&x, &pool));
+                assert!(
+                    2048 * k * rows >= PARALLEL_MACS || rows == 1,
+                    "the split path runs"
+                );
+                assert_eq!(serial, split, "{fmt:?} rows {rows}");
                 for (i, (got, want)) in y.iter().zip(&want).enumerate() {
                     assert!(
                         (f64::from(*got) - want).abs() <= 1e-4 * (1.0 + want.abs()),

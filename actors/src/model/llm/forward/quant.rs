@@ -8,7 +8,6 @@
 use std::sync::Arc;
 
 use candle_core::Tensor;
-use rayon::prelude::*;
 
 use super::{LlmWeights, Proj};
 use crate::types::Precision;
@@ -44,20 +43,32 @@ impl QuantSet {
             let v = t.flatten_all()?.to_vec1::<f32>()?;
             Ok(QMatrix::quantize(&v, n, k, fmt))
         };
-        let blocks = w
+        // The blocks' matrices in parallel, on candle's pool.
+        let built: Vec<std::sync::OnceLock<candle_core::Result<[QMatrix; 7]>>> = w
             .blocks
-            .par_iter()
-            .map(|b| {
-                Ok([
-                    q(&b.wq)?,
-                    q(&b.wk)?,
-                    q(&b.wv)?,
-                    q(&b.wo)?,
-                    q(&b.w_gate)?,
-                    q(&b.w_up)?,
-                    q(&b.w_down)?,
-                ])
-            })
+            .iter()
+            .map(|_| std::sync::OnceLock::new())
+            .collect();
+        candle_core::utils::barrier_pool().execute_chunked(w.blocks.len(), |range| {
+            for i in range {
+                let b = &w.blocks[i];
+                let one = || -> candle_core::Result<[QMatrix; 7]> {
+                    Ok([
+                        q(&b.wq)?,
+                        q(&b.wk)?,
+                        q(&b.wv)?,
+                        q(&b.wo)?,
+                        q(&b.w_gate)?,
+                        q(&b.w_up)?,
+                        q(&b.w_down)?,
+                    ])
+                };
+                let _ = built[i].set(one());
+            }
+        });
+        let blocks = built
+            .into_iter()
+            .map(|b| b.into_inner().expect("the pool built every block"))
             .collect::<candle_core::Result<Vec<_>>>()?;
         Ok(Self {
             precision,
@@ -80,7 +91,11 @@ impl QuantSet {
         };
         let (m, _) = x.dims2()?;
         let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-        Tensor::from_vec(w.matmul(&xs), (m, w.rows()), x.device())
+        // The threads of candle's own pool, which every other op of the step uses.
+        let pool = |items: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)| {
+            candle_core::utils::barrier_pool().execute_chunked(items, f)
+        };
+        Tensor::from_vec(w.matmul_on(&xs, &pool), (m, w.rows()), x.device())
     }
 }
 impl LlmWeights {
