@@ -274,6 +274,76 @@ impl QMatrix {
     }
 }
 
+/// `x·Wᵀ` for an f32 `w` `[n, k]` (row-major, borrowed: no copy) and `x` `[rows, k]`:
+/// `[rows, n]`, with fused multiply-adds over 8 lanes (AVX2 and FMA where the CPU has them,
+/// plain Rust elsewhere), each weight row loaded once per tile of 8 rows, the columns in
+/// chunks run by `pool` as in [`QMatrix::matmul_on`]. For a decode batch, where a general
+/// matmul packs the whole weight for a few rows.
+pub fn matmul_f32_on(w: &[f32], n: usize, k: usize, x: &[f32], pool: &Pool<'_>) -> Vec<f32> {
+    assert!(
+        w.len() == n * k && x.len().is_multiple_of(k.max(1)),
+        "[{n}, {k}] by rows of {k}"
+    );
+    let rows = x.len() / k.max(1);
+    let isa = isa();
+    let run = |cols: std::ops::Range<usize>, out: &mut [f32], width: usize| {
+        let first = cols.start;
+        let mut vals = [0.0f32; ROW_TILE];
+        for col in cols {
+            let wr = &w[col * k..(col + 1) * k];
+            for r0 in (0..rows).step_by(ROW_TILE) {
+                let tile = (rows - r0).min(ROW_TILE);
+                dot_f32(isa, wr, &x[r0 * k..(r0 + tile) * k], &mut vals[..tile]);
+                for (i, v) in vals[..tile].iter().enumerate() {
+                    out[(r0 + i) * width + col - first] = *v;
+                }
+            }
+        }
+    };
+    let mut y = vec![0.0f32; rows * n];
+    if n * k * rows < PARALLEL_MACS {
+        run(0..n, &mut y, n);
+        return y;
+    }
+    let chunks = n.div_ceil(COLUMN_CHUNK);
+    let done: Vec<std::sync::OnceLock<Vec<f32>>> =
+        (0..chunks).map(|_| std::sync::OnceLock::new()).collect();
+    pool(chunks, &|range| {
+        for c in range {
+            let cols = c * COLUMN_CHUNK..((c + 1) * COLUMN_CHUNK).min(n);
+            let width = cols.len();
+            let mut out = vec![0.0f32; rows * width];
+            run(cols, &mut out, width);
+            let _ = done[c].set(out);
+        }
+    });
+    for (c, part) in done.into_iter().enumerate() {
+        let part = part.into_inner().expect("the pool ran every chunk");
+        let (first, width) = (c * COLUMN_CHUNK, part.len() / rows.max(1));
+        for (r, vals) in part.chunks_exact(width.max(1)).enumerate() {
+            y[r * n + first..r * n + first + width].copy_from_slice(vals);
+        }
+    }
+    y
+}
+
+/// `out[i] = x_i · w` for the rows `x_i` of `xs` (`out.len()` rows of `w.len()` values).
+fn dot_f32(isa: Isa, w: &[f32], xs: &[f32], out: &mut [f32]) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        #[allow(unsafe_code)]
+        // SAFETY: `isa()` returns Avx2 or Vnni only where the CPU has AVX2 and FMA, the
+        // features `dot_f32_avx2` is compiled for; its loads stay inside `w` and `xs`
+        // (asserted there).
+        Isa::Avx2 | Isa::Vnni => unsafe { x86::dot_f32_avx2(w, xs, out) },
+        _ => {
+            for (o, x) in out.iter_mut().zip(xs.chunks_exact(w.len().max(1))) {
+                *o = w.iter().zip(x).map(|(a, b)| a * b).sum();
+            }
+        }
+    }
+}
+
 /// One weight row against up to [`ROW_TILE`] rows of `x` (`out.len()` of them, from `r0`).
 struct Tile<'a> {
     fmt: QFormat,
@@ -367,6 +437,47 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::{BLOCK, QFormat, ROW_TILE, Tile};
+
+    /// `out[i] = x_i · w` with 8-lane fused multiply-adds, `w` loaded once for every row.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn dot_f32_avx2(w: &[f32], xs: &[f32], out: &mut [f32]) {
+        match out.len() {
+            1 => dot_f32_rows::<1>(w, xs, out),
+            2 => dot_f32_rows::<2>(w, xs, out),
+            3 => dot_f32_rows::<3>(w, xs, out),
+            4 => dot_f32_rows::<4>(w, xs, out),
+            5 => dot_f32_rows::<5>(w, xs, out),
+            6 => dot_f32_rows::<6>(w, xs, out),
+            7 => dot_f32_rows::<7>(w, xs, out),
+            _ => dot_f32_rows::<ROW_TILE>(w, xs, out),
+        }
+    }
+
+    #[inline(always)]
+    fn dot_f32_rows<const R: usize>(w: &[f32], xs: &[f32], out: &mut [f32]) {
+        let k = w.len();
+        assert!(out.len() == R && xs.len() >= R * k);
+        let body = k - k % 8;
+        #[allow(unsafe_code)]
+        // SAFETY: called only from `dot_f32_avx2` (AVX2 and FMA). The loads read 8 floats at
+        // c < body ≤ k − 8 of `w` and of row i < R of `xs`, inside the lengths asserted above.
+        unsafe {
+            let mut acc = [_mm256_setzero_ps(); R];
+            for c in (0..body).step_by(8) {
+                let wv = _mm256_loadu_ps(w.as_ptr().add(c));
+                for (i, a) in acc.iter_mut().enumerate() {
+                    let xv = _mm256_loadu_ps(xs.as_ptr().add(i * k + c));
+                    *a = _mm256_fmadd_ps(xv, wv, *a);
+                }
+            }
+            for (i, (o, a)) in out.iter_mut().zip(acc).enumerate() {
+                let mut lanes = [0.0f32; 8];
+                _mm256_storeu_ps(lanes.as_mut_ptr(), a);
+                let tail: f32 = (body..k).map(|c| w[c] * xs[i * k + c]).sum();
+                *o = lanes.iter().sum::<f32>() + tail;
+            }
+        }
+    }
 
     /// The tile with `vpmaddubsw` (pairs of u8·i8 products summed to i16) and `vpmaddwd`.
     #[target_feature(enable = "avx2,fma")]
@@ -502,6 +613,48 @@ mod tests {
             }
         }
         y
+    }
+
+    /// The f32 product equals the f64 one (to f32 rounding) on every instruction set, for
+    /// rows of a length that is not a multiple of 8, on the calling thread and on a pool.
+    #[test]
+    fn the_f32_product_equals_the_exact_one() {
+        let pool = |items: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)| {
+            std::thread::scope(|s| {
+                let half = items / 2;
+                s.spawn(move || f(0..half));
+                f(half..items);
+            })
+        };
+        for (n, k) in [(40, 36), (2048, 100)] {
+            let w = random(n * k, 3);
+            for rows in [1, 5, 8, 11] {
+                let x = random(rows * k, 4 + rows as u64);
+                let y = matmul_f32_on(&w, n, k, &x, &pool);
+                let scalar = {
+                    let mut out = vec![0.0f32; rows];
+                    (0..n)
+                        .map(|c| {
+                            dot_f32(Isa::Scalar, &w[c * k..(c + 1) * k], &x, &mut out);
+                            out.clone()
+                        })
+                        .collect::<Vec<_>>()
+                };
+                for r in 0..rows {
+                    for c in 0..n {
+                        let exact: f64 = (0..k)
+                            .map(|j| f64::from(x[r * k + j]) * f64::from(w[c * k + j]))
+                            .sum();
+                        for got in [y[r * n + c], scalar[c][r]] {
+                            assert!(
+                                (f64::from(got) - exact).abs() <= 1e-5 * (1.0 + exact.abs()),
+                                "[{n}, {k}] rows {rows} [{r}, {c}]: {got} vs {exact}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// Every instruction set this CPU has computes the same product as the f64 reference of
