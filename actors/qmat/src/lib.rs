@@ -23,6 +23,9 @@ pub const PARALLEL_MACS: usize = 1 << 20;
 /// Columns a pool's work item computes.
 const COLUMN_CHUNK: usize = 64;
 
+/// Writes columns `cols` of a product into `out` `[rows, width]` (see [`by_columns`]).
+type Columns<'a> = dyn Fn(std::ops::Range<usize>, &mut [f32], usize) + Sync + 'a;
+
 /// Runs `f` over ranges covering `0..items` (see [`QMatrix::matmul_on`]).
 pub type Pool<'a> = dyn Fn(usize, &(dyn Fn(std::ops::Range<usize>) + Sync)) + 'a;
 
@@ -191,35 +194,13 @@ impl QMatrix {
         let rows = x.len() / self.k;
         let acts = QRows::new(x, self.k);
         let isa = isa();
-        let mut y = vec![0.0f32; rows * self.n];
-        if self.n * self.k * rows < PARALLEL_MACS {
-            // Handing a small product to the pool's threads (and waking them) costs more
-            // than it saves.
-            self.columns(isa, 0..self.n, &acts, &mut y, self.n);
-            return y;
-        }
-        // Columns in chunks of COLUMN_CHUNK, each product written [rows, chunk], then
-        // copied into place row by row.
-        let chunks = self.n.div_ceil(COLUMN_CHUNK);
-        let done: Vec<std::sync::OnceLock<Vec<f32>>> =
-            (0..chunks).map(|_| std::sync::OnceLock::new()).collect();
-        pool(chunks, &|range| {
-            for c in range {
-                let cols = c * COLUMN_CHUNK..((c + 1) * COLUMN_CHUNK).min(self.n);
-                let mut out = vec![0.0f32; rows * cols.len()];
-                let width = cols.len();
-                self.columns(isa, cols, &acts, &mut out, width);
-                let _ = done[c].set(out);
-            }
-        });
-        for (c, part) in done.into_iter().enumerate() {
-            let part = part.into_inner().expect("the pool ran every chunk");
-            let (first, width) = (c * COLUMN_CHUNK, part.len() / rows.max(1));
-            for (r, vals) in part.chunks_exact(width.max(1)).enumerate() {
-                y[r * self.n + first..r * self.n + first + width].copy_from_slice(vals);
-            }
-        }
-        y
+        by_columns(
+            self.n,
+            rows,
+            self.n * self.k * rows,
+            pool,
+            &|cols, out, width| self.columns(isa, cols, &acts, out, width),
+        )
     }
 
     /// Columns `cols` of the product into `out` `[rows, width]` (column `cols.start + j` at
@@ -300,8 +281,18 @@ pub fn matmul_f32_on(w: &[f32], n: usize, k: usize, x: &[f32], pool: &Pool<'_>) 
             }
         }
     };
+    by_columns(n, rows, n * k * rows, pool, &run)
+}
+
+/// The `[rows, n]` result of a product computed column by column: `run(cols, out, width)`
+/// writes columns `cols` into `out` `[rows, width]`. A product of fewer than
+/// [`PARALLEL_MACS`] multiply-adds (`macs`) runs on the calling thread; a larger one in chunks
+/// of [`COLUMN_CHUNK`] columns that `pool` runs, each copied into place row by row.
+fn by_columns(n: usize, rows: usize, macs: usize, pool: &Pool<'_>, run: &Columns<'_>) -> Vec<f32> {
     let mut y = vec![0.0f32; rows * n];
-    if n * k * rows < PARALLEL_MACS {
+    if macs < PARALLEL_MACS {
+        // Handing a small product to the pool's threads (and waking them) costs more than
+        // it saves.
         run(0..n, &mut y, n);
         return y;
     }
