@@ -172,9 +172,15 @@ fn hermes(text: &str) -> Found {
     while let Some(at) = rest.find(OPEN) {
         content.push_str(&rest[..at]);
         let body = &rest[at + OPEN.len()..];
-        let end = body
-            .find(CLOSE)
-            .ok_or("a <tool_call> block is not closed")?;
+        // A last block the model left open (it stopped after the JSON) counts when its JSON
+        // is whole, as vLLM's Hermes parser reads it; one cut mid-JSON is refused.
+        let Some(end) = body.find(CLOSE) else {
+            let v: Value = serde_json::from_str(body.trim())
+                .map_err(|e| format!("a <tool_call> block is not closed and not JSON: {e}"))?;
+            calls.push(raw_call(&v, &["arguments", "parameters"])?);
+            rest = "";
+            break;
+        };
         let v: Value = serde_json::from_str(body[..end].trim())
             .map_err(|e| format!("a <tool_call> block is not JSON: {e}"))?;
         calls.push(raw_call(&v, &["arguments", "parameters"])?);

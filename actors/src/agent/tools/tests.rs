@@ -33,6 +33,17 @@ fn hermes_blocks_become_calls_and_the_text_around_them_content() {
     assert_eq!(p.calls[0].arguments, json!({"city": "Paris"}));
     // Arguments written as a JSON string are parsed.
     assert_eq!(p.calls[1].arguments, json!({"city": "Oslo", "days": 2}));
+    // A last block left open after whole JSON (the model stopped there) is a call.
+    let p = parse(
+        ToolFormat::Hermes,
+        "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n",
+        &weather(),
+        ids,
+    );
+    assert_eq!(p.invalid, None);
+    assert_eq!(p.content, "Checking.");
+    assert_eq!(p.calls.len(), 1);
+    assert_eq!(p.calls[0].arguments, json!({"city": "Rome"}));
     // No block: plain text, nothing invalid.
     let p = parse(ToolFormat::Hermes, "It is sunny.", &weather(), ids);
     assert_eq!(
@@ -48,7 +59,10 @@ fn a_bad_call_makes_the_whole_answer_plain_text_with_the_reason() {
             "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": </tool_call>",
             "not JSON",
         ),
-        ("<tool_call>{\"name\": \"get_weather\"", "not closed"),
+        (
+            "<tool_call>{\"name\": \"get_weather\"",
+            "not closed and not JSON",
+        ),
         (
             "<tool_call>{\"name\": \"launch\", \"arguments\": {}}</tool_call>",
             "no tool is named \"launch\"",
