@@ -2,7 +2,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{BLOCK, QFormat, ROW_TILE, Tile};
+use super::{BLOCK, F32_COLS, F32_ROWS, QFormat, ROW_TILE, Tile};
 
 /// `out[i] = x_i · w` with 8-lane fused multiply-adds, `w` loaded once for every row.
 #[target_feature(enable = "avx2,fma")]
@@ -41,6 +41,68 @@ fn dot_f32_rows<const R: usize>(w: &[f32], xs: &[f32], out: &mut [f32]) {
             _mm256_storeu_ps(lanes.as_mut_ptr(), a);
             let tail: f32 = (body..k).map(|c| w[c] * xs[i * k + c]).sum();
             *o = lanes.iter().sum::<f32>() + tail;
+        }
+    }
+}
+
+/// `out[i·c + j] = x_i · w_j` for the first `r` ≤ [`F32_ROWS`] rows of `xs` and the first
+/// `c` ≤ [`F32_COLS`] rows of `ws` (all `k` long): a register block of r·c 8-lane
+/// accumulators, so each step of 8 values loads r + c vectors for r·c fused multiply-adds
+/// (one weight row against 8 rows loads 9 for 8).
+#[target_feature(enable = "avx2,fma")]
+pub(super) fn dot_f32_block_avx2(ws: &[f32], xs: &[f32], k: usize, out: &mut [f32]) {
+    let (r, c) = (xs.len() / k.max(1), ws.len() / k.max(1));
+    match (r, c) {
+        (1, 1) => block::<1, 1>(ws, xs, k, out),
+        (1, 2) => block::<1, 2>(ws, xs, k, out),
+        (1, _) => block::<1, 3>(ws, xs, k, out),
+        (2, 1) => block::<2, 1>(ws, xs, k, out),
+        (2, 2) => block::<2, 2>(ws, xs, k, out),
+        (2, _) => block::<2, 3>(ws, xs, k, out),
+        (3, 1) => block::<3, 1>(ws, xs, k, out),
+        (3, 2) => block::<3, 2>(ws, xs, k, out),
+        (3, _) => block::<3, 3>(ws, xs, k, out),
+        (_, 1) => block::<4, 1>(ws, xs, k, out),
+        (_, 2) => block::<4, 2>(ws, xs, k, out),
+        _ => block::<4, 3>(ws, xs, k, out),
+    }
+}
+
+#[inline(always)]
+fn block<const R: usize, const C: usize>(ws: &[f32], xs: &[f32], k: usize, out: &mut [f32]) {
+    assert!(
+        R <= F32_ROWS
+            && C <= F32_COLS
+            && ws.len() >= C * k
+            && xs.len() >= R * k
+            && out.len() >= R * C
+    );
+    let body = k - k % 8;
+    #[allow(unsafe_code)]
+    // SAFETY: called only from `dot_f32_block_avx2` (AVX2 and FMA). The loads read 8 floats
+    // at p < body ≤ k − 8 of row j < C of `ws` and row i < R of `xs`, inside the lengths
+    // asserted above.
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); C]; R];
+        for p in (0..body).step_by(8) {
+            let mut wv = [_mm256_setzero_ps(); C];
+            for (j, v) in wv.iter_mut().enumerate() {
+                *v = _mm256_loadu_ps(ws.as_ptr().add(j * k + p));
+            }
+            for (i, row) in acc.iter_mut().enumerate() {
+                let xv = _mm256_loadu_ps(xs.as_ptr().add(i * k + p));
+                for (a, w) in row.iter_mut().zip(&wv) {
+                    *a = _mm256_fmadd_ps(xv, *w, *a);
+                }
+            }
+        }
+        for (i, row) in acc.iter().enumerate() {
+            for (j, a) in row.iter().enumerate() {
+                let mut lanes = [0.0f32; 8];
+                _mm256_storeu_ps(lanes.as_mut_ptr(), *a);
+                let tail: f32 = (body..k).map(|p| ws[j * k + p] * xs[i * k + p]).sum();
+                out[i * C + j] = lanes.iter().sum::<f32>() + tail;
+            }
         }
     }
 }
@@ -144,5 +206,50 @@ fn tile_rows<const VNNI: bool, const R: usize>(t: &Tile<'_>, out: &mut [f32]) {
             _mm256_storeu_ps(lanes.as_mut_ptr(), a);
             *o = lanes.iter().sum();
         }
+    }
+}
+
+/// `out = Σ_j p[j] · vals[j]` (rows of `out.len()` values): 32 lanes at a time in four
+/// independent accumulators (their fused multiply-adds overlap), then 8 lanes, then a scalar
+/// tail.
+#[target_feature(enable = "avx2,fma")]
+pub(super) fn weighted_sum_avx2(p: &[f32], vals: &[f32], out: &mut [f32]) {
+    let hd = out.len();
+    assert!(vals.len() >= p.len() * hd);
+    let wide = hd - hd % 32;
+    let body = hd - hd % 8;
+    #[allow(unsafe_code)]
+    // SAFETY: compiled with AVX2 and FMA. Row j's loads read 8 floats at c + 8·t < body ≤
+    // hd of `vals[j·hd ..]`, j < p.len(), inside the length asserted above; the stores write
+    // 8 floats at c + 8·t < body ≤ out.len().
+    unsafe {
+        for c in (0..wide).step_by(32) {
+            let mut acc = [_mm256_setzero_ps(); 4];
+            for (j, &w) in p.iter().enumerate() {
+                let wv = _mm256_set1_ps(w);
+                let row = vals.as_ptr().add(j * hd + c);
+                for (t, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row.add(8 * t)), *a);
+                }
+            }
+            for (t, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(out.as_mut_ptr().add(c + 8 * t), *a);
+            }
+        }
+        for c in (wide..body).step_by(8) {
+            let mut acc = _mm256_setzero_ps();
+            for (j, &w) in p.iter().enumerate() {
+                let v = _mm256_loadu_ps(vals.as_ptr().add(j * hd + c));
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(w), v, acc);
+            }
+            _mm256_storeu_ps(out.as_mut_ptr().add(c), acc);
+        }
+    }
+    for (c, o) in out.iter_mut().enumerate().skip(body) {
+        *o = p
+            .iter()
+            .enumerate()
+            .map(|(j, w)| w * vals[j * hd + c])
+            .sum();
     }
 }

@@ -153,35 +153,50 @@ pub fn sample(
     };
     let t = if temperature > 0.0 { temperature } else { 1.0 };
     let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    let scaled: Vec<f64> = logits.iter().map(|&l| ((l - max) / t) as f64).collect();
-    let z: f64 = scaled.iter().map(|s| s.exp()).sum();
+    let scaled = |i: usize| f64::from((logits[i] - max) / t);
+    // One pass of exp (each term in f64, as the trainer's log-softmax): the weights and their
+    // sum.
+    let e: Vec<f64> = (0..logits.len()).map(|i| scaled(i).exp()).collect();
+    let z: f64 = e.iter().sum();
     let logz = z.ln();
     if temperature <= 0.0 {
         let best = (0..logits.len()).fold(0, |b, i| if logits[i] > logits[b] { i } else { b });
-        return (best as u32, (scaled[best] - logz) as f32);
+        return (best as u32, (scaled(best) - logz) as f32);
     }
-    let probs: Vec<f64> = scaled.iter().map(|s| (s - logz).exp()).collect();
+    let k = top_k as usize;
+    if top_p >= 1.0 && (k == 0 || k >= logits.len()) {
+        // The whole distribution: walk the weights in token order (no ranking to build).
+        let mut u = rng.random::<f64>() * z;
+        // Rounding can leave u above 0 after the last term: the last token that has weight.
+        let mut pick = e.iter().rposition(|&w| w > 0.0).unwrap_or(0);
+        for (i, w) in e.iter().enumerate() {
+            u -= w;
+            if u <= 0.0 {
+                pick = i;
+                break;
+            }
+        }
+        return (pick as u32, (scaled(pick) - logz) as f32);
+    }
+    let probs: Vec<f64> = e.iter().map(|w| w / z).collect();
     let mut order: Vec<usize> = (0..probs.len()).collect();
     let mut nucleus = probs.len();
-    let k = top_k as usize;
-    if top_p < 1.0 || (k > 0 && k < probs.len()) {
-        let by_prob = |a: &usize, b: &usize| probs[*b].total_cmp(&probs[*a]).then(a.cmp(b));
-        if k > 0 && k < probs.len() {
-            order.select_nth_unstable_by(k - 1, by_prob);
-            order.truncate(k);
-            nucleus = k;
-        }
-        order.sort_by(by_prob);
-        if top_p < 1.0 {
-            // The nucleus of the (top-k) distribution, renormalised.
-            let kept: f64 = order.iter().map(|&i| probs[i]).sum();
-            let mut acc = 0.0;
-            for (n, &i) in order.iter().enumerate() {
-                acc += probs[i];
-                if acc >= top_p as f64 * kept {
-                    nucleus = n + 1;
-                    break;
-                }
+    let by_prob = |a: &usize, b: &usize| probs[*b].total_cmp(&probs[*a]).then(a.cmp(b));
+    if k > 0 && k < probs.len() {
+        order.select_nth_unstable_by(k - 1, by_prob);
+        order.truncate(k);
+        nucleus = k;
+    }
+    order.sort_by(by_prob);
+    if top_p < 1.0 {
+        // The nucleus of the (top-k) distribution, renormalised.
+        let kept: f64 = order.iter().map(|&i| probs[i]).sum();
+        let mut acc = 0.0;
+        for (n, &i) in order.iter().enumerate() {
+            acc += probs[i];
+            if acc >= top_p as f64 * kept {
+                nucleus = n + 1;
+                break;
             }
         }
     }
@@ -195,7 +210,7 @@ pub fn sample(
             break;
         }
     }
-    (pick as u32, (scaled[pick] - logz) as f32)
+    (pick as u32, (scaled(pick) - logz) as f32)
 }
 
 impl<D: Decoder> BuiltinEngine<D> {
@@ -428,10 +443,9 @@ impl<D: Decoder> BuiltinEngine<D> {
             match out {
                 Ok(rows) => {
                     report.decode_tokens += ready.len() as u64;
-                    for (k, &i) in ready.iter().enumerate() {
-                        let s = &mut self.running[i];
-                        let (tok, lp) = sample(&rows[k], &s.req.params, &mut s.rng);
-                        push(&self.model, self.version, s, tok, lp);
+                    let picks = self.sample_rows(&ready, &rows);
+                    for (&i, (tok, lp)) in ready.iter().zip(picks) {
+                        push(&self.model, self.version, &mut self.running[i], tok, lp);
                     }
                 }
                 Err(e) => {
@@ -442,6 +456,40 @@ impl<D: Decoder> BuiltinEngine<D> {
         }
         self.times.decode += t1.elapsed();
         self.times.decode_tokens += report.decode_tokens;
+    }
+
+    /// Samples the next token of each `ready` sequence from its row of `rows`, with its own
+    /// generator: the rows split between the threads of candle's pool when there are several
+    /// (an exp over the vocabulary per row; on the calling thread alone a batch of 32 spent a
+    /// twentieth of its step there).
+    fn sample_rows(&mut self, ready: &[usize], rows: &[Vec<f32>]) -> Vec<(u32, f32)> {
+        let jobs: Vec<std::sync::Mutex<&mut Seq<D::Cache>>> = self
+            .running
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| ready.binary_search(i).is_ok())
+            .map(|(_, s)| std::sync::Mutex::new(s))
+            .collect();
+        let picks: Vec<std::sync::OnceLock<(u32, f32)>> =
+            jobs.iter().map(|_| std::sync::OnceLock::new()).collect();
+        let one = |k: usize| {
+            let mut s = jobs[k]
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let s = &mut **s;
+            let _ = picks[k].set(sample(&rows[k], &s.req.params, &mut s.rng));
+        };
+        if jobs.len() > 1 {
+            candle_core::utils::barrier_pool()
+                .execute_chunked(jobs.len(), |range| range.for_each(one));
+        } else {
+            (0..jobs.len()).for_each(one);
+        }
+        drop(jobs);
+        picks
+            .into_iter()
+            .map(|p| p.into_inner().expect("every row sampled"))
+            .collect()
     }
 
     fn retire(&mut self, report: &mut StepReport, failed: &[(usize, SharedError)]) {

@@ -49,7 +49,7 @@ pub(crate) fn ids(v: &serde_json::Value) -> Vec<u32> {
         .collect()
 }
 
-fn open() -> Checkpoint {
+pub(super) fn open() -> Checkpoint {
     Checkpoint::open_gguf(&smollm2_path()).expect("SmolLM2 opens")
 }
 
