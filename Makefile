@@ -300,8 +300,13 @@ bench-setup: setup
 		{ test -x $(RAY_VENV)/bin/python || python3 -m venv $(RAY_VENV); } && \
 		$(RAY_VENV)/bin/pip install --quiet --disable-pip-version-check "ray==$(RAY_VERSION)"; }
 
+## `make bench` ends with the benchmarks whose claim is "faster" run by the binary of
+## BENCH_BASE (the commit before issue #36's speed work; built once, cached outside the tree)
+## and by the current one, one after the other (tests/bench-base.sh).
+BENCH_BASE ?= bbafc46
 bench: bench-setup
 	$(CARGO) run --release -p engine --bin rollarc -- bench --preset-steps 40
+	tests/bench-base.sh $(BENCH_BASE)
 
 ## On a GPU machine: the generation contract against a real vLLM (or DEVICE_SERVER=sglang)
 ## server serving SmolLM2 (installs the server in its own virtual environment).
