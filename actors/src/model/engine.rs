@@ -459,9 +459,9 @@ impl<D: Decoder> BuiltinEngine<D> {
     }
 
     /// Samples the next token of each `ready` sequence from its row of `rows`, with its own
-    /// generator: the rows split between the threads of candle's pool when there are several
-    /// (an exp over the vocabulary per row; on the calling thread alone a batch of 32 spent a
-    /// twentieth of its step there).
+    /// generator (so the split changes no draw): the rows split between the threads of
+    /// candle's pool when there are several, since each costs an exp over the whole
+    /// vocabulary (49,152 for SmolLM2).
     fn sample_rows(&mut self, ready: &[usize], rows: &[Vec<f32>]) -> Vec<(u32, f32)> {
         let jobs: Vec<std::sync::Mutex<&mut Seq<D::Cache>>> = self
             .running
