@@ -75,6 +75,63 @@ struct GoalWatch {
     eval_s: Mutex<f64>,
     reached: Mutex<Option<Reached>>,
     last_pass: Mutex<Option<f64>>,
+    profile: Mutex<Profile>,
+}
+
+/// Where a run's steps went, summed over its steps: the rollout metrics that explain a
+/// preset's time per step (printed under each run).
+#[derive(Clone, Debug, Default)]
+struct Profile {
+    steps: u64,
+    step_s: f64,
+    train_s: f64,
+    wait_batch_s: f64,
+    weight_sync_s: f64,
+    staleness: f64,
+    generate_s: f64,
+    env_s: f64,
+    stage_wait_s: f64,
+    decode_tokens: u64,
+    /// Idle fraction of generation since the start, at the last step.
+    bubble: f64,
+    cancelled_tokens: u64,
+}
+
+impl Profile {
+    fn add(&mut self, m: &StepMetrics) {
+        self.steps += 1;
+        self.step_s += m.step_s;
+        self.train_s += m.train_s;
+        self.wait_batch_s += m.wait_batch_s;
+        self.weight_sync_s += m.rollout.weight_sync_s;
+        self.staleness += m.staleness_mean;
+        let st = &m.rollout.stages;
+        self.generate_s += st.generate_s;
+        self.env_s += st.reset_s + st.env_step_s;
+        self.stage_wait_s += st.wait_s;
+        self.decode_tokens += m.decode_tokens;
+        self.bubble = m.bubble_ratio;
+        self.cancelled_tokens = m.rollout.cancelled_tokens;
+    }
+
+    /// One line: per-step means, then per-trajectory stage means.
+    fn line(&self) -> String {
+        let n = self.steps.max(1) as f64;
+        format!(
+            "per step: {:.1} s ({:.1} s training, {:.1} s waiting for the batch, {:.2} s weight sync), staleness {:.2}, {:.0} decode tokens; per trajectory: generate {:.1} s, env {:.1} s, wait {:.1} s; generation idle {:.0} %, {} tokens cancelled",
+            self.step_s / n,
+            self.train_s / n,
+            self.wait_batch_s / n,
+            self.weight_sync_s / n,
+            self.staleness / n,
+            self.decode_tokens as f64 / n,
+            self.generate_s / n,
+            self.env_s / n,
+            self.stage_wait_s / n,
+            100.0 * self.bubble,
+            self.cancelled_tokens
+        )
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +140,10 @@ struct GoalReached;
 
 impl StepObserver for GoalWatch {
     fn on_step(&self, m: &StepMetrics, _b: &Batch) -> Result<(), ObserverError> {
+        self.profile
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .add(m);
         let mut eval_s = self.eval_s.lock().unwrap_or_else(|p| p.into_inner());
         for rec in &m.eval {
             *eval_s += rec.seconds;
@@ -125,19 +186,20 @@ fn variant(base: &JobSpec, p: Preset, seed: u64, o: &PresetsLlmOptions) -> JobSp
     spec
 }
 
-/// Runs one variant to its goal: `Ok(Some)` when reached, `Ok(None)` when its steps ran out
-/// first (with the last held-out pass@1).
+/// Runs one variant to its goal: `Some` when reached, `None` when its steps ran out first;
+/// with the last held-out pass@1 and the run's [`Profile`] line.
 fn run_to_goal(
     spec: JobSpec,
     p: Preset,
     goal: f64,
-) -> Result<(Option<Reached>, Option<f64>), PresetsBenchError> {
+) -> Result<(Option<Reached>, Option<f64>, String), PresetsBenchError> {
     let watch = Arc::new(GoalWatch {
         goal,
         started: tokio::time::Instant::now(),
         eval_s: Mutex::new(0.0),
         reached: Mutex::new(None),
         last_pass: Mutex::new(None),
+        profile: Mutex::new(Profile::default()),
     });
     let r = job::simrun::run_blocking(
         spec,
@@ -153,10 +215,15 @@ fn run_to_goal(
         .unwrap_or_else(|p| p.into_inner())
         .clone();
     let last = *watch.last_pass.lock().unwrap_or_else(|p| p.into_inner());
+    let profile = watch
+        .profile
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .line();
     match r {
-        Ok(_) => Ok((None, last)),
+        Ok(_) => Ok((None, last, profile)),
         // The watch stopped it: the goal was reached.
-        Err(_) if reached.is_some() => Ok((reached, last)),
+        Err(_) if reached.is_some() => Ok((reached, last, profile)),
         Err(source) => Err(PresetsBenchError::Run {
             preset: p.name(),
             source,
@@ -197,7 +264,7 @@ pub fn bench_presets_llm(file: &Path, o: &PresetsLlmOptions) -> Result<(), Prese
     let mut bare: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
     for p in PRESETS {
         for &seed in &o.seeds {
-            let (reached, last) = run_to_goal(variant(&base, p, seed, o), p, o.goal)?;
+            let (reached, last, profile) = run_to_goal(variant(&base, p, seed, o), p, o.goal)?;
             match reached {
                 Some(r) => {
                     println!(
@@ -222,6 +289,7 @@ pub fn bench_presets_llm(file: &Path, o: &PresetsLlmOptions) -> Result<(), Prese
                     last.map_or("-".into(), |x| format!("{x:.3}"))
                 ),
             }
+            println!("           {profile}");
         }
     }
     println!(
