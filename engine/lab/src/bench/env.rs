@@ -1,4 +1,4 @@
-//! `rollarc bench --what env`: steps per second through an environment actor for a built-in
+//! `rollarc bench --what env`: steps per second through a leased environment for a built-in
 //! game and for the external protocol (bare and sandboxed), the per-step overhead of protocol
 //! and sandbox, and sandbox start time.
 
@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actors::env::external::{ExternalConfig, ExternalEnv};
-use actors::env::{EnvActor, EnvArgs, EnvCounters, EnvError, EnvFactory, EnvMsg};
+use actors::env::{EnvError, EnvFactory, EnvPool};
 use infra::clock::wall_now;
 use infra::sandbox::{check_sandbox, sandboxed};
-use ractor::{Actor, RactorErr, SpawnErr};
+use ractor::SpawnErr;
 use tokio::runtime::Runtime;
 
 use job::wiring::envs::builtin;
@@ -26,8 +26,6 @@ pub enum EnvBenchError {
     Spec(#[from] serde_json::Error),
     #[error(transparent)]
     Spawn(#[from] SpawnErr),
-    #[error(transparent)]
-    Call(#[from] RactorErr<EnvMsg>),
     #[error(transparent)]
     Env(#[from] EnvError),
 }
@@ -52,29 +50,22 @@ fn unreachable_env() -> Box<dyn actors::env::DynEnvironment> {
     ))
 }
 
-/// Mean microseconds per step over `n` steps through one environment actor.
+/// Mean microseconds per step over `n` steps of one environment leased from a pool, as an
+/// episode calls it.
 fn per_step_us(rt: &Runtime, factory: EnvFactory, n: usize) -> Result<f64, EnvBenchError> {
     rt.block_on(async {
-        let args = EnvArgs {
-            task: "bench".into(),
-            index: 0,
-            slot: 0,
-            factory,
-            counters: Arc::new(EnvCounters::default()),
-        };
-        let (a, _) = Actor::spawn(None, EnvActor, args).await?;
-        ractor::call_t!(a, |p| EnvMsg::Reset(0, None, p), 30_000)??;
+        let timeout = Duration::from_secs(30);
+        let pool = EnvPool::spawn("bench", 1, factory, timeout, timeout, None).await?;
+        let mut env = pool.lease().await.ok_or(EnvError::Closed)?;
+        env.reset(0, None).await?;
         let t = wall_now();
         for _ in 0..n {
             // "up" at the start keeps the agent in place: the episode never ends.
-            ractor::call_t!(
-                a,
-                |p| EnvMsg::Step("up".into(), Vec::new().into(), p),
-                30_000
-            )??;
+            env.step("up".into(), Vec::new().into()).await?;
         }
         let el = t.elapsed().as_secs_f64();
-        a.stop(None);
+        drop(env);
+        pool.stop().await;
         Ok(el * 1e6 / n as f64)
     })
 }
@@ -92,7 +83,7 @@ fn start_ms(rt: &Runtime, cmd: &[String], n: u64) -> Result<f64, EnvError> {
     })
 }
 
-/// Environment benchmark: steps per second through an environment actor for a built-in game
+/// Environment benchmark: steps per second through a leased environment for a built-in game
 /// and for the external protocol (bare and sandboxed), the per-step overhead of protocol and
 /// sandbox, and sandbox start time.
 pub fn bench_env() -> Result<(), EnvBenchError> {
@@ -116,7 +107,7 @@ pub fn bench_env() -> Result<(), EnvBenchError> {
             10_000,
         ));
     }
-    println!("environment benchmark (FrozenLake 4×4 through an environment actor):");
+    println!("environment benchmark (FrozenLake 4×4, a leased environment):");
     let mut per_step = Vec::new();
     for (name, factory, n) in cases {
         let us = per_step_us(&rt, factory, n)?;

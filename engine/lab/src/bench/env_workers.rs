@@ -14,7 +14,7 @@
 //!   pool filled beforehand (its fill time is the cold start rate in the background), after
 //!   one unmeasured burst.
 //!
-//! Every episode of the first three goes through an environment actor, as in a job.
+//! Every episode of the first three calls an environment leased from a pool, as in a job.
 
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
@@ -22,9 +22,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actors::env::remote::{Membership, RemoteTask, WorkerPool, WorkerPoolConfig};
-use actors::env::{EnvActor, EnvArgs, EnvCounters, EnvError, EnvFactory, EnvMsg};
+use actors::env::{EnvError, EnvFactory, EnvLease, EnvPool};
 use infra::clock::wall_now;
-use ractor::{Actor, ActorRef, RactorErr, SpawnErr};
+use ractor::SpawnErr;
 
 use job::wiring::envs::builtin;
 
@@ -43,8 +43,6 @@ pub enum EnvWorkersBenchError {
     Spec(#[from] serde_json::Error),
     #[error(transparent)]
     Spawn(#[from] SpawnErr),
-    #[error(transparent)]
-    Call(#[from] RactorErr<EnvMsg>),
     #[error(transparent)]
     Env(#[from] EnvError),
     #[error("env worker: {0}")]
@@ -132,54 +130,47 @@ struct PathFigures {
     step_cpu_here_s: f64,
 }
 
-/// Opens `episodes` episodes through actors (all at once), then steps each `steps` times.
+/// Opens `episodes` episodes on environments leased from one pool (all at once, each in a
+/// task of its own, as a job's episodes are), then steps each `steps` times. Returns the pool
+/// and the leases, still open.
 async fn run_path(
     factory: EnvFactory,
     episodes: usize,
     steps: usize,
     pids: &[u32],
-) -> Result<(PathFigures, Vec<ActorRef<EnvMsg>>), EnvWorkersBenchError> {
+) -> Result<(PathFigures, EnvPool, Vec<EnvLease>), EnvWorkersBenchError> {
     let cpu = || cpu_s("self") + pids.iter().map(|p| cpu_s(&p.to_string())).sum::<f64>();
-    let counters = Arc::new(EnvCounters::default());
-    let mut actors = Vec::with_capacity(episodes);
-    for i in 0..episodes {
-        let args = EnvArgs {
-            task: "bench".into(),
-            index: i as u64,
-            slot: i,
-            factory: factory.clone(),
-            counters: counters.clone(),
-        };
-        actors.push(Actor::spawn(None, EnvActor, args).await?.0);
+    let timeout = Duration::from_secs(120);
+    let pool = EnvPool::spawn("bench", episodes, factory, timeout, timeout, None).await?;
+    let mut leases = Vec::with_capacity(episodes);
+    for _ in 0..episodes {
+        leases.push(pool.lease().await.ok_or(EnvError::Closed)?);
     }
     let t = wall_now();
-    let resets = actors.iter().enumerate().map(|(i, a)| {
-        let a = a.clone();
-        tokio::spawn(
-            async move { ractor::call_t!(a, |p| EnvMsg::Reset(i as u64, None, p), 120_000) },
-        )
+    let resets = leases.into_iter().enumerate().map(|(i, mut env)| {
+        tokio::spawn(async move {
+            env.reset(i as u64, None).await?;
+            Ok::<_, EnvError>(env)
+        })
     });
+    let mut leases = Vec::with_capacity(episodes);
     for r in futures::future::join_all(resets).await {
-        r.map_err(|e| EnvWorkersBenchError::Worker(e.to_string()))???;
+        leases.push(r.map_err(|e| EnvWorkersBenchError::Worker(e.to_string()))??);
     }
     let reset_s = t.elapsed().as_secs_f64();
     let (t, c, here) = (wall_now(), cpu(), cpu_s("self"));
-    let walks = actors.iter().map(|a| {
-        let a = a.clone();
+    let walks = leases.into_iter().map(|mut env| {
         tokio::spawn(async move {
             for _ in 0..steps {
                 // "up" from the start keeps the agent in place: the episode never ends.
-                ractor::call_t!(
-                    a,
-                    |p| EnvMsg::Step("up".into(), Vec::new().into(), p),
-                    120_000
-                )??;
+                env.step("up".into(), Vec::new().into()).await?;
             }
-            Ok::<(), EnvWorkersBenchError>(())
+            Ok::<_, EnvError>(env)
         })
     });
+    let mut leases = Vec::with_capacity(episodes);
     for r in futures::future::join_all(walks).await {
-        r.map_err(|e| EnvWorkersBenchError::Worker(e.to_string()))??;
+        leases.push(r.map_err(|e| EnvWorkersBenchError::Worker(e.to_string()))??);
     }
     let figures = PathFigures {
         reset_s,
@@ -187,7 +178,7 @@ async fn run_path(
         step_cpu_s: cpu() - c,
         step_cpu_here_s: cpu_s("self") - here,
     };
-    Ok((figures, actors))
+    Ok((figures, pool, leases))
 }
 
 /// The env-workers benchmark: `episodes` concurrent episodes over `workers` env workers on
@@ -210,7 +201,7 @@ pub fn bench_env_workers(
     let spec: job::spec::EnvSpec = serde_json::from_str(FROZENLAKE)?;
     println!(
         "env-workers benchmark: {episodes} concurrent FrozenLake episodes, {steps} steps each, \
-         through environment actors"
+         on leased environments"
     );
     rt.block_on(async {
         // Local: each episode's game in this process.
@@ -224,10 +215,9 @@ pub fn bench_env_workers(
                 })
             })
         };
-        let (l, actors) = run_path(local, episodes, steps, &[]).await?;
-        for a in actors {
-            a.stop(None);
-        }
+        let (l, local_pool, leases) = run_path(local, episodes, steps, &[]).await?;
+        drop(leases);
+        local_pool.stop().await;
         // Remote: the same episodes on the workers.
         let pool = WorkerPool::new(WorkerPoolConfig {
             name: "bench".into(),
@@ -243,12 +233,11 @@ pub fn bench_env_workers(
         );
         let remote: EnvFactory = Arc::new(move |i| Box::new(task.env(i)));
         let idle: u64 = pids.iter().map(|&p| rss(p)).sum();
-        let (r, actors) = run_path(remote, episodes, steps, &pids).await?;
+        let (r, remote_pool, leases) = run_path(remote, episodes, steps, &pids).await?;
         let open: u64 = pids.iter().map(|&p| rss(p)).sum();
         let spread: Vec<usize> = pool.snapshot().iter().map(|(_, st)| st.mine).collect();
-        for a in actors {
-            a.stop(None);
-        }
+        drop(leases);
+        remote_pool.stop().await;
         let total = (episodes * steps) as f64;
         println!(
             "  {:28} {:>12} {:>12} {:>14}",
@@ -319,7 +308,7 @@ async fn sandbox_starts(exe: &str) -> Result<(), EnvWorkersBenchError> {
         protocol: 1,
     };
     // One burst of resets, each on its own environment in a task of its own (as each
-    // environment actor is); (seconds, stats).
+    // episode is); (seconds, stats).
     let burst = |starts: Arc<ExternalStarts>| async move {
         let log = Arc::new(StartLog::default());
         let began = wall_now();

@@ -181,7 +181,7 @@ async fn spawn_task(
         t.env.clone(),
         t.env_call_timeout,
         Duration::from_millis(100),
-        cell.clone(),
+        Some(cell.clone()),
     )
     .await
     .map_err(JobError::spawn(format!("environments of {domain}")))?;
