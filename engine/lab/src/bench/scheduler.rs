@@ -53,6 +53,15 @@ seconds_per_token = 0.0
     )
 }
 
+/// Issue #36's bounds on orchestration: time per environment step and memory per in-flight
+/// trajectory at 10,000 concurrent episodes.
+const STEP_BOUND_US: f64 = 10.0;
+const TRAJ_BOUND_KIB: f64 = 8.0;
+
+fn verdict(met: bool) -> &'static str {
+    if met { "met" } else { "not met" }
+}
+
 /// The scheduler-overhead benchmark: zero-latency environments and an ideal (infinitely fast)
 /// device, so all wall time is orchestration: actors, messages, buffer, scheduler.
 pub fn bench_scheduler(episodes: usize) -> Result<(), SchedulerBenchError> {
@@ -76,9 +85,10 @@ pub fn bench_scheduler(episodes: usize) -> Result<(), SchedulerBenchError> {
         "scheduler overhead benchmark: {episodes} concurrent episodes, {turns} turns each, zero-latency backends"
     );
     println!("  trajectories {trajs}  env steps {steps}  wall {wall:.2} s");
+    let per_step_us = wall * 1e6 / steps as f64;
     println!(
-        "  per env step     {:8.2} µs (generate + env.step + bookkeeping)",
-        wall * 1e6 / steps as f64
+        "  per env step     {per_step_us:8.2} µs (generate + env.step + bookkeeping; bound {STEP_BOUND_US} µs: {})",
+        verdict(per_step_us <= STEP_BOUND_US)
     );
     println!("  per trajectory   {:8.2} µs", wall * 1e6 / trajs as f64);
     println!(
@@ -86,9 +96,10 @@ pub fn bench_scheduler(episodes: usize) -> Result<(), SchedulerBenchError> {
         rss1 as f64 / 1024.0,
         (rss1.saturating_sub(rss0)) as f64 / 1024.0
     );
+    let per_traj_kib = (rss1.saturating_sub(rss0)) as f64 / peak as f64;
     println!(
-        "  memory per in-flight trajectory ≈ {:.1} KiB (RSS growth / peak episodes)",
-        (rss1.saturating_sub(rss0)) as f64 / peak as f64
+        "  memory per in-flight trajectory ≈ {per_traj_kib:.1} KiB (RSS growth / peak episodes; bound {TRAJ_BOUND_KIB} KiB: {})",
+        verdict(per_traj_kib <= TRAJ_BOUND_KIB)
     );
     ray_beside(episodes.min(RAY_EPISODES), turns, wall * 1e6 / steps as f64);
     Ok(())
