@@ -191,7 +191,13 @@ pub struct EpisodeOutcome {
 }
 
 /// Drives one trajectory, hands it to the sample buffer and returns its outcome.
-pub async fn run(shared: Arc<EpisodeShared>, p: EpisodeParams) -> EpisodeOutcome {
+///
+/// Not an `async fn`: that would keep `p` in its future a second time, beside the block's
+/// own (memory per in-flight trajectory).
+pub fn run(
+    shared: Arc<EpisodeShared>,
+    p: EpisodeParams,
+) -> impl Future<Output = EpisodeOutcome> + Send {
     let span = episode_span(&shared, &p, false);
     let inner = span.clone();
     async move {
@@ -210,7 +216,6 @@ pub async fn run(shared: Arc<EpisodeShared>, p: EpisodeParams) -> EpisodeOutcome
         outcome
     }
     .instrument(span)
-    .await
 }
 
 /// Drives one trajectory and returns it instead of handing it to the buffer (held-out

@@ -56,11 +56,12 @@ impl Element for f32 {
 #[derive(Clone)]
 enum Repr<T> {
     Values(Vec<T>),
+    /// (No length: the draws' sum, over a handful. A turn holds three sequences, and every
+    /// in-flight and batched trajectory its turns: 48 bytes a sequence, not 64.)
     Drawn {
         draws: Vec<Draw>,
-        len: usize,
         /// The values, once read.
-        values: OnceLock<Vec<T>>,
+        values: OnceLock<Box<[T]>>,
     },
 }
 
@@ -95,7 +96,7 @@ impl<T: Element> Seq<T> {
     pub fn len(&self) -> usize {
         match &self.0 {
             Repr::Values(v) => v.len(),
-            Repr::Drawn { len, .. } => *len,
+            Repr::Drawn { draws, .. } => drawn_len(draws),
         }
     }
 
@@ -124,19 +125,17 @@ impl<T: Element> Seq<T> {
         }
         match &mut self.0 {
             Repr::Values(v) if v.is_empty() => {
-                // Room for a few fused steps' streams before the first reallocation.
-                let mut draws = Vec::with_capacity(8);
-                draws.push(draw);
+                // Room for one stream: most answers are drawn in one fused step, and every
+                // in-flight answer carries this room (8 streams was 0.25 KiB per trajectory).
+                let draws = vec![draw];
                 self.0 = Repr::Drawn {
                     draws,
-                    len: draw.len as usize,
                     values: OnceLock::new(),
                 };
             }
             Repr::Values(v) => v.extend(draw.states().map(|x| T::drawn(x, draw.modulus))),
-            Repr::Drawn { draws, len, values } => {
+            Repr::Drawn { draws, values } => {
                 draws.push(draw);
-                *len += draw.len as usize;
                 values.take();
             }
         }
@@ -164,8 +163,8 @@ impl<T: Element> Seq<T> {
     pub fn truncate(&mut self, n: usize) {
         match &mut self.0 {
             Repr::Values(v) => v.truncate(n),
-            Repr::Drawn { draws, len, values } => {
-                if n >= *len {
+            Repr::Drawn { draws, values } => {
+                if n >= drawn_len(draws) {
                     return;
                 }
                 values.take();
@@ -181,7 +180,6 @@ impl<T: Element> Seq<T> {
                     keep_draws += 1;
                 }
                 draws.truncate(keep_draws);
-                *len = n;
             }
         }
     }
@@ -194,16 +192,16 @@ impl<T: Element> Seq<T> {
     pub fn into_vec(self) -> Vec<T> {
         match self.0 {
             Repr::Values(v) => v,
-            Repr::Drawn { draws, values, .. } => {
-                values.into_inner().unwrap_or_else(|| compute(&draws))
-            }
+            Repr::Drawn { draws, values } => values
+                .into_inner()
+                .map_or_else(|| compute(&draws), Vec::from),
         }
     }
 
     /// The values to change in place (a drawn sequence becomes one holding its values).
     fn values_mut(&mut self) -> &mut Vec<T> {
         if let Repr::Drawn { draws, values, .. } = &mut self.0 {
-            let v = values.take().unwrap_or_else(|| compute(draws));
+            let v = values.take().map_or_else(|| compute(draws), Vec::from);
             self.0 = Repr::Values(v);
         }
         match &mut self.0 {
@@ -213,8 +211,12 @@ impl<T: Element> Seq<T> {
     }
 }
 
+fn drawn_len(draws: &[Draw]) -> usize {
+    draws.iter().map(|d| d.len as usize).sum()
+}
+
 fn compute<T: Element>(draws: &[Draw]) -> Vec<T> {
-    let mut v = Vec::with_capacity(draws.iter().map(|d| d.len as usize).sum());
+    let mut v = Vec::with_capacity(drawn_len(draws));
     for d in draws {
         v.extend(d.states().map(|x| T::drawn(x, d.modulus)));
     }
@@ -227,7 +229,9 @@ impl<T: Element> Deref for Seq<T> {
     fn deref(&self) -> &[T] {
         match &self.0 {
             Repr::Values(v) => v,
-            Repr::Drawn { draws, values, .. } => values.get_or_init(|| compute(draws)),
+            Repr::Drawn { draws, values } => {
+                values.get_or_init(|| compute(draws).into_boxed_slice())
+            }
         }
     }
 }
@@ -284,8 +288,8 @@ impl<T: Element> fmt::Debug for Seq<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.0 {
             Repr::Values(v) => v.fmt(f),
-            Repr::Drawn { draws, len, .. } => {
-                write!(f, "<{len} drawn in {} streams>", draws.len())
+            Repr::Drawn { draws, .. } => {
+                write!(f, "<{} drawn in {} streams>", drawn_len(draws), draws.len())
             }
         }
     }
@@ -297,7 +301,7 @@ impl<T: Element + Serialize> Serialize for Seq<T> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match &self.0 {
             Repr::Values(v) => v.serialize(s),
-            Repr::Drawn { draws, values, .. } => match values.get() {
+            Repr::Drawn { draws, values } => match values.get() {
                 Some(v) => v.serialize(s),
                 None => compute::<T>(draws).serialize(s),
             },
@@ -327,6 +331,15 @@ mod tests {
             l.push(-((x >> 40) as f32) * (3.0 / (1u64 << 24) as f32));
         }
         (t, l)
+    }
+
+    /// A turn holds three sequences, and every in-flight and batched trajectory holds its
+    /// turns: their size is memory per trajectory (issue #36's bound).
+    #[test]
+    fn sequences_and_turns_stay_small() {
+        assert_eq!(std::mem::size_of::<Tokens>(), 48);
+        assert_eq!(std::mem::size_of::<Logprobs>(), 48);
+        assert!(std::mem::size_of::<crate::types::Turn>() <= 208);
     }
 
     #[test]

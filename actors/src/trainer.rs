@@ -187,7 +187,9 @@ impl Trainer for SimTrainer {
 }
 
 pub enum TrainerMsg {
-    Train(Batch, RpcReplyPort<Result<TrainStats, TrainError>>),
+    /// Shared with the driver, which keeps the batch for the step's metrics: a copy of every
+    /// trajectory would double the batch's memory while it trains.
+    Train(Arc<Batch>, RpcReplyPort<Result<TrainStats, TrainError>>),
 }
 
 /// Runs training steps one at a time and publishes each new version to the weight store.

@@ -42,7 +42,7 @@ pub(super) async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajecto
     if let Some(runner) = &task.agent {
         super::agent::play(shared, p, runner, &mut traj).await;
         guard.finish();
-        return finish(shared, p, task, traj).await;
+        return Box::pin(finish(shared, p, task, traj)).await;
     }
     let wait0 = tokio::time::Instant::now();
     let Some(mut env) = task.envs.lease().await else {
@@ -51,15 +51,17 @@ pub(super) async fn drive(shared: &EpisodeShared, p: &EpisodeParams) -> Trajecto
         return traj;
     };
     traj.timings.wait_s += secs(wait0);
-    let Some(obs) = reset(task, p, &mut env, &mut traj).await else {
+    let Some(mut obs) = reset(task, p, &mut env, &mut traj).await else {
         guard.finish();
         return traj;
     };
-    play(shared, p, &mut env, obs, &mut traj).await;
+    play(shared, p, &mut env, &mut obs, &mut traj).await;
     release(p);
     drop(env);
     guard.finish();
-    finish(shared, p, task, traj).await
+    // Boxed, like every call that is live only for a moment of the episode: the task's
+    // future is as large as its largest await point, for the episode's whole life.
+    Box::pin(finish(shared, p, task, traj)).await
 }
 
 /// The end of every episode: the batch barrier, the reward (unless it failed or its reward
@@ -124,9 +126,11 @@ async fn play(
     shared: &EpisodeShared,
     p: &EpisodeParams,
     env: &mut EnvLease,
-    mut obs: Observation,
+    obs: &mut Observation,
     traj: &mut Trajectory,
 ) {
+    // (Big values come by reference: an async fn keeps a parameter moved into it twice in its
+    // future, as the argument and as the local.)
     let task = &shared.tasks[p.task];
     let mut context = Context::default();
     for turn_no in 0..task.max_turns {
@@ -142,12 +146,18 @@ async fn play(
         if task.context_keep <= 0.0 && turn_no > 0 {
             release(p);
         }
-        let Some(turn) = answer(shared, p, &obs, turn_no, &mut context, traj, &turn_span).await
+        let Some(turn) = answer(shared, p, obs, turn_no, &mut context, traj, &turn_span).await
         else {
             break;
         };
-        match step_env(shared, task, env, turn, &turn_span, traj).await {
-            Some(next) => obs = next,
+        if traj.turns.capacity() == 0 {
+            // The room the task's turns need, up to 8 (growth past that doubles as usual): a
+            // growing Vec of 5 turns would hold 8 (memory per in-flight trajectory).
+            traj.turns.reserve_exact(task.max_turns.min(8) as usize);
+        }
+        traj.turns.push(turn);
+        match step_env(shared, task, env, &turn_span, traj).await {
+            Some(next) => *obs = next,
             None => break,
         }
     }
@@ -193,32 +203,35 @@ async fn answer(
     }
 }
 
-/// Steps the environment with `turn`'s answer and records the turn; returns the next
-/// observation, or `None` when the episode ends here (terminated, truncated or failed).
+/// Steps the environment with the last turn's answer and records its reward; returns the
+/// next observation, or `None` when the episode ends here (terminated, truncated or failed).
 async fn step_env(
     shared: &EpisodeShared,
     task: &EpisodeTask,
     env: &mut EnvLease,
-    mut turn: Turn,
     turn_span: &tracing::Span,
     traj: &mut Trajectory,
 ) -> Option<Observation> {
+    let turn = traj.turns.last()?;
+    let response = turn.response_tokens.clone();
     let action = shared
         .framing
         .as_ref()
-        .map(|f| f.action(&turn.response_tokens))
+        .map(|f| f.action(&response))
         .unwrap_or_default();
     traj.final_text.clone_from(&action);
     let t = tokio::time::Instant::now();
     let stepped = env
-        .step(action, turn.response_tokens.clone())
+        .step(action, response)
         .instrument(tracing::info_span!(target: infra::telemetry::TRACE_TARGET, parent: turn_span, "env.step"))
         .await;
     traj.timings.env_step_s += secs(t);
     task.env_outcome(&stepped);
     match stepped {
         Ok(mut s) => {
-            turn.env_reward = s.reward;
+            if let Some(turn) = traj.turns.last_mut() {
+                turn.env_reward = s.reward;
+            }
             if let Some(r) = s.observation.reference.take() {
                 traj.reference = Some(r);
             }
@@ -227,14 +240,12 @@ async fn step_env(
             }
             traj.success |= s.success;
             traj.invalid_actions += u32::from(s.invalid_action);
-            traj.turns.push(turn);
             if s.terminated || s.truncated {
                 return None;
             }
             Some(s.observation)
         }
         Err(e) => {
-            traj.turns.push(turn);
             traj.failure = Some(env_failure(e));
             None
         }
@@ -251,9 +262,9 @@ fn new_trajectory(shared: &EpisodeShared, p: &EpisodeParams, task: &EpisodeTask)
         start_version: p.start_version,
         pool: p.shard.pool.clone(),
         shard: p.shard.index,
-        // The room the task's turns need, up to 8 (growth past that doubles as usual): a
-        // growing Vec of 5 turns would hold 8 (memory per in-flight trajectory).
-        turns: Vec::with_capacity(task.max_turns.min(8) as usize),
+        // Reserved at the first answer (`play`): an episode waiting for its environment or its
+        // first generation holds no room for turns.
+        turns: Vec::new(),
         reward: None,
         success: false,
         invalid_actions: 0,

@@ -120,7 +120,7 @@ pub(super) async fn generate(
         }
         let t = tokio::time::Instant::now();
         let started_at_s = t.duration_since(shared.started).as_secs_f64();
-        let out = call_shard(p, req).await;
+        let out = call_shard(p, Box::new(req)).await;
         traj.timings.generate_s += secs(t);
         let out = match out {
             Ok(out) => out,
@@ -232,18 +232,18 @@ fn request(
 }
 
 /// Sends `req` to the episode's shard, or through its prefill route when disaggregated.
-async fn call_shard(p: &EpisodeParams, req: GenRequest) -> Result<GenOutput, GenError> {
+async fn call_shard(p: &EpisodeParams, req: Box<GenRequest>) -> Result<GenOutput, GenError> {
     match &p.prefill {
         None => {
             p.shard
-                .generate(req)
+                .generate_boxed(req)
                 .instrument(tracing::info_span!(target: infra::telemetry::TRACE_TARGET, "generate"))
                 .await
         }
         // Boxed: its future is twice the size of a plain call's, and inline every episode's
         // future would carry that room (memory per in-flight trajectory).
         Some(route) => {
-            Box::pin(disaggregated(route, &p.shard, req))
+            Box::pin(disaggregated(route, &p.shard, *req))
                 .instrument(tracing::info_span!(target: infra::telemetry::TRACE_TARGET, "generate"))
                 .await
         }
@@ -290,15 +290,19 @@ async fn disaggregated(
         }
         pre.carried = back;
     }
-    let prefilled = route.shard.generate(pre).await?.prefill_tokens;
+    let prefilled = route
+        .shard
+        .generate_boxed(Box::new(pre))
+        .await?
+        .prefill_tokens;
     if prefilled > 0 {
         tokio::time::sleep(transfer(u64::from(prefilled))).await;
     }
     let mut out = decode
-        .generate(GenRequest {
+        .generate_boxed(Box::new(GenRequest {
             prefilled: true,
             ..req
-        })
+        }))
         .await?;
     out.prefill_tokens = prefilled;
     Ok(out)

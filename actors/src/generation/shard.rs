@@ -27,9 +27,12 @@ pub struct ShardHandle {
 }
 
 impl ShardHandle {
-    pub async fn generate(&self, req: GenRequest) -> Result<GenOutput, GenError> {
+    /// Generates on the shard's current engine loop. The request comes boxed: each future on
+    /// the way to the engine holds a pointer instead of the request (an episode's future is as
+    /// large as its deepest await, for the episode's whole life).
+    pub async fn generate_boxed(&self, req: Box<GenRequest>) -> Result<GenOutput, GenError> {
         let h = self.current();
-        h.generate(req).await
+        h.generate_boxed(req).await
     }
 
     // (A send may wait on a full command seam: never under the lock a restart takes.)

@@ -67,8 +67,11 @@ impl Seq {
 pub struct SimEngine {
     cfg: SimEngineConfig,
     version: PolicyVersion,
-    waiting: VecDeque<Seq>,
-    running: Vec<Seq>,
+    /// Boxed: a sequence is a few hundred bytes, and these grow to the largest batch ever
+    /// queued (10,000 episodes: twice 16,384 slots inline, plus the freed smaller ones).
+    waiting: VecDeque<Box<Seq>>,
+    #[allow(clippy::vec_box)]
+    running: Vec<Box<Seq>>,
     /// KV reserved by running sequences.
     reserved: u64,
     cache: PrefixCache,
@@ -236,7 +239,7 @@ impl SimEngine {
                 s.tokens.len() as u32 >= s.target || stop
             };
             if done {
-                let mut s = self.running.swap_remove(i);
+                let mut s = *self.running.swap_remove(i);
                 self.reserved = self
                     .reserved
                     .saturating_sub(s.reserved().min(self.kv_capacity));
@@ -285,7 +288,7 @@ impl GenerationEngine for SimEngine {
         };
         let rng = SmallRng::seed_from_u64(req.params.seed);
         let to_prefill = req.context.len() as u64;
-        self.waiting.push_back(Seq {
+        self.waiting.push_back(Box::new(Seq {
             req,
             target,
             tokens: Tokens::new(),
@@ -294,7 +297,7 @@ impl GenerationEngine for SimEngine {
             to_prefill,
             prefilled_total: 0,
             rng,
-        });
+        }));
     }
 
     fn abort(&mut self, id: u64) -> bool {
@@ -417,7 +420,7 @@ impl GenerationEngine for SimEngine {
         let mut k = self
             .running
             .iter()
-            .map(Seq::remaining)
+            .map(|s| s.remaining())
             .min()
             .unwrap_or(0)
             .min(self.cfg.max_fused_iterations);
@@ -462,7 +465,7 @@ impl GenerationEngine for SimEngine {
         LoadReport {
             running: self.running.len(),
             waiting: self.waiting.len(),
-            kv_tokens: self.running.iter().map(Seq::kv_tokens).sum::<u64>() + self.cache.tokens,
+            kv_tokens: self.running.iter().map(|s| s.kv_tokens()).sum::<u64>() + self.cache.tokens,
             kv_capacity_tokens: self.kv_capacity,
             version: self.version,
             prefill_tokens: self.prefill_total,

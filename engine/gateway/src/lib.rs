@@ -60,7 +60,7 @@ pub trait Generator: Send + Sync {
 
 impl Generator for ShardHandle {
     fn generate(&self, req: GenRequest) -> BoxFuture<'_, Result<GenOutput, GenError>> {
-        Box::pin(ShardHandle::generate(self, req))
+        Box::pin(ShardHandle::generate_boxed(self, Box::new(req)))
     }
     fn release(&self, session: u64) {
         ShardHandle::release(self, session);

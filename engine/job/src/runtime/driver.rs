@@ -116,7 +116,8 @@ impl<'a> Driver<'a> {
         // The trainer's numbers land on it once the step is recorded (OTLP sees them too).
         let train_span = train_span();
         let t_wait = tokio::time::Instant::now();
-        let batch = next_batch(self.job, a, self.sources.report, step, self.step_limit).await?;
+        let batch =
+            Arc::new(next_batch(self.job, a, self.sources.report, step, self.step_limit).await?);
         let wait_batch_s = t_wait.elapsed().as_secs_f64();
         let (stats, t_train, weight_sync_s) = self.train_and_install(&batch, &train_span).await?;
         // Without overlap, the install after training counts in `train_s` too (generation
@@ -162,7 +163,7 @@ impl<'a> Driver<'a> {
     /// installing weights.
     async fn train_and_install(
         &mut self,
-        batch: &Batch,
+        batch: &Arc<Batch>,
         train_span: &tracing::Span,
     ) -> Result<(TrainStats, tokio::time::Instant, f64), JobError> {
         let a = self.a;
@@ -193,7 +194,11 @@ impl<'a> Driver<'a> {
     }
 
     /// Trains on `batch` under the step's `train` span.
-    async fn train(&self, batch: &Batch, span: &tracing::Span) -> Result<TrainStats, JobError> {
+    async fn train(
+        &self,
+        batch: &Arc<Batch>,
+        span: &tracing::Span,
+    ) -> Result<TrainStats, JobError> {
         tracing::Instrument::instrument(
             train(
                 &self.a.trainer,

@@ -97,7 +97,7 @@ pub(super) async fn update_weights(
 /// One training step on `batch`, unless the job is cancelled first.
 pub(super) async fn train(
     trainer: &ActorRef<TrainerMsg>,
-    batch: Batch,
+    batch: Arc<Batch>,
     cancel: &CancellationToken,
     limit: std::time::Duration,
 ) -> Result<TrainStats, JobError> {

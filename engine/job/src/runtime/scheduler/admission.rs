@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use actors::episode::{self, EpisodeParams, WaveBarrier};
+use futures::FutureExt;
 use rand::Rng;
 
 use actors::buffer::BufferMsg;
@@ -298,11 +299,13 @@ impl SchedState {
         // The episode reports its outcome through this task, so aborting the task also drops
         // the report (an aborted episode is accounted for by whoever aborted it).
         let me = self.me.clone();
-        let handle = self.tasks.spawn(async move {
-            let outcome = episode::run(shared, params).await;
-            // A scheduler that is gone has aborted its episodes already.
-            let _ = me.cast(SchedMsg::EpisodeEnded(outcome));
-        });
+        // (A `map`, not an async block around the episode: that would hold `params` twice.)
+        let handle = self
+            .tasks
+            .spawn(episode::run(shared, params).map(move |outcome| {
+                // A scheduler that is gone has aborted its episodes already.
+                let _ = me.cast(SchedMsg::EpisodeEnded(outcome));
+            }));
         self.episodes.insert(
             eid,
             EpisodeRun {
