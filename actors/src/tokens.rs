@@ -53,13 +53,22 @@ impl Element for f32 {
     }
 }
 
+/// A draw as a sequence keeps it: where it ends (the count of values up to and including
+/// it) instead of its length, so the sequence's length is the last stream's end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stream {
+    seed: u64,
+    end: u32,
+    modulus: u32,
+}
+
 #[derive(Clone)]
 enum Repr<T> {
     Values(Vec<T>),
-    /// (No length: the draws' sum, over a handful. A turn holds three sequences, and every
+    /// (No length field: the last stream's end. A turn holds three sequences, and every
     /// in-flight and batched trajectory its turns: 48 bytes a sequence, not 64.)
     Drawn {
-        draws: Vec<Draw>,
+        draws: Vec<Stream>,
         /// The values, once read.
         values: OnceLock<Box<[T]>>,
     },
@@ -127,7 +136,11 @@ impl<T: Element> Seq<T> {
             Repr::Values(v) if v.is_empty() => {
                 // Room for one stream: most answers are drawn in one fused step, and every
                 // in-flight answer carries this room (8 streams was 0.25 KiB per trajectory).
-                let draws = vec![draw];
+                let draws = vec![Stream {
+                    seed: draw.seed,
+                    end: draw.len,
+                    modulus: draw.modulus,
+                }];
                 self.0 = Repr::Drawn {
                     draws,
                     values: OnceLock::new(),
@@ -135,7 +148,11 @@ impl<T: Element> Seq<T> {
             }
             Repr::Values(v) => v.extend(draw.states().map(|x| T::drawn(x, draw.modulus))),
             Repr::Drawn { draws, values } => {
-                draws.push(draw);
+                draws.push(Stream {
+                    seed: draw.seed,
+                    end: (drawn_len(draws) as u32).saturating_add(draw.len),
+                    modulus: draw.modulus,
+                });
                 values.take();
             }
         }
@@ -151,8 +168,8 @@ impl<T: Element> Seq<T> {
         if let Repr::Drawn { draws, .. } = &other.0
             && (self.is_drawn() || self.is_empty())
         {
-            for d in draws {
-                self.push_draw(*d);
+            for d in draws_of(draws) {
+                self.push_draw(d);
             }
             return;
         }
@@ -168,18 +185,14 @@ impl<T: Element> Seq<T> {
                     return;
                 }
                 values.take();
-                let mut kept = 0usize;
-                let mut keep_draws = 0;
-                for d in draws.iter_mut() {
-                    if kept >= n {
-                        break;
+                // The first stream that reaches `n` ends there; none after it is kept.
+                match draws.iter().position(|d| d.end as usize >= n) {
+                    Some(i) if n > 0 => {
+                        draws.truncate(i + 1);
+                        draws[i].end = n as u32;
                     }
-                    let take = (n - kept).min(d.len as usize);
-                    d.len = take as u32;
-                    kept += take;
-                    keep_draws += 1;
+                    _ => draws.clear(),
                 }
-                draws.truncate(keep_draws);
             }
         }
     }
@@ -211,13 +224,27 @@ impl<T: Element> Seq<T> {
     }
 }
 
-fn drawn_len(draws: &[Draw]) -> usize {
-    draws.iter().map(|d| d.len as usize).sum()
+fn drawn_len(draws: &[Stream]) -> usize {
+    draws.last().map_or(0, |d| d.end as usize)
 }
 
-fn compute<T: Element>(draws: &[Draw]) -> Vec<T> {
+/// The draws the streams stand for (each stream's length is its end less the one before).
+fn draws_of(streams: &[Stream]) -> impl Iterator<Item = Draw> + '_ {
+    let mut start = 0;
+    streams.iter().map(move |s| {
+        let d = Draw {
+            seed: s.seed,
+            len: s.end - start,
+            modulus: s.modulus,
+        };
+        start = s.end;
+        d
+    })
+}
+
+fn compute<T: Element>(draws: &[Stream]) -> Vec<T> {
     let mut v = Vec::with_capacity(drawn_len(draws));
-    for d in draws {
+    for d in draws_of(draws) {
         v.extend(d.states().map(|x| T::drawn(x, d.modulus)));
     }
     v
@@ -368,7 +395,7 @@ mod tests {
         assert_eq!(*l, [la.clone(), lb].concat());
         assert_eq!(
             serde_json::to_value(&t).unwrap(),
-            serde_json::json!([ta.clone(), tb].concat())
+            serde_json::json!([ta.clone(), tb.clone()].concat())
         );
         // Appending drawn to drawn keeps it drawn; truncating cuts a stream's length.
         let mut ctx = Tokens::new();
@@ -376,6 +403,15 @@ mod tests {
         assert!(ctx.is_drawn() && ctx.len() == 8);
         ctx.truncate(4);
         assert_eq!(*ctx, ta[..4]);
+        // Cutting inside a later stream, then drawing more: each stream keeps its share.
+        let mut cut = t.clone();
+        cut.truncate(6);
+        assert_eq!(cut.len(), 6);
+        cut.push_draw(a);
+        assert_eq!(cut.len(), 11);
+        assert_eq!(*cut, [ta.clone(), tb[..1].to_vec(), ta.clone()].concat());
+        cut.truncate(0);
+        assert!(cut.is_empty());
         // Mixing with held values writes the drawn ones out.
         let mut held = Tokens::from(vec![9, 9]);
         held.extend_from(&t);
