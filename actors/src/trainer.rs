@@ -187,8 +187,9 @@ impl Trainer for SimTrainer {
 }
 
 pub enum TrainerMsg {
-    /// Shared with the driver, which keeps the batch for the step's metrics: a copy of every
-    /// trajectory would double the batch's memory while it trains.
+    /// Shared with the driver (a copy of every trajectory would double the batch's memory
+    /// while it trains). The trainer drops its share before it answers, so the driver's is
+    /// the last: it shows the batch to the observer and frees it before rollout resumes.
     Train(Arc<Batch>, RpcReplyPort<Result<TrainStats, TrainError>>),
 }
 
@@ -234,6 +235,9 @@ impl Actor for TrainerActor {
             TrainerMsg::Train(batch, reply) => {
                 let next = st.version + 1;
                 let r = st.trainer.train(&batch, next).await;
+                // Freed before the answer: the step driver lets its share go on it, and rollout
+                // resumes after (a run holds one batch at a time, not two).
+                drop(batch);
                 let r = match r {
                     Ok((stats, Some(w))) => {
                         st.version = next;
@@ -247,5 +251,52 @@ impl Actor for TrainerActor {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::weights::{WeightStore, WeightStoreArgs};
+
+    /// The step driver lets the batch go once the trainer has answered, before rollout
+    /// resumes; that frees it only if the trainer let its share go first.
+    #[tokio::test(start_paused = true)]
+    async fn the_trainer_lets_the_batch_go_before_it_answers() {
+        let initial = Arc::new(Weights::simulated(0, 0.0));
+        let (weights, _w) = Actor::spawn(None, WeightStore, WeightStoreArgs { keep: 2, initial })
+            .await
+            .expect("weight store");
+        let trainer = SimTrainer {
+            seconds_per_token: 0.0,
+            gpus: 1,
+            step_overhead: Duration::from_millis(5),
+            host: None,
+            modelled_weight_bytes: 0.0,
+            panic_at_step: None,
+        };
+        let args = TrainerArgs {
+            trainer: Box::new(trainer),
+            weights,
+            start_version: 0,
+        };
+        let (t, _h) = Actor::spawn(None, TrainerActor, args)
+            .await
+            .expect("trainer");
+        for step in 0..3 {
+            let batch = Arc::new(Batch {
+                step,
+                groups: Vec::new(),
+            });
+            let stats = ractor::call!(t, TrainerMsg::Train, batch.clone())
+                .expect("the trainer answers")
+                .expect("the step trains");
+            assert_eq!(stats.version, step + 1);
+            assert_eq!(
+                Arc::strong_count(&batch),
+                1,
+                "step {step}: the trainer still held the batch when it answered"
+            );
+        }
     }
 }

@@ -167,18 +167,37 @@ pub fn wall_clock_job(steps: u64, batch: usize, step_s: f64) -> String {
         .toml()
 }
 
-/// Keeps every batch handed to the trainer.
+/// Keeps every batch handed to the trainer, with its step's record.
 #[derive(Default)]
 pub struct BatchLog {
     pub batches: Mutex<Vec<(StepMetrics, Batch)>>,
+    /// The batch of the step in training, until its record comes.
+    pending: Mutex<Option<(u64, Batch)>>,
 }
 
 impl StepObserver for BatchLog {
-    fn on_step(&self, m: &StepMetrics, batch: &Batch) -> Result<(), ObserverError> {
+    fn on_batch(&self, step: u64, batch: &Batch) {
+        *self.pending.lock().unwrap_or_else(|p| p.into_inner()) = Some((step, batch.clone()));
+    }
+
+    fn on_step(&self, m: &StepMetrics) -> Result<(), ObserverError> {
+        let (step, batch) = self
+            .pending
+            .lock()
+            .map_err(|_| "the batch log's lock is poisoned")?
+            .take()
+            .ok_or("a step's record came without its batch")?;
+        if step != m.step {
+            return Err(format!(
+                "the record of step {} came after the batch of step {step}",
+                m.step
+            )
+            .into());
+        }
         self.batches
             .lock()
             .map_err(|_| "the batch log's lock is poisoned")?
-            .push((m.clone(), batch.clone()));
+            .push((m.clone(), batch));
         Ok(())
     }
 }

@@ -204,18 +204,22 @@ impl Catalogue {
         }
     }
 
-    pub fn record_step(&self, job: &str, m: &StepMetrics, batch: &Batch) {
+    /// The staleness of each trajectory of training step `step`'s (1-based) batch.
+    pub fn record_batch(&self, step: u64, batch: &Batch) {
+        for t in batch.trajectories() {
+            self.staleness.record(
+                step.saturating_sub(1).saturating_sub(t.oldest_version()),
+                &[],
+            );
+        }
+    }
+
+    pub fn record_step(&self, job: &str, m: &StepMetrics) {
         self.steps.add(1, &[]);
         for (task, t) in &m.tasks {
             self.trajectories.add(
                 t.trajectories as u64,
                 &[KeyValue::new("task", task.clone())],
-            );
-        }
-        for t in batch.trajectories() {
-            self.staleness.record(
-                m.step.saturating_sub(1).saturating_sub(t.oldest_version()),
-                &[],
             );
         }
         let g = &self.jobs;

@@ -9,7 +9,7 @@ use actors::generation::InFlightPolicy;
 use actors::trainer::TrainStats;
 use actors::types::Batch;
 
-use super::metrics::{MetricSources, StepTimes, Timeline};
+use super::metrics::{BatchFigures, MetricSources, StepTimes, Timeline};
 use super::protocol::{suspend_all, train, update_weights};
 use super::scheduler::SchedMsg;
 use super::spawn::JobActors;
@@ -116,10 +116,12 @@ impl<'a> Driver<'a> {
         // The trainer's numbers land on it once the step is recorded (OTLP sees them too).
         let train_span = train_span();
         let t_wait = tokio::time::Instant::now();
-        let batch =
-            Arc::new(next_batch(self.job, a, self.sources.report, step, self.step_limit).await?);
+        let batch = next_batch(self.job, a, self.sources.report, step, self.step_limit).await?;
         let wait_batch_s = t_wait.elapsed().as_secs_f64();
-        let (stats, t_train, weight_sync_s) = self.train_and_install(&batch, &train_span).await?;
+        let figures = BatchFigures::of(step, &batch);
+        let (stats, t_train, weight_sync_s) = self
+            .train_and_install(step, Arc::new(batch), &train_span)
+            .await?;
         // Without overlap, the install after training counts in `train_s` too (generation
         // waits for both).
         let train_s = t_train.elapsed().as_secs_f64();
@@ -133,7 +135,7 @@ impl<'a> Driver<'a> {
         };
         let mut m = self
             .sources
-            .collect(times, &stats, &batch, &mut self.timeline)
+            .collect(times, &stats, figures, &mut self.timeline)
             .await?;
         record_trainer(&train_span, &m);
         if let Some(e) = &a.evaluator
@@ -148,7 +150,7 @@ impl<'a> Driver<'a> {
         self.last_step_end = now;
         self.job
             .observer
-            .on_step(&m, &batch)
+            .on_step(&m)
             .map_err(|source| JobError::Record {
                 step: step + 1,
                 source,
@@ -158,12 +160,14 @@ impl<'a> Driver<'a> {
         Ok(())
     }
 
-    /// Trains on `batch` and installs the newest weights, overlapped with rollout or not as
-    /// the job asks; returns the trainer's stats, when training began and the seconds spent
-    /// installing weights.
+    /// Trains on `batch` (step `step`, 0-based) and installs the newest weights, overlapped
+    /// with rollout or not as the job asks; returns the trainer's stats, when training began
+    /// and the seconds spent installing weights. The batch is gone once trained (the observer
+    /// has seen it), before rollout resumes.
     async fn train_and_install(
         &mut self,
-        batch: &Arc<Batch>,
+        step: u64,
+        batch: Arc<Batch>,
         train_span: &tracing::Span,
     ) -> Result<(TrainStats, tokio::time::Instant, f64), JobError> {
         let a = self.a;
@@ -177,14 +181,14 @@ impl<'a> Driver<'a> {
             self.install_newest().await?;
             weight_sync_s += t_sync.elapsed().as_secs_f64();
             t_train = tokio::time::Instant::now();
-            stats = self.train(batch, train_span).await?;
+            stats = self.train(step, batch, train_span).await?;
         } else {
             // No overlap: generation pauses while training, then installs the fresh version.
             // (A scheduler that is gone fails the job through the supervisor.)
             let _ = a.scheduler.cast(SchedMsg::Training(true));
             suspend_all(&a.pools).await?;
             t_train = tokio::time::Instant::now();
-            stats = self.train(batch, train_span).await?;
+            stats = self.train(step, batch, train_span).await?;
             let t_sync = tokio::time::Instant::now();
             self.install_newest().await?;
             weight_sync_s += t_sync.elapsed().as_secs_f64();
@@ -193,13 +197,16 @@ impl<'a> Driver<'a> {
         Ok((stats, t_train, weight_sync_s))
     }
 
-    /// Trains on `batch` under the step's `train` span.
+    /// Trains on `batch` (step `step`, 0-based) under the step's `train` span, then shows it
+    /// to the observer and lets it go: the trainer has dropped its share before answering,
+    /// so the batch is freed here.
     async fn train(
         &self,
-        batch: &Arc<Batch>,
+        step: u64,
+        batch: Arc<Batch>,
         span: &tracing::Span,
     ) -> Result<TrainStats, JobError> {
-        tracing::Instrument::instrument(
+        let stats = tracing::Instrument::instrument(
             train(
                 &self.a.trainer,
                 batch.clone(),
@@ -208,7 +215,9 @@ impl<'a> Driver<'a> {
             ),
             span.clone(),
         )
-        .await
+        .await?;
+        self.job.observer.on_batch(step + 1, &batch);
+        Ok(stats)
     }
 
     /// Suspends the shards, installs the newest finished weights and resumes them.

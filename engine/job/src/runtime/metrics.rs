@@ -226,7 +226,13 @@ pub struct PoolMetrics {
 
 /// Receives each completed step (the service stores it and streams it).
 pub trait StepObserver: Send + Sync {
-    fn on_step(&self, m: &StepMetrics, batch: &Batch) -> Result<(), ObserverError>;
+    /// The batch training step `step` (1-based) trained on, as soon as it is trained and
+    /// before its record ([`Self::on_step`]) is made. Keep what the record will need (ids,
+    /// staleness): the driver lets the batch go when this returns, before rollout goes on,
+    /// so a run never holds one batch while the next one fills.
+    fn on_batch(&self, _step: u64, _batch: &Batch) {}
+    /// The record of a completed step (1-based `m.step`), after its [`Self::on_batch`].
+    fn on_step(&self, m: &StepMetrics) -> Result<(), ObserverError>;
     /// Every shard generates with `version` now.
     fn on_weights_installed(&self, _version: u64) {}
 }
@@ -235,7 +241,7 @@ pub trait StepObserver: Send + Sync {
 pub struct NoObserver;
 
 impl StepObserver for NoObserver {
-    fn on_step(&self, _m: &StepMetrics, _b: &Batch) -> Result<(), ObserverError> {
+    fn on_step(&self, _m: &StepMetrics) -> Result<(), ObserverError> {
         Ok(())
     }
 }
@@ -301,29 +307,30 @@ pub(super) struct StepTimes {
 }
 
 impl MetricSources<'_> {
-    /// Collects the metrics of a finished step from its batch, its training and the actors.
+    /// Collects the metrics of a finished step from its training and the actors, onto the
+    /// figures of its batch ([`BatchFigures`]).
     pub(super) async fn collect(
         &self,
         t: StepTimes,
         stats: &TrainStats,
-        batch: &Batch,
+        batch: BatchFigures,
         timeline: &mut Timeline,
     ) -> Result<StepMetrics, JobError> {
         let elapsed = self.started.elapsed().as_secs_f64().max(1e-9);
-        let mut m = StepMetrics {
-            // Steps count from 1 wherever they are shown (step k produces version k).
-            step: t.step + 1,
-            version: stats.version,
-            elapsed_s: elapsed,
-            step_s: t.step_s,
-            train_s: t.train_s,
-            loss: stats.loss,
-            trainer: stats.numbers.clone(),
-            wait_batch_s: t.wait_batch_s,
-            ..StepMetrics::default()
-        };
+        let mut m = batch.0;
+        debug_assert_eq!(
+            m.step,
+            t.step + 1,
+            "the batch's figures are of another step"
+        );
+        m.version = stats.version;
+        m.elapsed_s = elapsed;
+        m.step_s = t.step_s;
+        m.train_s = t.train_s;
+        m.loss = stats.loss;
+        m.trainer = stats.numbers.clone();
+        m.wait_batch_s = t.wait_batch_s;
         m.rollout.weight_sync_s = t.weight_sync_s;
-        batch_metrics(&mut m, batch);
         let mut busy_now: BTreeMap<String, f64> = BTreeMap::new();
         m.scheduler = call(self.scheduler, SchedMsg::Snapshot, CONTROL_TIMEOUT)
             .await
@@ -418,6 +425,24 @@ impl MetricSources<'_> {
             actors::env::starts::StartStats::from_latencies(warm, warm + cold, &mut latencies);
         m.shard_restarts = self.shard_restarts.load(Ordering::Relaxed);
         m.actor_failures = self.report.failures.load(Ordering::Relaxed);
+    }
+}
+
+/// A step's metrics as far as its batch alone gives them (reward, success, staleness, the
+/// critical path, per task), taken before the batch is trained and let go: the step's record
+/// is finished on them once training is done ([`MetricSources::collect`]).
+pub(super) struct BatchFigures(StepMetrics);
+
+impl BatchFigures {
+    /// The figures of `batch`, the batch of training step `step` (0-based).
+    pub(super) fn of(step: u64, batch: &Batch) -> Self {
+        let mut m = StepMetrics {
+            // Steps count from 1 wherever they are shown (step k produces version k).
+            step: step + 1,
+            ..StepMetrics::default()
+        };
+        batch_metrics(&mut m, batch);
+        Self(m)
     }
 }
 

@@ -13,7 +13,6 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use actors::types::Batch;
 use infra::clock::wall_now;
 use job::runtime::{ObserverError, StepMetrics, StepObserver};
 use job::spec::{JobSpec, Preset};
@@ -139,7 +138,7 @@ impl Profile {
 struct GoalReached;
 
 impl StepObserver for GoalWatch {
-    fn on_step(&self, m: &StepMetrics, _b: &Batch) -> Result<(), ObserverError> {
+    fn on_step(&self, m: &StepMetrics) -> Result<(), ObserverError> {
         self.profile
             .lock()
             .unwrap_or_else(|p| p.into_inner())

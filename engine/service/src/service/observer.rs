@@ -20,6 +20,9 @@ pub(super) struct ServiceObserver {
     /// The job's TensorBoard events file (`DATA_DIR/tensorboard/JOB-NAME/`, [`crate::tensorboard::run_name`]), opened at its first
     /// step; a resumed attempt starts a file of its own beside it.
     tensorboard: std::sync::Mutex<Option<crate::tensorboard::EventWriter>>,
+    /// The ids of the trajectories the step in training trained on (step, ids), from its
+    /// batch until its record is stored with them.
+    trained: std::sync::Mutex<Option<(u64, Vec<String>)>>,
 }
 
 impl ServiceObserver {
@@ -31,6 +34,7 @@ impl ServiceObserver {
             steps: spec.knobs().steps,
             external: matches!(spec.trainer, job::spec::TrainerSpec::External(_)),
             tensorboard: std::sync::Mutex::new(None),
+            trained: std::sync::Mutex::new(None),
         }
     }
 
@@ -81,17 +85,34 @@ impl StepObserver for ServiceObserver {
         );
     }
 
-    fn on_step(&self, m: &StepMetrics, batch: &Batch) -> Result<(), ObserverError> {
+    fn on_batch(&self, step: u64, batch: &Batch) {
+        self.service.metrics.record_batch(step, batch);
+        if !self.external {
+            let ids = batch.trajectories().map(|t| t.id.clone()).collect();
+            *self.trained.lock().unwrap_or_else(|p| p.into_inner()) = Some((step, ids));
+        }
+    }
+
+    fn on_step(&self, m: &StepMetrics) -> Result<(), ObserverError> {
         let metrics = serde_json::to_value(m)?;
-        let trained: Vec<&str> = if self.external {
-            Vec::new()
-        } else {
-            batch.trajectories().map(|t| t.id.as_str()).collect()
+        let pending = self
+            .trained
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let trained = match pending {
+            Some((step, ids)) if step == m.step => ids,
+            // An external trainer's acknowledgement marks its rows.
+            None if self.external => Vec::new(),
+            _ => {
+                return Err(format!("the record of step {} came without its batch", m.step).into());
+            }
         };
+        let trained: Vec<&str> = trained.iter().map(String::as_str).collect();
         self.service
             .store
             .complete_step(&self.id, m.step, &metrics, &trained)?;
-        self.service.metrics.record_step(&self.id, m, batch);
+        self.service.metrics.record_step(&self.id, m);
         self.tensorboard(m);
         // The event stays small: the per-resource timeline (most of a step's record) is
         // served by `GET /v1/jobs/{id}/steps`.
