@@ -260,7 +260,10 @@ mod tests {
     use crate::weights::{WeightStore, WeightStoreArgs};
 
     /// The step driver lets the batch go once the trainer has answered, before rollout
-    /// resumes; that frees it only if the trainer let its share go first.
+    /// resumes; that frees it only if the trainer keeps no share of it (in its state, or in
+    /// the `Trainer` it runs) once it has answered. (On this single-threaded runtime the
+    /// handler's drop order is not observable; the explicit drop before the answer is what
+    /// holds on a multi-threaded one.)
     #[tokio::test(start_paused = true)]
     async fn the_trainer_lets_the_batch_go_before_it_answers() {
         let initial = Arc::new(Weights::simulated(0, 0.0));
